@@ -1,0 +1,40 @@
+# Causeway build. `make test` is what CI runs (see .ci/run).
+GO        ?= go
+BIN       ?= bin
+GOBIN_DIR ?= $(shell $(GO) env GOPATH)/bin
+PROTOC_GEN_GO_VERSION := v1.36.12
+# Go tests need root for network namespaces; they skip those cases otherwise.
+TEST_FLAGS ?= -count=1 -timeout 14m
+
+BINARIES := controlplane nodeproxy waypoint meshctl echo
+
+.PHONY: all build test lint proto demo bench clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+
+test: lint build
+	$(GO) test $(TEST_FLAGS) ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+# Regenerates the committed protobuf code with pinned generators.
+proto:
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	PATH=$(GOBIN_DIR):$$PATH protoc -I pkg/xds/meshv1 -I /usr/include \
+		--go_out=paths=source_relative:pkg/xds/meshv1 pkg/xds/meshv1/mesh.proto
+
+demo: build
+	./scripts/demo.sh
+
+bench: build
+	./bench/run.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,181 @@
+package trust
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/url"
+	"time"
+)
+
+// Authority signs workload certificates with an intermediate CA key. Its
+// chain is leaf -> intermediates -> root.
+type Authority struct {
+	signer crypto.Signer
+	cert   *x509.Certificate   // the signing (intermediate) certificate
+	chain  []*x509.Certificate // signing cert first, then up to (excluding) the root
+	roots  []*x509.Certificate
+	maxTTL time.Duration
+}
+
+// DefaultCertTTL is the lifetime of a workload certificate unless asked otherwise.
+const DefaultCertTTL = 24 * time.Hour
+
+// NewAuthority builds an authority from its signing key and certificate, the
+// chain from that certificate up to the root (excluding roots), the roots, and
+// the longest lifetime it will grant.
+func NewAuthority(signer crypto.Signer, chain []*x509.Certificate, roots []*x509.Certificate, maxTTL time.Duration) (*Authority, error) {
+	if len(chain) == 0 || len(roots) == 0 {
+		return nil, errors.New("authority: need a signing certificate and at least one root")
+	}
+	if !chain[0].IsCA || chain[0].KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, fmt.Errorf("authority: certificate %q cannot sign certificates", chain[0].Subject)
+	}
+	if !publicKeysEqual(signer.Public(), chain[0].PublicKey) {
+		return nil, errors.New("authority: signing key does not match the signing certificate")
+	}
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return nil, fmt.Errorf("authority: signing certificate does not chain to the roots: %w", err)
+	}
+	if maxTTL <= 0 {
+		maxTTL = DefaultCertTTL
+	}
+	return &Authority{signer: signer, cert: chain[0], chain: chain, roots: roots, maxTTL: maxTTL}, nil
+}
+
+// Roots returns the authority's root certificates (the trust bundle).
+func (a *Authority) Roots() []*x509.Certificate { return a.roots }
+
+// MaxTTL is the longest lifetime the authority grants.
+func (a *Authority) MaxTTL() time.Duration { return a.maxTTL }
+
+// Sign issues a certificate for id to the public key of csr, which must ask
+// for exactly id (one URI SAN, no DNS/IP/email SANs) and carry a valid
+// signature. ttl is bounded by the authority's maximum and by the signing
+// certificate's own expiry. It returns the PEM chain, leaf first, roots last.
+func (a *Authority) Sign(csr *x509.CertificateRequest, id Identity, ttl time.Duration) ([]string, error) {
+	if err := CheckCSR(csr, id); err != nil {
+		return nil, err
+	}
+	if ttl <= 0 || ttl > a.maxTTL {
+		ttl = a.maxTTL
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	notAfter := now.Add(ttl)
+	if notAfter.After(a.cert.NotAfter) {
+		notAfter = a.cert.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		NotBefore:             now.Add(-time.Minute), // tolerate small clock skew
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		URIs:                  []*url.URL{id.URL()},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, csr.PublicKey, a.signer)
+	if err != nil {
+		return nil, fmt.Errorf("sign certificate for %s: %w", id, err)
+	}
+	out := []string{encodeCert(der)}
+	for _, c := range a.chain {
+		out = append(out, encodeCert(c.Raw))
+	}
+	for _, r := range a.roots {
+		out = append(out, encodeCert(r.Raw))
+	}
+	return out, nil
+}
+
+// CheckCSR verifies that csr is well signed and asks for exactly id.
+func CheckCSR(csr *x509.CertificateRequest, id Identity) error {
+	if err := csr.CheckSignature(); err != nil {
+		return fmt.Errorf("CSR signature: %w", err)
+	}
+	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses) > 0 {
+		return errors.New("CSR may only contain a URI SAN")
+	}
+	if len(csr.URIs) != 1 {
+		return fmt.Errorf("CSR must contain exactly one URI SAN, has %d", len(csr.URIs))
+	}
+	got, err := IdentityFromURL(csr.URIs[0])
+	if err != nil {
+		return fmt.Errorf("CSR SAN: %w", err)
+	}
+	if got != id {
+		return fmt.Errorf("CSR asks for %s, but the caller may only get %s", got, id)
+	}
+	return nil
+}
+
+// ParseCSR decodes a PEM certificate request.
+func ParseCSR(pemData []byte) (*x509.CertificateRequest, error) {
+	block, _ := pem.Decode(pemData)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return nil, errors.New("CSR: no PEM CERTIFICATE REQUEST block")
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("CSR: %w", err)
+	}
+	return csr, nil
+}
+
+// NewKeyAndCSR generates an ECDSA P-256 key and a CSR for id. The key stays
+// with the caller.
+func NewKeyAndCSR(id Identity) (*ecdsa.PrivateKey, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate key: %w", err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{},
+		URIs:    []*url.URL{id.URL()},
+	}, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create CSR for %s: %w", id, err)
+	}
+	return key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+}
+
+func randomSerial() (*big.Int, error) {
+	// 128 random bits; never zero.
+	for {
+		s, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+		if err != nil {
+			return nil, fmt.Errorf("serial: %w", err)
+		}
+		if s.Sign() > 0 {
+			return s, nil
+		}
+	}
+}
+
+func encodeCert(der []byte) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	ak, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && ak.Equal(b)
+}

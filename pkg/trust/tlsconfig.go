@@ -1,0 +1,117 @@
+package trust
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"strings"
+)
+
+// ALPN is the only application protocol HBONE speaks.
+const ALPN = "h2"
+
+// ClientAuth says what a server demands of its clients.
+type ClientAuth int
+
+const (
+	// VerifyIfGiven accepts clients without a certificate as unauthenticated
+	// peers (TLS-only HBONE, the hairpin case); a certificate that is
+	// presented must verify against the bundle and be in the trust domain.
+	VerifyIfGiven ClientAuth = iota
+	// RequireClientCert refuses clients without a verified mesh certificate.
+	RequireClientCert
+)
+
+// ServerCertFunc returns the certificate to present on a connection accepted
+// at the given local address: a node proxy answers for the pod whose IP the
+// client dialed.
+type ServerCertFunc func(local net.Addr) (*tls.Certificate, error)
+
+// ServerConfig is the TLS configuration of an HBONE server: TLS 1.3 only,
+// ALPN h2, certificate chosen by local address, client certificates verified
+// against the bundle's roots current at handshake time. Derive the peer of an
+// accepted connection with PeerFromTLS.
+func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Config {
+	clientAuth := tls.VerifyClientCertIfGiven
+	if auth == RequireClientCert {
+		clientAuth = tls.RequireAndVerifyClientCert
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{ALPN},
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			local := hello.Conn.LocalAddr()
+			cert, err := certFor(local)
+			if err != nil {
+				return nil, fmt.Errorf("no certificate for %s: %w", local, err)
+			}
+			return &tls.Config{
+				MinVersion:   tls.VersionTLS13,
+				NextProtos:   []string{ALPN},
+				Certificates: []tls.Certificate{*cert},
+				ClientCAs:    b.roots.Load().pool,
+				ClientAuth:   clientAuth,
+				// The handshake verified the chain (VerifiedChains); here the
+				// leaf must also name exactly one identity of our trust domain.
+				VerifyConnection: func(cs tls.ConnectionState) error {
+					if len(cs.PeerCertificates) == 0 {
+						return nil
+					}
+					id, err := leafIdentity(cs.PeerCertificates[0].URIs)
+					if err != nil {
+						return fmt.Errorf("client certificate: %w", err)
+					}
+					if id.TrustDomain() != b.td {
+						return fmt.Errorf("client identity %s is not in trust domain %s", id, b.td)
+					}
+					return nil
+				},
+			}, nil
+		},
+	}
+}
+
+// ClientConfig is the TLS configuration of an HBONE client. It presents the
+// certificate cert returns (nil cert: a TLS-only client that presents none),
+// sends no SNI, and accepts the server only if its chain verifies against the
+// bundle and its identity is one of expected.
+func ClientConfig(b *Bundle, cert func() (*tls.Certificate, error), expected []Identity) *tls.Config {
+	want := make([]Identity, len(expected))
+	copy(want, expected)
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: []string{ALPN},
+		// Verification is by SPIFFE URI SAN, not hostname: done below.
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			id, _, err := b.verify(raw, x509.ExtKeyUsageServerAuth)
+			if err != nil {
+				return fmt.Errorf("server certificate: %w", err)
+			}
+			for _, w := range want {
+				if w == id {
+					return nil
+				}
+			}
+			return fmt.Errorf("server identity %s does not match expected %s", id, identityList(want))
+		},
+	}
+	if cert == nil {
+		// TLS-only: answer a certificate request with no certificate.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &tls.Certificate{}, nil
+		}
+	} else {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert() }
+	}
+	return cfg
+}
+
+func identityList(ids []Identity) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = id.String()
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}
