@@ -1,0 +1,171 @@
+// Command echo is the mesh's test backend: on each address it listens on it
+// answers HTTP/1.1, HTTP/2 cleartext and gRPC with a JSON description of what
+// it received (in the style of the Gateway API conformance echo server), so
+// people and tests can see what routing, filters and policy did.
+//
+// gRPC: every method of every service is answered with a
+// google.protobuf.StringValue holding the same JSON.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// maxBody bounds how much of a request body is read and echoed.
+const maxBody = 1 << 20
+
+type identity struct {
+	Pod       string `json:"pod"`
+	Namespace string `json:"namespace"`
+}
+
+// Echo is the JSON answer.
+type Echo struct {
+	Protocol  string              `json:"protocol"`
+	Method    string              `json:"method"`
+	Path      string              `json:"path"`
+	Host      string              `json:"host"`
+	Headers   map[string][]string `json:"headers"`
+	Body      string              `json:"body,omitempty"`
+	Pod       string              `json:"pod"`
+	Namespace string              `json:"namespace"`
+	Remote    string              `json:"remote"`
+}
+
+func main() {
+	var listens stringList
+	flag.Var(&listens, "listen", "address to serve on (repeatable)")
+	pod := flag.String("pod", os.Getenv("POD_NAME"), "pod name reported in answers")
+	ns := flag.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace reported in answers")
+	flag.Parse()
+	if len(listens) == 0 {
+		fmt.Fprintln(os.Stderr, "echo: at least one --listen address is required")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var lns []net.Listener
+	for _, a := range listens {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "echo: listen %s: %v\n", a, err)
+			os.Exit(1)
+		}
+		lns = append(lns, ln)
+	}
+	if err := serve(ctx, lns, identity{Pod: *pod, Namespace: *ns}); err != nil {
+		fmt.Fprintf(os.Stderr, "echo: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func serve(ctx context.Context, lns []net.Listener, id identity) error {
+	gs := grpc.NewServer(grpc.UnknownServiceHandler(grpcEcho(id)))
+	h := handler(id, gs)
+	srv := &http.Server{
+		Handler:           h2c.NewHandler(h, &http2.Server{}),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	errc := make(chan error, len(lns))
+	for _, ln := range lns {
+		fmt.Fprintf(os.Stderr, "echo %s/%s listening on %s\n", id.Namespace, id.Pod, ln.Addr())
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	case err := <-errc:
+		return err
+	}
+}
+
+func handler(id identity, gs *grpc.Server) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			gs.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+		if err != nil {
+			http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		e := Echo{
+			Protocol: r.Proto, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host,
+			Headers: r.Header, Body: string(body), Pod: id.Pod, Namespace: id.Namespace, Remote: r.RemoteAddr,
+		}
+		w.Header().Set("Content-Type", "application/json")
+		// Let tests ask for a status: /status/503.
+		status := http.StatusOK
+		if rest, ok := strings.CutPrefix(r.URL.Path, "/status/"); ok {
+			if _, err := fmt.Sscanf(rest, "%d", &status); err != nil || status < 200 || status > 599 {
+				status = http.StatusBadRequest
+			}
+		}
+		w.WriteHeader(status)
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(e)
+	}
+}
+
+func grpcEcho(id identity) grpc.StreamHandler {
+	return func(_ any, stream grpc.ServerStream) error {
+		method, _ := grpc.MethodFromServerStream(stream)
+		in := new(wrapperspb.StringValue)
+		if err := stream.RecvMsg(in); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		md, _ := metadata.FromIncomingContext(stream.Context())
+		headers := map[string][]string{}
+		keys := make([]string, 0, len(md))
+		for k := range md {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			headers[k] = md[k]
+		}
+		host := ""
+		if a := md.Get(":authority"); len(a) > 0 {
+			host = a[0]
+		}
+		out, err := json.Marshal(Echo{Protocol: "gRPC", Method: "POST", Path: method, Host: host, Headers: headers,
+			Body: in.GetValue(), Pod: id.Pod, Namespace: id.Namespace})
+		if err != nil {
+			return err
+		}
+		return stream.SendMsg(wrapperspb.String(string(out)))
+	}
+}
+
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error {
+	*s = append(*s, v)
+	return nil
+}
