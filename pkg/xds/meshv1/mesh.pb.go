@@ -215,7 +215,7 @@ func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GRPCMethodMatch_Type.Descriptor instead.
 func (GRPCMethodMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{22, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{23, 0}
 }
 
 // Ref names a namespaced object (a Service, a waypoint Gateway).
@@ -1326,6 +1326,93 @@ func (x *RequestMirror) GetPercent() float64 {
 	return 0
 }
 
+// CORS mirrors Gateway API's HTTPCORSFilter.
+type CORS struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Origins as written ("*", "https://a.example", "https://*.example").
+	AllowOrigins     []string `protobuf:"bytes,1,rep,name=allow_origins,json=allowOrigins,proto3" json:"allow_origins,omitempty"`
+	AllowCredentials bool     `protobuf:"varint,2,opt,name=allow_credentials,json=allowCredentials,proto3" json:"allow_credentials,omitempty"`
+	AllowMethods     []string `protobuf:"bytes,3,rep,name=allow_methods,json=allowMethods,proto3" json:"allow_methods,omitempty"`
+	AllowHeaders     []string `protobuf:"bytes,4,rep,name=allow_headers,json=allowHeaders,proto3" json:"allow_headers,omitempty"`
+	ExposeHeaders    []string `protobuf:"bytes,5,rep,name=expose_headers,json=exposeHeaders,proto3" json:"expose_headers,omitempty"`
+	// Access-Control-Max-Age in seconds (Gateway API default 5, applied).
+	MaxAgeSeconds int32 `protobuf:"varint,6,opt,name=max_age_seconds,json=maxAgeSeconds,proto3" json:"max_age_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CORS) Reset() {
+	*x = CORS{}
+	mi := &file_mesh_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CORS) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CORS) ProtoMessage() {}
+
+func (x *CORS) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CORS.ProtoReflect.Descriptor instead.
+func (*CORS) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CORS) GetAllowOrigins() []string {
+	if x != nil {
+		return x.AllowOrigins
+	}
+	return nil
+}
+
+func (x *CORS) GetAllowCredentials() bool {
+	if x != nil {
+		return x.AllowCredentials
+	}
+	return false
+}
+
+func (x *CORS) GetAllowMethods() []string {
+	if x != nil {
+		return x.AllowMethods
+	}
+	return nil
+}
+
+func (x *CORS) GetAllowHeaders() []string {
+	if x != nil {
+		return x.AllowHeaders
+	}
+	return nil
+}
+
+func (x *CORS) GetExposeHeaders() []string {
+	if x != nil {
+		return x.ExposeHeaders
+	}
+	return nil
+}
+
+func (x *CORS) GetMaxAgeSeconds() int32 {
+	if x != nil {
+		return x.MaxAgeSeconds
+	}
+	return 0
+}
+
 type HTTPRouteFilter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Filter:
@@ -1335,6 +1422,7 @@ type HTTPRouteFilter struct {
 	//	*HTTPRouteFilter_RequestRedirect
 	//	*HTTPRouteFilter_UrlRewrite
 	//	*HTTPRouteFilter_RequestMirror
+	//	*HTTPRouteFilter_Cors
 	Filter        isHTTPRouteFilter_Filter `protobuf_oneof:"filter"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1342,7 +1430,7 @@ type HTTPRouteFilter struct {
 
 func (x *HTTPRouteFilter) Reset() {
 	*x = HTTPRouteFilter{}
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1442,7 @@ func (x *HTTPRouteFilter) String() string {
 func (*HTTPRouteFilter) ProtoMessage() {}
 
 func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1455,7 @@ func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteFilter.ProtoReflect.Descriptor instead.
 func (*HTTPRouteFilter) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{16}
+	return file_mesh_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HTTPRouteFilter) GetFilter() isHTTPRouteFilter_Filter {
@@ -1422,6 +1510,15 @@ func (x *HTTPRouteFilter) GetRequestMirror() *RequestMirror {
 	return nil
 }
 
+func (x *HTTPRouteFilter) GetCors() *CORS {
+	if x != nil {
+		if x, ok := x.Filter.(*HTTPRouteFilter_Cors); ok {
+			return x.Cors
+		}
+	}
+	return nil
+}
+
 type isHTTPRouteFilter_Filter interface {
 	isHTTPRouteFilter_Filter()
 }
@@ -1446,6 +1543,10 @@ type HTTPRouteFilter_RequestMirror struct {
 	RequestMirror *RequestMirror `protobuf:"bytes,5,opt,name=request_mirror,json=requestMirror,proto3,oneof"`
 }
 
+type HTTPRouteFilter_Cors struct {
+	Cors *CORS `protobuf:"bytes,6,opt,name=cors,proto3,oneof"`
+}
+
 func (*HTTPRouteFilter_RequestHeaderModifier) isHTTPRouteFilter_Filter() {}
 
 func (*HTTPRouteFilter_ResponseHeaderModifier) isHTTPRouteFilter_Filter() {}
@@ -1455,6 +1556,8 @@ func (*HTTPRouteFilter_RequestRedirect) isHTTPRouteFilter_Filter() {}
 func (*HTTPRouteFilter_UrlRewrite) isHTTPRouteFilter_Filter() {}
 
 func (*HTTPRouteFilter_RequestMirror) isHTTPRouteFilter_Filter() {}
+
+func (*HTTPRouteFilter_Cors) isHTTPRouteFilter_Filter() {}
 
 // BackendRef names a Service port. When the reference cannot be resolved
 // (unknown kind, missing service, not permitted), invalid_reason says why and
@@ -1471,7 +1574,7 @@ type BackendRef struct {
 
 func (x *BackendRef) Reset() {
 	*x = BackendRef{}
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1483,7 +1586,7 @@ func (x *BackendRef) String() string {
 func (*BackendRef) ProtoMessage() {}
 
 func (x *BackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1496,7 +1599,7 @@ func (x *BackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendRef.ProtoReflect.Descriptor instead.
 func (*BackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{17}
+	return file_mesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BackendRef) GetNamespace() string {
@@ -1539,7 +1642,7 @@ type HTTPBackendRef struct {
 
 func (x *HTTPBackendRef) Reset() {
 	*x = HTTPBackendRef{}
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1654,7 @@ func (x *HTTPBackendRef) String() string {
 func (*HTTPBackendRef) ProtoMessage() {}
 
 func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1667,7 @@ func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPBackendRef.ProtoReflect.Descriptor instead.
 func (*HTTPBackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{18}
+	return file_mesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HTTPBackendRef) GetBackend() *BackendRef {
@@ -1601,7 +1704,7 @@ type HTTPRouteRetry struct {
 
 func (x *HTTPRouteRetry) Reset() {
 	*x = HTTPRouteRetry{}
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1716,7 @@ func (x *HTTPRouteRetry) String() string {
 func (*HTTPRouteRetry) ProtoMessage() {}
 
 func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1729,7 @@ func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRetry.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRetry) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{19}
+	return file_mesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HTTPRouteRetry) GetCodes() []uint32 {
@@ -1660,13 +1763,17 @@ type HTTPRouteRule struct {
 	RequestTimeout        *durationpb.Duration `protobuf:"bytes,5,opt,name=request_timeout,json=requestTimeout,proto3" json:"request_timeout,omitempty"`
 	BackendRequestTimeout *durationpb.Duration `protobuf:"bytes,6,opt,name=backend_request_timeout,json=backendRequestTimeout,proto3" json:"backend_request_timeout,omitempty"`
 	Retry                 *HTTPRouteRetry      `protobuf:"bytes,7,opt,name=retry,proto3" json:"retry,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Set when the rule cannot be carried out as written (a filter this mesh
+	// does not implement, such as ExtensionRef or ExternalAuth). Such a filter
+	// is never skipped: requests the rule matches get 500.
+	InvalidReason string `protobuf:"bytes,8,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HTTPRouteRule) Reset() {
 	*x = HTTPRouteRule{}
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1785,7 @@ func (x *HTTPRouteRule) String() string {
 func (*HTTPRouteRule) ProtoMessage() {}
 
 func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1798,7 @@ func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRule.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{20}
+	return file_mesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HTTPRouteRule) GetName() string {
@@ -1743,6 +1850,13 @@ func (x *HTTPRouteRule) GetRetry() *HTTPRouteRetry {
 	return nil
 }
 
+func (x *HTTPRouteRule) GetInvalidReason() string {
+	if x != nil {
+		return x.InvalidReason
+	}
+	return ""
+}
+
 // HTTPRoute. Resource name: <namespace>/<name>.
 type HTTPRoute struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1759,7 +1873,7 @@ type HTTPRoute struct {
 
 func (x *HTTPRoute) Reset() {
 	*x = HTTPRoute{}
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1885,7 @@ func (x *HTTPRoute) String() string {
 func (*HTTPRoute) ProtoMessage() {}
 
 func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1898,7 @@ func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRoute.ProtoReflect.Descriptor instead.
 func (*HTTPRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{21}
+	return file_mesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HTTPRoute) GetName() string {
@@ -1842,7 +1956,7 @@ type GRPCMethodMatch struct {
 
 func (x *GRPCMethodMatch) Reset() {
 	*x = GRPCMethodMatch{}
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +1968,7 @@ func (x *GRPCMethodMatch) String() string {
 func (*GRPCMethodMatch) ProtoMessage() {}
 
 func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +1981,7 @@ func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCMethodMatch.ProtoReflect.Descriptor instead.
 func (*GRPCMethodMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{22}
+	return file_mesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GRPCMethodMatch) GetType() GRPCMethodMatch_Type {
@@ -1901,7 +2015,7 @@ type GRPCRouteMatch struct {
 
 func (x *GRPCRouteMatch) Reset() {
 	*x = GRPCRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1913,7 +2027,7 @@ func (x *GRPCRouteMatch) String() string {
 func (*GRPCRouteMatch) ProtoMessage() {}
 
 func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1926,7 +2040,7 @@ func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteMatch.ProtoReflect.Descriptor instead.
 func (*GRPCRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{23}
+	return file_mesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GRPCRouteMatch) GetMethod() *GRPCMethodMatch {
@@ -1948,15 +2062,17 @@ type GRPCRouteRule struct {
 	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Matches []*GRPCRouteMatch      `protobuf:"bytes,2,rep,name=matches,proto3" json:"matches,omitempty"`
 	// Only request/response header modifiers and request mirror apply.
-	Filters       []*HTTPRouteFilter `protobuf:"bytes,3,rep,name=filters,proto3" json:"filters,omitempty"`
-	Backends      []*HTTPBackendRef  `protobuf:"bytes,4,rep,name=backends,proto3" json:"backends,omitempty"`
+	Filters  []*HTTPRouteFilter `protobuf:"bytes,3,rep,name=filters,proto3" json:"filters,omitempty"`
+	Backends []*HTTPBackendRef  `protobuf:"bytes,4,rep,name=backends,proto3" json:"backends,omitempty"`
+	// As HTTPRouteRule.invalid_reason.
+	InvalidReason string `protobuf:"bytes,5,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GRPCRouteRule) Reset() {
 	*x = GRPCRouteRule{}
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1968,7 +2084,7 @@ func (x *GRPCRouteRule) String() string {
 func (*GRPCRouteRule) ProtoMessage() {}
 
 func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1981,7 +2097,7 @@ func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteRule.ProtoReflect.Descriptor instead.
 func (*GRPCRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{24}
+	return file_mesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GRPCRouteRule) GetName() string {
@@ -2012,6 +2128,13 @@ func (x *GRPCRouteRule) GetBackends() []*HTTPBackendRef {
 	return nil
 }
 
+func (x *GRPCRouteRule) GetInvalidReason() string {
+	if x != nil {
+		return x.InvalidReason
+	}
+	return ""
+}
+
 // GRPCRoute. Resource name: <namespace>/<name>.
 type GRPCRoute struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2027,7 +2150,7 @@ type GRPCRoute struct {
 
 func (x *GRPCRoute) Reset() {
 	*x = GRPCRoute{}
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2162,7 @@ func (x *GRPCRoute) String() string {
 func (*GRPCRoute) ProtoMessage() {}
 
 func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2175,7 @@ func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRoute.ProtoReflect.Descriptor instead.
 func (*GRPCRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{25}
+	return file_mesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GRPCRoute) GetName() string {
@@ -2206,14 +2329,22 @@ const file_mesh_proto_rawDesc = "" +
 	"\abackend\x18\x01 \x01(\v2\x1c.causeway.mesh.v1.BackendRefR\abackend\x12\x1d\n" +
 	"\apercent\x18\x02 \x01(\x01H\x00R\apercent\x88\x01\x01B\n" +
 	"\n" +
-	"\b_percent\"\xb0\x03\n" +
+	"\b_percent\"\xf1\x01\n" +
+	"\x04CORS\x12#\n" +
+	"\rallow_origins\x18\x01 \x03(\tR\fallowOrigins\x12+\n" +
+	"\x11allow_credentials\x18\x02 \x01(\bR\x10allowCredentials\x12#\n" +
+	"\rallow_methods\x18\x03 \x03(\tR\fallowMethods\x12#\n" +
+	"\rallow_headers\x18\x04 \x03(\tR\fallowHeaders\x12%\n" +
+	"\x0eexpose_headers\x18\x05 \x03(\tR\rexposeHeaders\x12&\n" +
+	"\x0fmax_age_seconds\x18\x06 \x01(\x05R\rmaxAgeSeconds\"\xde\x03\n" +
 	"\x0fHTTPRouteFilter\x12Z\n" +
 	"\x17request_header_modifier\x18\x01 \x01(\v2 .causeway.mesh.v1.HeaderModifierH\x00R\x15requestHeaderModifier\x12\\\n" +
 	"\x18response_header_modifier\x18\x02 \x01(\v2 .causeway.mesh.v1.HeaderModifierH\x00R\x16responseHeaderModifier\x12N\n" +
 	"\x10request_redirect\x18\x03 \x01(\v2!.causeway.mesh.v1.RequestRedirectH\x00R\x0frequestRedirect\x12?\n" +
 	"\vurl_rewrite\x18\x04 \x01(\v2\x1c.causeway.mesh.v1.URLRewriteH\x00R\n" +
 	"urlRewrite\x12H\n" +
-	"\x0erequest_mirror\x18\x05 \x01(\v2\x1f.causeway.mesh.v1.RequestMirrorH\x00R\rrequestMirrorB\b\n" +
+	"\x0erequest_mirror\x18\x05 \x01(\v2\x1f.causeway.mesh.v1.RequestMirrorH\x00R\rrequestMirror\x12,\n" +
+	"\x04cors\x18\x06 \x01(\v2\x16.causeway.mesh.v1.CORSH\x00R\x04corsB\b\n" +
 	"\x06filter\"y\n" +
 	"\n" +
 	"BackendRef\x12\x1c\n" +
@@ -2228,7 +2359,7 @@ const file_mesh_proto_rawDesc = "" +
 	"\x0eHTTPRouteRetry\x12\x14\n" +
 	"\x05codes\x18\x01 \x03(\rR\x05codes\x12\x1a\n" +
 	"\battempts\x18\x02 \x01(\rR\battempts\x123\n" +
-	"\abackoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\abackoff\"\xa9\x03\n" +
+	"\abackoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\abackoff\"\xd0\x03\n" +
 	"\rHTTPRouteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12:\n" +
 	"\amatches\x18\x02 \x03(\v2 .causeway.mesh.v1.HTTPRouteMatchR\amatches\x12;\n" +
@@ -2236,7 +2367,8 @@ const file_mesh_proto_rawDesc = "" +
 	"\bbackends\x18\x04 \x03(\v2 .causeway.mesh.v1.HTTPBackendRefR\bbackends\x12B\n" +
 	"\x0frequest_timeout\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x0erequestTimeout\x12Q\n" +
 	"\x17backend_request_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x15backendRequestTimeout\x126\n" +
-	"\x05retry\x18\a \x01(\v2 .causeway.mesh.v1.HTTPRouteRetryR\x05retry\"\x8a\x02\n" +
+	"\x05retry\x18\a \x01(\v2 .causeway.mesh.v1.HTTPRouteRetryR\x05retry\x12%\n" +
+	"\x0einvalid_reason\x18\b \x01(\tR\rinvalidReason\"\x8a\x02\n" +
 	"\tHTTPRoute\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12?\n" +
@@ -2253,12 +2385,13 @@ const file_mesh_proto_rawDesc = "" +
 	"\x12REGULAR_EXPRESSION\x10\x01\"\x84\x01\n" +
 	"\x0eGRPCRouteMatch\x129\n" +
 	"\x06method\x18\x01 \x01(\v2!.causeway.mesh.v1.GRPCMethodMatchR\x06method\x127\n" +
-	"\aheaders\x18\x02 \x03(\v2\x1d.causeway.mesh.v1.StringMatchR\aheaders\"\xda\x01\n" +
+	"\aheaders\x18\x02 \x03(\v2\x1d.causeway.mesh.v1.StringMatchR\aheaders\"\x81\x02\n" +
 	"\rGRPCRouteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12:\n" +
 	"\amatches\x18\x02 \x03(\v2 .causeway.mesh.v1.GRPCRouteMatchR\amatches\x12;\n" +
 	"\afilters\x18\x03 \x03(\v2!.causeway.mesh.v1.HTTPRouteFilterR\afilters\x12<\n" +
-	"\bbackends\x18\x04 \x03(\v2 .causeway.mesh.v1.HTTPBackendRefR\bbackends\"\x8a\x02\n" +
+	"\bbackends\x18\x04 \x03(\v2 .causeway.mesh.v1.HTTPBackendRefR\bbackends\x12%\n" +
+	"\x0einvalid_reason\x18\x05 \x01(\tR\rinvalidReason\"\x8a\x02\n" +
 	"\tGRPCRoute\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12?\n" +
@@ -2280,7 +2413,7 @@ func file_mesh_proto_rawDescGZIP() []byte {
 }
 
 var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_mesh_proto_goTypes = []any{
 	(PathMatch_Type)(0),           // 0: causeway.mesh.v1.PathMatch.Type
 	(StringMatch_Type)(0),         // 1: causeway.mesh.v1.StringMatch.Type
@@ -2302,26 +2435,27 @@ var file_mesh_proto_goTypes = []any{
 	(*RequestRedirect)(nil),       // 17: causeway.mesh.v1.RequestRedirect
 	(*URLRewrite)(nil),            // 18: causeway.mesh.v1.URLRewrite
 	(*RequestMirror)(nil),         // 19: causeway.mesh.v1.RequestMirror
-	(*HTTPRouteFilter)(nil),       // 20: causeway.mesh.v1.HTTPRouteFilter
-	(*BackendRef)(nil),            // 21: causeway.mesh.v1.BackendRef
-	(*HTTPBackendRef)(nil),        // 22: causeway.mesh.v1.HTTPBackendRef
-	(*HTTPRouteRetry)(nil),        // 23: causeway.mesh.v1.HTTPRouteRetry
-	(*HTTPRouteRule)(nil),         // 24: causeway.mesh.v1.HTTPRouteRule
-	(*HTTPRoute)(nil),             // 25: causeway.mesh.v1.HTTPRoute
-	(*GRPCMethodMatch)(nil),       // 26: causeway.mesh.v1.GRPCMethodMatch
-	(*GRPCRouteMatch)(nil),        // 27: causeway.mesh.v1.GRPCRouteMatch
-	(*GRPCRouteRule)(nil),         // 28: causeway.mesh.v1.GRPCRouteRule
-	(*GRPCRoute)(nil),             // 29: causeway.mesh.v1.GRPCRoute
-	nil,                           // 30: causeway.mesh.v1.Workload.LabelsEntry
-	nil,                           // 31: causeway.mesh.v1.Endpoint.PortsEntry
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 33: google.protobuf.Timestamp
+	(*CORS)(nil),                  // 20: causeway.mesh.v1.CORS
+	(*HTTPRouteFilter)(nil),       // 21: causeway.mesh.v1.HTTPRouteFilter
+	(*BackendRef)(nil),            // 22: causeway.mesh.v1.BackendRef
+	(*HTTPBackendRef)(nil),        // 23: causeway.mesh.v1.HTTPBackendRef
+	(*HTTPRouteRetry)(nil),        // 24: causeway.mesh.v1.HTTPRouteRetry
+	(*HTTPRouteRule)(nil),         // 25: causeway.mesh.v1.HTTPRouteRule
+	(*HTTPRoute)(nil),             // 26: causeway.mesh.v1.HTTPRoute
+	(*GRPCMethodMatch)(nil),       // 27: causeway.mesh.v1.GRPCMethodMatch
+	(*GRPCRouteMatch)(nil),        // 28: causeway.mesh.v1.GRPCRouteMatch
+	(*GRPCRouteRule)(nil),         // 29: causeway.mesh.v1.GRPCRouteRule
+	(*GRPCRoute)(nil),             // 30: causeway.mesh.v1.GRPCRoute
+	nil,                           // 31: causeway.mesh.v1.Workload.LabelsEntry
+	nil,                           // 32: causeway.mesh.v1.Endpoint.PortsEntry
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
 }
 var file_mesh_proto_depIdxs = []int32{
 	4,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
-	30, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
+	31, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
 	4,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
-	31, // 3: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
+	32, // 3: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
 	6,  // 4: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
 	7,  // 5: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
 	4,  // 6: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
@@ -2335,38 +2469,39 @@ var file_mesh_proto_depIdxs = []int32{
 	2,  // 14: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
 	16, // 15: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
 	16, // 16: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
-	21, // 17: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
+	22, // 17: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
 	15, // 18: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
 	15, // 19: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
 	17, // 20: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
 	18, // 21: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
 	19, // 22: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
-	21, // 23: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
-	20, // 24: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	32, // 25: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
-	13, // 26: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
-	20, // 27: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	22, // 28: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	32, // 29: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
-	32, // 30: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
-	23, // 31: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
-	33, // 32: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
-	10, // 33: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	24, // 34: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
-	3,  // 35: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
-	26, // 36: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
-	12, // 37: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	27, // 38: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
-	20, // 39: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	22, // 40: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	33, // 41: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
-	10, // 42: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	28, // 43: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	20, // 23: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
+	22, // 24: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
+	21, // 25: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	33, // 26: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
+	13, // 27: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
+	21, // 28: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	23, // 29: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	33, // 30: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
+	33, // 31: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
+	24, // 32: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
+	34, // 33: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
+	10, // 34: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	25, // 35: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
+	3,  // 36: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
+	27, // 37: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
+	12, // 38: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	28, // 39: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
+	21, // 40: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	23, // 41: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	34, // 42: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
+	10, // 43: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	29, // 44: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_mesh_proto_init() }
@@ -2375,12 +2510,13 @@ func file_mesh_proto_init() {
 		return
 	}
 	file_mesh_proto_msgTypes[15].OneofWrappers = []any{}
-	file_mesh_proto_msgTypes[16].OneofWrappers = []any{
+	file_mesh_proto_msgTypes[17].OneofWrappers = []any{
 		(*HTTPRouteFilter_RequestHeaderModifier)(nil),
 		(*HTTPRouteFilter_ResponseHeaderModifier)(nil),
 		(*HTTPRouteFilter_RequestRedirect)(nil),
 		(*HTTPRouteFilter_UrlRewrite)(nil),
 		(*HTTPRouteFilter_RequestMirror)(nil),
+		(*HTTPRouteFilter_Cors)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2388,7 +2524,7 @@ func file_mesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_proto_rawDesc), len(file_mesh_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,360 @@
+package meshv1
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// Type URLs of the mesh resources as they travel over delta ADS.
+const (
+	typePrefix       = "type.googleapis.com/"
+	WorkloadTypeURL  = typePrefix + "causeway.mesh.v1.Workload"
+	ServiceTypeURL   = typePrefix + "causeway.mesh.v1.Service"
+	WaypointTypeURL  = typePrefix + "causeway.mesh.v1.Waypoint"
+	HTTPRouteTypeURL = typePrefix + "causeway.mesh.v1.HTTPRoute"
+	GRPCRouteTypeURL = typePrefix + "causeway.mesh.v1.GRPCRoute"
+)
+
+// TypeURLs lists every mesh resource type, in the order a consumer should
+// apply them (workloads before the services whose endpoints name them).
+var TypeURLs = []string{WorkloadTypeURL, ServiceTypeURL, WaypointTypeURL, HTTPRouteTypeURL, GRPCRouteTypeURL}
+
+// NewResource returns an empty message of the given type URL.
+func NewResource(typeURL string) (proto.Message, error) {
+	switch typeURL {
+	case WorkloadTypeURL:
+		return &Workload{}, nil
+	case ServiceTypeURL:
+		return &Service{}, nil
+	case WaypointTypeURL:
+		return &Waypoint{}, nil
+	case HTTPRouteTypeURL:
+		return &HTTPRoute{}, nil
+	case GRPCRouteTypeURL:
+		return &GRPCRoute{}, nil
+	}
+	return nil, fmt.Errorf("unknown mesh resource type %q", typeURL)
+}
+
+// ResourceName is the name a resource is served under: a workload's uid,
+// "<namespace>/<name>" for everything else.
+func ResourceName(m proto.Message) string {
+	switch r := m.(type) {
+	case *Workload:
+		return r.GetUid()
+	case *Service:
+		return r.GetNamespace() + "/" + r.GetName()
+	case *Waypoint:
+		return r.GetNamespace() + "/" + r.GetName()
+	case *HTTPRoute:
+		return r.GetNamespace() + "/" + r.GetName()
+	case *GRPCRoute:
+		return r.GetNamespace() + "/" + r.GetName()
+	}
+	return ""
+}
+
+// ResourceNamespace is the namespace a resource belongs to.
+func ResourceNamespace(m proto.Message) string {
+	if r, ok := m.(interface{ GetNamespace() string }); ok {
+		return r.GetNamespace()
+	}
+	return ""
+}
+
+// Waypoint-for values (label causeway.dev/waypoint-for).
+const (
+	WaypointForService  = "service"
+	WaypointForWorkload = "workload"
+	WaypointForAll      = "all"
+)
+
+// Validate checks what a consumer relies on: names, addresses, identities,
+// port ranges and regular expressions. The xDS client NACKs a response with a
+// resource that fails; the control plane checks its own output with it too.
+func Validate(m proto.Message) error {
+	switch r := m.(type) {
+	case *Workload:
+		return validateWorkload(r)
+	case *Service:
+		return validateService(r)
+	case *Waypoint:
+		return validateWaypoint(r)
+	case *HTTPRoute:
+		return validateHTTPRoute(r)
+	case *GRPCRoute:
+		return validateGRPCRoute(r)
+	}
+	return fmt.Errorf("unknown mesh resource %T", m)
+}
+
+func validateWorkload(w *Workload) error {
+	if w.GetUid() == "" {
+		return errors.New("workload: empty uid")
+	}
+	if err := nonEmpty("workload "+w.GetUid(), w.GetNamespace(), w.GetName()); err != nil {
+		return err
+	}
+	if _, err := trust.ParseIdentity(w.GetIdentity()); err != nil {
+		return fmt.Errorf("workload %s: %w", w.GetUid(), err)
+	}
+	for _, a := range w.GetAddresses() {
+		if err := checkIP(a); err != nil {
+			return fmt.Errorf("workload %s: address: %w", w.GetUid(), err)
+		}
+	}
+	if a := w.GetAppAddress(); a != "" {
+		if err := checkIP(a); err != nil {
+			return fmt.Errorf("workload %s: app address: %w", w.GetUid(), err)
+		}
+	}
+	for _, p := range w.GetServingPorts() {
+		if err := checkPort(p); err != nil {
+			return fmt.Errorf("workload %s: serving port: %w", w.GetUid(), err)
+		}
+	}
+	if w.GetWaypoint() != nil {
+		if err := checkRef(w.GetWaypoint()); err != nil {
+			return fmt.Errorf("workload %s: waypoint: %w", w.GetUid(), err)
+		}
+	}
+	if w.GetWaypointForGateway() != nil {
+		if err := checkRef(w.GetWaypointForGateway()); err != nil {
+			return fmt.Errorf("workload %s: waypoint gateway: %w", w.GetUid(), err)
+		}
+	}
+	return nil
+}
+
+func validateService(s *Service) error {
+	name := s.GetNamespace() + "/" + s.GetName()
+	if err := nonEmpty("service", s.GetNamespace(), s.GetName()); err != nil {
+		return err
+	}
+	for _, v := range s.GetVips() {
+		if err := checkIP(v); err != nil {
+			return fmt.Errorf("service %s: VIP: %w", name, err)
+		}
+	}
+	for _, p := range s.GetPorts() {
+		if err := checkPort(p.GetPort()); err != nil {
+			return fmt.Errorf("service %s: port: %w", name, err)
+		}
+		if p.GetTargetPort() > 65535 {
+			return fmt.Errorf("service %s: target port %d out of range", name, p.GetTargetPort())
+		}
+	}
+	for _, e := range s.GetEndpoints() {
+		if err := checkIP(e.GetAddress()); err != nil {
+			return fmt.Errorf("service %s: endpoint: %w", name, err)
+		}
+		for sp, tp := range e.GetPorts() {
+			if checkPort(sp) != nil || checkPort(tp) != nil {
+				return fmt.Errorf("service %s: endpoint %s: port mapping %d->%d out of range", name, e.GetAddress(), sp, tp)
+			}
+		}
+	}
+	if s.GetWaypoint() != nil {
+		if err := checkRef(s.GetWaypoint()); err != nil {
+			return fmt.Errorf("service %s: waypoint: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func validateWaypoint(w *Waypoint) error {
+	name := w.GetNamespace() + "/" + w.GetName()
+	if err := nonEmpty("waypoint", w.GetNamespace(), w.GetName()); err != nil {
+		return err
+	}
+	if _, err := trust.ParseIdentity(w.GetIdentity()); err != nil {
+		return fmt.Errorf("waypoint %s: %w", name, err)
+	}
+	for _, a := range w.GetAddresses() {
+		if err := checkIP(a); err != nil {
+			return fmt.Errorf("waypoint %s: address: %w", name, err)
+		}
+	}
+	if err := checkPort(w.GetHbonePort()); err != nil {
+		return fmt.Errorf("waypoint %s: HBONE port: %w", name, err)
+	}
+	switch w.GetWaypointFor() {
+	case WaypointForService, WaypointForWorkload, WaypointForAll:
+	default:
+		return fmt.Errorf("waypoint %s: waypoint-for %q: want service, workload or all", name, w.GetWaypointFor())
+	}
+	return nil
+}
+
+func validateHTTPRoute(r *HTTPRoute) error {
+	name := "httproute " + r.GetNamespace() + "/" + r.GetName()
+	if err := nonEmpty("httproute", r.GetNamespace(), r.GetName()); err != nil {
+		return err
+	}
+	if err := validateParents(name, r.GetParents()); err != nil {
+		return err
+	}
+	for i, rule := range r.GetRules() {
+		for _, m := range rule.GetMatches() {
+			if p := m.GetPath(); p != nil {
+				switch p.GetType() {
+				case PathMatch_REGULAR_EXPRESSION:
+					if _, err := regexp.Compile(p.GetValue()); err != nil {
+						return fmt.Errorf("%s rule %d: path regex: %w", name, i, err)
+					}
+				default:
+					if !strings.HasPrefix(p.GetValue(), "/") {
+						return fmt.Errorf("%s rule %d: path %q must start with /", name, i, p.GetValue())
+					}
+				}
+			}
+			if err := validateStringMatches(m.GetHeaders()); err != nil {
+				return fmt.Errorf("%s rule %d: header match: %w", name, i, err)
+			}
+			if err := validateStringMatches(m.GetQueryParams()); err != nil {
+				return fmt.Errorf("%s rule %d: query match: %w", name, i, err)
+			}
+		}
+		if err := validateFilters(rule.GetFilters()); err != nil {
+			return fmt.Errorf("%s rule %d: %w", name, i, err)
+		}
+		if err := validateBackends(rule.GetBackends()); err != nil {
+			return fmt.Errorf("%s rule %d: %w", name, i, err)
+		}
+	}
+	return nil
+}
+
+func validateGRPCRoute(r *GRPCRoute) error {
+	name := "grpcroute " + r.GetNamespace() + "/" + r.GetName()
+	if err := nonEmpty("grpcroute", r.GetNamespace(), r.GetName()); err != nil {
+		return err
+	}
+	if err := validateParents(name, r.GetParents()); err != nil {
+		return err
+	}
+	for i, rule := range r.GetRules() {
+		for _, m := range rule.GetMatches() {
+			if mm := m.GetMethod(); mm != nil && mm.GetType() == GRPCMethodMatch_REGULAR_EXPRESSION {
+				for _, re := range []string{mm.GetService(), mm.GetMethod()} {
+					if _, err := regexp.Compile(re); err != nil {
+						return fmt.Errorf("%s rule %d: method regex: %w", name, i, err)
+					}
+				}
+			}
+			if err := validateStringMatches(m.GetHeaders()); err != nil {
+				return fmt.Errorf("%s rule %d: header match: %w", name, i, err)
+			}
+		}
+		if err := validateFilters(rule.GetFilters()); err != nil {
+			return fmt.Errorf("%s rule %d: %w", name, i, err)
+		}
+		if err := validateBackends(rule.GetBackends()); err != nil {
+			return fmt.Errorf("%s rule %d: %w", name, i, err)
+		}
+	}
+	return nil
+}
+
+func validateParents(name string, parents []*ParentRef) error {
+	for _, p := range parents {
+		if p.GetNamespace() == "" || p.GetName() == "" {
+			return fmt.Errorf("%s: parent without namespace or name", name)
+		}
+		if p.GetPort() > 65535 {
+			return fmt.Errorf("%s: parent port %d out of range", name, p.GetPort())
+		}
+	}
+	return nil
+}
+
+func validateStringMatches(ms []*StringMatch) error {
+	for _, m := range ms {
+		if m.GetName() == "" {
+			return errors.New("empty name")
+		}
+		if m.GetType() == StringMatch_REGULAR_EXPRESSION {
+			if _, err := regexp.Compile(m.GetValue()); err != nil {
+				return fmt.Errorf("%s: %w", m.GetName(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func validateFilters(fs []*HTTPRouteFilter) error {
+	for _, f := range fs {
+		switch {
+		case f.GetRequestRedirect() != nil:
+			switch f.GetRequestRedirect().GetStatusCode() {
+			case 0, 301, 302, 303, 307, 308:
+			default:
+				return fmt.Errorf("redirect status %d not allowed", f.GetRequestRedirect().GetStatusCode())
+			}
+			if p := f.GetRequestRedirect().GetPort(); p != 0 && checkPort(p) != nil {
+				return fmt.Errorf("redirect port %d out of range", p)
+			}
+		case f.GetRequestMirror() != nil:
+			if f.GetRequestMirror().GetBackend() == nil {
+				return errors.New("mirror without backend")
+			}
+			if p := f.GetRequestMirror().Percent; p != nil && (*p < 0 || *p > 100) {
+				return fmt.Errorf("mirror percent %v out of range", *p)
+			}
+		case f.GetFilter() == nil:
+			return errors.New("empty filter")
+		}
+	}
+	return nil
+}
+
+func validateBackends(bs []*HTTPBackendRef) error {
+	for _, b := range bs {
+		if b.GetBackend() == nil {
+			return errors.New("backend without reference")
+		}
+		if err := validateFilters(b.GetFilters()); err != nil {
+			return fmt.Errorf("backend %s/%s: %w", b.GetBackend().GetNamespace(), b.GetBackend().GetName(), err)
+		}
+	}
+	return nil
+}
+
+func nonEmpty(what, namespace, name string) error {
+	if namespace == "" || name == "" {
+		return fmt.Errorf("%s %s/%s: namespace and name are required", what, namespace, name)
+	}
+	return nil
+}
+
+func checkRef(r *Ref) error {
+	if r.GetNamespace() == "" || r.GetName() == "" {
+		return errors.New("reference needs namespace and name")
+	}
+	return nil
+}
+
+func checkIP(s string) error {
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return fmt.Errorf("%q is not an IP address", s)
+	}
+	if a.IsUnspecified() {
+		return fmt.Errorf("%q is the unspecified address", s)
+	}
+	return nil
+}
+
+func checkPort(p uint32) error {
+	if p == 0 || p > 65535 {
+		return fmt.Errorf("port %d out of range", p)
+	}
+	return nil
+}
