@@ -1,0 +1,58 @@
+// Package capture delivers workload connections to the node proxy: where they
+// came from and where they were going. Local mode captures outbound traffic
+// through a SOCKS5 listener; in-pod iptables redirection is another
+// implementation of the same contract.
+package capture
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"strconv"
+)
+
+// Destination is where a captured connection was going: an address, or a
+// hostname the mesh registry must resolve (SOCKS5 domain requests).
+type Destination struct {
+	Addr netip.AddrPort // valid when Host is empty
+	Host string
+	Port uint16
+}
+
+func (d Destination) String() string {
+	if d.Host != "" {
+		return net.JoinHostPort(d.Host, strconv.Itoa(int(d.Port)))
+	}
+	return d.Addr.String()
+}
+
+// Outcome is how the proxy answers a captured connection before relaying.
+type Outcome int
+
+const (
+	// Connected: the upstream is established; relay bytes.
+	Connected Outcome = iota
+	// Refused: policy or configuration forbids the connection.
+	Refused
+	// Unreachable: the destination (or its waypoint) could not be reached.
+	Unreachable
+	// HostUnknown: a hostname did not resolve in the mesh registry.
+	HostUnknown
+)
+
+// Conn is one captured outbound connection.
+type Conn interface {
+	net.Conn
+	// Source is the workload address the connection came from.
+	Source() netip.AddrPort
+	// Destination is where the workload was connecting.
+	Destination() Destination
+	// Answer tells the workload the outcome. It must be called exactly once,
+	// before relaying (Connected) or before Close (any other outcome).
+	Answer(Outcome) error
+}
+
+// Handler takes captured connections; it owns and must close each one.
+type Handler interface {
+	HandleOutbound(ctx context.Context, c Conn)
+}
