@@ -1,0 +1,230 @@
+package main
+
+import (
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+func init() {
+	register("workloads", "list the workloads a proxy knows (--admin ADDR or --file DUMP)", runWorkloads)
+	register("services", "list the services a proxy knows (--admin ADDR or --file DUMP)", runServices)
+	register("certificates", "show a proxy's certificates (--admin ADDR or --file DUMP)", runCertificates)
+}
+
+// maxDump bounds how much of a config dump is read.
+const maxDump = 64 << 20
+
+// dump is the part of /config_dump (DESIGN §8) that meshctl reads.
+type dump struct {
+	ByAddr       map[string]json.RawMessage `json:"by_addr"`
+	ByVIP        map[string]json.RawMessage `json:"by_vip"`
+	Certificates []certificateDump          `json:"certificates"`
+}
+
+type certificateDump struct {
+	Identity  string `json:"identity"`
+	State     string `json:"state"`
+	CertChain []struct {
+		PEM            string `json:"pem"`
+		SerialNumber   string `json:"serial_number"`
+		ValidFrom      string `json:"valid_from"`
+		ExpirationTime string `json:"expiration_time"`
+	} `json:"cert_chain"`
+}
+
+// loadDump reads a config dump from a proxy's admin address or a file.
+func loadDump(name string, args []string) (*dump, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	admin := fs.String("admin", "", "admin address of a proxy (host:port)")
+	file := fs.String("file", "", "config dump file (- for stdin)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	var r io.Reader
+	switch {
+	case *admin != "" && *file != "":
+		return nil, errors.New("give --admin or --file, not both")
+	case *admin != "":
+		client := &http.Client{Timeout: 10 * time.Second}
+		resp, err := client.Get("http://" + *admin + "/config_dump")
+		if err != nil {
+			return nil, fmt.Errorf("fetch config dump: %w", err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+			return nil, fmt.Errorf("config dump from %s: %s: %s", *admin, resp.Status, strings.TrimSpace(string(msg)))
+		}
+		r = resp.Body
+	case *file == "-":
+		r = os.Stdin
+	case *file != "":
+		f, err := os.Open(*file)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	default:
+		return nil, errors.New("give --admin ADDR or --file DUMP")
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxDump+1))
+	if err != nil {
+		return nil, fmt.Errorf("read config dump: %w", err)
+	}
+	if len(data) > maxDump {
+		return nil, fmt.Errorf("config dump larger than %d bytes", maxDump)
+	}
+	var d dump
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, fmt.Errorf("parse config dump: %w", err)
+	}
+	return &d, nil
+}
+
+func runWorkloads(args []string) error {
+	d, err := loadDump("workloads", args)
+	if err != nil {
+		return err
+	}
+	seen := map[string]*meshv1.Workload{}
+	for addr, raw := range d.ByAddr {
+		w := new(meshv1.Workload)
+		if err := protojson.Unmarshal(raw, w); err != nil {
+			return fmt.Errorf("workload at %s: %w", addr, err)
+		}
+		seen[w.GetUid()] = w
+	}
+	rows := make([]*meshv1.Workload, 0, len(seen))
+	for _, w := range seen {
+		rows = append(rows, w)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		return rows[i].GetNamespace()+"/"+rows[i].GetName() < rows[j].GetNamespace()+"/"+rows[j].GetName()
+	})
+	tw := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tPOD NAME\tADDRESS\tNODE\tWAYPOINT\tPROTOCOL\tIDENTITY")
+	for _, w := range rows {
+		proto := "TCP"
+		if w.GetHbone() {
+			proto = "HBONE"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", w.GetNamespace(), w.GetName(), orNA(strings.Join(w.GetAddresses(), ",")),
+			orNA(w.GetNode()), refOrNone(w.GetWaypoint()), proto, orNA(w.GetIdentity()))
+	}
+	return tw.Flush()
+}
+
+func runServices(args []string) error {
+	d, err := loadDump("services", args)
+	if err != nil {
+		return err
+	}
+	seen := map[string]*meshv1.Service{}
+	for vip, raw := range d.ByVIP {
+		s := new(meshv1.Service)
+		if err := protojson.Unmarshal(raw, s); err != nil {
+			return fmt.Errorf("service at %s: %w", vip, err)
+		}
+		seen[s.GetNamespace()+"/"+s.GetName()] = s
+	}
+	keys := make([]string, 0, len(seen))
+	for k := range seen {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tSERVICE NAME\tSERVICE VIP\tPORTS\tWAYPOINT\tENDPOINTS")
+	for _, k := range keys {
+		s := seen[k]
+		var ports []string
+		for _, p := range s.GetPorts() {
+			ports = append(ports, fmt.Sprintf("%d/%s", p.GetPort(), orDefault(p.GetAppProtocol(), "tcp")))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", s.GetNamespace(), s.GetName(), orNA(strings.Join(s.GetVips(), ",")),
+			orNA(strings.Join(ports, ",")), refOrNone(s.GetWaypoint()), len(s.GetEndpoints()))
+	}
+	return tw.Flush()
+}
+
+func runCertificates(args []string) error {
+	d, err := loadDump("certificates", args)
+	if err != nil {
+		return err
+	}
+	return writeCertificates(os.Stdout, d.Certificates, time.Now())
+}
+
+// writeCertificates prints the table of DESIGN §8.
+func writeCertificates(w io.Writer, certs []certificateDump, now time.Time) error {
+	sort.Slice(certs, func(i, j int) bool { return certs[i].Identity < certs[j].Identity })
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "CERTIFICATE NAME\tTYPE\tSTATUS\tVALID CERT\tSERIAL NUMBER\tNOT AFTER\tNOT BEFORE")
+	for _, c := range certs {
+		status := c.State
+		if strings.HasPrefix(status, "Unavailable") {
+			status = "Unavailable"
+		}
+		if len(c.CertChain) == 0 {
+			fmt.Fprintf(tw, "%s\tNA\t%s\tfalse\tNA\tNA\tNA\n", c.Identity, orNA(status))
+			continue
+		}
+		for i, e := range c.CertChain {
+			typ := "Intermediate"
+			if i == 0 {
+				typ = "Leaf"
+			} else if isRoot(e.PEM) {
+				typ = "Root"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%s\t%s\t%s\n", c.Identity, typ, orNA(status),
+				validAt(e.ValidFrom, e.ExpirationTime, now), orNA(e.SerialNumber), orNA(e.ExpirationTime), orNA(e.ValidFrom))
+		}
+	}
+	return tw.Flush()
+}
+
+func isRoot(p string) bool {
+	block, _ := pem.Decode([]byte(p))
+	if block == nil {
+		return false
+	}
+	c, err := x509.ParseCertificate(block.Bytes)
+	return err == nil && c.IsCA && c.CheckSignatureFrom(c) == nil
+}
+
+func validAt(from, to string, now time.Time) bool {
+	f, err1 := time.Parse(time.RFC3339, from)
+	t, err2 := time.Parse(time.RFC3339, to)
+	return err1 == nil && err2 == nil && !now.Before(f) && now.Before(t)
+}
+
+func orNA(s string) string { return orDefault(s, "NA") }
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func refOrNone(r *meshv1.Ref) string {
+	if r == nil {
+		return "None"
+	}
+	return r.GetNamespace() + "/" + r.GetName()
+}
