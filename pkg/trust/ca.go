@@ -3,8 +3,10 @@ package trust
 import (
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -32,6 +34,9 @@ const DefaultCertTTL = 24 * time.Hour
 // chain from that certificate up to the root (excluding roots), the roots, and
 // the longest lifetime it will grant.
 func NewAuthority(signer crypto.Signer, chain []*x509.Certificate, roots []*x509.Certificate, maxTTL time.Duration) (*Authority, error) {
+	if signer == nil {
+		return nil, errors.New("authority: no signing key")
+	}
 	if len(chain) == 0 || len(roots) == 0 {
 		return nil, errors.New("authority: need a signing certificate and at least one root")
 	}
@@ -80,13 +85,23 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id Identity, ttl time.Dur
 		return nil, err
 	}
 	now := time.Now()
+	if now.Before(a.cert.NotBefore) || !now.Before(a.cert.NotAfter) {
+		return nil, fmt.Errorf("sign certificate for %s: signing certificate %q is valid only from %s to %s",
+			id, a.cert.Subject, a.cert.NotBefore.UTC().Format(time.RFC3339), a.cert.NotAfter.UTC().Format(time.RFC3339))
+	}
 	notAfter := now.Add(ttl)
 	if notAfter.After(a.cert.NotAfter) {
 		notAfter = a.cert.NotAfter
 	}
+	// Backdate a little to tolerate clock skew between peers, but never
+	// before the signing certificate itself became valid.
+	notBefore := now.Add(-time.Minute)
+	if notBefore.Before(a.cert.NotBefore) {
+		notBefore = a.cert.NotBefore
+	}
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial,
-		NotBefore:             now.Add(-time.Minute), // tolerate small clock skew
+		NotBefore:             notBefore,
 		NotAfter:              notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
@@ -107,10 +122,18 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id Identity, ttl time.Dur
 	return out, nil
 }
 
-// CheckCSR verifies that csr is well signed and asks for exactly id.
+// CheckCSR verifies that csr is well signed, carries an ECDSA P-256 public
+// key (the mesh's leaf key type) and asks for exactly id.
 func CheckCSR(csr *x509.CertificateRequest, id Identity) error {
+	if csr == nil {
+		return errors.New("no CSR")
+	}
 	if err := csr.CheckSignature(); err != nil {
 		return fmt.Errorf("CSR signature: %w", err)
+	}
+	pub, ok := csr.PublicKey.(*ecdsa.PublicKey)
+	if !ok || pub.Curve != elliptic.P256() {
+		return fmt.Errorf("CSR public key must be ECDSA P-256, is %s", describeKey(csr.PublicKey))
 	}
 	if len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses) > 0 {
 		return errors.New("CSR may only contain a URI SAN")
@@ -122,10 +145,27 @@ func CheckCSR(csr *x509.CertificateRequest, id Identity) error {
 	if err != nil {
 		return fmt.Errorf("CSR SAN: %w", err)
 	}
+	if got.TrustDomain() != id.TrustDomain() {
+		return fmt.Errorf("CSR asks for %s in trust domain %s, but the CA issues only for trust domain %s",
+			got, got.TrustDomain(), id.TrustDomain())
+	}
 	if got != id {
 		return fmt.Errorf("CSR asks for %s, but the caller may only get %s", got, id)
 	}
 	return nil
+}
+
+func describeKey(k crypto.PublicKey) string {
+	switch k := k.(type) {
+	case *ecdsa.PublicKey:
+		return "ECDSA " + k.Curve.Params().Name
+	case *rsa.PublicKey:
+		return fmt.Sprintf("RSA %d", k.N.BitLen())
+	case ed25519.PublicKey:
+		return "Ed25519"
+	default:
+		return fmt.Sprintf("%T", k)
+	}
 }
 
 // ParseCSR decodes a PEM certificate request.

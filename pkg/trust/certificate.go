@@ -14,6 +14,9 @@ func TLSCertificate(pemChain []string, key crypto.Signer) (*tls.Certificate, err
 	if len(pemChain) == 0 {
 		return nil, errors.New("empty certificate chain")
 	}
+	if key == nil {
+		return nil, errors.New("no private key for the certificate chain")
+	}
 	cert := &tls.Certificate{PrivateKey: key}
 	for i, p := range pemChain {
 		certs, err := ParseCertificatesPEM([]byte(p))

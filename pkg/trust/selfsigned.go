@@ -21,6 +21,9 @@ type SigningMaterial struct {
 // GenerateSelfSigned creates a self-signed root (valid rootTTL) and an
 // intermediate signed by it (valid half as long) for the trust domain.
 func GenerateSelfSigned(trustDomain string, rootTTL time.Duration) (*SigningMaterial, error) {
+	if rootTTL < 2*time.Minute {
+		return nil, fmt.Errorf("self-signed CA: root lifetime %s is too short", rootTTL)
+	}
 	now := time.Now().Add(-time.Minute)
 	rootKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

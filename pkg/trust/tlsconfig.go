@@ -40,18 +40,26 @@ func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Confi
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{ALPN},
+		// No resumption: a resumed session would skip both the choice of
+		// certificate by local address and the verification of the client
+		// against the roots current now (after a rotation).
+		SessionTicketsDisabled: true,
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 			local := hello.Conn.LocalAddr()
 			cert, err := certFor(local)
 			if err != nil {
 				return nil, fmt.Errorf("no certificate for %s: %w", local, err)
 			}
+			if cert == nil {
+				return nil, fmt.Errorf("no certificate for %s", local)
+			}
 			return &tls.Config{
-				MinVersion:   tls.VersionTLS13,
-				NextProtos:   []string{ALPN},
-				Certificates: []tls.Certificate{*cert},
-				ClientCAs:    b.roots.Load().pool,
-				ClientAuth:   clientAuth,
+				MinVersion:             tls.VersionTLS13,
+				NextProtos:             []string{ALPN},
+				SessionTicketsDisabled: true,
+				Certificates:           []tls.Certificate{*cert},
+				ClientCAs:              b.roots.Load().pool,
+				ClientAuth:             clientAuth,
 				// The handshake verified the chain (VerifiedChains); here the
 				// leaf must also name exactly one identity of our trust domain.
 				VerifyConnection: func(cs tls.ConnectionState) error {
@@ -82,9 +90,15 @@ func ClientConfig(b *Bundle, cert func() (*tls.Certificate, error), expected []I
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{ALPN},
-		// Verification is by SPIFFE URI SAN, not hostname: done below.
+		// Verification is by SPIFFE URI SAN, not hostname: done below, in
+		// VerifyConnection, which (unlike VerifyPeerCertificate) also runs
+		// on resumed sessions should a session cache ever be added.
 		InsecureSkipVerify: true,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			raw := make([][]byte, len(cs.PeerCertificates))
+			for i, c := range cs.PeerCertificates {
+				raw[i] = c.Raw
+			}
 			id, _, err := b.verify(raw, x509.ExtKeyUsageServerAuth)
 			if err != nil {
 				return fmt.Errorf("server certificate: %w", err)
