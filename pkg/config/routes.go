@@ -1,0 +1,666 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Route translation mirrors Gateway API v1 HTTPRoute and GRPCRoute into
+// meshv1 with the spec's defaults written out (PathPrefix "/", Exact
+// matches, weight 1, redirect 302, CORS max-age 5), so the waypoint never
+// has to know a default. Parents are Services (GAMMA); routes without a
+// Service parent attach to no mesh traffic and are not served.
+
+const gatewayGroup = gwv1.GroupName
+
+// routeCtx is what every part of one route's translation needs to know.
+type routeCtx struct {
+	origin, obj, ns, kind string
+}
+
+func (t *translator) translateRoutes() {
+	for _, r := range t.httpRoutes {
+		if out := t.httpRoute(r.origin, r.route); out != nil {
+			t.out.HTTPRoutes[out.Namespace+"/"+out.Name] = out
+		}
+	}
+	for _, r := range t.grpcRoutes {
+		if out := t.grpcRoute(r.origin, r.route); out != nil {
+			t.out.GRPCRoutes[out.Namespace+"/"+out.Name] = out
+		}
+	}
+}
+
+func (t *translator) httpRoute(origin string, r *gwv1.HTTPRoute) *meshv1.HTTPRoute {
+	c := routeCtx{origin: origin, obj: "HTTPRoute " + r.Namespace + "/" + r.Name, ns: r.Namespace, kind: "HTTPRoute"}
+	parents := t.parents(c, r.Spec.ParentRefs)
+	if len(parents) == 0 {
+		return nil
+	}
+	out := &meshv1.HTTPRoute{
+		Name:         r.Name,
+		Namespace:    r.Namespace,
+		CreationTime: creationTime(r.CreationTimestamp.Time),
+		Parents:      parents,
+		Hostnames:    hostnames(r.Spec.Hostnames),
+	}
+	for i, rule := range r.Spec.Rules {
+		out.Rules = append(out.Rules, t.httpRule(c, i, rule))
+	}
+	return out
+}
+
+func (t *translator) grpcRoute(origin string, r *gwv1.GRPCRoute) *meshv1.GRPCRoute {
+	c := routeCtx{origin: origin, obj: "GRPCRoute " + r.Namespace + "/" + r.Name, ns: r.Namespace, kind: "GRPCRoute"}
+	parents := t.parents(c, r.Spec.ParentRefs)
+	if len(parents) == 0 {
+		return nil
+	}
+	out := &meshv1.GRPCRoute{
+		Name:         r.Name,
+		Namespace:    r.Namespace,
+		CreationTime: creationTime(r.CreationTimestamp.Time),
+		Parents:      parents,
+		Hostnames:    hostnames(r.Spec.Hostnames),
+	}
+	for i, rule := range r.Spec.Rules {
+		out.Rules = append(out.Rules, t.grpcRule(c, i, rule))
+	}
+	return out
+}
+
+func creationTime(ts time.Time) *timestamppb.Timestamp {
+	if ts.IsZero() {
+		return nil
+	}
+	return timestamppb.New(ts)
+}
+
+func hostnames(hs []gwv1.Hostname) []string {
+	out := make([]string, 0, len(hs))
+	for _, h := range hs {
+		out = append(out, strings.ToLower(string(h)))
+	}
+	return out
+}
+
+// parents keeps the Service parentRefs; each must name an existing
+// Service (and port, when given).
+func (t *translator) parents(c routeCtx, refs []gwv1.ParentReference) []*meshv1.ParentRef {
+	var out []*meshv1.ParentRef
+	for _, ref := range refs {
+		group, kind := gatewayGroup, "Gateway"
+		if ref.Group != nil {
+			group = string(*ref.Group)
+		}
+		if ref.Kind != nil {
+			kind = string(*ref.Kind)
+		}
+		if !isCoreGroup(group) || kind != "Service" {
+			continue // an ingress Gateway or another parent: not mesh traffic
+		}
+		ns := c.ns
+		if ref.Namespace != nil && *ref.Namespace != "" {
+			ns = string(*ref.Namespace)
+		}
+		s := t.services[nsName{ns, string(ref.Name)}]
+		if s == nil {
+			t.problem(c.origin, c.obj, "dangling reference: parentRef Service %s/%s does not exist", ns, ref.Name)
+			continue
+		}
+		if s.svc.Spec.Type == corev1.ServiceTypeExternalName {
+			t.problem(c.origin, c.obj, "parentRef Service %s/%s is an ExternalName service", ns, ref.Name)
+			continue
+		}
+		p := &meshv1.ParentRef{Namespace: ns, Name: string(ref.Name)}
+		if ref.Port != nil {
+			p.Port = uint32(*ref.Port)
+			if svcPort(s.svc, p.Port) == nil {
+				t.problem(c.origin, c.obj, "parentRef Service %s/%s has no port %d", ns, ref.Name, p.Port)
+				continue
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func isCoreGroup(g string) bool { return g == "" || g == "core" }
+
+func (t *translator) httpRule(c routeCtx, i int, rule gwv1.HTTPRouteRule) *meshv1.HTTPRouteRule {
+	where := fmt.Sprintf("rule %d", i)
+	out := &meshv1.HTTPRouteRule{}
+	if rule.Name != nil {
+		out.Name = string(*rule.Name)
+	}
+	for _, m := range rule.Matches {
+		out.Matches = append(out.Matches, t.httpMatch(c, where, m))
+	}
+	if len(out.Matches) == 0 {
+		out.Matches = []*meshv1.HTTPRouteMatch{{Path: &meshv1.PathMatch{Type: meshv1.PathMatch_PATH_PREFIX, Value: "/"}}}
+	}
+	var unsupported []string
+	for _, f := range rule.Filters {
+		if mf, reason := t.httpFilter(c, where, f); reason != "" {
+			unsupported = append(unsupported, reason)
+		} else if mf != nil {
+			if usesPrefixRewrite(mf) && !singlePrefixMatch(out.Matches) {
+				t.problem(c.origin, c.obj, "%s: ReplacePrefixMatch needs exactly one PathPrefix match", where)
+			}
+			out.Filters = append(out.Filters, mf)
+		}
+	}
+	out.InvalidReason = strings.Join(unsupported, "; ")
+	for _, b := range rule.BackendRefs {
+		out.Backends = append(out.Backends, t.httpBackend(c, where, b.BackendRef, b.Filters))
+	}
+	if to := rule.Timeouts; to != nil {
+		out.RequestTimeout = t.duration(c, where+" timeouts.request", to.Request)
+		out.BackendRequestTimeout = t.duration(c, where+" timeouts.backendRequest", to.BackendRequest)
+		if out.RequestTimeout != nil && out.BackendRequestTimeout != nil && out.RequestTimeout.AsDuration() != 0 &&
+			out.BackendRequestTimeout.AsDuration() > out.RequestTimeout.AsDuration() {
+			t.problem(c.origin, c.obj, "%s: backendRequest timeout cannot be longer than request timeout", where)
+		}
+	}
+	if r := rule.Retry; r != nil {
+		rt := &meshv1.HTTPRouteRetry{Attempts: 1}
+		if r.Attempts != nil {
+			if *r.Attempts < 0 {
+				t.problem(c.origin, c.obj, "%s: retry attempts %d is negative", where, *r.Attempts)
+			} else {
+				rt.Attempts = uint32(*r.Attempts)
+			}
+		}
+		for _, code := range r.Codes {
+			if code < 400 || code > 599 {
+				t.problem(c.origin, c.obj, "%s: retry code %d is not in 400-599", where, code)
+				continue
+			}
+			rt.Codes = append(rt.Codes, uint32(code))
+		}
+		rt.Backoff = t.duration(c, where+" retry.backoff", r.Backoff)
+		out.Retry = rt
+	}
+	return out
+}
+
+func usesPrefixRewrite(f *meshv1.HTTPRouteFilter) bool {
+	if rw := f.GetUrlRewrite(); rw != nil && rw.GetPath() != nil && rw.GetPath().GetType() == meshv1.PathModifier_REPLACE_PREFIX_MATCH {
+		return true
+	}
+	if rd := f.GetRequestRedirect(); rd != nil && rd.GetPath() != nil && rd.GetPath().GetType() == meshv1.PathModifier_REPLACE_PREFIX_MATCH {
+		return true
+	}
+	return false
+}
+
+func singlePrefixMatch(ms []*meshv1.HTTPRouteMatch) bool {
+	return len(ms) == 1 && ms[0].GetPath().GetType() == meshv1.PathMatch_PATH_PREFIX
+}
+
+func (t *translator) httpMatch(c routeCtx, where string, m gwv1.HTTPRouteMatch) *meshv1.HTTPRouteMatch {
+	out := &meshv1.HTTPRouteMatch{Path: &meshv1.PathMatch{Type: meshv1.PathMatch_PATH_PREFIX, Value: "/"}}
+	if p := m.Path; p != nil {
+		if p.Type != nil {
+			switch *p.Type {
+			case gwv1.PathMatchPathPrefix:
+				out.Path.Type = meshv1.PathMatch_PATH_PREFIX
+			case gwv1.PathMatchExact:
+				out.Path.Type = meshv1.PathMatch_EXACT
+			case gwv1.PathMatchRegularExpression:
+				out.Path.Type = meshv1.PathMatch_REGULAR_EXPRESSION
+			default:
+				t.problem(c.origin, c.obj, "%s: unknown path match type %q", where, *p.Type)
+			}
+		}
+		if p.Value != nil {
+			out.Path.Value = *p.Value
+		}
+		switch out.Path.Type {
+		case meshv1.PathMatch_REGULAR_EXPRESSION:
+			t.checkRegex(c, where+" path", out.Path.Value)
+		default:
+			if !strings.HasPrefix(out.Path.Value, "/") {
+				t.problem(c.origin, c.obj, "%s: path %q must start with /", where, out.Path.Value)
+			}
+			if strings.Contains(out.Path.Value, "//") || strings.Contains(out.Path.Value, "/./") ||
+				strings.Contains(out.Path.Value, "/../") || strings.HasSuffix(out.Path.Value, "/..") ||
+				strings.HasSuffix(out.Path.Value, "/.") || strings.ContainsAny(out.Path.Value, "#?") {
+				t.problem(c.origin, c.obj, "%s: path %q is not a normalized path", where, out.Path.Value)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for _, h := range m.Headers {
+		name := strings.ToLower(string(h.Name))
+		if seen[name] {
+			continue // the spec: only the first entry with an equivalent name counts
+		}
+		seen[name] = true
+		out.Headers = append(out.Headers, t.stringMatch(c, where+" header "+name, name, h.Value,
+			h.Type != nil && *h.Type == gwv1.HeaderMatchRegularExpression, h.Type != nil && *h.Type != gwv1.HeaderMatchExact && *h.Type != gwv1.HeaderMatchRegularExpression))
+	}
+	seenQ := map[string]bool{}
+	for _, q := range m.QueryParams {
+		name := string(q.Name) // query parameter names are case-sensitive
+		if seenQ[name] {
+			continue
+		}
+		seenQ[name] = true
+		out.QueryParams = append(out.QueryParams, t.stringMatch(c, where+" query "+name, name, q.Value,
+			q.Type != nil && *q.Type == gwv1.QueryParamMatchRegularExpression, q.Type != nil && *q.Type != gwv1.QueryParamMatchExact && *q.Type != gwv1.QueryParamMatchRegularExpression))
+	}
+	if m.Method != nil {
+		out.Method = string(*m.Method)
+	}
+	return out
+}
+
+func (t *translator) stringMatch(c routeCtx, where, name, value string, regex, unknown bool) *meshv1.StringMatch {
+	if unknown {
+		t.problem(c.origin, c.obj, "%s: unknown match type", where)
+	}
+	if name == "" {
+		t.problem(c.origin, c.obj, "%s: empty name", where)
+	}
+	sm := &meshv1.StringMatch{Type: meshv1.StringMatch_EXACT, Name: name, Value: value}
+	if regex {
+		sm.Type = meshv1.StringMatch_REGULAR_EXPRESSION
+		t.checkRegex(c, where, value)
+	}
+	return sm
+}
+
+func (t *translator) checkRegex(c routeCtx, where, re string) {
+	if _, err := regexp.Compile(re); err != nil {
+		t.problem(c.origin, c.obj, "%s: regular expression %q: %v", where, re, err)
+	}
+}
+
+// httpFilter translates one filter. A filter this mesh cannot carry out
+// returns a reason instead: the caller marks the rule or backend invalid so
+// that requests get 500, as the spec requires, rather than skipping it.
+func (t *translator) httpFilter(c routeCtx, where string, f gwv1.HTTPRouteFilter) (*meshv1.HTTPRouteFilter, string) {
+	missing := func(field string) (*meshv1.HTTPRouteFilter, string) {
+		t.problem(c.origin, c.obj, "%s: filter type %s needs field %s", where, f.Type, field)
+		return nil, ""
+	}
+	switch f.Type {
+	case gwv1.HTTPRouteFilterRequestHeaderModifier:
+		if f.RequestHeaderModifier == nil {
+			return missing("requestHeaderModifier")
+		}
+		return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_RequestHeaderModifier{RequestHeaderModifier: headerModifier(f.RequestHeaderModifier)}}, ""
+	case gwv1.HTTPRouteFilterResponseHeaderModifier:
+		if f.ResponseHeaderModifier == nil {
+			return missing("responseHeaderModifier")
+		}
+		return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_ResponseHeaderModifier{ResponseHeaderModifier: headerModifier(f.ResponseHeaderModifier)}}, ""
+	case gwv1.HTTPRouteFilterRequestRedirect:
+		r := f.RequestRedirect
+		if r == nil {
+			return missing("requestRedirect")
+		}
+		out := &meshv1.RequestRedirect{StatusCode: 302}
+		if r.Scheme != nil {
+			s := strings.ToLower(*r.Scheme)
+			if s != "http" && s != "https" {
+				t.problem(c.origin, c.obj, "%s: redirect scheme %q: want http or https", where, *r.Scheme)
+			}
+			out.Scheme = s
+		}
+		if r.Hostname != nil {
+			out.Hostname = strings.ToLower(string(*r.Hostname))
+		}
+		if r.Path != nil {
+			out.Path = t.pathModifier(c, where, r.Path)
+		}
+		if r.Port != nil {
+			if *r.Port < 1 || *r.Port > 65535 {
+				t.problem(c.origin, c.obj, "%s: redirect port %d out of range", where, *r.Port)
+			}
+			out.Port = uint32(*r.Port)
+		}
+		if r.StatusCode != nil {
+			switch *r.StatusCode {
+			case 301, 302, 303, 307, 308:
+				out.StatusCode = uint32(*r.StatusCode)
+			default:
+				t.problem(c.origin, c.obj, "%s: redirect status %d: want 301, 302, 303, 307 or 308", where, *r.StatusCode)
+			}
+		}
+		return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_RequestRedirect{RequestRedirect: out}}, ""
+	case gwv1.HTTPRouteFilterURLRewrite:
+		r := f.URLRewrite
+		if r == nil {
+			return missing("urlRewrite")
+		}
+		out := &meshv1.URLRewrite{}
+		if r.Hostname != nil {
+			out.Hostname = strings.ToLower(string(*r.Hostname))
+		}
+		if r.Path != nil {
+			out.Path = t.pathModifier(c, where, r.Path)
+		}
+		return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_UrlRewrite{UrlRewrite: out}}, ""
+	case gwv1.HTTPRouteFilterRequestMirror:
+		if f.RequestMirror == nil {
+			return missing("requestMirror")
+		}
+		return t.mirror(c, where, f.RequestMirror), ""
+	case gwv1.HTTPRouteFilterCORS:
+		r := f.CORS
+		if r == nil {
+			return missing("cors")
+		}
+		out := &meshv1.CORS{MaxAgeSeconds: r.MaxAge}
+		if out.MaxAgeSeconds == 0 {
+			out.MaxAgeSeconds = 5 // the spec's default
+		}
+		if r.AllowCredentials != nil {
+			out.AllowCredentials = *r.AllowCredentials
+		}
+		for _, o := range r.AllowOrigins {
+			out.AllowOrigins = append(out.AllowOrigins, string(o))
+		}
+		for _, m := range r.AllowMethods {
+			out.AllowMethods = append(out.AllowMethods, string(m))
+		}
+		for _, h := range r.AllowHeaders {
+			out.AllowHeaders = append(out.AllowHeaders, strings.ToLower(string(h)))
+		}
+		for _, h := range r.ExposeHeaders {
+			out.ExposeHeaders = append(out.ExposeHeaders, strings.ToLower(string(h)))
+		}
+		return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_Cors{Cors: out}}, ""
+	case gwv1.HTTPRouteFilterExtensionRef:
+		name := ""
+		if f.ExtensionRef != nil {
+			name = fmt.Sprintf(" %s/%s %s", f.ExtensionRef.Group, f.ExtensionRef.Kind, f.ExtensionRef.Name)
+		}
+		return nil, "unsupported filter ExtensionRef" + name
+	case gwv1.HTTPRouteFilterExternalAuth:
+		return nil, "unsupported filter ExternalAuth"
+	}
+	return nil, fmt.Sprintf("unsupported filter type %q", f.Type)
+}
+
+func headerModifier(h *gwv1.HTTPHeaderFilter) *meshv1.HeaderModifier {
+	out := &meshv1.HeaderModifier{}
+	for _, s := range h.Set {
+		out.Set = append(out.Set, &meshv1.Header{Name: strings.ToLower(string(s.Name)), Value: s.Value})
+	}
+	for _, a := range h.Add {
+		out.Add = append(out.Add, &meshv1.Header{Name: strings.ToLower(string(a.Name)), Value: a.Value})
+	}
+	for _, r := range h.Remove {
+		out.Remove = append(out.Remove, strings.ToLower(r))
+	}
+	return out
+}
+
+func (t *translator) pathModifier(c routeCtx, where string, p *gwv1.HTTPPathModifier) *meshv1.PathModifier {
+	switch p.Type {
+	case gwv1.FullPathHTTPPathModifier:
+		if p.ReplaceFullPath == nil {
+			t.problem(c.origin, c.obj, "%s: ReplaceFullPath needs replaceFullPath", where)
+			return nil
+		}
+		return &meshv1.PathModifier{Type: meshv1.PathModifier_REPLACE_FULL_PATH, Value: *p.ReplaceFullPath}
+	case gwv1.PrefixMatchHTTPPathModifier:
+		if p.ReplacePrefixMatch == nil {
+			t.problem(c.origin, c.obj, "%s: ReplacePrefixMatch needs replacePrefixMatch", where)
+			return nil
+		}
+		return &meshv1.PathModifier{Type: meshv1.PathModifier_REPLACE_PREFIX_MATCH, Value: *p.ReplacePrefixMatch}
+	}
+	t.problem(c.origin, c.obj, "%s: unknown path modifier type %q", where, p.Type)
+	return nil
+}
+
+func (t *translator) mirror(c routeCtx, where string, m *gwv1.HTTPRequestMirrorFilter) *meshv1.HTTPRouteFilter {
+	out := &meshv1.RequestMirror{Backend: t.backendRef(c, m.BackendRef)}
+	switch {
+	case m.Percent != nil && m.Fraction != nil:
+		t.problem(c.origin, c.obj, "%s: only one of percent or fraction may be set", where)
+	case m.Percent != nil:
+		if *m.Percent < 0 || *m.Percent > 100 {
+			t.problem(c.origin, c.obj, "%s: mirror percent %d out of range", where, *m.Percent)
+		}
+		p := float64(*m.Percent)
+		out.Percent = &p
+	case m.Fraction != nil:
+		den := int32(100)
+		if m.Fraction.Denominator != nil {
+			den = *m.Fraction.Denominator
+		}
+		if den < 1 || m.Fraction.Numerator < 0 || m.Fraction.Numerator > den {
+			t.problem(c.origin, c.obj, "%s: mirror fraction %d/%d is not between 0 and 1", where, m.Fraction.Numerator, den)
+			break
+		}
+		p := float64(m.Fraction.Numerator) * 100 / float64(den)
+		out.Percent = &p
+	}
+	return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_RequestMirror{RequestMirror: out}}
+}
+
+func (t *translator) httpBackend(c routeCtx, where string, b gwv1.BackendRef, filters []gwv1.HTTPRouteFilter) *meshv1.HTTPBackendRef {
+	out := &meshv1.HTTPBackendRef{Backend: t.backendRef(c, b.BackendObjectReference), Weight: 1}
+	if b.Weight != nil {
+		if *b.Weight < 0 {
+			t.problem(c.origin, c.obj, "%s: backend weight %d is negative", where, *b.Weight)
+		} else {
+			out.Weight = uint32(*b.Weight)
+		}
+	}
+	var unsupported []string
+	for _, f := range filters {
+		if mf, reason := t.httpFilter(c, where+" backend "+string(b.Name), f); reason != "" {
+			unsupported = append(unsupported, reason)
+		} else if mf != nil {
+			if mf.GetRequestRedirect() != nil || usesPrefixRewrite(mf) {
+				// Backend-level redirects and prefix rewrites have no match to act on.
+				unsupported = append(unsupported, "unsupported backend filter "+filterName(mf))
+				continue
+			}
+			out.Filters = append(out.Filters, mf)
+		}
+	}
+	if len(unsupported) > 0 && out.Backend.InvalidReason == "" {
+		out.Backend.InvalidReason = strings.Join(unsupported, "; ")
+	}
+	return out
+}
+
+func filterName(f *meshv1.HTTPRouteFilter) string {
+	switch {
+	case f.GetRequestRedirect() != nil:
+		return "RequestRedirect"
+	case f.GetUrlRewrite() != nil:
+		return "URLRewrite with ReplacePrefixMatch"
+	}
+	return "?"
+}
+
+// backendRef resolves a reference to a Service port. What cannot be served
+// (another kind, a missing Service or port, a cross-namespace reference no
+// ReferenceGrant permits) is carried with its reason: the waypoint answers
+// that backend's share of requests with 500, as the spec requires.
+func (t *translator) backendRef(c routeCtx, b gwv1.BackendObjectReference) *meshv1.BackendRef {
+	out := &meshv1.BackendRef{Namespace: c.ns, Name: string(b.Name)}
+	if b.Namespace != nil && *b.Namespace != "" {
+		out.Namespace = string(*b.Namespace)
+	}
+	if b.Port != nil {
+		out.Port = uint32(*b.Port)
+	}
+	group, kind := "", "Service"
+	if b.Group != nil {
+		group = string(*b.Group)
+	}
+	if b.Kind != nil {
+		kind = string(*b.Kind)
+	}
+	if !isCoreGroup(group) || kind != "Service" {
+		out.InvalidReason = fmt.Sprintf("unsupported backend kind %s (group %q): only Services are supported", kind, group)
+		return out
+	}
+	if out.Namespace != c.ns && !t.granted(c, out.Namespace, out.Name) {
+		out.InvalidReason = fmt.Sprintf("reference from %s in namespace %s to Service %s/%s is not permitted by a ReferenceGrant",
+			c.kind, c.ns, out.Namespace, out.Name)
+		return out
+	}
+	s := t.services[nsName{out.Namespace, out.Name}]
+	switch {
+	case s == nil:
+		out.InvalidReason = fmt.Sprintf("Service %s/%s not found", out.Namespace, out.Name)
+	case s.svc.Spec.Type == corev1.ServiceTypeExternalName:
+		out.InvalidReason = fmt.Sprintf("Service %s/%s is an ExternalName service, which is not supported", out.Namespace, out.Name)
+	case b.Port == nil:
+		out.InvalidReason = "port is required for a Service backend"
+	case svcPort(s.svc, out.Port) == nil:
+		out.InvalidReason = fmt.Sprintf("Service %s/%s has no port %d", out.Namespace, out.Name, out.Port)
+	}
+	return out
+}
+
+// granted: a ReferenceGrant in the target namespace lets routes of this kind
+// from the route's namespace refer to the Service.
+func (t *translator) granted(c routeCtx, ns, name string) bool {
+	for _, g := range t.grants[ns] {
+		from, to := false, false
+		for _, f := range g.Spec.From {
+			if string(f.Group) == gatewayGroup && string(f.Kind) == c.kind && string(f.Namespace) == c.ns {
+				from = true
+			}
+		}
+		for _, tt := range g.Spec.To {
+			if isCoreGroup(string(tt.Group)) && string(tt.Kind) == "Service" && (tt.Name == nil || string(*tt.Name) == name) {
+				to = true
+			}
+		}
+		if from && to {
+			return true
+		}
+	}
+	return false
+}
+
+// duration parses a Gateway API Duration (GEP-2257: up to four
+// number+unit pairs of h, m, s, ms).
+func (t *translator) duration(c routeCtx, where string, d *gwv1.Duration) *durationpb.Duration {
+	if d == nil {
+		return nil
+	}
+	if !gatewayDuration.MatchString(string(*d)) {
+		t.problem(c.origin, c.obj, "%s: %q is not a Gateway API duration (e.g. 10s, 1m30s, 500ms)", where, *d)
+		return nil
+	}
+	v, err := time.ParseDuration(string(*d))
+	if err != nil {
+		t.problem(c.origin, c.obj, "%s: %v", where, err)
+		return nil
+	}
+	return durationpb.New(v)
+}
+
+var gatewayDuration = regexp.MustCompile(`^([0-9]{1,5}(h|m|s|ms)){1,4}$`)
+
+func (t *translator) grpcRule(c routeCtx, i int, rule gwv1.GRPCRouteRule) *meshv1.GRPCRouteRule {
+	where := fmt.Sprintf("rule %d", i)
+	out := &meshv1.GRPCRouteRule{}
+	if rule.Name != nil {
+		out.Name = string(*rule.Name)
+	}
+	for _, m := range rule.Matches {
+		gm := &meshv1.GRPCRouteMatch{}
+		if mm := m.Method; mm != nil {
+			gm.Method = &meshv1.GRPCMethodMatch{Type: meshv1.GRPCMethodMatch_EXACT}
+			if mm.Type != nil {
+				switch *mm.Type {
+				case gwv1.GRPCMethodMatchExact:
+				case gwv1.GRPCMethodMatchRegularExpression:
+					gm.Method.Type = meshv1.GRPCMethodMatch_REGULAR_EXPRESSION
+				default:
+					t.problem(c.origin, c.obj, "%s: unknown method match type %q", where, *mm.Type)
+				}
+			}
+			if mm.Service != nil {
+				gm.Method.Service = *mm.Service
+			}
+			if mm.Method != nil {
+				gm.Method.Method = *mm.Method
+			}
+			if gm.Method.Service == "" && gm.Method.Method == "" {
+				t.problem(c.origin, c.obj, "%s: a method match needs service or method", where)
+			}
+			if gm.Method.Type == meshv1.GRPCMethodMatch_REGULAR_EXPRESSION {
+				t.checkRegex(c, where+" service", gm.Method.Service)
+				t.checkRegex(c, where+" method", gm.Method.Method)
+			}
+		}
+		seen := map[string]bool{}
+		for _, h := range m.Headers {
+			name := strings.ToLower(string(h.Name))
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			gm.Headers = append(gm.Headers, t.stringMatch(c, where+" header "+name, name, h.Value,
+				h.Type != nil && *h.Type == gwv1.GRPCHeaderMatchRegularExpression, h.Type != nil && *h.Type != gwv1.GRPCHeaderMatchExact && *h.Type != gwv1.GRPCHeaderMatchRegularExpression))
+		}
+		out.Matches = append(out.Matches, gm)
+	}
+	if len(out.Matches) == 0 {
+		out.Matches = []*meshv1.GRPCRouteMatch{{}} // matches every request
+	}
+	var unsupported []string
+	for _, f := range rule.Filters {
+		if mf, reason := t.grpcFilter(c, where, f); reason != "" {
+			unsupported = append(unsupported, reason)
+		} else if mf != nil {
+			out.Filters = append(out.Filters, mf)
+		}
+	}
+	out.InvalidReason = strings.Join(unsupported, "; ")
+	for _, b := range rule.BackendRefs {
+		hb := t.httpBackend(c, where, b.BackendRef, nil)
+		var bad []string
+		for _, f := range b.Filters {
+			if mf, reason := t.grpcFilter(c, where+" backend "+string(b.Name), f); reason != "" {
+				bad = append(bad, reason)
+			} else if mf != nil {
+				hb.Filters = append(hb.Filters, mf)
+			}
+		}
+		if len(bad) > 0 && hb.Backend.InvalidReason == "" {
+			hb.Backend.InvalidReason = strings.Join(bad, "; ")
+		}
+		out.Backends = append(out.Backends, hb)
+	}
+	return out
+}
+
+func (t *translator) grpcFilter(c routeCtx, where string, f gwv1.GRPCRouteFilter) (*meshv1.HTTPRouteFilter, string) {
+	switch f.Type {
+	case gwv1.GRPCRouteFilterRequestHeaderModifier:
+		return t.httpFilter(c, where, gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: f.RequestHeaderModifier})
+	case gwv1.GRPCRouteFilterResponseHeaderModifier:
+		return t.httpFilter(c, where, gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterResponseHeaderModifier, ResponseHeaderModifier: f.ResponseHeaderModifier})
+	case gwv1.GRPCRouteFilterRequestMirror:
+		return t.httpFilter(c, where, gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterRequestMirror, RequestMirror: f.RequestMirror})
+	case gwv1.GRPCRouteFilterExtensionRef:
+		return t.httpFilter(c, where, gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterExtensionRef, ExtensionRef: f.ExtensionRef})
+	}
+	return nil, fmt.Sprintf("unsupported filter type %q", f.Type)
+}

@@ -1,0 +1,148 @@
+// Package config turns the mesh's configuration (Kubernetes objects: Pods,
+// Services, EndpointSlices, Namespaces, Gateway API waypoints and routes) into
+// the resources the control plane serves (pkg/xds/meshv1), following the rules
+// of DESIGN §6. Sources (a watched directory now, Kubernetes informers later)
+// produce []Object; Translate turns them into a Snapshot; a Model holds the
+// snapshot in force and answers the CA's node-authorization question.
+package config
+
+import (
+	"sort"
+	"sync/atomic"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Labels and annotations the translation reads.
+const (
+	LabelUseWaypoint          = "causeway.dev/use-waypoint"
+	LabelUseWaypointNamespace = "causeway.dev/use-waypoint-namespace"
+	LabelDataplaneMode        = "causeway.dev/dataplane-mode"
+	LabelWaypointFor          = "causeway.dev/waypoint-for"
+	AnnotationAppAddress      = "causeway.dev/app-address"
+	LabelGatewayName          = "gateway.networking.k8s.io/gateway-name"
+	LabelServiceName          = "kubernetes.io/service-name"
+
+	// DataplaneModeMesh enrolls pods; DataplaneModeNone on a Pod opts it out
+	// of a Namespace that is enrolled.
+	DataplaneModeMesh = "mesh"
+	DataplaneModeNone = "none"
+	// UseWaypointNone on a more specific object cancels a binding inherited
+	// from a less specific one.
+	UseWaypointNone = "none"
+	// WaypointClass is the gatewayClassName of waypoints.
+	WaypointClass = "causeway-waypoint"
+	// WaypointProtocol is the listener protocol of a waypoint.
+	WaypointProtocol = "HBONE"
+)
+
+// Options parameterise the translation.
+type Options struct {
+	// TrustDomain of workload identities (default cluster.local).
+	TrustDomain string
+	// ClusterDomain of service hostnames (default cluster.local).
+	ClusterDomain string
+}
+
+func (o Options) withDefaults() Options {
+	if o.TrustDomain == "" {
+		o.TrustDomain = trust.DefaultTrustDomain
+	}
+	if o.ClusterDomain == "" {
+		o.ClusterDomain = "cluster.local"
+	}
+	return o
+}
+
+// Snapshot is one complete, validated translation. It is immutable once
+// built: readers share it without locks, and its messages must not be
+// modified.
+type Snapshot struct {
+	Workloads  map[string]*meshv1.Workload // by uid
+	Services   map[string]*meshv1.Service  // by "<namespace>/<name>"
+	Waypoints  map[string]*meshv1.Waypoint
+	HTTPRoutes map[string]*meshv1.HTTPRoute
+	GRPCRoutes map[string]*meshv1.GRPCRoute
+
+	// nodeIdentities: node -> identities of captured workloads on that node.
+	nodeIdentities map[string]map[string]struct{}
+}
+
+func newSnapshot() *Snapshot {
+	return &Snapshot{
+		Workloads:      map[string]*meshv1.Workload{},
+		Services:       map[string]*meshv1.Service{},
+		Waypoints:      map[string]*meshv1.Waypoint{},
+		HTTPRoutes:     map[string]*meshv1.HTTPRoute{},
+		GRPCRoutes:     map[string]*meshv1.GRPCRoute{},
+		nodeIdentities: map[string]map[string]struct{}{},
+	}
+}
+
+// Resources returns the snapshot's resources by type URL and resource name,
+// the shape the xDS server takes.
+func (s *Snapshot) Resources() map[string]map[string]proto.Message {
+	out := make(map[string]map[string]proto.Message, len(meshv1.TypeURLs))
+	out[meshv1.WorkloadTypeURL] = asMessages(s.Workloads)
+	out[meshv1.ServiceTypeURL] = asMessages(s.Services)
+	out[meshv1.WaypointTypeURL] = asMessages(s.Waypoints)
+	out[meshv1.HTTPRouteTypeURL] = asMessages(s.HTTPRoutes)
+	out[meshv1.GRPCRouteTypeURL] = asMessages(s.GRPCRoutes)
+	return out
+}
+
+func asMessages[M proto.Message](in map[string]M) map[string]proto.Message {
+	out := make(map[string]proto.Message, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
+}
+
+// HasWorkload reports whether a captured (mesh-enrolled, non-waypoint)
+// workload with identity id is scheduled on node. The CA grants a node proxy
+// an identity only when this holds; waypoint pods are not captured and ask
+// for their own identity instead.
+func (s *Snapshot) HasWorkload(node string, id trust.Identity) bool {
+	if s == nil || node == "" || id.IsZero() {
+		return false
+	}
+	_, ok := s.nodeIdentities[node][id.String()]
+	return ok
+}
+
+// NodeIdentities lists the identities of captured workloads on node, sorted.
+func (s *Snapshot) NodeIdentities(node string) []string {
+	if s == nil {
+		return nil
+	}
+	out := make([]string, 0, len(s.nodeIdentities[node]))
+	for id := range s.nodeIdentities[node] {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Model holds the snapshot in force. It is the single index both the xDS
+// server and the CA's node authorization read, so they never disagree about
+// which workloads exist.
+type Model struct {
+	cur atomic.Pointer[Snapshot]
+}
+
+// Set installs a new snapshot.
+func (m *Model) Set(s *Snapshot) { m.cur.Store(s) }
+
+// Current returns the snapshot in force, or nil before the first good configuration.
+func (m *Model) Current() *Snapshot { return m.cur.Load() }
+
+// HasWorkload answers the CA's node-authorization question against the
+// snapshot in force (trust.WorkloadIndex). Before the first good
+// configuration nothing is authorized.
+func (m *Model) HasWorkload(node string, id trust.Identity) bool {
+	return m.cur.Load().HasWorkload(node, id)
+}
