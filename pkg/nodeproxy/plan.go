@@ -1,0 +1,203 @@
+package nodeproxy
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+
+	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// HopKind is how a connection reaches its next hop.
+type HopKind int
+
+const (
+	// ViaWaypoint: HBONE to the destination's waypoint.
+	ViaWaypoint HopKind = iota
+	// Direct: HBONE to the destination pod's node proxy.
+	Direct
+	// PlainTCP: the destination is not in the mesh; plain TCP to it.
+	PlainTCP
+	// Passthrough: the destination is unknown to the mesh; plain TCP as addressed.
+	Passthrough
+)
+
+func (k HopKind) String() string {
+	return [...]string{"waypoint", "hbone", "tcp", "passthrough"}[k]
+}
+
+// Hop is one way to reach a destination.
+type Hop struct {
+	Kind HopKind
+	// Address is the next hop: a pod or waypoint IP and the HBONE port, or
+	// the TCP destination.
+	Address netip.AddrPort
+	// Authority is the HBONE :authority (HBONE kinds only).
+	Authority netip.AddrPort
+	// Expected is the identity the next hop must prove (HBONE kinds only).
+	Expected trust.Identity
+	// Workload is the destination workload when known.
+	Workload *meshv1.Workload
+}
+
+// Plan is the decision for one outbound connection: hops in order of
+// preference (several for a service's endpoints: the next is tried when one
+// fails to connect).
+type Plan struct {
+	Service  *meshv1.Service  // when addressed to a service
+	Waypoint *meshv1.Waypoint // when the traffic must go through one
+	Hops     []Hop
+}
+
+// Errors a plan can fail with; the capture answer depends on them.
+var (
+	errHostUnknown = errors.New("host unknown")
+	errRefused     = errors.New("refused")
+)
+
+// reservedPorts are the proxy's own ports: never valid destinations.
+var reservedPorts = map[uint16]bool{15001: true, 15006: true, 15008: true, 15080: true}
+
+// planOutbound decides where a connection to dst goes (DESIGN §5).
+// hbonePort is the port HBONE listens on at pods.
+func (r *Registry) planOutbound(dst capture.Destination, hbonePort uint16, allowPassthrough bool) (Plan, error) {
+	port := dst.Addr.Port()
+	if dst.Host != "" {
+		port = dst.Port
+	}
+	if reservedPorts[port] {
+		return Plan{}, fmt.Errorf("%w: port %d is a mesh port", errRefused, port)
+	}
+	if dst.Host != "" {
+		svc, ok := r.ResolveHost(dst.Host)
+		if !ok {
+			return Plan{}, fmt.Errorf("%w: %s is not a mesh service", errHostUnknown, dst.Host)
+		}
+		return r.planService(svc, port, hbonePort)
+	}
+	if svc, ok := r.ServiceByVIP(dst.Addr.Addr()); ok {
+		return r.planService(svc, port, hbonePort)
+	}
+	if w, ok := r.WorkloadByIP(dst.Addr.Addr()); ok {
+		hop, wp, err := r.workloadHop(w, dst.Addr, hbonePort)
+		if err != nil {
+			return Plan{}, err
+		}
+		return Plan{Waypoint: wp, Hops: []Hop{hop}}, nil
+	}
+	if !allowPassthrough {
+		return Plan{}, fmt.Errorf("%w: %s is not a mesh destination and passthrough is off", errRefused, dst)
+	}
+	return Plan{Hops: []Hop{{Kind: Passthrough, Address: dst.Addr}}}, nil
+}
+
+func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Plan, error) {
+	var sp *meshv1.ServicePort
+	for _, p := range svc.GetPorts() {
+		if p.GetPort() == uint32(port) {
+			sp = p
+		}
+	}
+	if sp == nil {
+		return Plan{}, fmt.Errorf("%w: service %s/%s has no port %d", errRefused, svc.GetNamespace(), svc.GetName(), port)
+	}
+	if ref := svc.GetWaypoint(); ref != nil {
+		wp, err := r.Waypoint(ref)
+		if err != nil {
+			return Plan{}, fmt.Errorf("service %s/%s: %w", svc.GetNamespace(), svc.GetName(), err)
+		}
+		vip, err := netip.ParseAddr(firstOr(svc.GetVips(), ""))
+		if err != nil {
+			return Plan{}, fmt.Errorf("service %s/%s has no VIP to address its waypoint with", svc.GetNamespace(), svc.GetName())
+		}
+		hops, err := waypointHops(wp, netip.AddrPortFrom(vip, port))
+		if err != nil {
+			return Plan{}, err
+		}
+		return Plan{Service: svc, Waypoint: wp, Hops: hops}, nil
+	}
+	var hops []Hop
+	for _, ep := range svc.GetEndpoints() {
+		w, ok := r.byUID[ep.GetWorkloadUid()]
+		if !ok {
+			continue
+		}
+		ip, err := netip.ParseAddr(ep.GetAddress())
+		if err != nil {
+			continue
+		}
+		target := ep.GetPorts()[uint32(port)]
+		if target == 0 {
+			target = sp.GetTargetPort()
+		}
+		if target == 0 {
+			target = uint32(port)
+		}
+		hop, _, err := r.workloadHop(w, netip.AddrPortFrom(ip, uint16(target)), hbonePort)
+		if err != nil {
+			return Plan{}, err
+		}
+		hops = append(hops, hop)
+	}
+	if len(hops) == 0 {
+		return Plan{}, fmt.Errorf("service %s/%s has no endpoints", svc.GetNamespace(), svc.GetName())
+	}
+	return Plan{Service: svc, Hops: hops}, nil
+}
+
+// workloadHop is how to reach workload w at addr: through its own waypoint,
+// over HBONE, or over plain TCP when it is not in the mesh.
+func (r *Registry) workloadHop(w *meshv1.Workload, addr netip.AddrPort, hbonePort uint16) (Hop, *meshv1.Waypoint, error) {
+	if ref := w.GetWaypoint(); ref != nil {
+		wp, err := r.Waypoint(ref)
+		if err != nil {
+			return Hop{}, nil, fmt.Errorf("workload %s/%s: %w", w.GetNamespace(), w.GetName(), err)
+		}
+		hops, err := waypointHops(wp, addr)
+		if err != nil {
+			return Hop{}, nil, err
+		}
+		return hops[rand.IntN(len(hops))], wp, nil
+	}
+	if !w.GetHbone() {
+		return Hop{Kind: PlainTCP, Address: addr, Workload: w}, nil, nil
+	}
+	id, err := trust.ParseIdentity(w.GetIdentity())
+	if err != nil {
+		return Hop{}, nil, fmt.Errorf("workload %s/%s: %w", w.GetNamespace(), w.GetName(), err)
+	}
+	return Hop{Kind: Direct, Address: netip.AddrPortFrom(addr.Addr(), hbonePort), Authority: addr, Expected: id, Workload: w}, nil, nil
+}
+
+func waypointHops(wp *meshv1.Waypoint, authority netip.AddrPort) ([]Hop, error) {
+	id, err := WaypointIdentity(wp)
+	if err != nil {
+		return nil, err
+	}
+	port := uint16(wp.GetHbonePort())
+	if port == 0 {
+		port = 15008
+	}
+	var hops []Hop
+	for _, a := range wp.GetAddresses() {
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			continue
+		}
+		hops = append(hops, Hop{Kind: ViaWaypoint, Address: netip.AddrPortFrom(ip.Unmap(), port), Authority: authority, Expected: id})
+	}
+	if len(hops) == 0 {
+		return nil, fmt.Errorf("waypoint %s/%s has no usable address", wp.GetNamespace(), wp.GetName())
+	}
+	return hops, nil
+}
+
+func firstOr(s []string, d string) string {
+	if len(s) == 0 {
+		return d
+	}
+	return s[0]
+}

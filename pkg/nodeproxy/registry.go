@@ -1,0 +1,160 @@
+// Package nodeproxy is the per-node proxy: it takes captured workload
+// connections, decides where they go (DESIGN §5), carries them over HBONE,
+// terminates HBONE for the pods of its node and enforces waypoint-only
+// ingress.
+package nodeproxy
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Registry is an immutable index of the mesh as the control plane last
+// described it. A new one is built on every change and swapped in whole.
+type Registry struct {
+	node       string
+	byIP       map[netip.Addr]*meshv1.Workload
+	byUID      map[string]*meshv1.Workload
+	byVIP      map[netip.Addr]*meshv1.Service
+	byHost     map[string]*meshv1.Service
+	waypoints  map[string]*meshv1.Waypoint // "<ns>/<name>"
+	ingressWPs map[string][]*meshv1.Ref    // workload uid -> waypoints it must be reached through
+	services   []*meshv1.Service
+}
+
+// NewRegistry indexes the resources for the proxy of node.
+func NewRegistry(node string, workloads []*meshv1.Workload, services []*meshv1.Service, waypoints []*meshv1.Waypoint) *Registry {
+	r := &Registry{
+		node:       node,
+		byIP:       map[netip.Addr]*meshv1.Workload{},
+		byUID:      map[string]*meshv1.Workload{},
+		byVIP:      map[netip.Addr]*meshv1.Service{},
+		byHost:     map[string]*meshv1.Service{},
+		waypoints:  map[string]*meshv1.Waypoint{},
+		ingressWPs: map[string][]*meshv1.Ref{},
+		services:   services,
+	}
+	for _, w := range workloads {
+		r.byUID[w.GetUid()] = w
+		for _, a := range w.GetAddresses() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				r.byIP[ip.Unmap()] = w
+			}
+		}
+		if w.GetWaypoint() != nil {
+			r.addIngress(w.GetUid(), w.GetWaypoint())
+		}
+	}
+	for _, s := range services {
+		for _, v := range s.GetVips() {
+			if ip, err := netip.ParseAddr(v); err == nil {
+				r.byVIP[ip.Unmap()] = s
+			}
+		}
+		if h := s.GetHostname(); h != "" {
+			r.byHost[strings.ToLower(h)] = s
+		}
+		r.byHost[strings.ToLower(s.GetName()+"."+s.GetNamespace())] = s
+		r.byHost[strings.ToLower(s.GetName()+"."+s.GetNamespace()+".svc")] = s
+		// Endpoints of a waypoint-bound service may only be reached through it.
+		if s.GetWaypoint() != nil {
+			for _, ep := range s.GetEndpoints() {
+				r.addIngress(ep.GetWorkloadUid(), s.GetWaypoint())
+			}
+		}
+	}
+	for _, wp := range waypoints {
+		r.waypoints[wp.GetNamespace()+"/"+wp.GetName()] = wp
+	}
+	return r
+}
+
+func (r *Registry) addIngress(uid string, ref *meshv1.Ref) {
+	for _, have := range r.ingressWPs[uid] {
+		if have.GetNamespace() == ref.GetNamespace() && have.GetName() == ref.GetName() {
+			return
+		}
+	}
+	r.ingressWPs[uid] = append(r.ingressWPs[uid], ref)
+}
+
+// Node is the node this registry serves.
+func (r *Registry) Node() string { return r.node }
+
+// WorkloadByIP returns the workload that owns ip.
+func (r *Registry) WorkloadByIP(ip netip.Addr) (*meshv1.Workload, bool) {
+	w, ok := r.byIP[ip.Unmap()]
+	return w, ok
+}
+
+// LocalWorkload returns the captured (mesh-enrolled) workload of this node
+// that owns ip.
+func (r *Registry) LocalWorkload(ip netip.Addr) (*meshv1.Workload, bool) {
+	w, ok := r.byIP[ip.Unmap()]
+	if !ok || w.GetNode() != r.node || !w.GetHbone() {
+		return nil, false
+	}
+	return w, true
+}
+
+// LocalWorkloads lists the captured workloads of this node, sorted by uid.
+func (r *Registry) LocalWorkloads() []*meshv1.Workload {
+	var out []*meshv1.Workload
+	for _, w := range r.byUID {
+		if w.GetNode() == r.node && w.GetHbone() {
+			out = append(out, w)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetUid() < out[j].GetUid() })
+	return out
+}
+
+// ServiceByVIP returns the service with virtual IP ip.
+func (r *Registry) ServiceByVIP(ip netip.Addr) (*meshv1.Service, bool) {
+	s, ok := r.byVIP[ip.Unmap()]
+	return s, ok
+}
+
+// ResolveHost maps name.ns, name.ns.svc or the full hostname to a service.
+func (r *Registry) ResolveHost(host string) (*meshv1.Service, bool) {
+	s, ok := r.byHost[strings.ToLower(strings.TrimSuffix(host, "."))]
+	return s, ok
+}
+
+// Waypoint resolves a waypoint reference. A reference to a waypoint the
+// registry does not know is an error: traffic bound to it must fail closed.
+func (r *Registry) Waypoint(ref *meshv1.Ref) (*meshv1.Waypoint, error) {
+	wp, ok := r.waypoints[ref.GetNamespace()+"/"+ref.GetName()]
+	if !ok {
+		return nil, fmt.Errorf("waypoint %s/%s is not known", ref.GetNamespace(), ref.GetName())
+	}
+	if len(wp.GetAddresses()) == 0 {
+		return nil, fmt.Errorf("waypoint %s/%s has no address", ref.GetNamespace(), ref.GetName())
+	}
+	return wp, nil
+}
+
+// IngressWaypoints are the waypoints through which a workload must be
+// reached: its own binding and those of every service it is an endpoint
+// of. When any exists, inbound tunnels are accepted only from them.
+func (r *Registry) IngressWaypoints(uid string) []*meshv1.Ref { return r.ingressWPs[uid] }
+
+// Services lists every service.
+func (r *Registry) Services() []*meshv1.Service { return r.services }
+
+// AllWorkloads lists every workload.
+func (r *Registry) AllWorkloads() map[string]*meshv1.Workload { return r.byUID }
+
+// WaypointIdentity parses a waypoint's identity.
+func WaypointIdentity(wp *meshv1.Waypoint) (trust.Identity, error) {
+	id, err := trust.ParseIdentity(wp.GetIdentity())
+	if err != nil {
+		return trust.Identity{}, fmt.Errorf("waypoint %s/%s: %w", wp.GetNamespace(), wp.GetName(), err)
+	}
+	return id, nil
+}
