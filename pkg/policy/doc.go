@@ -1,0 +1,13 @@
+// Package policy authorizes requests with OPA/Rego the way OPA-Envoy does,
+// without Envoy: the waypoint builds the ext_authz v3 input document
+// directly as an OPA value (BuildInput), the Engine evaluates a prepared
+// query against the active policy set (Decide) and reads the result as
+// OPA-Envoy does (boolean or {allowed, headers, ...}), failing closed.
+//
+// Policy sets come from a directory of Rego v1 files (a git-sync checkout)
+// and optionally an OPA bundle service. A set is compiled, its *_test.rego
+// tests run and its decision query prepared off the request path; only then
+// is it swapped in atomically. A set that does not parse, compile or pass its
+// tests is rejected with a logged reason and the last good one stays active.
+// Decisions are logged asynchronously with credentials masked.
+package policy

@@ -1,0 +1,376 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Options configures an Engine.
+type Options struct {
+	// Dir is a directory of .rego files (and data.json/data.yaml documents),
+	// typically a Git checkout kept current by git-sync. It may be a symlink.
+	Dir string
+	// Bundle, if set, also loads policy from an OPA bundle service.
+	Bundle *BundleOptions
+	// DecisionPath names the decision, "envoy/authz/allow" (default) or
+	// "data.envoy.authz.allow".
+	DecisionPath string
+	// Input selects the optional parts of the input (body parsing).
+	Input InputOptions
+	// SkipTests activates policy without running its *_test.rego tests
+	// (meshctl policy eval only; the waypoint always runs them).
+	SkipTests bool
+	// TestTimeout bounds each Rego test (default 5s).
+	TestTimeout time.Duration
+	// EvalTimeout bounds each evaluation (default 1s; a request whose policy
+	// takes longer is denied with 500).
+	EvalTimeout time.Duration
+	// Debounce groups file events before a reload (default 250ms).
+	Debounce time.Duration
+	// RescanInterval rereads the directory even without events, as a fallback
+	// for missed notifications (default 30s; negative disables).
+	RescanInterval time.Duration
+	// Limits bound the size of policy sources.
+	Limits Limits
+	// Logger receives load, rejection and evaluation-error logs.
+	Logger *zap.Logger
+	// DecisionLog, if set, receives every decision asynchronously.
+	DecisionLog *DecisionLogger
+	// Registerer, if set, registers the engine's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Engine evaluates requests against the active policy set and replaces that
+// set when its sources change. Decide is safe for concurrent use; an
+// evaluation finishes on the policy it started with.
+type Engine struct {
+	opts     Options
+	decision ast.Ref
+	log      *zap.Logger
+	metrics  *engineMetrics
+	active   atomic.Pointer[compiled]
+
+	mu        sync.Mutex           // serializes offers; guards the fields below
+	accepted  map[string]*snapshot // per source, the content of the active set
+	rejected  map[string]string    // per source, the last rejected revision
+	lastError *Rejection
+}
+
+// Rejection records a policy set that was not activated.
+type Rejection struct {
+	Source      string    `json:"source"`
+	Revision    string    `json:"revision,omitempty"`
+	Stage       string    `json:"stage"`
+	Reason      string    `json:"reason"`
+	FailedTests []string  `json:"failed_tests,omitempty"`
+	At          time.Time `json:"at"`
+}
+
+// Status describes the active policy for admin dumps (/config_dump "policies").
+type Status struct {
+	Revision      string            `json:"revision,omitempty"`
+	DecisionPath  string            `json:"decision_path"`
+	ActivatedAt   *time.Time        `json:"activated_at,omitempty"`
+	Files         []string          `json:"files,omitempty"`
+	Tests         int               `json:"tests_passed"`
+	Sources       map[string]string `json:"sources,omitempty"`
+	LastRejection *Rejection        `json:"last_rejection,omitempty"`
+}
+
+// NewEngine checks the options and builds an engine with no active policy:
+// call Load (or Run) before expecting anything but denials.
+func NewEngine(opts Options) (*Engine, error) {
+	ref, err := ParseDecisionPath(opts.DecisionPath)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Dir == "" && opts.Bundle == nil {
+		return nil, errors.New("policy: no source (set Dir or Bundle)")
+	}
+	if opts.EvalTimeout == 0 {
+		opts.EvalTimeout = time.Second
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = 250 * time.Millisecond
+	}
+	if opts.RescanInterval == 0 {
+		opts.RescanInterval = 30 * time.Second
+	}
+	opts.Limits = opts.Limits.withDefaults()
+	logger := opts.Logger
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	m, err := newEngineMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{
+		opts:     opts,
+		decision: ref,
+		log:      logger.Named("policy"),
+		metrics:  m,
+		accepted: map[string]*snapshot{},
+		rejected: map[string]string{},
+	}, nil
+}
+
+// Load reads the directory once and activates it if it compiles and its
+// tests pass. It returns why it was rejected (a *RejectError), or nil when the
+// directory's content is active (also when it already was).
+func (e *Engine) Load(ctx context.Context) error {
+	if e.opts.Dir == "" {
+		return errors.New("policy: no directory configured")
+	}
+	snap, err := readDir(e.opts.Dir, e.opts.Limits)
+	if err != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.recordRejection(&Rejection{Source: "dir", Stage: "load", Reason: err.Error(), At: time.Now()}, false)
+		return &RejectError{Stage: "load", Err: err}
+	}
+	return e.offer(ctx, snap, true)
+}
+
+// offer tries the active sources with snap replacing its source. On success
+// the new set becomes active atomically; on failure the active set stays.
+// Unless retry is set, content rejected before is not tried (nor logged) again.
+func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cur := e.accepted[snap.Name]; cur != nil && cur.Revision == snap.Revision && e.active.Load() != nil {
+		return nil
+	}
+	if !retry && e.rejected[snap.Name] == snap.Revision {
+		return e.lastErrorFor(snap)
+	}
+	names := make([]string, 0, len(e.accepted)+1)
+	for n := range e.accepted {
+		if n != snap.Name {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	set := make([]*snapshot, 0, len(names)+1)
+	for _, n := range names {
+		set = append(set, e.accepted[n])
+	}
+	set = append(set, snap)
+
+	start := time.Now()
+	c, err := e.build(ctx, set)
+	if err != nil {
+		var re *RejectError
+		if !errors.As(err, &re) {
+			re = &RejectError{Stage: "compile", Err: err}
+		}
+		re.Revision = snap.Revision
+		rej := &Rejection{Source: snap.Name, Revision: snap.Revision, Stage: re.Stage, FailedTests: re.FailedTests, At: time.Now()}
+		if re.Err != nil {
+			rej.Reason = re.Err.Error()
+		}
+		e.rejected[snap.Name] = snap.Revision
+		e.recordRejection(rej, true)
+		return re
+	}
+	prev := e.active.Swap(c)
+	e.accepted[snap.Name] = snap
+	delete(e.rejected, snap.Name)
+	e.metrics.activated.Inc()
+	fields := []zap.Field{
+		zap.String("source", snap.Name),
+		zap.String("revision", c.revision),
+		zap.Int("modules", len(c.files)),
+		zap.Int("tests_passed", c.tests),
+		zap.String("decision", c.path),
+		zap.Duration("took", time.Since(start)),
+	}
+	if prev != nil {
+		fields = append(fields, zap.String("previous_revision", prev.revision))
+	}
+	e.log.Info("policy activated", fields...)
+	return nil
+}
+
+func (e *Engine) build(ctx context.Context, set []*snapshot) (*compiled, error) {
+	ps, err := parseSources(set)
+	if err != nil {
+		return nil, &RejectError{Stage: "parse", Err: err}
+	}
+	c, _, err := compileSet(ctx, ps, compileConfig{
+		decision:    e.decision,
+		runTests:    !e.opts.SkipTests,
+		testTimeout: e.opts.TestTimeout,
+		logger:      e.log,
+	})
+	return c, err
+}
+
+// recordRejection logs why a policy set was refused; the active set stays.
+func (e *Engine) recordRejection(r *Rejection, count bool) {
+	e.lastError = r
+	if count {
+		e.metrics.rejected.Inc()
+	}
+	fields := []zap.Field{
+		zap.String("source", r.Source),
+		zap.String("revision", r.Revision),
+		zap.String("stage", r.Stage),
+		zap.String("reason", r.Reason),
+	}
+	if len(r.FailedTests) > 0 {
+		fields = append(fields, zap.Strings("failed_tests", r.FailedTests))
+	}
+	if a := e.active.Load(); a != nil {
+		fields = append(fields, zap.String("active_revision", a.revision))
+	} else {
+		fields = append(fields, zap.String("active_revision", "none"))
+	}
+	e.log.Error("policy rejected, keeping the active policy", fields...)
+}
+
+func (e *Engine) lastErrorFor(snap *snapshot) error {
+	if r := e.lastError; r != nil && r.Source == snap.Name && r.Revision == snap.Revision {
+		return &RejectError{Revision: r.Revision, Stage: r.Stage, FailedTests: r.FailedTests, Err: errors.New(r.Reason)}
+	}
+	return &RejectError{Revision: snap.Revision, Stage: "compile", Err: errors.New("rejected earlier")}
+}
+
+// Ready reports whether a policy set is active.
+func (e *Engine) Ready() bool { return e.active.Load() != nil }
+
+// Revision returns the active policy's revision, "" when none.
+func (e *Engine) Revision() string {
+	if c := e.active.Load(); c != nil {
+		return c.revision
+	}
+	return ""
+}
+
+// Status describes the active policy and the last rejection.
+func (e *Engine) Status() Status {
+	st := Status{DecisionPath: e.decision.String()}
+	if c := e.active.Load(); c != nil {
+		st.Revision = c.revision
+		at := c.activatedAt
+		st.ActivatedAt = &at
+		st.Files = append([]string(nil), c.files...)
+		st.Tests = c.tests
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.accepted) > 0 {
+		st.Sources = map[string]string{}
+		for n, s := range e.accepted {
+			st.Sources[n] = s.Revision
+		}
+	}
+	if e.lastError != nil {
+		r := *e.lastError
+		st.LastRejection = &r
+	}
+	return st
+}
+
+// Decide builds the input for req and evaluates the active policy. It never
+// fails open: a request whose input cannot be built gets 400, no policy or
+// an evaluation error gets 500, an undefined decision 403.
+func (e *Engine) Decide(ctx context.Context, req *Request) Decision {
+	start := time.Now()
+	input, err := BuildInput(req, e.opts.Input)
+	if err != nil {
+		status := http.StatusInternalServerError
+		var bre *BadRequestError
+		if errors.As(err, &bre) {
+			status = bre.StatusCode()
+			e.metrics.badRequest.Inc()
+		} else {
+			e.metrics.errorDeny.Inc()
+		}
+		d := deny(status, err.Error())
+		d.ID = newDecisionID()
+		d.Revision = e.Revision()
+		e.logDecision(d, nil, nil, start)
+		return d
+	}
+	return e.decide(ctx, input, start)
+}
+
+// DecideInput evaluates an input document built elsewhere (meshctl policy
+// eval, tests).
+func (e *Engine) DecideInput(ctx context.Context, input ast.Value) Decision {
+	return e.decide(ctx, input, time.Now())
+}
+
+func (e *Engine) decide(ctx context.Context, input ast.Value, start time.Time) Decision {
+	c := e.active.Load() // the whole evaluation uses this policy set
+	var result any
+	d := e.evaluate(ctx, c, input, &result)
+	d.ID = newDecisionID()
+	if c != nil {
+		d.Revision = c.revision
+	}
+	switch {
+	case d.Allowed:
+		e.metrics.allow.Inc()
+	case d.Status == http.StatusInternalServerError:
+		e.metrics.errorDeny.Inc()
+		e.log.Warn("policy evaluation failed, denying",
+			zap.String("decision_id", d.ID), zap.String("revision", d.Revision), zap.String("reason", d.Reason))
+	default:
+		e.metrics.deny.Inc()
+	}
+	e.logDecision(d, input, result, start)
+	return d
+}
+
+func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, result *any) (d Decision) {
+	if c == nil {
+		return deny(http.StatusInternalServerError, "no policy loaded")
+	}
+	// OPA is not expected to panic, but a request must never take the
+	// waypoint down nor slip through: a panic is a 500 deny.
+	defer func() {
+		if r := recover(); r != nil {
+			d = deny(http.StatusInternalServerError, fmt.Sprintf("policy evaluation panicked: %v", r))
+		}
+	}()
+	if e.opts.EvalTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.opts.EvalTimeout)
+		defer cancel()
+	}
+	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input))
+	if err != nil {
+		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
+	}
+	if len(rs) == 1 && len(rs[0].Expressions) == 1 {
+		*result = rs[0].Expressions[0].Value
+	}
+	return interpret(rs)
+}
+
+func (e *Engine) logDecision(d Decision, input ast.Value, result any, start time.Time) {
+	if e.opts.DecisionLog == nil {
+		return
+	}
+	e.opts.DecisionLog.Log(DecisionEvent{
+		Decision: d,
+		Path:     e.decision.String(),
+		Input:    input,
+		Result:   result,
+		Time:     start,
+		Duration: time.Since(start),
+	})
+}

@@ -1,0 +1,509 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/util"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// DefaultMaxBodyBytes is how much of a request body goes into the input when
+// body parsing is on and no limit is configured (Envoy's with_request_body
+// max_request_bytes plays the same role).
+const DefaultMaxBodyBytes = 8192
+
+// Request is what the waypoint knows about one HTTP request when it asks for
+// a decision. Source is the tunnel's peer: only an authenticated peer puts a
+// principal into the input; nothing in the request can add one.
+type Request struct {
+	// HTTP is the request as parsed inside the tunnel. Its headers are read,
+	// never changed.
+	HTTP *http.Request
+	// Body holds the first bytes of the body the waypoint buffered (nil: none).
+	Body []byte
+	// BodyTruncated reports that the body is longer than Body.
+	BodyTruncated bool
+	// Source is the peer of the HBONE tunnel the request arrived on.
+	Source trust.Peer
+	// SourceAddr and DestAddr are the caller's and the destination's addresses.
+	SourceAddr, DestAddr netip.AddrPort
+	// Destination is the identity of the destination workload (zero: unknown).
+	Destination trust.Identity
+	// ID identifies the request (Envoy's stream id); "" leaves it out.
+	ID string
+	// Scheme is the scheme of the inner request; "" derives it from the
+	// request ("https" with TLS, else "http").
+	Scheme string
+	// Time is when the request's first byte arrived; zero means now.
+	Time time.Time
+}
+
+// InputOptions controls the optional parts of the input.
+type InputOptions struct {
+	// ParseBody adds body, parsed_body and truncated_body, as OPA-Envoy does
+	// when Envoy sends the body (with_request_body).
+	ParseBody bool
+	// MaxBodyBytes bounds the body bytes placed in the input; longer bodies
+	// count as truncated. 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int
+}
+
+// BodyLimit is the number of body bytes the waypoint should buffer for the
+// input: 0 when bodies are not parsed.
+func (o InputOptions) BodyLimit() int {
+	if !o.ParseBody {
+		return 0
+	}
+	if o.MaxBodyBytes <= 0 {
+		return DefaultMaxBodyBytes
+	}
+	return o.MaxBodyBytes
+}
+
+// ErrBadRequest is matched (errors.Is) by every error BuildInput returns for
+// a request whose path, query or body cannot be parsed. Such requests get 400,
+// as with OPA-Envoy.
+var ErrBadRequest = errors.New("bad request")
+
+// BadRequestError is a request that cannot be turned into policy input.
+type BadRequestError struct {
+	What string // "path", "query", "body"
+	Err  error
+}
+
+func (e *BadRequestError) Error() string {
+	return fmt.Sprintf("bad request: cannot parse %s: %v", e.What, e.Err)
+}
+
+// Unwrap returns the parse error.
+func (e *BadRequestError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrBadRequest) hold.
+func (e *BadRequestError) Is(target error) bool { return target == ErrBadRequest }
+
+// StatusCode is the HTTP status for the request: 400.
+func (e *BadRequestError) StatusCode() int { return http.StatusBadRequest }
+
+// Keys and constant parts of the input, built once. ast values are not
+// changed by evaluation, so they can be shared between inputs.
+var (
+	kAttributes          = ast.StringTerm("attributes")
+	kSource              = ast.StringTerm("source")
+	kDestination         = ast.StringTerm("destination")
+	kAddress             = ast.StringTerm("address")
+	kSocketAddress       = ast.StringTerm("socketAddress")
+	kPortValue           = ast.StringTerm("portValue")
+	kPrincipal           = ast.StringTerm("principal")
+	kRequest             = ast.StringTerm("request")
+	kHTTP                = ast.StringTerm("http")
+	kID                  = ast.StringTerm("id")
+	kMethod              = ast.StringTerm("method")
+	kPath                = ast.StringTerm("path")
+	kHost                = ast.StringTerm("host")
+	kScheme              = ast.StringTerm("scheme")
+	kProtocol            = ast.StringTerm("protocol")
+	kHeaders             = ast.StringTerm("headers")
+	kSize                = ast.StringTerm("size")
+	kBody                = ast.StringTerm("body")
+	kTime                = ast.StringTerm("time")
+	kMetadataContext     = ast.StringTerm("metadataContext")
+	kRouteMetadata       = ast.StringTerm("routeMetadataContext")
+	kParsedPath          = ast.StringTerm("parsed_path")
+	kParsedQuery         = ast.StringTerm("parsed_query")
+	kParsedBody          = ast.StringTerm("parsed_body")
+	kTruncatedBody       = ast.StringTerm("truncated_body")
+	kVersion             = ast.StringTerm("version")
+	kSourcePrincipal     = ast.StringTerm("source_principal")
+	kDestinationPrincipl = ast.StringTerm("destination_principal")
+
+	versionTerm = ast.ObjectTerm(
+		[2]*ast.Term{ast.StringTerm("encoding"), ast.StringTerm("protojson")},
+		[2]*ast.Term{ast.StringTerm("ext_authz"), ast.StringTerm("v3")},
+	)
+)
+
+// Headers that never reach the input. Envoy drops a client's
+// x-envoy-auth-partial-body (it sets its own), and its default
+// forward_client_cert_details (SANITIZE) removes a client's
+// x-forwarded-client-cert before authorization: a header must never be
+// able to claim a certificate the tunnel did not present.
+const (
+	headerPartialBody = "x-envoy-auth-partial-body"
+	headerXFCC        = "x-forwarded-client-cert"
+)
+
+// BuildInput builds the OPA-Envoy (ext_authz v3) input document for req
+// directly as an ast.Value. Principals come only from req.Source (when
+// authenticated) and req.Destination; both are absent otherwise, as
+// OPA-Envoy omits empty fields. A path, query or body that cannot be parsed
+// gives a *BadRequestError.
+func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
+	if req == nil || req.HTTP == nil {
+		return nil, errors.New("policy input: no HTTP request")
+	}
+	r := req.HTTP
+
+	path := requestPath(r)
+	parsedPath, parsedQuery, err := parsePathAndQuery(path)
+	if err != nil {
+		return nil, err
+	}
+
+	headers := headerObject(r)
+
+	var body []byte
+	truncated := req.BodyTruncated
+	bodyPresent := false
+	if opts.ParseBody && (len(req.Body) > 0 || req.BodyTruncated) {
+		bodyPresent = true
+		body = req.Body
+		if limit := opts.BodyLimit(); len(body) > limit {
+			body = body[:limit]
+			truncated = true
+		}
+		// Envoy tells the authorizer whether the body it forwarded is partial.
+		headers.Insert(ast.StringTerm(headerPartialBody), ast.StringTerm(strconv.FormatBool(truncated)))
+	}
+
+	httpObj := ast.NewObjectWithCapacity(10)
+	if req.ID != "" {
+		httpObj.Insert(kID, ast.StringTerm(req.ID))
+	}
+	if r.Method != "" {
+		httpObj.Insert(kMethod, ast.StringTerm(r.Method))
+	}
+	if path != "" {
+		httpObj.Insert(kPath, ast.StringTerm(path))
+	}
+	if r.Host != "" {
+		httpObj.Insert(kHost, ast.StringTerm(r.Host))
+	}
+	httpObj.Insert(kScheme, ast.StringTerm(requestScheme(req)))
+	if p := protocolString(r); p != "" {
+		httpObj.Insert(kProtocol, ast.StringTerm(p))
+	}
+	httpObj.Insert(kHeaders, ast.NewTerm(headers))
+	if size := requestSize(r, req.Body); size != 0 {
+		httpObj.Insert(kSize, ast.InternedTerm(size))
+	}
+	if bodyPresent && len(body) > 0 {
+		httpObj.Insert(kBody, ast.StringTerm(sanitizeUTF8(body)))
+	}
+
+	t := req.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	requestObj := ast.NewObject(
+		[2]*ast.Term{kHTTP, ast.NewTerm(httpObj)},
+		[2]*ast.Term{kTime, ast.StringTerm(protoTimestamp(t))},
+	)
+
+	source := ast.NewObjectWithCapacity(2)
+	if a := socketAddress(req.SourceAddr); a != nil {
+		source.Insert(kAddress, a)
+	}
+	srcID, srcOK := req.Source.Identity()
+	if srcOK {
+		source.Insert(kPrincipal, ast.StringTerm(srcID.String()))
+	}
+	destination := ast.NewObjectWithCapacity(2)
+	if a := socketAddress(req.DestAddr); a != nil {
+		destination.Insert(kAddress, a)
+	}
+	if !req.Destination.IsZero() {
+		destination.Insert(kPrincipal, ast.StringTerm(req.Destination.String()))
+	}
+
+	attributes := ast.NewObject(
+		[2]*ast.Term{kSource, ast.NewTerm(source)},
+		[2]*ast.Term{kDestination, ast.NewTerm(destination)},
+		[2]*ast.Term{kRequest, ast.NewTerm(requestObj)},
+		[2]*ast.Term{kMetadataContext, ast.ObjectTerm()},
+		[2]*ast.Term{kRouteMetadata, ast.ObjectTerm()},
+	)
+
+	input := ast.NewObjectWithCapacity(9)
+	input.Insert(kAttributes, ast.NewTerm(attributes))
+	input.Insert(kParsedPath, ast.NewTerm(parsedPath))
+	input.Insert(kParsedQuery, ast.NewTerm(parsedQuery))
+	input.Insert(kVersion, versionTerm)
+	if opts.ParseBody {
+		parsedBody := ast.NullTerm()
+		if !truncated && len(body) > 0 {
+			v, err := parseBody(r, body)
+			if err != nil {
+				return nil, err
+			}
+			if v != nil {
+				parsedBody = ast.NewTerm(v)
+			}
+		}
+		input.Insert(kParsedBody, parsedBody)
+		input.Insert(kTruncatedBody, ast.InternedTerm(truncated))
+	}
+	if srcOK {
+		input.Insert(kSourcePrincipal, ast.StringTerm(srcID.String()))
+	}
+	if !req.Destination.IsZero() {
+		input.Insert(kDestinationPrincipl, ast.StringTerm(req.Destination.String()))
+	}
+	return input, nil
+}
+
+// requestPath is the :path Envoy would report: the request target as sent.
+func requestPath(r *http.Request) string {
+	if r.RequestURI != "" && (r.RequestURI[0] == '/' || r.RequestURI == "*") {
+		return r.RequestURI
+	}
+	if r.URL == nil {
+		return ""
+	}
+	if r.Method == http.MethodConnect && r.URL.Path == "" {
+		return ""
+	}
+	return r.URL.RequestURI()
+}
+
+func requestScheme(req *Request) string {
+	if req.Scheme != "" {
+		return req.Scheme
+	}
+	if req.HTTP.URL != nil && req.HTTP.URL.Scheme != "" {
+		return req.HTTP.URL.Scheme
+	}
+	if req.HTTP.TLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
+// protocolString names the protocol as Envoy does ("HTTP/2", not "HTTP/2.0").
+func protocolString(r *http.Request) string {
+	switch {
+	case r.ProtoMajor == 2:
+		return "HTTP/2"
+	case r.ProtoMajor == 3:
+		return "HTTP/3"
+	case r.ProtoMajor == 1 && r.ProtoMinor == 0:
+		return "HTTP/1.0"
+	case r.ProtoMajor == 1:
+		return "HTTP/1.1"
+	default:
+		return r.Proto
+	}
+}
+
+// requestSize follows Envoy's "bytes received" at authorization time: the
+// declared length when known, else what was buffered.
+func requestSize(r *http.Request, body []byte) int64 {
+	if r.ContentLength >= 0 {
+		return r.ContentLength
+	}
+	return int64(len(body))
+}
+
+// headerObject lower-cases header names, adds the pseudo-headers and joins
+// repeated values with ",", as Envoy's ext_authz filter does.
+func headerObject(r *http.Request) ast.Object {
+	obj := ast.NewObjectWithCapacity(len(r.Header) + 5)
+	if r.Host != "" {
+		obj.Insert(ast.StringTerm(":authority"), ast.StringTerm(r.Host))
+	}
+	if r.Method != "" {
+		obj.Insert(ast.StringTerm(":method"), ast.StringTerm(r.Method))
+	}
+	if p := requestPath(r); p != "" {
+		obj.Insert(ast.StringTerm(":path"), ast.StringTerm(p))
+	}
+	if r.Method != http.MethodConnect {
+		scheme := "http"
+		if r.URL != nil && r.URL.Scheme != "" {
+			scheme = r.URL.Scheme
+		} else if r.TLS != nil {
+			scheme = "https"
+		}
+		obj.Insert(ast.StringTerm(":scheme"), ast.StringTerm(scheme))
+	}
+	for name, values := range r.Header {
+		if len(values) == 0 {
+			continue
+		}
+		key := lowerHeaderName(name)
+		if key == "" || key[0] == ':' || key == headerPartialBody || key == headerXFCC || key == "host" {
+			continue
+		}
+		value := strings.Join(values, ",")
+		k := ast.StringTerm(key)
+		// Two spellings of one name (only possible for non-canonical keys)
+		// merge like repeated values.
+		if prev := obj.Get(k); prev != nil {
+			if s, ok := prev.Value.(ast.String); ok {
+				value = string(s) + "," + value
+			}
+		}
+		obj.Insert(k, ast.StringTerm(value))
+	}
+	// net/http moves Transfer-Encoding out of the header map; Envoy keeps it.
+	if len(r.TransferEncoding) > 0 {
+		k := ast.StringTerm("transfer-encoding")
+		if obj.Get(k) == nil {
+			obj.Insert(k, ast.StringTerm(strings.Join(r.TransferEncoding, ",")))
+		}
+	}
+	return obj
+}
+
+// commonHeaders avoids an allocation per request for frequent names.
+var commonHeaders = func() map[string]string {
+	names := []string{
+		"Accept", "Accept-Encoding", "Accept-Language", "Authorization",
+		"Cache-Control", "Connection", "Content-Length", "Content-Type",
+		"Cookie", "Forwarded", "Origin", "Referer", "Te", "Traceparent",
+		"Tracestate", "Baggage", "User-Agent", "X-Forwarded-For",
+		"X-Forwarded-Proto", "X-Request-Id", "Grpc-Timeout",
+		"Grpc-Accept-Encoding", "Grpc-Encoding", "If-None-Match",
+		"If-Modified-Since", "Range", "Upgrade", "Proxy-Authorization",
+	}
+	m := make(map[string]string, len(names))
+	for _, n := range names {
+		m[n] = strings.ToLower(n)
+	}
+	return m
+}()
+
+func lowerHeaderName(name string) string {
+	if l, ok := commonHeaders[name]; ok {
+		return l
+	}
+	return strings.ToLower(name)
+}
+
+// parsePathAndQuery splits :path as OPA-Envoy does: the path unescaped and
+// split into segments (without the leading "/"), the query as a map of
+// arrays. Bad escapes or a malformed query are a bad request.
+func parsePathAndQuery(path string) (*ast.Array, ast.Object, error) {
+	rawPath, rawQuery, _ := strings.Cut(path, "?")
+	decoded, err := url.PathUnescape(rawPath)
+	if err != nil {
+		return nil, nil, &BadRequestError{What: "path", Err: err}
+	}
+	segs := strings.Split(strings.TrimLeft(decoded, "/"), "/")
+	terms := make([]*ast.Term, len(segs))
+	for i, s := range segs {
+		terms[i] = ast.StringTerm(s)
+	}
+	query := ast.NewObject()
+	if rawQuery == "" {
+		return ast.NewArray(terms...), query, nil
+	}
+	values, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return nil, nil, &BadRequestError{What: "query", Err: err}
+	}
+	for k, vs := range values {
+		query.Insert(ast.StringTerm(k), stringArray(vs))
+	}
+	return ast.NewArray(terms...), query, nil
+}
+
+func stringArray(vs []string) *ast.Term {
+	terms := make([]*ast.Term, len(vs))
+	for i, v := range vs {
+		terms[i] = ast.StringTerm(v)
+	}
+	return ast.ArrayTerm(terms...)
+}
+
+// parseBody parses JSON and form bodies as OPA-Envoy does (content type
+// matched by substring); other types give nil (parsed_body null).
+func parseBody(r *http.Request, body []byte) (ast.Value, error) {
+	ct := r.Header.Get("Content-Type")
+	switch {
+	case ct == "":
+		return nil, nil
+	case strings.Contains(ct, "application/json"):
+		var x any
+		if err := util.UnmarshalJSON(body, &x); err != nil {
+			return nil, &BadRequestError{What: "body", Err: err}
+		}
+		v, err := ast.InterfaceToValue(x)
+		if err != nil {
+			return nil, &BadRequestError{What: "body", Err: err}
+		}
+		return v, nil
+	case strings.Contains(ct, "application/x-www-form-urlencoded"):
+		values, err := url.ParseQuery(string(body))
+		if err != nil {
+			return nil, &BadRequestError{What: "body", Err: err}
+		}
+		obj := ast.NewObjectWithCapacity(len(values))
+		for k, vs := range values {
+			obj.Insert(ast.StringTerm(k), stringArray(vs))
+		}
+		return obj, nil
+	default:
+		return nil, nil
+	}
+}
+
+// socketAddress renders {"socketAddress": {"address", "portValue"}}; nil for
+// an unknown address. A zero port is left out, as protobuf JSON omits it.
+func socketAddress(ap netip.AddrPort) *ast.Term {
+	if !ap.IsValid() {
+		return nil
+	}
+	sa := ast.NewObject([2]*ast.Term{kAddress, ast.StringTerm(ap.Addr().Unmap().String())})
+	if ap.Port() != 0 {
+		sa.Insert(kPortValue, ast.InternedTerm(int(ap.Port())))
+	}
+	return ast.ObjectTerm([2]*ast.Term{kSocketAddress, ast.NewTerm(sa)})
+}
+
+// protoTimestamp formats t as protobuf JSON does: UTC, "Z", and 0, 3, 6 or 9
+// fractional digits.
+func protoTimestamp(t time.Time) string {
+	t = t.UTC()
+	base := t.Format("2006-01-02T15:04:05")
+	ns := t.Nanosecond()
+	switch {
+	case ns == 0:
+		return base + "Z"
+	case ns%1_000_000 == 0:
+		return fmt.Sprintf("%s.%03dZ", base, ns/1_000_000)
+	case ns%1_000 == 0:
+		return fmt.Sprintf("%s.%06dZ", base, ns/1_000)
+	default:
+		return fmt.Sprintf("%s.%09dZ", base, ns)
+	}
+}
+
+// sanitizeUTF8 replaces each invalid byte with '!', as Envoy does before
+// putting a body into a protobuf string.
+func sanitizeUTF8(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	var sb strings.Builder
+	sb.Grow(len(b))
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		if r == utf8.RuneError && size == 1 {
+			sb.WriteByte('!')
+		} else {
+			sb.Write(b[:size])
+		}
+		b = b[size:]
+	}
+	return sb.String()
+}

@@ -1,0 +1,51 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// engineMetrics counts decisions and policy (re)loads.
+type engineMetrics struct {
+	allow, deny, errorDeny, badRequest prometheus.Counter
+	activated, rejected                prometheus.Counter
+}
+
+func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "policy_decisions_total",
+		Help: "Authorization decisions by result: allow, deny (policy said no or nothing), error (fail-closed deny), bad_request.",
+	}, []string{"result"})
+	loads := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "policy_loads_total",
+		Help: "Policy sets offered for activation, by result: activated or rejected.",
+	}, []string{"result"})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{decisions, loads} {
+			if err := register(reg, c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &engineMetrics{
+		allow:      decisions.WithLabelValues("allow"),
+		deny:       decisions.WithLabelValues("deny"),
+		errorDeny:  decisions.WithLabelValues("error"),
+		badRequest: decisions.WithLabelValues("bad_request"),
+		activated:  loads.WithLabelValues("activated"),
+		rejected:   loads.WithLabelValues("rejected"),
+	}, nil
+}
+
+func register(reg prometheus.Registerer, c prometheus.Collector) error {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			return fmt.Errorf("policy metrics: %w (one registry per engine)", err)
+		}
+		return fmt.Errorf("policy metrics: %w", err)
+	}
+	return nil
+}

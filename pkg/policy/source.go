@@ -1,0 +1,257 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/open-policy-agent/opa/v1/util"
+	"sigs.k8s.io/yaml"
+)
+
+// Limits bound what a policy source may hold, so a bad checkout or bundle
+// cannot exhaust memory.
+type Limits struct {
+	MaxFileBytes  int64 // per file; 0 means 4 MiB
+	MaxTotalBytes int64 // all files together; 0 means 64 MiB
+	MaxFiles      int   // 0 means 10000
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxFileBytes <= 0 {
+		l.MaxFileBytes = 4 << 20
+	}
+	if l.MaxTotalBytes <= 0 {
+		l.MaxTotalBytes = 64 << 20
+	}
+	if l.MaxFiles <= 0 {
+		l.MaxFiles = 10000
+	}
+	return l
+}
+
+// sourceFile is one Rego module or data document, by slash path relative to
+// its source's root.
+type sourceFile struct {
+	Path    string
+	Content []byte
+}
+
+// snapshot is the content of one policy source at one moment.
+type snapshot struct {
+	Name     string         // "dir" or "bundle:<name>"
+	Modules  []sourceFile   // .rego files, sorted by path
+	Data     map[string]any // data documents merged at their paths
+	DataDocs []sourceFile   // the data files (for the revision)
+	Revision string         // content hash
+}
+
+// isTestFile reports whether a module is a test module (OPA's convention).
+func isTestFile(p string) bool { return strings.HasSuffix(p, "_test.rego") }
+
+// isDataFile reports whether a file is a data document: data.json or
+// data.yaml/.yml, placed at the path of its directory (as `opa run` does).
+func isDataFile(name string) bool {
+	switch name {
+	case "data.json", "data.yaml", "data.yml":
+		return true
+	}
+	return false
+}
+
+// readDir reads a policy directory. The directory may be, or sit under, a
+// symbolic link (git-sync swaps one): it is resolved once, so one read sees
+// one checkout. Hidden entries (".git", ".worktrees") are skipped; symbolic
+// links to files are followed, links to directories are not (no cycles).
+func readDir(dir string, limits Limits) (*snapshot, error) {
+	limits = limits.withDefaults()
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("policy directory %s: %w", dir, err)
+	}
+	st, err := os.Stat(root)
+	if err != nil {
+		return nil, fmt.Errorf("policy directory %s: %w", dir, err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("policy directory %s: not a directory", dir)
+	}
+	snap := &snapshot{Name: "dir"}
+	var total int64
+	count := 0
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != root && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return nil
+		}
+		name := d.Name()
+		isRego := strings.HasSuffix(name, ".rego")
+		if !isRego && !isDataFile(name) {
+			return nil
+		}
+		info, err := os.Stat(p) // follows a link to a file
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if !info.Mode().IsRegular() {
+			return nil
+		}
+		count++
+		if count > limits.MaxFiles {
+			return fmt.Errorf("more than %d policy files", limits.MaxFiles)
+		}
+		content, err := readFileBounded(p, limits.MaxFileBytes)
+		if err != nil {
+			return err
+		}
+		total += int64(len(content))
+		if total > limits.MaxTotalBytes {
+			return fmt.Errorf("policy files exceed %d bytes", limits.MaxTotalBytes)
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		f := sourceFile{Path: filepath.ToSlash(rel), Content: content}
+		if isRego {
+			snap.Modules = append(snap.Modules, f)
+		} else {
+			snap.DataDocs = append(snap.DataDocs, f)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read policy directory %s: %w", dir, err)
+	}
+	sort.Slice(snap.Modules, func(i, j int) bool { return snap.Modules[i].Path < snap.Modules[j].Path })
+	sort.Slice(snap.DataDocs, func(i, j int) bool { return snap.DataDocs[i].Path < snap.DataDocs[j].Path })
+	snap.Data = map[string]any{}
+	for _, f := range snap.DataDocs {
+		doc, err := parseDataDoc(f)
+		if err != nil {
+			return nil, err
+		}
+		dirPath := path.Dir(f.Path)
+		var at []string
+		if dirPath != "." {
+			at = strings.Split(dirPath, "/")
+		}
+		if err := mergeData(snap.Data, at, doc); err != nil {
+			return nil, fmt.Errorf("data file %s: %w", f.Path, err)
+		}
+	}
+	snap.Revision = revisionOf(snap.Modules, snap.DataDocs)
+	return snap, nil
+}
+
+func readFileBounded(p string, max int64) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", p, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: larger than %d bytes", p, max)
+	}
+	return b, nil
+}
+
+func parseDataDoc(f sourceFile) (map[string]any, error) {
+	content := f.Content
+	if !strings.HasSuffix(f.Path, ".json") {
+		j, err := yaml.YAMLToJSON(content)
+		if err != nil {
+			return nil, fmt.Errorf("data file %s: %w", f.Path, err)
+		}
+		content = j
+	}
+	var doc any
+	if err := util.UnmarshalJSON(content, &doc); err != nil {
+		return nil, fmt.Errorf("data file %s: %w", f.Path, err)
+	}
+	if doc == nil {
+		return map[string]any{}, nil
+	}
+	m, ok := doc.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("data file %s: top level must be an object", f.Path)
+	}
+	return m, nil
+}
+
+// mergeData places doc at path under dst, refusing to overwrite a value.
+func mergeData(dst map[string]any, at []string, doc map[string]any) error {
+	for _, seg := range at {
+		next, ok := dst[seg]
+		if !ok {
+			m := map[string]any{}
+			dst[seg] = m
+			dst = m
+			continue
+		}
+		m, ok := next.(map[string]any)
+		if !ok {
+			return fmt.Errorf("data path %s conflicts with a value", strings.Join(at, "."))
+		}
+		dst = m
+	}
+	for k, v := range doc {
+		old, exists := dst[k]
+		if !exists {
+			dst[k] = v
+			continue
+		}
+		om, ok1 := old.(map[string]any)
+		nm, ok2 := v.(map[string]any)
+		if !ok1 || !ok2 {
+			return fmt.Errorf("data key %q defined twice", k)
+		}
+		if err := mergeData(om, nil, nm); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// revisionOf hashes paths and contents (length-prefixed, so no two file sets
+// collide by concatenation) into a short content revision.
+func revisionOf(groups ...[]sourceFile) string {
+	h := sha256.New()
+	var n [8]byte
+	for gi, files := range groups {
+		binary.BigEndian.PutUint64(n[:], uint64(gi))
+		h.Write(n[:])
+		for _, f := range files {
+			binary.BigEndian.PutUint64(n[:], uint64(len(f.Path)))
+			h.Write(n[:])
+			h.Write([]byte(f.Path))
+			binary.BigEndian.PutUint64(n[:], uint64(len(f.Content)))
+			h.Write(n[:])
+			h.Write(f.Content)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+var errNoModules = errors.New("no policy modules (.rego files other than *_test.rego)")

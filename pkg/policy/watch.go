@@ -1,0 +1,193 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.uber.org/zap"
+)
+
+// Run keeps the policy current until ctx ends: it loads the directory,
+// watches it (file notifications, plus a periodic rescan for missed ones)
+// and, when configured, polls the bundle service. It returns when ctx is
+// done and every goroutine it started has exited.
+func (e *Engine) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if e.opts.Bundle != nil {
+		d, err := e.startBundle(ctx)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			<-ctx.Done()
+			d.Stop(context.Background())
+		})
+	}
+	if e.opts.Dir != "" {
+		e.watchDir(ctx)
+	} else {
+		<-ctx.Done()
+	}
+	wg.Wait()
+	return nil
+}
+
+// watchDir reloads the directory after changes settle. git-sync replaces a
+// symlink to publish a checkout, so besides the resolved tree the watcher
+// covers the directory holding every symlink on the configured path.
+func (e *Engine) watchDir(ctx context.Context) {
+	_ = e.Load(ctx) // a rejection is logged; the rescan and events retry
+
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		e.log.Warn("file notifications unavailable, relying on periodic rescan", zap.Error(err))
+		w = nil
+	} else {
+		defer w.Close()
+	}
+	watched := map[string]bool{}
+	syncWatches := func() {
+		if w == nil {
+			return
+		}
+		want := watchTargets(e.opts.Dir, e.opts.Limits.MaxFiles)
+		for p := range watched {
+			if !want[p] {
+				_ = w.Remove(p) // fails when the directory is already gone
+				delete(watched, p)
+			}
+		}
+		for p := range want {
+			if watched[p] {
+				continue
+			}
+			if err := w.Add(p); err != nil {
+				e.log.Debug("cannot watch policy path", zap.String("path", p), zap.Error(err))
+				continue
+			}
+			watched[p] = true
+		}
+	}
+	syncWatches()
+
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if w != nil {
+		events, errs = w.Events, w.Errors
+	}
+	var rescan <-chan time.Time
+	if e.opts.RescanInterval > 0 {
+		t := time.NewTicker(e.opts.RescanInterval)
+		defer t.Stop()
+		rescan = t.C
+	}
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	defer debounce.Stop()
+	var pendingSince time.Time
+	maxWait := 10 * e.opts.Debounce
+
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			if ev.Op == fsnotify.Chmod {
+				continue
+			}
+			// Trailing debounce, but a steady stream of events cannot
+			// postpone the reload for more than maxWait.
+			if pendingSince.IsZero() {
+				pendingSince = time.Now()
+				debounce.Reset(e.opts.Debounce)
+			} else if time.Since(pendingSince) < maxWait {
+				debounce.Reset(e.opts.Debounce)
+			}
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			e.log.Warn("policy watcher error", zap.Error(err))
+		case <-debounce.C:
+			pendingSince = time.Time{}
+			e.reloadDir(ctx)
+			syncWatches()
+		case <-rescan:
+			e.reloadDir(ctx)
+			syncWatches()
+		}
+	}
+}
+
+// reloadDir reads the directory and offers it; unchanged or already rejected
+// content is a no-op, so a rescan costs one read.
+func (e *Engine) reloadDir(ctx context.Context) {
+	snap, err := readDir(e.opts.Dir, e.opts.Limits)
+	if err != nil {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if le := e.lastError; le == nil || le.Stage != "load" || le.Reason != err.Error() {
+			e.recordRejection(&Rejection{Source: "dir", Stage: "load", Reason: err.Error(), At: time.Now()}, false)
+		}
+		return
+	}
+	if err := e.offer(ctx, snap, false); err != nil && !errors.Is(err, context.Canceled) {
+		e.log.Debug("policy offer", zap.Error(err))
+	}
+}
+
+// watchTargets lists the directories to watch for dir: the resolved tree
+// (fsnotify is not recursive), dir's parent, and the directory holding each
+// symlink along dir's path.
+func watchTargets(dir string, maxDirs int) map[string]bool {
+	set := map[string]bool{}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return set
+	}
+	addResolved := func(p string) {
+		if rp, err := filepath.EvalSymlinks(p); err == nil {
+			set[rp] = true
+		}
+	}
+	addResolved(filepath.Dir(abs))
+	for p := abs; ; p = filepath.Dir(p) {
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			addResolved(filepath.Dir(p))
+		}
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	root, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return set
+	}
+	n := 0
+	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if p != root && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if n++; n > maxDirs {
+			return filepath.SkipAll
+		}
+		set[p] = true
+		return nil
+	})
+	return set
+}
