@@ -86,3 +86,15 @@ func (i Identity) Namespace() string { return i.ns }
 
 // ServiceAccount returns the Kubernetes service account of the identity.
 func (i Identity) ServiceAccount() string { return i.sa }
+
+// The control plane's account: the CA and xDS server present this identity.
+const (
+	SystemNamespace            = "causeway-system"
+	ControlPlaneServiceAccount = "controlplane"
+)
+
+// ControlPlaneIdentity is the identity the control plane serves xDS and the
+// CA with: spiffe://<trust-domain>/ns/causeway-system/sa/controlplane.
+func ControlPlaneIdentity(trustDomain string) (Identity, error) {
+	return NewIdentity(trustDomain, SystemNamespace, ControlPlaneServiceAccount)
+}

@@ -1,4 +1,4 @@
-package authn
+package authn_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
@@ -55,7 +56,7 @@ func wantErr(t *testing.T, err error, kind error, substr string) {
 }
 
 func TestParseTokens(t *testing.T) {
-	entries, err := ParseTokens([]byte(`
+	entries, err := authn.ParseTokens([]byte(`
 # node proxies
 `+tokA+` causeway-system/nodeproxy node-a
   `+tokB+`	causeway-system/nodeproxy   node-b
@@ -82,7 +83,7 @@ func TestParseTokens(t *testing.T) {
 		{"# c\n" + tokA + " ns/sa n\n" + tokA + " ns/other n", "line 3: same token as line 2"},
 		{tokA + " n$s/sa node", "line 1: identity for n$s/sa"},
 	} {
-		_, err := ParseTokens([]byte(tc.in), "cluster.local")
+		_, err := authn.ParseTokens([]byte(tc.in), "cluster.local")
 		wantErr(t, err, nil, tc.want)
 	}
 }
@@ -90,7 +91,7 @@ func TestParseTokens(t *testing.T) {
 func TestTokenFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tokens")
 	writeTokens(t, path, tokA+" causeway-system/nodeproxy node-a\n")
-	tf, err := NewTokenFile(path, "cluster.local", nil)
+	tf, err := authn.NewTokenFile(path, "cluster.local", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,19 +108,19 @@ func TestTokenFile(t *testing.T) {
 	}
 
 	_, err = tf.Authenticate(bearer(tokB))
-	wantErr(t, err, ErrInvalidCredentials, "bearer token not recognised")
+	wantErr(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
 	_, err = tf.Authenticate(bearer(tokA[:len(tokA)-1]))
-	wantErr(t, err, ErrInvalidCredentials, "bearer token not recognised")
+	wantErr(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
 	_, err = tf.Authenticate(context.Background())
-	wantErr(t, err, ErrNoCredentials, "no authorization header")
+	wantErr(t, err, authn.ErrNoCredentials, "no authorization header")
 	_, err = tf.Authenticate(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Basic abc")))
-	wantErr(t, err, ErrNoCredentials, "not a bearer token")
+	wantErr(t, err, authn.ErrNoCredentials, "not a bearer token")
 	_, err = tf.Authenticate(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tokA, "authorization", "Bearer "+tokA)))
-	wantErr(t, err, ErrInvalidCredentials, "2 authorization headers")
+	wantErr(t, err, authn.ErrInvalidCredentials, "2 authorization headers")
 	_, err = tf.Authenticate(bearer(""))
-	wantErr(t, err, ErrInvalidCredentials, "empty bearer token")
+	wantErr(t, err, authn.ErrInvalidCredentials, "empty bearer token")
 	_, err = tf.Authenticate(bearer(strings.Repeat("x", 9000)))
-	wantErr(t, err, ErrInvalidCredentials, "longer than")
+	wantErr(t, err, authn.ErrInvalidCredentials, "longer than")
 
 	// Replaced: the new token works at once, the old one no longer does.
 	writeTokens(t, path, "# rotated\n"+tokB+" causeway-system/nodeproxy node-a\n")
@@ -127,7 +128,7 @@ func TestTokenFile(t *testing.T) {
 		t.Fatalf("after reload: %v", err)
 	}
 	_, err = tf.Authenticate(bearer(tokA))
-	wantErr(t, err, ErrInvalidCredentials, "not recognised")
+	wantErr(t, err, authn.ErrInvalidCredentials, "not recognised")
 
 	// A broken version is ignored; the last good tokens stay in force.
 	writeTokens(t, path, "broken\n")
@@ -140,11 +141,11 @@ func TestTokenFile(t *testing.T) {
 		t.Fatalf("after removal: %v", err)
 	}
 
-	if _, err := NewTokenFile(path, "cluster.local", nil); err == nil {
-		t.Fatal("NewTokenFile accepted a missing file")
+	if _, err := authn.NewTokenFile(path, "cluster.local", nil); err == nil {
+		t.Fatal("authn.NewTokenFile accepted a missing file")
 	}
 	writeTokens(t, path, "short ns/sa\n")
-	_, err = NewTokenFile(path, "cluster.local", nil)
+	_, err = authn.NewTokenFile(path, "cluster.local", nil)
 	wantErr(t, err, nil, "token shorter than 16")
 }
 
@@ -196,7 +197,7 @@ func withTLS(st tls.ConnectionState) context.Context {
 
 func TestPeerCertificate(t *testing.T) {
 	ca := trusttest.NewCA(t, "cluster.local")
-	pc, err := NewPeerCertificate("cluster.local")
+	pc, err := authn.NewPeerCertificate("cluster.local")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,35 +215,35 @@ func TestPeerCertificate(t *testing.T) {
 	unverified := st
 	unverified.VerifiedChains = nil
 	_, err = pc.Authenticate(withTLS(unverified))
-	wantErr(t, err, ErrInvalidCredentials, "client certificate was not verified")
+	wantErr(t, err, authn.ErrInvalidCredentials, "client certificate was not verified")
 
 	// A verified certificate of another trust domain.
-	other, err := NewPeerCertificate("other.example")
+	other, err := authn.NewPeerCertificate("other.example")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = other.Authenticate(withTLS(st))
-	wantErr(t, err, ErrInvalidCredentials, "client identity spiffe://cluster.local/ns/shop/sa/waypoint is not in trust domain other.example")
+	wantErr(t, err, authn.ErrInvalidCredentials, "client identity spiffe://cluster.local/ns/shop/sa/waypoint is not in trust domain other.example")
 
 	_, err = pc.Authenticate(context.Background())
-	wantErr(t, err, ErrNoCredentials, "no TLS connection")
+	wantErr(t, err, authn.ErrNoCredentials, "no TLS connection")
 	_, err = pc.Authenticate(withTLS(tlsState(t, ca, &tls.Certificate{})))
-	wantErr(t, err, ErrNoCredentials, "no client certificate")
+	wantErr(t, err, authn.ErrNoCredentials, "no client certificate")
 }
 
 func TestChain(t *testing.T) {
 	ca := trusttest.NewCA(t, "cluster.local")
 	path := filepath.Join(t.TempDir(), "tokens")
 	writeTokens(t, path, tokA+" causeway-system/nodeproxy node-a\n")
-	tf, err := NewTokenFile(path, "cluster.local", nil)
+	tf, err := authn.NewTokenFile(path, "cluster.local", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc, err := NewPeerCertificate("cluster.local")
+	pc, err := authn.NewPeerCertificate("cluster.local")
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain := Chain{tf, pc}
+	chain := authn.Chain{tf, pc}
 	id := trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/waypoint")
 	st := tlsState(t, ca, ca.Certificate(t, id, 0))
 
@@ -256,10 +257,10 @@ func TestChain(t *testing.T) {
 	// An invalid token is refused even though a valid certificate follows.
 	badToken := metadata.NewIncomingContext(withTLS(st), metadata.Pairs("authorization", "Bearer "+tokB))
 	_, err = chain.Authenticate(badToken)
-	wantErr(t, err, ErrInvalidCredentials, "bearer token not recognised")
+	wantErr(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
 
 	_, err = chain.Authenticate(context.Background())
-	wantErr(t, err, ErrNoCredentials, "present a bearer token or a mesh client certificate")
+	wantErr(t, err, authn.ErrNoCredentials, "present a bearer token or a mesh client certificate")
 }
 
 func TestStatusError(t *testing.T) {
@@ -267,17 +268,17 @@ func TestStatusError(t *testing.T) {
 		err  error
 		code codes.Code
 	}{
-		{ErrNoCredentials, codes.Unauthenticated},
-		{errors.Join(errors.New("x"), ErrInvalidCredentials), codes.Unauthenticated},
+		{authn.ErrNoCredentials, codes.Unauthenticated},
+		{errors.Join(errors.New("x"), authn.ErrInvalidCredentials), codes.Unauthenticated},
 		{errors.New("token review API down"), codes.Unavailable},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 	} {
-		if got := status.Code(StatusError(tc.err)); got != tc.code {
-			t.Errorf("StatusError(%v) = %v, want %v", tc.err, got, tc.code)
+		if got := status.Code(authn.StatusError(tc.err)); got != tc.code {
+			t.Errorf("authn.StatusError(%v) = %v, want %v", tc.err, got, tc.code)
 		}
 	}
-	if StatusError(nil) != nil {
-		t.Fatal("StatusError(nil) != nil")
+	if authn.StatusError(nil) != nil {
+		t.Fatal("authn.StatusError(nil) != nil")
 	}
 }
 
@@ -286,7 +287,7 @@ func FuzzParseTokens(f *testing.F) {
 	f.Add([]byte(tokA + " ns/sa node-a\n" + tokA + " ns/sa node-b\n"))
 	f.Add([]byte("\x00\xff /\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		entries, err := ParseTokens(data, "cluster.local")
+		entries, err := authn.ParseTokens(data, "cluster.local")
 		if err != nil {
 			return
 		}
