@@ -1,0 +1,738 @@
+package l7
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// ServiceRef names a Service.
+type ServiceRef struct{ Namespace, Name string }
+
+func (s ServiceRef) String() string { return s.Namespace + "/" + s.Name }
+
+// IsZero reports whether s names no service.
+func (s ServiceRef) IsZero() bool { return s.Namespace == "" && s.Name == "" }
+
+// Protocol is how the waypoint parses a service port.
+type Protocol uint8
+
+const (
+	// ProtocolTCP is an opaque byte stream: not handled by this package.
+	ProtocolTCP Protocol = iota
+	// ProtocolHTTP is HTTP/1.1, with prior-knowledge HTTP/2 detected by its preface.
+	ProtocolHTTP
+	// ProtocolHTTP2 is cleartext HTTP/2 with prior knowledge.
+	ProtocolHTTP2
+	// ProtocolGRPC is gRPC: cleartext HTTP/2 with prior knowledge.
+	ProtocolGRPC
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case ProtocolHTTP:
+		return "http"
+	case ProtocolHTTP2:
+		return "http2"
+	case ProtocolGRPC:
+		return "grpc"
+	}
+	return "tcp"
+}
+
+// ProtocolFor maps a Service port's appProtocol to how it is parsed (DESIGN
+// section 6): http, http2 or kubernetes.io/h2c, grpc; anything else is TCP.
+func ProtocolFor(appProtocol string) Protocol {
+	switch strings.ToLower(appProtocol) {
+	case "http":
+		return ProtocolHTTP
+	case "http2", "kubernetes.io/h2c":
+		return ProtocolHTTP2
+	case "grpc":
+		return ProtocolGRPC
+	}
+	return ProtocolTCP
+}
+
+// upstreamProto is the protocol spoken to a backend.
+type upstreamProto uint8
+
+const (
+	upstreamAuto upstreamProto = iota // unknown appProtocol: as the caller spoke
+	upstreamH1
+	upstreamH2
+)
+
+func upstreamFor(appProtocol string) upstreamProto {
+	switch ProtocolFor(appProtocol) {
+	case ProtocolHTTP:
+		return upstreamH1
+	case ProtocolHTTP2, ProtocolGRPC:
+		return upstreamH2
+	}
+	return upstreamAuto
+}
+
+// Config is compiled routing state: route tables per (service, port), the
+// services' endpoints and the workloads behind them. It is immutable; the
+// waypoint compiles a new one on every configuration change and hands it to
+// Engine.Update, which swaps it in atomically.
+type Config struct {
+	services  map[ServiceRef]*serviceInfo
+	workloads map[string]*meshv1.Workload // by uid
+	byAddress map[netip.Addr]*meshv1.Workload
+	tables    map[tableKey]*routeTable
+	problems  []string
+}
+
+type tableKey struct {
+	svc  ServiceRef
+	port uint32
+}
+
+type serviceInfo struct {
+	ref     ServiceRef
+	svc     *meshv1.Service
+	ports   map[uint32]*meshv1.ServicePort
+	targets map[uint32][]Target // service port -> endpoints serving it
+}
+
+// routeMeta is what precedence and logs need from an HTTPRoute or GRPCRoute.
+type routeMeta struct {
+	kind      string // "HTTPRoute" or "GRPCRoute"
+	namespace string
+	name      string
+	created   time.Time
+	hosts     hostnames
+}
+
+func (m *routeMeta) String() string { return m.namespace + "/" + m.name }
+
+// compareAge orders routes by the spec's cross-route tie-breakers: the oldest
+// creation timestamp, then "{namespace}/{name}" alphabetically.
+func (m *routeMeta) compareAge(o *routeMeta) int {
+	if c := m.created.Compare(o.created); c != 0 {
+		return c
+	}
+	return cmp.Compare(m.String(), o.String())
+}
+
+// rule is what a matched request does.
+type rule struct {
+	route    *routeMeta // nil for a service's implicit route
+	index    int
+	name     string
+	invalid  string // non-empty: every request gets 500 with this reason
+	filters  []filter
+	backends []*backend
+	wrr      *wrr
+	// requestTimeout covers the whole request including retries,
+	// backendTimeout each attempt; 0 disables.
+	requestTimeout time.Duration
+	backendTimeout time.Duration
+	retry          retryPolicy
+	grpc           bool
+	// prefix is the rule's single PathPrefix match, for ReplacePrefixMatch.
+	prefix    string
+	hasPrefix bool
+}
+
+// routeName is the route's "{namespace}/{name}", or "" for the implicit route.
+func (r *rule) routeName() string {
+	if r.route == nil {
+		return ""
+	}
+	return r.route.String()
+}
+
+// backend is one backendRef of a rule (or a mirror's destination).
+type backend struct {
+	svc     ServiceRef
+	port    uint32
+	weight  uint32
+	invalid string
+	filters []filter
+	proto   upstreamProto
+}
+
+func (b *backend) String() string { return fmt.Sprintf("%s:%d", b.svc, b.port) }
+
+// retryPolicy says when a failed attempt is tried again.
+type retryPolicy struct {
+	retries     int          // attempts after the first
+	codes       map[int]bool // retried status codes
+	backoff     time.Duration
+	connectOnly bool // no retry stanza: only connect failures are retried
+}
+
+const defaultRetryBackoff = 25 * time.Millisecond
+
+// defaultRetry applies to rules without a retry stanza: a connect failure
+// sent nothing to the backend, so one more endpoint is tried.
+var defaultRetry = retryPolicy{retries: 1, connectOnly: true, backoff: 0}
+
+type httpEntry struct {
+	route    *routeMeta
+	rule     *rule
+	match    httpMatch
+	matchIdx int
+}
+
+type grpcEntry struct {
+	route    *routeMeta
+	rule     *rule
+	match    grpcMatch
+	matchIdx int
+}
+
+// routeTable is the compiled routing of one service port.
+type routeTable struct {
+	key       tableKey
+	protocol  Protocol
+	http      []*httpEntry // in precedence order, hostnames aside
+	grpc      []*grpcEntry
+	hostnames bool  // some attached route names hostnames
+	implicit  *rule // set when no route is attached: the service's own endpoints
+}
+
+// Problems lists what could not be compiled as written (unknown parents,
+// invalid matches, invalid filters) in a stable order, for logs and config dumps.
+func (c *Config) Problems() []string { return slices.Clone(c.problems) }
+
+// Service returns a service by reference.
+func (c *Config) Service(ref ServiceRef) (*meshv1.Service, bool) {
+	si, ok := c.services[ref]
+	if !ok {
+		return nil, false
+	}
+	return si.svc, true
+}
+
+// Compile builds the routing state for a waypoint from its xDS resources.
+// Nothing in the input makes it fail: a route, rule or match that cannot be
+// compiled is recorded in Problems and either left out (a match that cannot
+// be evaluated) or answered with 500 (a rule that cannot be carried out as
+// written), never silently widened.
+func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, services []*meshv1.Service, workloads []*meshv1.Workload) *Config {
+	c := &Config{
+		services:  make(map[ServiceRef]*serviceInfo, len(services)),
+		workloads: make(map[string]*meshv1.Workload, len(workloads)),
+		byAddress: make(map[netip.Addr]*meshv1.Workload, len(workloads)),
+		tables:    make(map[tableKey]*routeTable),
+	}
+	for _, w := range workloads {
+		if w.GetUid() == "" {
+			continue
+		}
+		c.workloads[w.GetUid()] = w
+		for _, a := range w.GetAddresses() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				c.byAddress[ip.Unmap()] = w
+			}
+		}
+	}
+	for _, s := range services {
+		c.addService(s)
+	}
+
+	attached := make(map[tableKey]*attachments)
+	sortedHTTP := slices.Clone(routes)
+	slices.SortFunc(sortedHTTP, func(a, b *meshv1.HTTPRoute) int {
+		return cmp.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
+	})
+	for _, r := range sortedHTTP {
+		cr := c.compileHTTPRoute(r)
+		if cr == nil {
+			continue
+		}
+		for _, k := range c.parentTables(cr.meta, r.GetParents()) {
+			a := attachedTo(attached, k)
+			a.http = append(a.http, cr)
+		}
+	}
+	sortedGRPC := slices.Clone(grpcRoutes)
+	slices.SortFunc(sortedGRPC, func(a, b *meshv1.GRPCRoute) int {
+		return cmp.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
+	})
+	for _, r := range sortedGRPC {
+		cr := c.compileGRPCRoute(r)
+		if cr == nil {
+			continue
+		}
+		for _, k := range c.parentTables(cr.meta, r.GetParents()) {
+			a := attachedTo(attached, k)
+			a.grpc = append(a.grpc, cr)
+		}
+	}
+
+	for ref, si := range c.services {
+		for port, sp := range si.ports {
+			proto := ProtocolFor(sp.GetAppProtocol())
+			if proto == ProtocolTCP {
+				continue
+			}
+			k := tableKey{ref, port}
+			t := &routeTable{key: k, protocol: proto}
+			if a := attached[k]; a != nil {
+				c.buildTable(t, a)
+			} else {
+				t.implicit = c.implicitRule(ref, port)
+			}
+			c.tables[k] = t
+		}
+	}
+	sort.Strings(c.problems)
+	return c
+}
+
+func (c *Config) problem(format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf(format, args...))
+}
+
+func (c *Config) addService(s *meshv1.Service) {
+	ref := ServiceRef{s.GetNamespace(), s.GetName()}
+	if ref.Namespace == "" || ref.Name == "" {
+		c.problem("service %q: namespace and name are required", ref)
+		return
+	}
+	si := &serviceInfo{
+		ref:     ref,
+		svc:     s,
+		ports:   make(map[uint32]*meshv1.ServicePort, len(s.GetPorts())),
+		targets: make(map[uint32][]Target, len(s.GetPorts())),
+	}
+	for _, sp := range s.GetPorts() {
+		if sp.GetPort() == 0 || sp.GetPort() > 65535 {
+			c.problem("service %s: port %d out of range", ref, sp.GetPort())
+			continue
+		}
+		si.ports[sp.GetPort()] = sp
+	}
+	for _, ep := range s.GetEndpoints() {
+		addr, err := netip.ParseAddr(ep.GetAddress())
+		if err != nil {
+			c.problem("service %s: endpoint %q: not an IP address", ref, ep.GetAddress())
+			continue
+		}
+		addr = addr.Unmap()
+		w := c.workloads[ep.GetWorkloadUid()]
+		var id trust.Identity
+		if w != nil {
+			if id, err = trust.ParseIdentity(w.GetIdentity()); err != nil {
+				c.problem("service %s: endpoint %s: workload %s: %v", ref, addr, w.GetUid(), err)
+			}
+		}
+		for port, sp := range si.ports {
+			tp := ep.GetPorts()[port]
+			if tp == 0 {
+				tp = sp.GetTargetPort()
+			}
+			if tp == 0 || tp > 65535 {
+				continue // named target port this endpoint does not serve
+			}
+			si.targets[port] = append(si.targets[port], Target{
+				Address:  netip.AddrPortFrom(addr, uint16(tp)),
+				Identity: id,
+				Workload: w,
+				Service:  ref,
+			})
+		}
+	}
+	for _, ts := range si.targets {
+		slices.SortFunc(ts, func(a, b Target) int { return a.Address.Compare(b.Address) })
+	}
+	c.services[ref] = si
+}
+
+type attachments struct {
+	http []*compiledHTTPRoute
+	grpc []*compiledGRPCRoute
+}
+
+func attachedTo(m map[tableKey]*attachments, k tableKey) *attachments {
+	a := m[k]
+	if a == nil {
+		a = &attachments{}
+		m[k] = a
+	}
+	return a
+}
+
+// parentTables resolves a route's parentRefs to the service ports it attaches
+// to. Port 0 means every HTTP-capable port of the service.
+func (c *Config) parentTables(meta *routeMeta, parents []*meshv1.ParentRef) []tableKey {
+	var out []tableKey
+	for _, p := range parents {
+		ns := p.GetNamespace()
+		if ns == "" {
+			ns = meta.namespace
+		}
+		ref := ServiceRef{ns, p.GetName()}
+		si, ok := c.services[ref]
+		if !ok {
+			c.problem("%s %s: parent service %s not found", meta.kind, meta, ref)
+			continue
+		}
+		if p.GetPort() == 0 {
+			for port, sp := range si.ports {
+				if ProtocolFor(sp.GetAppProtocol()) != ProtocolTCP {
+					out = append(out, tableKey{ref, port})
+				}
+			}
+			continue
+		}
+		sp, ok := si.ports[p.GetPort()]
+		if !ok {
+			c.problem("%s %s: parent service %s has no port %d", meta.kind, meta, ref, p.GetPort())
+			continue
+		}
+		if ProtocolFor(sp.GetAppProtocol()) == ProtocolTCP {
+			c.problem("%s %s: parent %s port %d is not an HTTP port (appProtocol %q)", meta.kind, meta, ref, p.GetPort(), sp.GetAppProtocol())
+			continue
+		}
+		out = append(out, tableKey{ref, p.GetPort()})
+	}
+	slices.SortFunc(out, func(a, b tableKey) int {
+		return cmp.Or(cmp.Compare(a.svc.String(), b.svc.String()), cmp.Compare(a.port, b.port))
+	})
+	return slices.Compact(out)
+}
+
+type compiledHTTPRoute struct {
+	meta    *routeMeta
+	entries []*httpEntry
+}
+
+type compiledGRPCRoute struct {
+	meta    *routeMeta
+	entries []*grpcEntry
+}
+
+func newRouteMeta(c *Config, kind, ns, name string, created time.Time, hs []string) (*routeMeta, bool) {
+	m := &routeMeta{kind: kind, namespace: ns, name: name, created: created}
+	if ns == "" || name == "" {
+		c.problem("%s %q: namespace and name are required", kind, m)
+		return nil, false
+	}
+	h, err := compileHostnames(hs)
+	if err != nil {
+		// Dropping a hostname would widen the route; dropping the route cannot.
+		c.problem("%s %s: %v; route ignored", kind, m, err)
+		return nil, false
+	}
+	m.hosts = h
+	return m, true
+}
+
+func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
+	var created time.Time
+	if r.GetCreationTime() != nil {
+		created = r.GetCreationTime().AsTime()
+	}
+	meta, ok := newRouteMeta(c, "HTTPRoute", r.GetNamespace(), r.GetName(), created, r.GetHostnames())
+	if !ok {
+		return nil
+	}
+	cr := &compiledHTTPRoute{meta: meta}
+	for i, pr := range r.GetRules() {
+		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry}
+		var matches []httpMatch
+		if len(pr.GetMatches()) == 0 {
+			matches = []httpMatch{{path: defaultPathMatch}}
+		}
+		for j, pm := range pr.GetMatches() {
+			m, err := compileHTTPMatch(pm)
+			if err != nil {
+				c.problem("HTTPRoute %s rule %d match %d: %v; match ignored", meta, i, j, err)
+				continue
+			}
+			matches = append(matches, m)
+		}
+		if len(pr.GetMatches()) == 0 || len(pr.GetMatches()) == 1 && len(matches) == 1 && matches[0].path.kind == pathPrefix {
+			ru.prefix, ru.hasPrefix = matches[0].path.value, true
+		}
+		ru.invalid = pr.GetInvalidReason()
+		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends(), false)
+		ru.requestTimeout = c.duration(meta, i, "request timeout", pr.GetRequestTimeout().AsDuration(), pr.GetRequestTimeout() != nil)
+		ru.backendTimeout = c.duration(meta, i, "backendRequest timeout", pr.GetBackendRequestTimeout().AsDuration(), pr.GetBackendRequestTimeout() != nil)
+		if rt := pr.GetRetry(); rt != nil {
+			ru.retry = compileRetry(rt)
+		}
+		if len(matches) == 0 {
+			c.problem("HTTPRoute %s rule %d: no usable match; rule ignored", meta, i)
+			continue
+		}
+		for j, m := range matches {
+			cr.entries = append(cr.entries, &httpEntry{route: meta, rule: ru, match: m, matchIdx: j})
+		}
+	}
+	return cr
+}
+
+func (c *Config) compileGRPCRoute(r *meshv1.GRPCRoute) *compiledGRPCRoute {
+	var created time.Time
+	if r.GetCreationTime() != nil {
+		created = r.GetCreationTime().AsTime()
+	}
+	meta, ok := newRouteMeta(c, "GRPCRoute", r.GetNamespace(), r.GetName(), created, r.GetHostnames())
+	if !ok {
+		return nil
+	}
+	cr := &compiledGRPCRoute{meta: meta}
+	for i, pr := range r.GetRules() {
+		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry, grpc: true}
+		var matches []grpcMatch
+		if len(pr.GetMatches()) == 0 {
+			matches = []grpcMatch{{}}
+		}
+		for j, pm := range pr.GetMatches() {
+			m, err := compileGRPCMatch(pm)
+			if err != nil {
+				c.problem("GRPCRoute %s rule %d match %d: %v; match ignored", meta, i, j, err)
+				continue
+			}
+			matches = append(matches, m)
+		}
+		ru.invalid = pr.GetInvalidReason()
+		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends(), true)
+		if len(matches) == 0 {
+			c.problem("GRPCRoute %s rule %d: no usable match; rule ignored", meta, i)
+			continue
+		}
+		for j, m := range matches {
+			cr.entries = append(cr.entries, &grpcEntry{route: meta, rule: ru, match: m, matchIdx: j})
+		}
+	}
+	return cr
+}
+
+func (c *Config) duration(meta *routeMeta, rule int, what string, d time.Duration, set bool) time.Duration {
+	if !set {
+		return 0
+	}
+	if d < 0 {
+		c.problem("%s %s rule %d: negative %s; disabled", meta.kind, meta, rule, what)
+		return 0
+	}
+	return d
+}
+
+func compileRetry(rt *meshv1.HTTPRouteRetry) retryPolicy {
+	p := retryPolicy{retries: int(min(rt.GetAttempts(), 100)), codes: make(map[int]bool), backoff: defaultRetryBackoff}
+	if rt.GetAttempts() == 0 {
+		p.retries = 1 // the number is implementation-specific when unset
+	}
+	if b := rt.GetBackoff(); b != nil && b.AsDuration() >= 0 {
+		p.backoff = b.AsDuration()
+	}
+	codes := rt.GetCodes()
+	if len(codes) == 0 {
+		codes = []uint32{500, 502, 503, 504}
+	}
+	for _, code := range codes {
+		p.codes[int(code)] = true
+	}
+	return p
+}
+
+// compileRuleAction compiles a rule's filters and backends. A rule that
+// cannot be carried out as written is marked invalid (500), never trimmed.
+func (c *Config) compileRuleAction(ru *rule, meta *routeMeta, filters []*meshv1.HTTPRouteFilter, backends []*meshv1.HTTPBackendRef, grpc bool) {
+	var err error
+	if ru.filters, err = c.compileFilters(filters, ru, meta, grpc); err != nil && ru.invalid == "" {
+		ru.invalid = err.Error()
+	}
+	for _, hb := range backends {
+		b := c.resolveBackend(hb.GetBackend(), meta.namespace)
+		b.weight = hb.GetWeight()
+		if b.filters, err = c.compileFilters(hb.GetFilters(), ru, meta, grpc); err != nil && b.invalid == "" {
+			b.invalid = err.Error()
+		}
+		ru.backends = append(ru.backends, b)
+	}
+	if ru.invalid != "" {
+		c.problem("%s %s rule %d: %s; requests it matches get 500", meta.kind, meta, ru.index, ru.invalid)
+	}
+	ru.wrr = newWRR(ru.backends)
+}
+
+// resolveBackend resolves a backendRef against the known services.
+func (c *Config) resolveBackend(ref *meshv1.BackendRef, routeNS string) *backend {
+	ns := ref.GetNamespace()
+	if ns == "" {
+		ns = routeNS
+	}
+	b := &backend{svc: ServiceRef{ns, ref.GetName()}, port: ref.GetPort(), invalid: ref.GetInvalidReason()}
+	if b.invalid != "" {
+		return b
+	}
+	si, ok := c.services[b.svc]
+	switch {
+	case !ok:
+		b.invalid = fmt.Sprintf("backend service %s not found", b.svc)
+	case b.port == 0:
+		b.invalid = fmt.Sprintf("backend service %s: port is required", b.svc)
+	default:
+		sp, ok := si.ports[b.port]
+		if !ok {
+			b.invalid = fmt.Sprintf("backend service %s has no port %d", b.svc, b.port)
+		} else {
+			b.proto = upstreamFor(sp.GetAppProtocol())
+		}
+	}
+	return b
+}
+
+// implicitRule sends a service port's traffic to the service's own endpoints
+// when no route is attached to it.
+func (c *Config) implicitRule(ref ServiceRef, port uint32) *rule {
+	b := c.resolveBackend(&meshv1.BackendRef{Namespace: ref.Namespace, Name: ref.Name, Port: port}, ref.Namespace)
+	b.weight = 1
+	ru := &rule{backends: []*backend{b}, retry: defaultRetry}
+	ru.wrr = newWRR(ru.backends)
+	return ru
+}
+
+// buildTable orders the rules attached to one service port.
+func (c *Config) buildTable(t *routeTable, a *attachments) {
+	// An HTTPRoute and a GRPCRoute with intersecting hostnames on one parent:
+	// only the older (then alphabetically first) is accepted.
+	type candidate struct {
+		meta *routeMeta
+		h    *compiledHTTPRoute
+		g    *compiledGRPCRoute
+	}
+	var all []candidate
+	for _, r := range a.http {
+		all = append(all, candidate{meta: r.meta, h: r})
+	}
+	for _, r := range a.grpc {
+		all = append(all, candidate{meta: r.meta, g: r})
+	}
+	slices.SortStableFunc(all, func(x, y candidate) int { return x.meta.compareAge(y.meta) })
+	var acceptedHTTP, acceptedGRPC []*routeMeta
+	for _, r := range all {
+		others := acceptedGRPC
+		if r.g != nil {
+			others = acceptedHTTP
+		}
+		conflict := ""
+		for _, o := range others {
+			if r.meta.hosts.intersects(&o.hosts) {
+				conflict = o.kind + " " + o.String()
+				break
+			}
+		}
+		if conflict != "" {
+			c.problem("%s %s: not accepted on %s port %d: hostnames intersect those of older %s", r.meta.kind, r.meta, t.key.svc, t.key.port, conflict)
+			continue
+		}
+		if !r.meta.hosts.any() {
+			t.hostnames = true
+		}
+		if r.h != nil {
+			acceptedHTTP = append(acceptedHTTP, r.meta)
+			t.http = append(t.http, r.h.entries...)
+		} else {
+			acceptedGRPC = append(acceptedGRPC, r.meta)
+			t.grpc = append(t.grpc, r.g.entries...)
+		}
+	}
+	slices.SortStableFunc(t.http, func(x, y *httpEntry) int {
+		return cmp.Or(x.match.compare(&y.match), x.route.compareAge(y.route),
+			cmp.Compare(x.rule.index, y.rule.index), cmp.Compare(x.matchIdx, y.matchIdx))
+	})
+	slices.SortStableFunc(t.grpc, func(x, y *grpcEntry) int {
+		return cmp.Or(x.match.compare(&y.match), x.route.compareAge(y.route),
+			cmp.Compare(x.rule.index, y.rule.index), cmp.Compare(x.matchIdx, y.matchIdx))
+	})
+}
+
+// route finds the rule for a request: the most specific matching hostname
+// first, then the match precedence the table is sorted by. gRPC requests are
+// matched against GRPCRoutes and HTTPRoutes alike (both can be attached to a
+// port whose hostnames do not intersect); on a tie the GRPCRoute wins.
+func (t *routeTable) route(v *reqView) *rule {
+	if t.implicit != nil {
+		return t.implicit
+	}
+	var best *rule
+	var bestScore hostScore
+	if v.grpc {
+		for _, e := range t.grpc {
+			s, ok := e.route.hosts.score(v.host)
+			if !ok || best != nil && !s.better(bestScore) {
+				continue
+			}
+			if e.match.matches(v) {
+				best, bestScore = e.rule, s
+				if !t.hostnames {
+					return best
+				}
+			}
+		}
+	}
+	for _, e := range t.http {
+		s, ok := e.route.hosts.score(v.host)
+		if !ok || best != nil && !s.better(bestScore) {
+			continue
+		}
+		if e.match.matches(v) {
+			best, bestScore = e.rule, s
+			if !t.hostnames {
+				return best
+			}
+		}
+	}
+	return best
+}
+
+// wrr is smooth weighted round robin (as nginx does it): over any window of
+// sum(weights) picks, each backend gets exactly its share, interleaved.
+type wrr struct {
+	mu      sync.Mutex
+	items   []*backend
+	current []int64
+	total   int64
+}
+
+func newWRR(bs []*backend) *wrr {
+	w := &wrr{}
+	for _, b := range bs {
+		if b.weight > 0 {
+			w.items = append(w.items, b)
+			w.total += int64(b.weight)
+		}
+	}
+	w.current = make([]int64, len(w.items))
+	return w
+}
+
+// next returns the next backend, or nil when every weight is 0.
+func (w *wrr) next() *backend {
+	switch len(w.items) {
+	case 0:
+		return nil
+	case 1:
+		return w.items[0]
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	best := 0
+	for i, b := range w.items {
+		w.current[i] += int64(b.weight)
+		if w.current[i] > w.current[best] {
+			best = i
+		}
+	}
+	w.current[best] -= w.total
+	return w.items[best]
+}

@@ -1,0 +1,254 @@
+package l7
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Target is one endpoint the waypoint sends requests to.
+type Target struct {
+	// Address is the endpoint's pod IP and the port on it (the service's
+	// target port for this endpoint).
+	Address netip.AddrPort
+	// Identity is the identity the endpoint's workload must prove (the SAN
+	// to verify); zero when its workload is unknown.
+	Identity trust.Identity
+	// Workload is the endpoint's workload, nil when unknown.
+	Workload *meshv1.Workload
+	// Service is the service the endpoint was selected for (zero for a
+	// workload-addressed destination).
+	Service ServiceRef
+}
+
+// Dialer opens a connection to an endpoint: the waypoint implements it with
+// an HBONE tunnel to the endpoint's pod IP:15008 under the waypoint's own
+// identity, verifying Target.Identity. It must honour ctx.
+type Dialer interface {
+	DialEndpoint(ctx context.Context, t Target) (net.Conn, error)
+}
+
+// connectError marks a failure to reach an endpoint: nothing was sent, so
+// the request can always go to another endpoint.
+type connectError struct {
+	target netip.AddrPort
+	err    error
+}
+
+func (e *connectError) Error() string {
+	return fmt.Sprintf("connect to %s: %v", e.target, e.err)
+}
+
+func (e *connectError) Unwrap() error { return e.err }
+
+// endpointKey identifies an endpoint across configuration versions, so its
+// pooled connections, load and health survive unrelated config changes. The
+// identity is part of the key: a pod IP reused by another workload gets
+// fresh connections verified against the new identity.
+type endpointKey struct {
+	addr     netip.AddrPort
+	identity string
+}
+
+// endpoint is an endpoint's shared state: outstanding requests (for least
+// request balancing), health, and the HTTP connection pools over tunnels.
+type endpoint struct {
+	key         endpointKey
+	target      atomic.Pointer[Target]
+	outstanding atomic.Int64
+	ejectedTill atomic.Int64 // unix nanoseconds; connect failures eject for a while
+	failures    atomic.Int32 // consecutive connect failures
+
+	pool   *pools
+	h1once sync.Once
+	h1     atomic.Pointer[http.Transport]
+	h2once sync.Once
+	h2     atomic.Pointer[http2.Transport]
+}
+
+// pools owns every endpoint's connection pools.
+type pools struct {
+	dialer      Dialer
+	idleTimeout time.Duration
+	ejection    time.Duration
+	maxHeader   int64
+
+	mu        sync.Mutex
+	endpoints map[endpointKey]*endpoint
+}
+
+func newPools(d Dialer, idle, ejection time.Duration, maxHeader int64) *pools {
+	return &pools{dialer: d, idleTimeout: idle, ejection: ejection, maxHeader: maxHeader, endpoints: make(map[endpointKey]*endpoint)}
+}
+
+// get returns the shared state of the endpoint t, creating it if needed.
+func (p *pools) get(t Target) *endpoint {
+	k := endpointKey{t.Address, t.Identity.String()}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ep := p.endpoints[k]
+	if ep == nil {
+		ep = &endpoint{key: k, pool: p}
+		p.endpoints[k] = ep
+	}
+	tc := t
+	ep.target.Store(&tc)
+	return ep
+}
+
+// retain forgets the endpoints keep rejects and closes their idle
+// connections. Requests in flight on them finish; those connections then
+// idle out.
+func (p *pools) retain(keep func(endpointKey) bool) {
+	var gone []*endpoint
+	p.mu.Lock()
+	for k, ep := range p.endpoints {
+		if !keep(k) {
+			delete(p.endpoints, k)
+			gone = append(gone, ep)
+		}
+	}
+	p.mu.Unlock()
+	for _, ep := range gone {
+		ep.closeIdle()
+	}
+}
+
+func (p *pools) closeAll() {
+	p.retain(func(endpointKey) bool { return false })
+}
+
+func (ep *endpoint) closeIdle() {
+	if t := ep.h1T(false); t != nil {
+		t.CloseIdleConnections()
+	}
+	if t := ep.h2T(false); t != nil {
+		t.CloseIdleConnections()
+	}
+}
+
+// dial opens a tunnel to the endpoint, recording connect failures.
+func (ep *endpoint) dial(ctx context.Context) (net.Conn, error) {
+	t := ep.target.Load()
+	c, err := ep.pool.dialer.DialEndpoint(ctx, *t)
+	if err != nil {
+		if ctx.Err() == nil {
+			ep.markFailed()
+		}
+		return nil, &connectError{target: t.Address, err: err}
+	}
+	ep.failures.Store(0)
+	ep.ejectedTill.Store(0)
+	return c, nil
+}
+
+// markFailed ejects the endpoint for the ejection time, doubled for each
+// consecutive failure up to eight times that.
+func (ep *endpoint) markFailed() {
+	n := min(ep.failures.Add(1), 4)
+	d := ep.pool.ejection << (n - 1)
+	ep.ejectedTill.Store(time.Now().Add(d).UnixNano())
+}
+
+func (ep *endpoint) healthy(now int64) bool { return ep.ejectedTill.Load() <= now }
+
+// h1T returns the endpoint's HTTP/1.1 pool (keep-alive connections, each over
+// its own tunnel), creating it when create is set.
+func (ep *endpoint) h1T(create bool) *http.Transport {
+	if create {
+		ep.h1once.Do(func() {
+			ep.h1.Store(&http.Transport{
+				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					return ep.dial(ctx)
+				},
+				// The body goes to the client as the backend sent it.
+				DisableCompression:     true,
+				MaxIdleConnsPerHost:    64,
+				IdleConnTimeout:        ep.pool.idleTimeout,
+				MaxResponseHeaderBytes: ep.pool.maxHeader,
+				ExpectContinueTimeout:  time.Second,
+			})
+		})
+	}
+	return ep.h1.Load()
+}
+
+// h2T returns the endpoint's HTTP/2 pool: requests multiplex over one
+// cleartext HTTP/2 connection inside one tunnel (more when the peer's
+// concurrent stream limit is reached).
+func (ep *endpoint) h2T(create bool) *http2.Transport {
+	if create {
+		ep.h2once.Do(func() {
+			ep.h2.Store(&http2.Transport{
+				AllowHTTP: true,
+				DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+					return ep.dial(ctx)
+				},
+				DisableCompression: true,
+				IdleConnTimeout:    ep.pool.idleTimeout,
+				ReadIdleTimeout:    30 * time.Second,
+				PingTimeout:        15 * time.Second,
+				MaxHeaderListSize:  uint32(min(ep.pool.maxHeader, 1<<30)),
+			})
+		})
+	}
+	return ep.h2.Load()
+}
+
+func (ep *endpoint) roundTripper(p upstreamProto) http.RoundTripper {
+	if p == upstreamH2 {
+		return ep.h2T(true)
+	}
+	return ep.h1T(true)
+}
+
+// pickEndpoint chooses by least outstanding requests among two random
+// candidates (power of two choices). Ejected endpoints are skipped while
+// others are healthy; when none is, all are candidates again, so one blip
+// cannot turn into an outage (Envoy's panic mode). skip excludes endpoints
+// (already tried, or a different identity than the one authorized).
+func pickEndpoint(eps []*endpoint, skip func(*endpoint) bool) *endpoint {
+	var buf [16]*endpoint
+	cands := buf[:0]
+	now := time.Now().UnixNano()
+	for _, ep := range eps {
+		if ep.healthy(now) && (skip == nil || !skip(ep)) {
+			cands = append(cands, ep)
+		}
+	}
+	if len(cands) == 0 {
+		for _, ep := range eps {
+			if skip == nil || !skip(ep) {
+				cands = append(cands, ep)
+			}
+		}
+	}
+	switch len(cands) {
+	case 0:
+		return nil
+	case 1:
+		return cands[0]
+	}
+	i := rand.IntN(len(cands))
+	j := rand.IntN(len(cands) - 1)
+	if j >= i {
+		j++
+	}
+	a, b := cands[i], cands[j]
+	if b.outstanding.Load() < a.outstanding.Load() {
+		return b
+	}
+	return a
+}
