@@ -126,6 +126,16 @@ var (
 	kSourcePrincipal     = ast.StringTerm("source_principal")
 	kDestinationPrincipl = ast.StringTerm("destination_principal")
 
+	// Empty objects are never written to, so one term serves every input.
+	emptyObjectTerm = ast.ObjectTerm()
+
+	kPseudoAuthority = ast.StringTerm(":authority")
+	kPseudoMethod    = ast.StringTerm(":method")
+	kPseudoPath      = ast.StringTerm(":path")
+	kPseudoScheme    = ast.StringTerm(":scheme")
+	kTransferEnc     = ast.StringTerm("transfer-encoding")
+	kPartialBody     = ast.StringTerm(headerPartialBody)
+
 	versionTerm = ast.ObjectTerm(
 		[2]*ast.Term{ast.StringTerm("encoding"), ast.StringTerm("protojson")},
 		[2]*ast.Term{ast.StringTerm("ext_authz"), ast.StringTerm("v3")},
@@ -172,7 +182,7 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 			truncated = true
 		}
 		// Envoy tells the authorizer whether the body it forwarded is partial.
-		headers.Insert(ast.StringTerm(headerPartialBody), ast.StringTerm(strconv.FormatBool(truncated)))
+		headers.Insert(kPartialBody, constTerm(strconv.FormatBool(truncated)))
 	}
 
 	httpObj := ast.NewObjectWithCapacity(10)
@@ -180,7 +190,7 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 		httpObj.Insert(kID, ast.StringTerm(req.ID))
 	}
 	if r.Method != "" {
-		httpObj.Insert(kMethod, ast.StringTerm(r.Method))
+		httpObj.Insert(kMethod, constTerm(r.Method))
 	}
 	if path != "" {
 		httpObj.Insert(kPath, ast.StringTerm(path))
@@ -188,9 +198,9 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 	if r.Host != "" {
 		httpObj.Insert(kHost, ast.StringTerm(r.Host))
 	}
-	httpObj.Insert(kScheme, ast.StringTerm(requestScheme(req)))
+	httpObj.Insert(kScheme, constTerm(requestScheme(req)))
 	if p := protocolString(r); p != "" {
-		httpObj.Insert(kProtocol, ast.StringTerm(p))
+		httpObj.Insert(kProtocol, constTerm(p))
 	}
 	httpObj.Insert(kHeaders, ast.NewTerm(headers))
 	if size := requestSize(r, req.Body); size != 0 {
@@ -213,24 +223,26 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 	if a := socketAddress(req.SourceAddr); a != nil {
 		source.Insert(kAddress, a)
 	}
-	srcID, srcOK := req.Source.Identity()
-	if srcOK {
-		source.Insert(kPrincipal, ast.StringTerm(srcID.String()))
+	var srcPrincipal, dstPrincipal *ast.Term
+	if id, ok := req.Source.Identity(); ok {
+		srcPrincipal = principalTerms.get(id.String())
+		source.Insert(kPrincipal, srcPrincipal)
 	}
 	destination := ast.NewObjectWithCapacity(2)
 	if a := socketAddress(req.DestAddr); a != nil {
 		destination.Insert(kAddress, a)
 	}
 	if !req.Destination.IsZero() {
-		destination.Insert(kPrincipal, ast.StringTerm(req.Destination.String()))
+		dstPrincipal = principalTerms.get(req.Destination.String())
+		destination.Insert(kPrincipal, dstPrincipal)
 	}
 
 	attributes := ast.NewObject(
 		[2]*ast.Term{kSource, ast.NewTerm(source)},
 		[2]*ast.Term{kDestination, ast.NewTerm(destination)},
 		[2]*ast.Term{kRequest, ast.NewTerm(requestObj)},
-		[2]*ast.Term{kMetadataContext, ast.ObjectTerm()},
-		[2]*ast.Term{kRouteMetadata, ast.ObjectTerm()},
+		[2]*ast.Term{kMetadataContext, emptyObjectTerm},
+		[2]*ast.Term{kRouteMetadata, emptyObjectTerm},
 	)
 
 	input := ast.NewObjectWithCapacity(9)
@@ -252,11 +264,11 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 		input.Insert(kParsedBody, parsedBody)
 		input.Insert(kTruncatedBody, ast.InternedTerm(truncated))
 	}
-	if srcOK {
-		input.Insert(kSourcePrincipal, ast.StringTerm(srcID.String()))
+	if srcPrincipal != nil {
+		input.Insert(kSourcePrincipal, srcPrincipal)
 	}
-	if !req.Destination.IsZero() {
-		input.Insert(kDestinationPrincipl, ast.StringTerm(req.Destination.String()))
+	if dstPrincipal != nil {
+		input.Insert(kDestinationPrincipl, dstPrincipal)
 	}
 	return input, nil
 }
@@ -318,13 +330,13 @@ func requestSize(r *http.Request, body []byte) int64 {
 func headerObject(r *http.Request) ast.Object {
 	obj := ast.NewObjectWithCapacity(len(r.Header) + 5)
 	if r.Host != "" {
-		obj.Insert(ast.StringTerm(":authority"), ast.StringTerm(r.Host))
+		obj.Insert(kPseudoAuthority, ast.StringTerm(r.Host))
 	}
 	if r.Method != "" {
-		obj.Insert(ast.StringTerm(":method"), ast.StringTerm(r.Method))
+		obj.Insert(kPseudoMethod, constTerm(r.Method))
 	}
 	if p := requestPath(r); p != "" {
-		obj.Insert(ast.StringTerm(":path"), ast.StringTerm(p))
+		obj.Insert(kPseudoPath, ast.StringTerm(p))
 	}
 	if r.Method != http.MethodConnect {
 		scheme := "http"
@@ -333,18 +345,21 @@ func headerObject(r *http.Request) ast.Object {
 		} else if r.TLS != nil {
 			scheme = "https"
 		}
-		obj.Insert(ast.StringTerm(":scheme"), ast.StringTerm(scheme))
+		obj.Insert(kPseudoScheme, constTerm(scheme))
 	}
 	for name, values := range r.Header {
 		if len(values) == 0 {
 			continue
 		}
-		key := lowerHeaderName(name)
+		k := headerKeyTerm(name)
+		key := string(k.Value.(ast.String))
 		if key == "" || key[0] == ':' || key == headerPartialBody || key == headerXFCC || key == "host" {
 			continue
 		}
-		value := strings.Join(values, ",")
-		k := ast.StringTerm(key)
+		value := values[0]
+		if len(values) > 1 {
+			value = strings.Join(values, ",")
+		}
 		// Two spellings of one name (only possible for non-canonical keys)
 		// merge like repeated values.
 		if prev := obj.Get(k); prev != nil {
@@ -356,16 +371,16 @@ func headerObject(r *http.Request) ast.Object {
 	}
 	// net/http moves Transfer-Encoding out of the header map; Envoy keeps it.
 	if len(r.TransferEncoding) > 0 {
-		k := ast.StringTerm("transfer-encoding")
-		if obj.Get(k) == nil {
-			obj.Insert(k, ast.StringTerm(strings.Join(r.TransferEncoding, ",")))
+		if obj.Get(kTransferEnc) == nil {
+			obj.Insert(kTransferEnc, ast.StringTerm(strings.Join(r.TransferEncoding, ",")))
 		}
 	}
 	return obj
 }
 
-// commonHeaders avoids an allocation per request for frequent names.
-var commonHeaders = func() map[string]string {
+// commonHeaders maps frequent canonical header names to shared lower-case
+// key terms, saving allocations per request.
+var commonHeaders = func() map[string]*ast.Term {
 	names := []string{
 		"Accept", "Accept-Encoding", "Accept-Language", "Authorization",
 		"Cache-Control", "Connection", "Content-Length", "Content-Type",
@@ -375,18 +390,38 @@ var commonHeaders = func() map[string]string {
 		"Grpc-Accept-Encoding", "Grpc-Encoding", "If-None-Match",
 		"If-Modified-Since", "Range", "Upgrade", "Proxy-Authorization",
 	}
-	m := make(map[string]string, len(names))
+	m := make(map[string]*ast.Term, len(names))
 	for _, n := range names {
-		m[n] = strings.ToLower(n)
+		m[n] = ast.StringTerm(strings.ToLower(n))
 	}
 	return m
 }()
 
-func lowerHeaderName(name string) string {
-	if l, ok := commonHeaders[name]; ok {
-		return l
+func headerKeyTerm(name string) *ast.Term {
+	if t, ok := commonHeaders[name]; ok {
+		return t
 	}
-	return strings.ToLower(name)
+	return ast.StringTerm(strings.ToLower(name))
+}
+
+// constTerms holds terms for values that recur on every request (methods,
+// schemes, protocols); terms are immutable, so they are shared.
+var constTerms = func() map[string]*ast.Term {
+	m := map[string]*ast.Term{}
+	for _, v := range []string{
+		"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+		"http", "https", "HTTP/1.0", "HTTP/1.1", "HTTP/2", "HTTP/3", "true", "false",
+	} {
+		m[v] = ast.StringTerm(v)
+	}
+	return m
+}()
+
+func constTerm(s string) *ast.Term {
+	if t, ok := constTerms[s]; ok {
+		return t
+	}
+	return ast.StringTerm(s)
 }
 
 // parsePathAndQuery splits :path as OPA-Envoy does: the path unescaped and
@@ -455,19 +490,6 @@ func parseBody(r *http.Request, body []byte) (ast.Value, error) {
 	default:
 		return nil, nil
 	}
-}
-
-// socketAddress renders {"socketAddress": {"address", "portValue"}}; nil for
-// an unknown address. A zero port is left out, as protobuf JSON omits it.
-func socketAddress(ap netip.AddrPort) *ast.Term {
-	if !ap.IsValid() {
-		return nil
-	}
-	sa := ast.NewObject([2]*ast.Term{kAddress, ast.StringTerm(ap.Addr().Unmap().String())})
-	if ap.Port() != 0 {
-		sa.Insert(kPortValue, ast.InternedTerm(int(ap.Port())))
-	}
-	return ast.ObjectTerm([2]*ast.Term{kSocketAddress, ast.NewTerm(sa)})
 }
 
 // protoTimestamp formats t as protobuf JSON does: UTC, "Z", and 0, 3, 6 or 9

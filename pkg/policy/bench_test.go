@@ -1,0 +1,69 @@
+package policy
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+)
+
+const typicalRequest = `GET /api/v1/orders/42?expand=items HTTP/1.1
+Host: checkout.shop.svc.cluster.local:8080
+User-Agent: Go-http-client/1.1
+Accept: application/json
+Accept-Encoding: gzip
+Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc
+Traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
+Baggage: k8s.namespace.name=shop
+X-Request-Id: 7d1c7ba1-5b9c-4c4f-9a8e-0e1c4e0e2c11
+
+`
+
+func benchRequest(b *testing.B) *Request {
+	p := newPeers(b)
+	return &Request{
+		HTTP:        readRequest(b, typicalRequest),
+		Source:      p.frontend,
+		SourceAddr:  netip.MustParseAddrPort("127.0.10.11:45678"),
+		DestAddr:    netip.MustParseAddrPort("127.0.20.1:8080"),
+		Destination: p.checkout,
+		ID:          "1",
+	}
+}
+
+// BenchmarkDecide is the policy cost per request on the waypoint's path:
+// input construction, evaluation of the example policy (set lookup by
+// principal, object result) and result reading.
+func BenchmarkDecide(b *testing.B) {
+	e, _ := loadEngine(b, Options{Dir: "testdata/example"})
+	req := benchRequest(b)
+	if d := e.Decide(context.Background(), req); !d.Allowed {
+		b.Fatalf("typical request denied: %s", d.Reason)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		e.Decide(context.Background(), req)
+	}
+}
+
+// BenchmarkDecideBoolean: OPA-Envoy's simplest policy shape (boolean allow on method).
+func BenchmarkDecideBoolean(b *testing.B) {
+	dir := b.TempDir()
+	writeFiles(b, dir, map[string]string{"authz.rego": goodPolicy})
+	e, _ := loadEngine(b, Options{Dir: dir})
+	req := benchRequest(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		e.Decide(context.Background(), req)
+	}
+}
+
+// BenchmarkBuildInput is the input construction alone.
+func BenchmarkBuildInput(b *testing.B) {
+	req := benchRequest(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := BuildInput(req, InputOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
