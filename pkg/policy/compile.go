@@ -215,6 +215,22 @@ func runTests(ctx context.Context, ps *parsedSet, timeout time.Duration) ([]Test
 	return out, nil
 }
 
+// TestDir runs the Rego tests of a policy directory the way the engine does
+// before activating it (Rego v1, the directory's data documents), and
+// returns every result sorted by name. The error is for a directory that
+// cannot be read, parsed or compiled.
+func TestDir(ctx context.Context, dir string, limits Limits, timeout time.Duration) ([]TestResult, error) {
+	snap, err := readDir(dir, limits)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := parseSources([]*snapshot{snap})
+	if err != nil && !errors.Is(err, errNoModules) {
+		return nil, err
+	}
+	return runTests(ctx, ps, timeout)
+}
+
 // compileSet compiles a parsed set for production, runs its tests first when
 // asked, checks that the decision exists and prepares the decision query.
 // Nothing here runs on the request path.

@@ -15,26 +15,26 @@ import (
 // Decision is the outcome of one authorization. A zero Decision denies.
 type Decision struct {
 	// Allowed lets the request through.
-	Allowed bool
+	Allowed bool `json:"allowed"`
 	// Status is 200 when allowed; on deny the policy's http_status, else 403
 	// (policy said no or said nothing), 400 (input could not be built) or 500
 	// (no policy, evaluation error, malformed result).
-	Status int
+	Status int `json:"status"`
 	// Headers are added to the upstream request when allowed, and sent with
 	// the denial otherwise (OPA-Envoy "headers").
-	Headers http.Header
+	Headers http.Header `json:"headers,omitempty"`
 	// ResponseHeadersToAdd are added to the response sent downstream when allowed.
-	ResponseHeadersToAdd http.Header
+	ResponseHeadersToAdd http.Header `json:"response_headers_to_add,omitempty"`
 	// RequestHeadersToRemove are removed from the upstream request when allowed.
-	RequestHeadersToRemove []string
+	RequestHeadersToRemove []string `json:"request_headers_to_remove,omitempty"`
 	// Body is the body of the denial ("" for none).
-	Body string
+	Body string `json:"body,omitempty"`
 	// Reason says why, for logs; never sent to the client.
-	Reason string
+	Reason string `json:"reason"`
 	// ID identifies the decision in logs.
-	ID string
+	ID string `json:"decision_id"`
 	// Revision is the policy revision that decided ("" when none was active).
-	Revision string
+	Revision string `json:"revision,omitempty"`
 }
 
 func deny(status int, reason string) Decision {

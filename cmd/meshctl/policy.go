@@ -1,0 +1,216 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/util"
+
+	"github.com/causeway-mesh/causeway/pkg/policy"
+)
+
+func init() {
+	register("policy", "test and evaluate Rego policies (test, check, eval)", runPolicy)
+}
+
+// maxPolicyInput bounds the input document meshctl policy eval reads.
+const maxPolicyInput = 16 << 20
+
+const policyUsage = `usage:
+  meshctl policy test [--timeout D] [-v] DIR
+      run DIR's *_test.rego tests; exit status 1 if any fails
+  meshctl policy check [--path P] DIR
+      compile DIR and run its tests as a waypoint does before activating it
+  meshctl policy eval --input FILE [--path P] DIR
+      evaluate the decision P (default envoy/authz/allow) for the OPA-Envoy
+      input document in FILE (- for stdin) and print it as JSON`
+
+func runPolicy(args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	return policyCommand(ctx, args, os.Stdout)
+}
+
+func policyCommand(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(policyUsage)
+	}
+	switch args[0] {
+	case "test":
+		return policyTest(ctx, args[1:], out)
+	case "check":
+		return policyCheck(ctx, args[1:], out)
+	case "eval":
+		return policyEval(ctx, args[1:], out)
+	case "-h", "--help", "help":
+		fmt.Fprintln(out, policyUsage)
+		return nil
+	default:
+		return fmt.Errorf("unknown policy subcommand %q\n%s", args[0], policyUsage)
+	}
+}
+
+// parsePolicyFlags parses flags before and after the one DIR argument.
+func parsePolicyFlags(fs *flag.FlagSet, args []string) (string, error) {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		return "", fmt.Errorf("%w\n%s", err, policyUsage)
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return "", fmt.Errorf("missing policy directory\n%s", policyUsage)
+	}
+	dir := rest[0]
+	if err := fs.Parse(rest[1:]); err != nil {
+		return "", fmt.Errorf("%w\n%s", err, policyUsage)
+	}
+	if len(fs.Args()) > 0 {
+		return "", fmt.Errorf("unexpected arguments %q\n%s", fs.Args(), policyUsage)
+	}
+	return dir, nil
+}
+
+func policyTest(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 5*time.Second, "timeout per test")
+	verbose := fs.Bool("v", false, "print the output (print()) of every test")
+	dir, err := parsePolicyFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	results, err := policy.TestDir(ctx, dir, policy.Limits{}, *timeout)
+	if err != nil {
+		return err
+	}
+	if len(results) == 0 {
+		return fmt.Errorf("no tests in %s (test rules are named test_* in *_test.rego files)", dir)
+	}
+	failed, skipped := 0, 0
+	for _, r := range results {
+		outcome := "PASS"
+		switch {
+		case r.Skip:
+			outcome = "SKIP"
+			skipped++
+		case !r.Pass && r.Error != "":
+			outcome = "ERROR"
+			failed++
+		case !r.Pass:
+			outcome = "FAIL"
+			failed++
+		}
+		fmt.Fprintf(out, "%-5s %s (%s)\n", outcome, r.FullName(), r.Duration.Round(time.Microsecond))
+		if r.Error != "" {
+			fmt.Fprintf(out, "      %s\n", r.Error)
+		}
+		if r.Location != "" && outcome != "PASS" && outcome != "SKIP" {
+			fmt.Fprintf(out, "      at %s\n", r.Location)
+		}
+		if r.Output != "" && (*verbose || outcome == "FAIL" || outcome == "ERROR") {
+			for _, line := range strings.Split(strings.TrimRight(r.Output, "\n"), "\n") {
+				fmt.Fprintf(out, "      | %s\n", line)
+			}
+		}
+	}
+	passed := len(results) - failed - skipped
+	fmt.Fprintf(out, "--------------------------------------------------------------------------------\n")
+	fmt.Fprintf(out, "PASS: %d/%d", passed, len(results))
+	if skipped > 0 {
+		fmt.Fprintf(out, ", SKIP: %d", skipped)
+	}
+	if failed > 0 {
+		fmt.Fprintf(out, ", FAIL: %d", failed)
+	}
+	fmt.Fprintln(out)
+	if failed > 0 {
+		return fmt.Errorf("%d of %d tests failed", failed, len(results))
+	}
+	return nil
+}
+
+func policyCheck(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
+	path := fs.String("path", policy.DefaultDecisionPath, "decision path")
+	dir, err := parsePolicyFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	e, err := policy.NewEngine(policy.Options{Dir: dir, DecisionPath: *path})
+	if err != nil {
+		return err
+	}
+	if err := e.Load(ctx); err != nil {
+		return err
+	}
+	st := e.Status()
+	fmt.Fprintf(out, "ok: revision %s, %d modules, %d tests passed, decision %s\n",
+		st.Revision, len(st.Files), st.Tests, st.DecisionPath)
+	return nil
+}
+
+func policyEval(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("policy eval", flag.ContinueOnError)
+	inputFile := fs.String("input", "", "OPA-Envoy input document (JSON; - for stdin)")
+	path := fs.String("path", policy.DefaultDecisionPath, "decision path")
+	dir, err := parsePolicyFlags(fs, args)
+	if err != nil {
+		return err
+	}
+	if *inputFile == "" {
+		return fmt.Errorf("--input is required\n%s", policyUsage)
+	}
+	input, err := readPolicyInput(*inputFile)
+	if err != nil {
+		return err
+	}
+	// Authors evaluate work in progress: tests are `policy test`'s job.
+	e, err := policy.NewEngine(policy.Options{Dir: dir, DecisionPath: *path, SkipTests: true})
+	if err != nil {
+		return err
+	}
+	if err := e.Load(ctx); err != nil {
+		return err
+	}
+	d := e.DecideInput(ctx, input)
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(d)
+}
+
+func readPolicyInput(name string) (ast.Value, error) {
+	var r io.Reader = os.Stdin
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, fmt.Errorf("input: %w", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxPolicyInput+1))
+	if err != nil {
+		return nil, fmt.Errorf("input: %w", err)
+	}
+	if len(b) > maxPolicyInput {
+		return nil, fmt.Errorf("input: larger than %d bytes", maxPolicyInput)
+	}
+	var x any
+	if err := util.UnmarshalJSON(b, &x); err != nil {
+		return nil, fmt.Errorf("input %s: %w", name, err)
+	}
+	v, err := ast.InterfaceToValue(x)
+	if err != nil {
+		return nil, fmt.Errorf("input %s: %w", name, err)
+	}
+	return v, nil
+}
