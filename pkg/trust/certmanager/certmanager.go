@@ -59,6 +59,9 @@ const (
 	DefaultFetchTimeout         = 30 * time.Second
 )
 
+// minRefreshDelay is the shortest time between a fetch and the next refresh.
+const minRefreshDelay = 100 * time.Millisecond
+
 // ErrStopped is returned by Get once Run has returned.
 var ErrStopped = errors.New("certificate manager stopped")
 
@@ -93,6 +96,7 @@ type Manager struct {
 	entries  map[trust.Identity]*entry
 	inFlight int
 	seq      uint64
+	running  bool
 	stopped  bool
 }
 
@@ -150,6 +154,13 @@ func New(o Options) (*Manager, error) {
 // Run schedules fetches until ctx ends, then waits for the fetches in
 // flight to stop and returns. Get fails with ErrStopped afterwards.
 func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.running || m.stopped {
+		m.mu.Unlock()
+		return errors.New("certificate manager: Run called twice")
+	}
+	m.running = true
+	m.mu.Unlock()
 	var workers sync.WaitGroup
 	defer func() {
 		workers.Wait()
@@ -277,6 +288,11 @@ func (m *Manager) fetch(ctx context.Context, e *entry) {
 	}
 	lifetime := cert.Leaf.NotAfter.Sub(issued)
 	e.due = issued.Add(jitter(lifetime/2, 0.8, 1.0))
+	// A CA handing out very short certificates over a slow link must not
+	// turn refreshing into a tight loop.
+	if floor := time.Now().Add(minRefreshDelay); e.due.Before(floor) {
+		e.due = floor
+	}
 	m.log.Info("certificate fetched", zap.Stringer("identity", e.id),
 		zap.String("serial", cert.Leaf.SerialNumber.Text(16)), zap.Time("not_after", cert.Leaf.NotAfter),
 		zap.Time("refresh_at", e.due))

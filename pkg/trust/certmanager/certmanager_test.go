@@ -609,6 +609,9 @@ func TestStop(t *testing.T) {
 	if _, err := m.Get(testCtx(t), ident(t, "other")); !errors.Is(err, ErrStopped) {
 		t.Fatalf("Get after stop: %v", err)
 	}
+	if err := m.Run(context.Background()); err == nil {
+		t.Fatal("a stopped manager ran again")
+	}
 }
 
 func TestAuthorityFetcher(t *testing.T) {
