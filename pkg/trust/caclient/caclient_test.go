@@ -39,7 +39,7 @@ func startCA(t *testing.T, ca *trusttest.CA) *trusttest.CAServer {
 	return ca.StartCAServer(t, caserver.Options{
 		Authenticator:       tokens,
 		TrustedNodeAccounts: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy")},
-		Workloads:           caserver.WorkloadList{{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")}},
+		Workloads:           trust.WorkloadList{{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")}},
 	})
 }
 

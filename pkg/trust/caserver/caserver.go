@@ -29,31 +29,6 @@ const ImpersonatedIdentityKey = "ImpersonatedIdentity"
 // maxCSRSize bounds the CSR a caller may send; a P-256 CSR is under 1 KiB.
 const maxCSRSize = 64 << 10
 
-// WorkloadIndex answers whether a workload with an identity is scheduled on
-// a node. The control plane's configuration model implements it.
-type WorkloadIndex interface {
-	HasWorkload(node string, id trust.Identity) bool
-}
-
-// Workload is one entry of a WorkloadList.
-type Workload struct {
-	Node     string
-	Identity trust.Identity
-}
-
-// WorkloadList is a WorkloadIndex over a fixed list (tests, static setups).
-type WorkloadList []Workload
-
-// HasWorkload implements WorkloadIndex.
-func (l WorkloadList) HasWorkload(node string, id trust.Identity) bool {
-	for _, w := range l {
-		if w.Node == node && w.Identity == id {
-			return true
-		}
-	}
-	return false
-}
-
 // Options configure a Server.
 type Options struct {
 	// Authority signs the certificates. Required.
@@ -67,7 +42,7 @@ type Options struct {
 	TrustedNodeAccounts []trust.Identity
 	// Workloads says which identities run on which node. Required when
 	// TrustedNodeAccounts is not empty.
-	Workloads WorkloadIndex
+	Workloads trust.WorkloadIndex
 	// DefaultTTL is the lifetime granted when a request names none
 	// (default trust.DefaultCertTTL); requests are capped at the
 	// authority's maximum.
@@ -84,7 +59,7 @@ type Server struct {
 	td         string
 	authn      authn.Authenticator
 	trusted    map[trust.Identity]bool
-	workloads  WorkloadIndex
+	workloads  trust.WorkloadIndex
 	defaultTTL time.Duration
 	log        *zap.Logger
 }

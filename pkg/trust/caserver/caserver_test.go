@@ -71,7 +71,7 @@ func setup(t *testing.T) *env {
 	srv := ca.StartCAServer(t, caserver.Options{
 		Authenticator:       authn.Chain{tokens, certs},
 		TrustedNodeAccounts: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy")},
-		Workloads: caserver.WorkloadList{
+		Workloads: trust.WorkloadList{
 			{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")},
 			{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/api")},
 			{Node: "node-b", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/db")},
@@ -347,7 +347,7 @@ func TestNewValidatesOptions(t *testing.T) {
 		{caserver.Options{Authority: ca.Authority, TrustDomain: "cluster.local", Authenticator: pc,
 			TrustedNodeAccounts: []trust.Identity{node}}, "trusted node accounts need a workload index"},
 		{caserver.Options{Authority: ca.Authority, TrustDomain: "other.example", Authenticator: pc,
-			TrustedNodeAccounts: []trust.Identity{node}, Workloads: caserver.WorkloadList{}}, "is not in trust domain other.example"},
+			TrustedNodeAccounts: []trust.Identity{node}, Workloads: trust.WorkloadList{}}, "is not in trust domain other.example"},
 	} {
 		if _, err := caserver.New(tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New: %v, want an error containing %q", err, tc.want)

@@ -45,9 +45,9 @@ func newMesh(t *testing.T, ids ...trust.Identity) *mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wl caserver.WorkloadList
+	var wl trust.WorkloadList
 	for _, id := range ids {
-		wl = append(wl, caserver.Workload{Node: "node-a", Identity: id})
+		wl = append(wl, trust.Workload{Node: "node-a", Identity: id})
 	}
 	srv := ca.StartCAServer(t, caserver.Options{
 		Authenticator:       tokens,
