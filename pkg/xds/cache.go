@@ -1,0 +1,276 @@
+package xds
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// NamespaceWildcardSuffix marks a subscription to every resource of one
+// namespace: "<namespace>/*" (a waypoint subscribes to its namespace's
+// services and routes this way). Workloads match by their namespace field,
+// since their resource name is a uid.
+const NamespaceWildcardSuffix = "/*"
+
+// Wildcard subscribes to every resource of a type.
+const Wildcard = "*"
+
+// entry is one resource as served: marshaled once, versioned by content, so
+// an unchanged resource keeps its version across updates and restarts and
+// is never sent again.
+type entry struct {
+	namespace string
+	value     []byte
+	version   string
+}
+
+// deltaCache is the go-control-plane cache behind the delta ADS server: one
+// collection per mesh type URL, resources versioned by content hash. It
+// differs from LinearCache where the mesh needs it: subscriptions to a
+// whole namespace ("<ns>/*"); a requested name that does not exist is
+// answered with a removal (the xDS way of saying "does not exist"), so a
+// client knows its first sync is complete; and no watch is answered before
+// the first configuration is set, so a restarting control plane never tells
+// clients to drop what they hold.
+type deltaCache struct {
+	mu      sync.Mutex
+	ready   bool
+	version uint64
+	types   map[string]map[string]*entry
+	watches map[uint64]*deltaWatch
+	nextID  uint64
+}
+
+type deltaWatch struct {
+	typeURL string
+	req     *cache.DeltaRequest
+	sub     cache.Subscription
+	ch      chan cache.DeltaResponse
+	// replyEvenIfEmpty: the client waits for an answer (first request of a
+	// type, or new names) even if there is nothing to send.
+	replyEvenIfEmpty bool
+}
+
+var _ cache.Cache = (*deltaCache)(nil)
+
+func newDeltaCache() *deltaCache {
+	c := &deltaCache{types: map[string]map[string]*entry{}, watches: map[uint64]*deltaWatch{}}
+	for _, t := range meshv1.TypeURLs {
+		c.types[t] = map[string]*entry{}
+	}
+	return c
+}
+
+// set replaces every collection with the given resources (type URL ->
+// name -> message) and answers the watches whose resources changed. Types
+// absent from res are emptied. It returns the number of changed resources
+// per type.
+func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]int, error) {
+	for typeURL := range res {
+		if !knownType(typeURL) {
+			return nil, fmt.Errorf("unknown resource type %q", typeURL)
+		}
+	}
+	// Marshal outside the lock: this is the expensive part.
+	next := make(map[string]map[string]*entry, len(meshv1.TypeURLs))
+	for _, typeURL := range meshv1.TypeURLs {
+		entries := make(map[string]*entry, len(res[typeURL]))
+		for name, m := range res[typeURL] {
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+			if err != nil {
+				return nil, fmt.Errorf("marshal %s %s: %w", typeURL, name, err)
+			}
+			sum := sha256.Sum256(b)
+			entries[name] = &entry{namespace: meshv1.ResourceNamespace(m), value: b, version: hex.EncodeToString(sum[:16])}
+		}
+		next[typeURL] = entries
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	changed := map[string]int{}
+	for typeURL, entries := range next {
+		old := c.types[typeURL]
+		n := 0
+		for name, e := range entries {
+			if o, ok := old[name]; !ok || o.version != e.version {
+				n++
+			}
+		}
+		for name := range old {
+			if _, ok := entries[name]; !ok {
+				n++
+			}
+		}
+		if n > 0 {
+			changed[typeURL] = n
+		}
+		c.types[typeURL] = entries
+	}
+	wasReady := c.ready
+	c.ready = true
+	if len(changed) > 0 || !wasReady {
+		c.version++
+		for id, w := range c.watches {
+			if _, ok := changed[w.typeURL]; !ok && wasReady {
+				continue
+			}
+			if resp := c.respond(w); resp != nil {
+				w.ch <- resp
+				delete(c.watches, id)
+			}
+		}
+	}
+	return changed, nil
+}
+
+// CreateDeltaWatch answers at once when the client lacks something, or
+// parks the watch until the resources it covers change. The server keeps
+// at most one watch per type and stream and drains its response channel
+// before opening the next, so the buffered send below never blocks.
+func (c *deltaCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, ch chan cache.DeltaResponse) (func(), error) {
+	typeURL := req.GetTypeUrl()
+	if !knownType(typeURL) {
+		return nil, fmt.Errorf("unknown resource type %q", typeURL)
+	}
+	w := &deltaWatch{
+		typeURL: typeURL, req: req, sub: sub, ch: ch,
+		replyEvenIfEmpty: req.GetResponseNonce() == "" || len(req.GetResourceNamesSubscribe()) > 0,
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ready {
+		if resp := c.respond(w); resp != nil {
+			ch <- resp
+			return func() {}, nil
+		}
+	}
+	c.nextID++
+	id := c.nextID
+	c.watches[id] = w
+	return func() {
+		c.mu.Lock()
+		delete(c.watches, id)
+		c.mu.Unlock()
+	}, nil
+}
+
+// respond computes what the watch's client lacks: resources it does not
+// have at their current version, and removals. Must hold c.mu.
+func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
+	resources := c.types[w.typeURL]
+	returned := w.sub.ReturnedResources()
+	next := map[string]string{}
+	var updated, removed []string
+
+	if w.sub.IsWildcard() {
+		for name, e := range resources {
+			next[name] = e.version
+			if v, ok := returned[name]; !ok || v != e.version {
+				updated = append(updated, name)
+			}
+		}
+		for name := range returned {
+			if _, ok := resources[name]; !ok {
+				removed = append(removed, name)
+			}
+		}
+	} else {
+		want := map[string]bool{}
+		for name := range w.sub.SubscribedResources() {
+			if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); ok {
+				for rn, e := range resources {
+					if e.namespace == ns {
+						want[rn] = true
+					}
+				}
+				continue
+			}
+			want[name] = true
+		}
+		for name := range want {
+			e, exists := resources[name]
+			v, known := returned[name]
+			switch {
+			case exists:
+				next[name] = e.version
+				if !known || v != e.version {
+					updated = append(updated, name)
+				}
+			case name == Wildcard:
+			case strings.HasSuffix(name, NamespaceWildcardSuffix):
+			default:
+				// Asked for and absent: say so once (version "" = known absent).
+				next[name] = ""
+				if !known || v != "" {
+					removed = append(removed, name)
+				}
+			}
+		}
+		for name, v := range returned {
+			if !want[name] && v != "" {
+				removed = append(removed, name) // deleted from a namespace subscription
+			}
+		}
+	}
+	if len(updated) == 0 && len(removed) == 0 && !w.replyEvenIfEmpty {
+		return nil
+	}
+	sort.Strings(updated)
+	sort.Strings(removed)
+	out := &discovery.DeltaDiscoveryResponse{
+		TypeUrl:           w.typeURL,
+		SystemVersionInfo: strconv.FormatUint(c.version, 10),
+		RemovedResources:  removed,
+	}
+	for _, name := range updated {
+		e := resources[name]
+		out.Resources = append(out.Resources, &discovery.Resource{
+			Name:     name,
+			Version:  e.version,
+			Resource: &anypb.Any{TypeUrl: w.typeURL, Value: e.value},
+		})
+	}
+	return &cache.DeltaPassthroughResponse{DeltaRequest: w.req, NextVersionMap: next, DeltaDiscoveryResponse: out}
+}
+
+func knownType(typeURL string) bool {
+	_, err := meshv1.NewResource(typeURL)
+	return err == nil
+}
+
+// resourceCounts returns the number of resources per type.
+func (c *deltaCache) resourceCounts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.types))
+	for t, r := range c.types {
+		out[t] = len(r)
+	}
+	return out
+}
+
+var errSotW = errors.New("only delta xDS is served")
+
+// CreateWatch implements cache.Cache; state-of-the-world xDS is not served.
+func (c *deltaCache) CreateWatch(*cache.Request, cache.Subscription, chan cache.Response) (func(), error) {
+	return nil, errSotW
+}
+
+// Fetch implements cache.Cache; REST xDS is not served.
+func (c *deltaCache) Fetch(context.Context, *cache.Request) (cache.Response, error) {
+	return nil, errSotW
+}

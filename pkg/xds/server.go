@@ -1,0 +1,318 @@
+// Package xds serves and consumes the mesh model (pkg/xds/meshv1) over
+// delta ADS: a Server for the control plane, built on go-control-plane's
+// delta server, and a Client for node proxies and waypoints.
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/delta/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Limits on what one client may ask for.
+const (
+	// maxNamesPerRequest bounds the names in one subscription change.
+	maxNamesPerRequest = 10000
+	// maxErrorDetail bounds how much of a NACK's message is logged.
+	maxErrorDetail = 4096
+)
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// Authenticator establishes the caller of each stream (bearer token or
+	// mesh certificate, as for the CA). Required: no stream is served to an
+	// unauthenticated caller.
+	Authenticator authn.Authenticator
+	// Logger (default: none).
+	Logger *zap.Logger
+	// Registerer receives the server's metrics (default: not registered).
+	Registerer prometheus.Registerer
+}
+
+// Server serves the mesh resources over delta ADS
+// (envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources).
+// Clients subscribe per type to everything ("*"), to names, or to
+// namespaces ("<ns>/*"). Resource versions are content hashes. A NACK is
+// logged with the client's node id and error and changes nothing for anyone
+// else. Nothing is answered before the first Update.
+type Server struct {
+	discovery.UnimplementedAggregatedDiscoveryServiceServer
+
+	cache   *deltaCache
+	delta   delta.Server
+	auth    authn.Authenticator
+	log     *zap.Logger
+	metrics *serverMetrics
+
+	mu      sync.Mutex
+	streams map[int64]*streamInfo
+}
+
+type streamInfo struct {
+	caller authn.Caller
+	remote string
+	nodeID string
+	opened time.Time
+}
+
+type callerKey struct{}
+
+// NewServer returns a server whose streams end when ctx ends.
+func NewServer(ctx context.Context, o ServerOptions) (*Server, error) {
+	if o.Authenticator == nil {
+		return nil, errors.New("xds server: no authenticator")
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	s := &Server{
+		cache:   newDeltaCache(),
+		auth:    o.Authenticator,
+		log:     o.Logger.Named("xds"),
+		streams: map[int64]*streamInfo{},
+	}
+	m, err := newServerMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	s.delta = delta.NewServer(ctx, s.cache, s,
+		delta.DeactivateLegacyWildcard(), // "*" must be asked for: an empty request subscribes to nothing
+		delta.WithLogger(zapAdapter{s.log.Named("server")}))
+	return s, nil
+}
+
+// Register puts the ADS service on a gRPC server (the control plane's,
+// which must use TLS: bearer tokens travel on it).
+func (s *Server) Register(r grpc.ServiceRegistrar) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(r, s)
+}
+
+// Update replaces the served resources (type URL -> resource name ->
+// message; a type left out is emptied) and pushes what changed to the
+// clients that subscribed to it.
+func (s *Server) Update(res map[string]map[string]proto.Message) error {
+	changed, err := s.cache.set(res)
+	if err != nil {
+		return fmt.Errorf("xds update: %w", err)
+	}
+	for t, n := range s.cache.resourceCounts() {
+		s.metrics.resources.WithLabelValues(typeName(t)).Set(float64(n))
+	}
+	if len(changed) > 0 {
+		fields := make([]zap.Field, 0, len(changed))
+		for t, n := range changed {
+			fields = append(fields, zap.Int(typeName(t), n))
+		}
+		s.log.Info("resources changed", fields...)
+	}
+	return nil
+}
+
+// StreamAggregatedResources refuses state-of-the-world ADS.
+func (s *Server) StreamAggregatedResources(discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	return status.Error(codes.Unimplemented, "causeway serves delta ADS only (DeltaAggregatedResources)")
+}
+
+// DeltaAggregatedResources authenticates the caller, then runs the
+// go-control-plane delta stream.
+func (s *Server) DeltaAggregatedResources(st discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	ctx := st.Context()
+	caller, err := s.auth.Authenticate(ctx)
+	if err != nil {
+		s.log.Warn("xDS stream refused", zap.String("remote", remoteAddr(ctx)), zap.Error(err))
+		return authn.StatusError(err)
+	}
+	return s.delta.DeltaStreamHandler(&callerStream{
+		AggregatedDiscoveryService_DeltaAggregatedResourcesServer: st,
+		ctx: context.WithValue(ctx, callerKey{}, caller),
+	}, resource.AnyType)
+}
+
+type callerStream struct {
+	discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer
+	ctx context.Context
+}
+
+func (c *callerStream) Context() context.Context { return c.ctx }
+
+// OnDeltaStreamOpen implements delta.Callbacks.
+func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) error {
+	caller, _ := ctx.Value(callerKey{}).(authn.Caller)
+	s.mu.Lock()
+	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now()}
+	s.mu.Unlock()
+	s.metrics.clients.Inc()
+	s.log.Info("xDS client connected", zap.Int64("stream", id), zap.Stringer("caller", caller), zap.String("remote", remoteAddr(ctx)))
+	return nil
+}
+
+// OnDeltaStreamClosed implements delta.Callbacks.
+func (s *Server) OnDeltaStreamClosed(id int64, node *core.Node) {
+	s.mu.Lock()
+	info := s.streams[id]
+	delete(s.streams, id)
+	s.mu.Unlock()
+	s.metrics.clients.Dec()
+	if info != nil {
+		s.log.Info("xDS client disconnected", zap.Int64("stream", id), zap.String("node_id", node.GetId()),
+			zap.Stringer("caller", info.caller), zap.Duration("connected_for", time.Since(info.opened)))
+	}
+}
+
+// OnStreamDeltaRequest implements delta.Callbacks: it bounds requests and
+// logs NACKs.
+func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
+	if n := len(req.GetResourceNamesSubscribe()) + len(req.GetResourceNamesUnsubscribe()) + len(req.GetInitialResourceVersions()); n > maxNamesPerRequest {
+		return status.Errorf(codes.ResourceExhausted, "request names %d resources; at most %d per request", n, maxNamesPerRequest)
+	}
+	s.mu.Lock()
+	info := s.streams[id]
+	if info != nil && info.nodeID == "" && req.GetNode().GetId() != "" {
+		info.nodeID = req.GetNode().GetId()
+	}
+	s.mu.Unlock()
+	if ed := req.GetErrorDetail(); ed != nil {
+		s.metrics.nacks.WithLabelValues(typeName(req.GetTypeUrl())).Inc()
+		fields := []zap.Field{
+			zap.Int64("stream", id),
+			zap.String("type", typeName(req.GetTypeUrl())),
+			zap.String("nonce", req.GetResponseNonce()),
+			zap.String("error_detail", truncate(ed.GetMessage(), maxErrorDetail)),
+		}
+		if info != nil {
+			fields = append(fields, zap.String("node_id", info.nodeID), zap.Stringer("caller", info.caller))
+		}
+		s.log.Warn("xDS client rejected an update (NACK)", fields...)
+	}
+	return nil
+}
+
+// OnStreamDeltaResponse implements delta.Callbacks.
+func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	s.metrics.pushes.WithLabelValues(typeName(resp.GetTypeUrl())).Inc()
+	if ce := s.log.Check(zap.DebugLevel, "xDS push"); ce != nil {
+		ce.Write(zap.Int64("stream", id), zap.String("type", typeName(resp.GetTypeUrl())),
+			zap.Int("resources", len(resp.GetResources())), zap.Int("removed", len(resp.GetRemovedResources())),
+			zap.String("nonce", resp.GetNonce()))
+	}
+}
+
+// Clients lists the connected clients (for the control plane's debug endpoint).
+func (s *Server) Clients() []ClientInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]ClientInfo, 0, len(s.streams))
+	for _, i := range s.streams {
+		out = append(out, ClientInfo{NodeID: i.nodeID, Caller: i.caller.String(), Remote: i.remote, Since: i.opened})
+	}
+	return out
+}
+
+// ClientInfo describes one connected client.
+type ClientInfo struct {
+	NodeID string    `json:"node_id"`
+	Caller string    `json:"caller"`
+	Remote string    `json:"remote"`
+	Since  time.Time `json:"connected_since"`
+}
+
+// GRPCServerOptions are the options the xDS server needs from its gRPC
+// server: keepalive so that dead clients are noticed, and a policy that
+// admits the Client's pings.
+func GRPCServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(1000),
+	}
+}
+
+func remoteAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
+// typeName shortens a type URL for logs and metric labels.
+func typeName(typeURL string) string {
+	switch typeURL {
+	case meshv1.WorkloadTypeURL:
+		return "workload"
+	case meshv1.ServiceTypeURL:
+		return "service"
+	case meshv1.WaypointTypeURL:
+		return "waypoint"
+	case meshv1.HTTPRouteTypeURL:
+		return "httproute"
+	case meshv1.GRPCRouteTypeURL:
+		return "grpcroute"
+	}
+	return "unknown"
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+type serverMetrics struct {
+	clients   prometheus.Gauge
+	pushes    *prometheus.CounterVec
+	nacks     *prometheus.CounterVec
+	resources *prometheus.GaugeVec
+}
+
+func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
+	m := &serverMetrics{
+		clients: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "causeway_xds_connected_clients", Help: "xDS streams currently open.",
+		}),
+		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "causeway_xds_pushes_total", Help: "xDS responses sent, by resource type.",
+		}, []string{"type"}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "causeway_xds_nacks_total", Help: "xDS responses rejected by clients, by resource type.",
+		}, []string{"type"}),
+		resources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "causeway_xds_resources", Help: "Resources served, by type.",
+		}, []string{"type"}),
+	}
+	if r != nil {
+		for _, c := range []prometheus.Collector{m.clients, m.pushes, m.nacks, m.resources} {
+			if err := r.Register(c); err != nil {
+				return nil, fmt.Errorf("xds metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+// zapAdapter lets go-control-plane log through zap.
+type zapAdapter struct{ l *zap.Logger }
+
+func (z zapAdapter) Debugf(f string, a ...any) { z.l.Sugar().Debugf(f, a...) }
+func (z zapAdapter) Infof(f string, a ...any)  { z.l.Sugar().Debugf(f, a...) } // its info is our debug
+func (z zapAdapter) Warnf(f string, a ...any)  { z.l.Sugar().Warnf(f, a...) }
+func (z zapAdapter) Errorf(f string, a ...any) { z.l.Sugar().Errorf(f, a...) }

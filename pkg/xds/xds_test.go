@@ -1,0 +1,494 @@
+package xds
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+const (
+	td             = "cluster.local"
+	nodeProxyToken = "node-a-proxy-token-0123456789"
+	waypointToken  = "shop-waypoint-token-0123456789"
+	// eventually waits this long: generous, the machine may be loaded.
+	patience = 10 * time.Second
+)
+
+// testCP is an xDS server on 127.0.0.1 over TLS, as the control plane runs it.
+type testCP struct {
+	addr   string
+	server *Server
+	grpc   *grpc.Server
+	cancel context.CancelFunc
+	done   chan struct{}
+	logs   *observer.ObservedLogs
+}
+
+type testEnv struct {
+	ca     *trusttest.CA
+	tokens string
+	cpCert *tls.Certificate
+}
+
+func newEnv(t *testing.T) *testEnv {
+	t.Helper()
+	ca := trusttest.NewCA(t, td)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	content := nodeProxyToken + " causeway-system/nodeproxy node-a\n" + waypointToken + " shop/waypoint\n"
+	if err := os.WriteFile(tokens, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cpID, err := trust.ControlPlaneIdentity(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{ca: ca, tokens: tokens, cpCert: ca.Certificate(t, cpID, 0)}
+}
+
+// startCP serves on addr ("127.0.0.1:0" for any port).
+func (e *testEnv) startCP(t *testing.T, addr string) *testCP {
+	t.Helper()
+	tf, err := authn.NewTokenFile(e.tokens, td, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := authn.NewPeerCertificate(td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := NewServer(ctx, ServerOptions{Authenticator: authn.Chain{tf, pc}, Logger: zap.New(core)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := e.cpCert
+	tlsConf := trust.ServerConfig(e.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return cert, nil }, trust.VerifyIfGiven)
+	g := grpc.NewServer(append(GRPCServerOptions(), grpc.Creds(credentials.NewTLS(tlsConf)))...)
+	srv.Register(g)
+	var ln net.Listener
+	for i := 0; ; i++ { // the port of a stopped server may take a moment to free
+		ln, err = net.Listen("tcp", addr)
+		if err == nil || i > 50 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := &testCP{addr: ln.Addr().String(), server: srv, grpc: g, cancel: cancel, done: make(chan struct{}), logs: logs}
+	go func() {
+		defer close(cp.done)
+		_ = g.Serve(ln)
+	}()
+	t.Cleanup(cp.stop)
+	return cp
+}
+
+func (cp *testCP) stop() {
+	cp.cancel() // ends the streams, so that Stop does not wait on them
+	cp.grpc.Stop()
+	<-cp.done
+}
+
+type testClient struct {
+	*Client
+	logs    *observer.ObservedLogs
+	changes chan []string
+}
+
+func (e *testEnv) startClient(t *testing.T, addr string, o ClientOptions) *testClient {
+	t.Helper()
+	core, logs := observer.New(zapcore.DebugLevel)
+	o.Address = addr
+	if o.Bundle == nil {
+		o.Bundle = e.ca.Bundle
+	}
+	o.Logger = zap.New(core)
+	o.InitialBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
+	tc := &testClient{logs: logs, changes: make(chan []string, 100)}
+	o.OnChange = func(_ *State, types []string) {
+		select {
+		case tc.changes <- types:
+		default:
+		}
+	}
+	c, err := NewClient(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.Client = c
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("client Run: %v", err)
+		}
+	})
+	return tc
+}
+
+func workload(ns, name, ip string) *meshv1.Workload {
+	return &meshv1.Workload{
+		Uid: ns + "/" + name, Name: name, Namespace: ns, ServiceAccount: "sa",
+		Identity: "spiffe://cluster.local/ns/" + ns + "/sa/sa", Node: "node-a", Addresses: []string{ip}, Hbone: true,
+	}
+}
+
+func service(ns, name, vip string) *meshv1.Service {
+	return &meshv1.Service{Name: name, Namespace: ns, Hostname: name + "." + ns + ".svc.cluster.local", Vips: []string{vip},
+		Ports: []*meshv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, AppProtocol: "http"}}}
+}
+
+func route(ns, name string) *meshv1.HTTPRoute {
+	return &meshv1.HTTPRoute{Name: name, Namespace: ns, Parents: []*meshv1.ParentRef{{Namespace: ns, Name: "s1"}}}
+}
+
+// resources builds an Update argument from messages.
+func resources(msgs ...proto.Message) map[string]map[string]proto.Message {
+	out := map[string]map[string]proto.Message{}
+	for _, m := range msgs {
+		var t string
+		switch m.(type) {
+		case *meshv1.Workload:
+			t = meshv1.WorkloadTypeURL
+		case *meshv1.Service:
+			t = meshv1.ServiceTypeURL
+		case *meshv1.Waypoint:
+			t = meshv1.WaypointTypeURL
+		case *meshv1.HTTPRoute:
+			t = meshv1.HTTPRouteTypeURL
+		case *meshv1.GRPCRoute:
+			t = meshv1.GRPCRouteTypeURL
+		}
+		if out[t] == nil {
+			out[t] = map[string]proto.Message{}
+		}
+		out[t][meshv1.ResourceName(m)] = m
+	}
+	return out
+}
+
+func names[M any](m map[string]M) string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return strings.Join(out, ",")
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func waitReady(t *testing.T, c *testClient) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := c.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hasLog(logs *observer.ObservedLogs, msg string, fields map[string]string) bool {
+	for _, e := range logs.FilterMessage(msg).All() {
+		ok := true
+		ctx := e.ContextMap()
+		for k, want := range fields {
+			got, _ := ctx[k].(string)
+			if !strings.Contains(got, want) {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+func TestClientsReceiveOnlyWhatTheySubscribedTo(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	if err := cp.server.Update(resources(
+		workload("a", "w1", "127.0.10.1"), workload("b", "w2", "127.0.10.2"),
+		service("a", "s1", "127.0.20.1"), service("a", "s2", "127.0.20.2"), service("b", "s3", "127.0.20.3"),
+		route("a", "r1"), route("b", "r2"),
+	)); err != nil {
+		t.Fatal(err)
+	}
+	node := env.startClient(t, cp.addr, ClientOptions{
+		NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
+	})
+	wp := env.startClient(t, cp.addr, ClientOptions{
+		NodeID: "waypoint~shop", Token: caclient.StaticToken(waypointToken),
+		Subscriptions: []Subscription{
+			{TypeURL: meshv1.ServiceTypeURL, Names: []string{"a/*", "b/s3"}},
+			{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{"a/r1", "a/later"}}, // a/later does not exist yet
+		},
+	})
+	waitReady(t, node)
+	waitReady(t, wp) // complete although a/later does not exist: the server says so
+
+	ns, ws := node.State(), wp.State()
+	if got := names(ns.Workloads) + " | " + names(ns.Services) + " | " + names(ns.HTTPRoutes); got != "a/w1,b/w2 | a/s1,a/s2,b/s3 | " {
+		t.Errorf("node proxy holds %s", got)
+	}
+	if got := names(ws.Workloads) + " | " + names(ws.Services) + " | " + names(ws.HTTPRoutes); got != " | a/s1,a/s2,b/s3 | a/r1" {
+		t.Errorf("waypoint holds %s", got)
+	}
+
+	// Changes reach exactly the clients that subscribed to them.
+	changedS2 := service("a", "s2", "127.0.20.22")
+	if err := cp.server.Update(resources(
+		workload("a", "w1", "127.0.10.1"), workload("b", "w2", "127.0.10.2"),
+		changedS2, service("b", "s3", "127.0.20.3"), service("a", "s4", "127.0.20.4"), service("b", "s5", "127.0.20.5"),
+		route("a", "r1"), route("b", "r2"), route("a", "later"),
+	)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "waypoint sees a/s4, a/later and loses a/s1", func() bool {
+		s := wp.State()
+		return names(s.Services) == "a/s2,a/s4,b/s3" && names(s.HTTPRoutes) == "a/later,a/r1"
+	})
+	if !proto.Equal(wp.State().Services["a/s2"], changedS2) {
+		t.Errorf("waypoint has stale a/s2: %v", wp.State().Services["a/s2"])
+	}
+	eventually(t, "node proxy sees every service", func() bool {
+		return names(node.State().Services) == "a/s2,a/s4,b/s3,b/s5"
+	})
+	if n := names(node.State().HTTPRoutes); n != "" {
+		t.Errorf("node proxy received routes it did not ask for: %s", n)
+	}
+
+	// Subscriptions change while connected.
+	if err := wp.Subscribe(meshv1.WorkloadTypeURL, "b/w2"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "waypoint receives a newly subscribed workload", func() bool { return names(wp.State().Workloads) == "b/w2" })
+	if err := wp.Unsubscribe(meshv1.ServiceTypeURL, "a/*"); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(wp.State().Services); got != "b/s3" {
+		t.Errorf("after unsubscribing a/*, waypoint holds services %s", got)
+	}
+	select {
+	case <-node.changes:
+	case <-time.After(patience):
+		t.Error("node proxy's OnChange was never called")
+	}
+	if list := node.State().List(); len(list) != 6 || list[0].Version == "" {
+		t.Errorf("State.List = %v", list)
+	}
+}
+
+func TestNACKIsLoggedAndBlocksNoOne(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	good := workload("a", "w1", "127.0.10.1")
+	if err := cp.server.Update(resources(good, service("a", "s1", "127.0.20.1"))); err != nil {
+		t.Fatal(err)
+	}
+	wl := env.startClient(t, cp.addr, ClientOptions{NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
+	sv := env.startClient(t, cp.addr, ClientOptions{NodeID: "waypoint~shop", Token: caclient.StaticToken(waypointToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.ServiceTypeURL}}})
+	waitReady(t, wl)
+	waitReady(t, sv)
+
+	bad := workload("a", "w2", "127.0.10.2")
+	bad.Identity = "spiffe://cluster.local/not-a-workload"
+	if err := cp.server.Update(resources(good, bad, service("a", "s1", "127.0.20.1"), service("a", "s2", "127.0.20.2"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the server logs the NACK with node id and reason", func() bool {
+		return hasLog(cp.logs, "xDS client rejected an update (NACK)", map[string]string{
+			"node_id": "nodeproxy~node-a", "type": "workload", "error_detail": "not-a-workload",
+		})
+	})
+	eventually(t, "the other client still gets its update", func() bool { return names(sv.State().Services) == "a/s1,a/s2" })
+	if got := names(wl.State().Workloads); got != "a/w1" {
+		t.Errorf("after a NACK the client holds %s, want its previous state a/w1", got)
+	}
+	if !hasLog(wl.logs, "rejecting xDS update (NACK); keeping the previous state", map[string]string{"reason": "a/w2"}) {
+		t.Error("client did not log its NACK")
+	}
+	// The next good update is taken.
+	if err := cp.server.Update(resources(good, workload("a", "w2", "127.0.10.2"), service("a", "s1", "127.0.20.1"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the NACKing client recovers with the next good update", func() bool { return names(wl.State().Workloads) == "a/w1,a/w2" })
+}
+
+func TestCallersMustAuthenticate(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	if err := cp.server.Update(resources(workload("a", "w1", "127.0.10.1"))); err != nil {
+		t.Fatal(err)
+	}
+	subs := []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}
+	wrong := env.startClient(t, cp.addr, ClientOptions{Token: caclient.StaticToken("wrong-token-0123456789abcdef"), Subscriptions: subs})
+	none := env.startClient(t, cp.addr, ClientOptions{Subscriptions: subs})
+	eventually(t, "both refusals are logged by the server", func() bool {
+		return len(cp.logs.FilterMessage("xDS stream refused").All()) >= 2
+	})
+	for name, c := range map[string]*testClient{"wrong token": wrong, "no credentials": none} {
+		if c.Ready() || len(c.State().Workloads) != 0 {
+			t.Errorf("%s: client got data", name)
+		}
+		eventually(t, name+": client sees Unauthenticated", func() bool {
+			for _, e := range c.logs.FilterMessage("xDS stream ended; keeping the last state and reconnecting").All() {
+				if err, ok := e.ContextMap()["error"].(string); ok && strings.Contains(err, "Unauthenticated") {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	// A mesh client certificate is a credential too.
+	cert := env.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/waypoint"), 0)
+	withCert := env.startClient(t, cp.addr, ClientOptions{
+		ClientCertificate: func() (*tls.Certificate, error) { return cert, nil }, Subscriptions: subs,
+	})
+	waitReady(t, withCert)
+}
+
+func TestClientVerifiesControlPlaneIdentity(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	if err := cp.server.Update(resources(workload("a", "w1", "127.0.10.1"))); err != nil {
+		t.Fatal(err)
+	}
+	c := env.startClient(t, cp.addr, ClientOptions{
+		Token:          caclient.StaticToken(nodeProxyToken),
+		ServerIdentity: trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/impostor"),
+		Subscriptions:  []Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
+	})
+	eventually(t, "client refuses the server's identity", func() bool {
+		for _, e := range c.logs.FilterMessage("xDS stream ended; keeping the last state and reconnecting").All() {
+			if err, ok := e.ContextMap()["error"].(string); ok && strings.Contains(err, "does not match expected") {
+				return true
+			}
+		}
+		return false
+	})
+	if c.Ready() {
+		t.Error("client trusted a control plane with the wrong identity")
+	}
+	// Another CA's roots: the chain does not verify.
+	other := trusttest.NewCA(t, td)
+	c2 := env.startClient(t, cp.addr, ClientOptions{
+		Bundle: other.Bundle, Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := c2.WaitReady(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("client with foreign roots: WaitReady = %v", err)
+	}
+}
+
+func TestRestartKeepsStateAndConverges(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	addr := cp.addr
+	w1, w2 := workload("a", "w1", "127.0.10.1"), workload("a", "w2", "127.0.10.2")
+	if err := cp.server.Update(resources(w1, w2)); err != nil {
+		t.Fatal(err)
+	}
+	c := env.startClient(t, addr, ClientOptions{NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
+	waitReady(t, c)
+	eventually(t, "connected", c.Connected)
+
+	cp.stop()
+	eventually(t, "client notices the control plane is gone", func() bool { return !c.Connected() })
+	time.Sleep(300 * time.Millisecond) // a few reconnection attempts fail meanwhile
+	if !c.Ready() || names(c.State().Workloads) != "a/w1,a/w2" {
+		t.Fatalf("while the control plane is down the client must keep its state; ready=%v holds %s", c.Ready(), names(c.State().Workloads))
+	}
+
+	// A new control plane that has no configuration yet must not wipe clients.
+	cp2 := env.startCP(t, addr)
+	eventually(t, "client reconnects", func() bool { return len(cp2.server.Clients()) == 1 })
+	time.Sleep(200 * time.Millisecond)
+	if got := names(c.State().Workloads); got != "a/w1,a/w2" {
+		t.Fatalf("a control plane without configuration changed the client's state to %s", got)
+	}
+	w2b := workload("a", "w2", "127.0.10.22")
+	if err := cp2.server.Update(resources(w2b, workload("a", "w3", "127.0.10.3"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "client converges on the new configuration", func() bool {
+		s := c.State()
+		return names(s.Workloads) == "a/w2,a/w3" && proto.Equal(s.Workloads["a/w2"], w2b)
+	})
+	if c2 := cp2.server.Clients(); c2[0].NodeID != "nodeproxy~node-a" || !strings.Contains(c2[0].Caller, "node-a") {
+		t.Errorf("server's client info = %+v", c2)
+	}
+}
+
+func TestServerAnswersNothingBeforeFirstUpdate(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	c := env.startClient(t, cp.addr, ClientOptions{Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
+	eventually(t, "client connects", func() bool { return len(cp.server.Clients()) == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := c.WaitReady(ctx); err == nil {
+		t.Fatal("client ready before the server had any configuration")
+	}
+	if err := cp.server.Update(nil); err != nil { // an empty, but real, configuration
+		t.Fatal(err)
+	}
+	waitReady(t, c)
+}
+
+func TestClientOptionsChecked(t *testing.T) {
+	ca := trusttest.NewCA(t, td)
+	for name, o := range map[string]ClientOptions{
+		"no address":       {Bundle: ca.Bundle, Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}},
+		"no bundle":        {Address: "127.0.0.1:1", Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}},
+		"no subscriptions": {Address: "127.0.0.1:1", Bundle: ca.Bundle},
+		"unknown type":     {Address: "127.0.0.1:1", Bundle: ca.Bundle, Subscriptions: []Subscription{{TypeURL: "type.googleapis.com/x.Y"}}},
+		"twice":            {Address: "127.0.0.1:1", Bundle: ca.Bundle, Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.WorkloadTypeURL}}},
+	} {
+		if _, err := NewClient(o); err == nil {
+			t.Errorf("%s: NewClient accepted bad options", name)
+		}
+	}
+}
+
