@@ -491,4 +491,3 @@ func TestClientOptionsChecked(t *testing.T) {
 		}
 	}
 }
-
