@@ -146,3 +146,9 @@ func (m *Model) Current() *Snapshot { return m.cur.Load() }
 func (m *Model) HasWorkload(node string, id trust.Identity) bool {
 	return m.cur.Load().HasWorkload(node, id)
 }
+
+// Both the snapshot and the model answer the CA's node-authorization question.
+var (
+	_ trust.WorkloadIndex = (*Snapshot)(nil)
+	_ trust.WorkloadIndex = (*Model)(nil)
+)
