@@ -1,0 +1,1187 @@
+package hbone
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+)
+
+// This file is the HTTP/2 connection that carries HBONE tunnels, used by
+// both the server and the client pool. It is built on x/net/http2's Framer
+// and hpack rather than on http2.Server and http2.Transport because a tunnel
+// must be able to end one direction (END_STREAM) while the other keeps
+// flowing: http2.Server can only send END_STREAM by returning from the
+// handler, and then resets the request side (see wroteFrame in x/net's
+// server.go), and http2.Transport holds a frame-sized scratch buffer per
+// open stream. Owning the stream layer also gives tunnels real deadlines,
+// zero buffers while idle, and DATA frames written without extra copies.
+
+const (
+	initialWindowSize = 65535 // RFC 9113 §6.9.2
+	maxWindowSize     = math.MaxInt32
+	initialFrameSize  = 16384
+	// goAwayGrace is how long a connection that said GOAWAY (and has no
+	// streams left) waits for the peer to close before closing itself, so
+	// that the GOAWAY is read rather than lost to a TCP reset.
+	goAwayGrace = time.Second
+	// errorWriteTimeout bounds the last write on a failing connection.
+	errorWriteTimeout = time.Second
+)
+
+var (
+	errConnClosed      = errors.New("hbone: connection closed")
+	errConnUnusable    = errors.New("hbone: connection no longer takes new streams")
+	errClosedWrite     = errors.New("hbone: write after CloseWrite")
+	errHeaderTooLarge  = errors.New("hbone: headers exceed the peer's limit")
+	errStreamIDsExhausted = errors.New("hbone: stream IDs exhausted")
+)
+
+// resetError is a stream that was reset, by the peer or locally.
+type resetError struct {
+	code   http2.ErrCode
+	remote bool
+}
+
+func (e *resetError) Error() string {
+	if e.remote {
+		return "hbone: stream reset by peer: " + e.code.String()
+	}
+	return "hbone: stream reset: " + e.code.String()
+}
+
+// refusedError is a stream the peer did not process (REFUSED_STREAM, or
+// above the last stream of a GOAWAY): the request can be retried elsewhere.
+type refusedError struct{ reason string }
+
+func (e *refusedError) Error() string { return "hbone: stream refused by peer: " + e.reason }
+
+// connConfig holds a connection's limits and timers.
+type connConfig struct {
+	streamWindow    int32  // receive window per stream
+	connWindow      int32  // receive window per connection
+	maxFrameSize    uint32 // largest frame we accept
+	maxHeaderBytes  uint32 // largest header list we accept
+	maxStreams      uint32 // server: concurrent streams a client may open
+	readIdleTimeout time.Duration
+	pingTimeout     time.Duration
+	writeTimeout    time.Duration
+	idleTimeout     time.Duration
+	headerTimeout   time.Duration // server: preface and first request
+}
+
+type ctrlKind uint8
+
+const (
+	ctrlSettingsAck ctrlKind = iota
+	ctrlPing
+	ctrlPingAck
+	ctrlWindowUpdate
+	ctrlRST
+	ctrlGoAway
+)
+
+// ctrlFrame is a queued control frame, written by the writer goroutine so
+// that the read loop never blocks on a write (two peers blocked writing to
+// each other while neither reads would deadlock).
+type ctrlFrame struct {
+	kind   ctrlKind
+	stream uint32
+	n      uint32 // window increment, or last stream ID for GOAWAY
+	code   http2.ErrCode
+	data   [8]byte
+}
+
+// h2conn is one HTTP/2 connection carrying tunnels, in the client or the
+// server role. Goroutines: the caller of serve runs the read loop, serve
+// starts the writer goroutine and waits for it.
+type h2conn struct {
+	isClient bool
+	cfg      *connConfig
+	nc       net.Conn
+	log      *zap.Logger
+	fr       *http2.Framer
+
+	ctx    context.Context // done when the connection closes
+	cancel context.CancelFunc
+
+	// newStream (server role) is called on the read loop for each accepted
+	// request; it must copy what it needs from the frame and not block.
+	newStream func(st *stream, mh *http2.MetaHeadersFrame)
+	// onUnusable is called once, without locks held, when the connection
+	// stops taking new streams.
+	onUnusable func()
+
+	lastRead   atomic.Int64 // unix nanoseconds of the last frame read
+	ctrlSig    chan struct{}
+	done       chan struct{}
+	writerDone chan struct{}
+
+	// Write side. wmu is taken before mu when both are held.
+	wmu  sync.Mutex
+	wbuf bytes.Buffer // framer output, sent with one Write
+	henc *hpack.Encoder
+	hbuf bytes.Buffer
+
+	mu       sync.Mutex
+	closed   bool
+	closeErr error
+	streams  map[uint32]*stream
+	ctrl     []ctrlFrame
+
+	sendWindow        int64     // connection send window
+	sendWaiters       []*stream // streams waiting for the connection window
+	peerInitialWindow int32
+	peerMaxFrame      uint32
+	peerMaxStreams    uint32
+	peerMaxHeaderList uint32
+	sawSettings       bool
+
+	recvWindow  int32 // connection receive window the peer may still use
+	recvUnacked int32 // consumed bytes not yet returned with WINDOW_UPDATE
+
+	maxPeerStream  uint32 // server: highest stream ID the client opened
+	nextStream     uint32 // client: next stream ID
+	reserved       int    // client: streams promised to Dial callers
+	headersSeen    bool   // server: the first request arrived
+	draining       bool   // GOAWAY sent or received: no new streams
+	finishing      bool   // draining and empty: closing
+	finishSent     bool
+	goAwaySent     bool
+	unusableCalled bool
+
+	pingOutstanding bool
+	pingData        [8]byte
+	keepalive       *time.Timer
+	idleTimer       *time.Timer
+	idleGen         uint64
+}
+
+func newH2Conn(nc net.Conn, isClient bool, cfg *connConfig, log *zap.Logger, parent context.Context) *h2conn {
+	c := &h2conn{
+		isClient:          isClient,
+		cfg:               cfg,
+		nc:                nc,
+		log:               log,
+		ctrlSig:           make(chan struct{}, 1),
+		done:              make(chan struct{}),
+		writerDone:        make(chan struct{}),
+		streams:           make(map[uint32]*stream),
+		sendWindow:        initialWindowSize,
+		peerInitialWindow: initialWindowSize,
+		peerMaxFrame:      initialFrameSize,
+		peerMaxStreams:    math.MaxUint32,
+		recvWindow:        cfg.connWindow,
+		nextStream:        1,
+	}
+	c.ctx, c.cancel = context.WithCancel(parent)
+	c.fr = http2.NewFramer(&c.wbuf, nc)
+	c.fr.SetMaxReadFrameSize(cfg.maxFrameSize)
+	c.fr.MaxHeaderListSize = cfg.maxHeaderBytes
+	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	// No dynamic table for what we send: our header blocks are small, and
+	// a table of size 0 never disagrees with the peer's setting.
+	c.henc = hpack.NewEncoder(&c.hbuf)
+	c.henc.SetMaxDynamicTableSizeLimit(0)
+	c.lastRead.Store(time.Now().UnixNano())
+	return c
+}
+
+// start sends the connection preface: the client magic (client role), our
+// SETTINGS and the connection window.
+func (c *h2conn) start() error {
+	settings := []http2.Setting{
+		{ID: http2.SettingInitialWindowSize, Val: uint32(c.cfg.streamWindow)},
+		{ID: http2.SettingMaxFrameSize, Val: c.cfg.maxFrameSize},
+		{ID: http2.SettingMaxHeaderListSize, Val: c.cfg.maxHeaderBytes},
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.isClient {
+		c.wbuf.WriteString(http2.ClientPreface)
+		settings = append(settings, http2.Setting{ID: http2.SettingEnablePush, Val: 0})
+	} else {
+		settings = append(settings, http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.cfg.maxStreams})
+	}
+	if err := c.fr.WriteSettings(settings...); err != nil {
+		return err
+	}
+	if d := c.cfg.connWindow - initialWindowSize; d > 0 {
+		if err := c.fr.WriteWindowUpdate(0, uint32(d)); err != nil {
+			return err
+		}
+	}
+	return c.flushWbufLocked()
+}
+
+// serve runs the read loop until the connection ends and returns why.
+func (c *h2conn) serve() error {
+	go c.writeLoop()
+	if c.cfg.readIdleTimeout > 0 {
+		c.mu.Lock()
+		c.keepalive = time.AfterFunc(c.cfg.readIdleTimeout, c.onKeepalive)
+		c.mu.Unlock()
+	}
+	c.mu.Lock()
+	c.armIdleLocked()
+	c.mu.Unlock()
+	err := c.readLoop()
+	c.failRead(err)
+	<-c.writerDone
+	return err
+}
+
+func (c *h2conn) readLoop() error {
+	if !c.isClient {
+		if d := c.cfg.headerTimeout; d > 0 {
+			c.nc.SetReadDeadline(time.Now().Add(d))
+		}
+		var preface [len(http2.ClientPreface)]byte
+		if _, err := io.ReadFull(c.nc, preface[:]); err != nil {
+			return fmt.Errorf("reading client preface: %w", err)
+		}
+		if string(preface[:]) != http2.ClientPreface {
+			return errors.New("bad client preface")
+		}
+	}
+	first := true
+	for {
+		fh, err := c.fr.ReadFrameHeader()
+		if err != nil {
+			return err
+		}
+		if first {
+			if fh.Type != http2.FrameSettings || fh.Flags.Has(http2.FlagSettingsAck) {
+				return connError(http2.ErrCodeProtocol, "first frame is not SETTINGS")
+			}
+			first = false
+		}
+		if fh.Type == http2.FrameData {
+			err = c.readData(fh)
+		} else {
+			var f http2.Frame
+			if f, err = c.fr.ReadFrameForHeader(fh); err == nil {
+				err = c.processFrame(f)
+			}
+		}
+		c.lastRead.Store(time.Now().UnixNano())
+		if err != nil {
+			var se http2.StreamError
+			if errors.As(err, &se) {
+				c.streamError(se, fh)
+				continue
+			}
+			return err
+		}
+	}
+}
+
+// connectionError carries a code to send in GOAWAY before closing.
+type connectionError struct {
+	code   http2.ErrCode
+	reason string
+}
+
+func (e *connectionError) Error() string {
+	return "hbone: connection error " + e.code.String() + ": " + e.reason
+}
+
+func connError(code http2.ErrCode, reason string) error {
+	return &connectionError{code: code, reason: reason}
+}
+
+// failRead ends the connection after the read loop stopped with err,
+// telling the peer why when it broke the protocol.
+func (c *h2conn) failRead(err error) {
+	var (
+		ce   *connectionError
+		xce  http2.ConnectionError
+		code http2.ErrCode
+		send bool
+	)
+	switch {
+	case errors.As(err, &ce):
+		code, send = ce.code, true
+	case errors.As(err, &xce):
+		code, send = http2.ErrCode(xce), true
+		if d := c.fr.ErrorDetail(); d != nil {
+			err = fmt.Errorf("%w: %v", err, d)
+		}
+	case errors.Is(err, http2.ErrFrameTooLarge):
+		code, send = http2.ErrCodeFrameSize, true
+	}
+	if send && c.wmu.TryLock() {
+		c.mu.Lock()
+		last := c.maxPeerStream
+		c.mu.Unlock()
+		c.nc.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
+		if c.fr.WriteGoAway(last, code, nil) == nil {
+			c.nc.Write(c.wbuf.Bytes())
+		}
+		c.wbuf.Reset()
+		c.wmu.Unlock()
+	}
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		c.close(nil)
+		return
+	}
+	c.close(err)
+}
+
+// close ends the connection now: every stream fails, the socket closes.
+func (c *h2conn) close(err error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	if err == nil {
+		err = errConnClosed
+	} else {
+		err = fmt.Errorf("%w: %w", errConnClosed, err)
+	}
+	c.closeErr = err
+	for _, st := range c.streams {
+		st.failLocked(err)
+	}
+	if c.keepalive != nil {
+		c.keepalive.Stop()
+	}
+	if c.idleTimer != nil {
+		c.idleTimer.Stop()
+	}
+	c.mu.Unlock()
+	c.nc.Close()
+	close(c.done)
+	c.cancel()
+	c.markUnusable()
+}
+
+func (c *h2conn) markUnusable() {
+	c.mu.Lock()
+	if c.unusableCalled {
+		c.mu.Unlock()
+		return
+	}
+	c.unusableCalled = true
+	f := c.onUnusable
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// shutdown starts a graceful close: GOAWAY, no new streams, close once the
+// last stream ends.
+func (c *h2conn) shutdown() {
+	c.mu.Lock()
+	if c.closed || c.draining {
+		c.mu.Unlock()
+		return
+	}
+	c.draining = true
+	c.goAwaySent = true
+	c.queueLocked(ctrlFrame{kind: ctrlGoAway, n: c.maxPeerStream, code: http2.ErrCodeNo})
+	c.maybeFinishLocked()
+	c.mu.Unlock()
+	c.markUnusable()
+}
+
+// maybeFinishLocked closes a draining connection whose last stream ended.
+func (c *h2conn) maybeFinishLocked() {
+	if c.draining && !c.finishing && len(c.streams) == 0 && c.reserved == 0 {
+		c.finishing = true
+		c.signalWriterLocked()
+	}
+}
+
+func (c *h2conn) queueLocked(f ctrlFrame) {
+	if c.closed {
+		return
+	}
+	c.ctrl = append(c.ctrl, f)
+	c.signalWriterLocked()
+}
+
+func (c *h2conn) signalWriterLocked() {
+	select {
+	case c.ctrlSig <- struct{}{}:
+	default:
+	}
+}
+
+func (c *h2conn) writeLoop() {
+	defer close(c.writerDone)
+	for {
+		select {
+		case <-c.ctrlSig:
+		case <-c.done:
+			return
+		}
+		c.wmu.Lock()
+		err := c.appendCtrlLocked()
+		if err == nil {
+			err = c.flushWbufLocked()
+		}
+		c.mu.Lock()
+		finish := c.finishing && !c.finishSent
+		c.finishSent = c.finishSent || finish
+		c.mu.Unlock()
+		if finish && err == nil {
+			// close_notify: the peer reads EOF and closes; if it does not,
+			// close after the grace period.
+			if tc, ok := c.nc.(*tls.Conn); ok {
+				tc.CloseWrite()
+			}
+			time.AfterFunc(goAwayGrace, func() { c.close(nil) })
+		}
+		c.wmu.Unlock()
+		if err != nil {
+			return
+		}
+	}
+}
+
+// appendCtrlLocked encodes the queued control frames into wbuf. wmu held.
+func (c *h2conn) appendCtrlLocked() error {
+	c.mu.Lock()
+	q := c.ctrl
+	c.ctrl = nil
+	finished := c.finishSent
+	c.mu.Unlock()
+	if finished {
+		return nil
+	}
+	for _, f := range q {
+		var err error
+		switch f.kind {
+		case ctrlSettingsAck:
+			err = c.fr.WriteSettingsAck()
+		case ctrlPing:
+			err = c.fr.WritePing(false, f.data)
+		case ctrlPingAck:
+			err = c.fr.WritePing(true, f.data)
+		case ctrlWindowUpdate:
+			err = c.fr.WriteWindowUpdate(f.stream, f.n)
+		case ctrlRST:
+			err = c.fr.WriteRSTStream(f.stream, f.code)
+		case ctrlGoAway:
+			err = c.fr.WriteGoAway(f.n, f.code, nil)
+		}
+		if err != nil {
+			return fmt.Errorf("encoding control frame: %w", err)
+		}
+	}
+	return nil
+}
+
+// flushWbufLocked writes wbuf to the socket. wmu held.
+func (c *h2conn) flushWbufLocked() error {
+	if c.wbuf.Len() == 0 {
+		return nil
+	}
+	err := c.writeOut(c.wbuf.Bytes())
+	c.wbuf.Reset()
+	return err
+}
+
+// writeOut writes b to the socket, bounded by the write timeout; a failed
+// write ends the connection. wmu held.
+func (c *h2conn) writeOut(b []byte) error {
+	if c.cfg.writeTimeout > 0 {
+		c.nc.SetWriteDeadline(time.Now().Add(c.cfg.writeTimeout))
+	}
+	if _, err := c.nc.Write(b); err != nil {
+		err = fmt.Errorf("write: %w", err)
+		c.close(err)
+		return err
+	}
+	return nil
+}
+
+// writeData sends one DATA frame whose payload follows 9 bytes of header
+// room in frame. n is the flow control the caller reserved for it.
+func (c *h2conn) writeData(st *stream, frame []byte, end bool) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.appendCtrlLocked(); err != nil {
+		return err
+	}
+	if err := c.flushWbufLocked(); err != nil {
+		return err
+	}
+	payload := len(frame) - frameHeaderLen
+	c.mu.Lock()
+	if st.err != nil || c.finishSent {
+		err := st.err
+		if err == nil {
+			err = errConnClosed
+		}
+		// The stream died while we waited: give the flow control back.
+		c.sendWindow += int64(payload)
+		c.wakeSendersLocked()
+		c.mu.Unlock()
+		return err
+	}
+	if end {
+		st.sentEOF = true
+	}
+	c.mu.Unlock()
+	var flags http2.Flags
+	if end {
+		flags = http2.FlagDataEndStream
+	}
+	putFrameHeader(frame, payload, http2.FrameData, flags, st.id)
+	return c.writeOut(frame)
+}
+
+func putFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) {
+	b[0], b[1], b[2] = byte(length>>16), byte(length>>8), byte(length)
+	b[3] = byte(t)
+	b[4] = byte(flags)
+	b[5], b[6], b[7], b[8] = byte(id>>24)&0x7f, byte(id>>16), byte(id>>8), byte(id)
+}
+
+// writeHeadersLocked encodes fields and sends them as HEADERS (plus
+// CONTINUATION when the block exceeds the peer's frame size). wmu held.
+func (c *h2conn) writeHeadersLocked(id uint32, fields []hpack.HeaderField, end bool) error {
+	if err := c.appendCtrlLocked(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	maxFrame, maxList, closed := int(c.peerMaxFrame), c.peerMaxHeaderList, c.closed || c.finishSent
+	c.mu.Unlock()
+	if closed {
+		return errConnClosed
+	}
+	var listSize uint32
+	for _, f := range fields {
+		listSize += f.Size()
+	}
+	if maxList != 0 && listSize > maxList {
+		return fmt.Errorf("%w (%d > %d bytes)", errHeaderTooLarge, listSize, maxList)
+	}
+	c.hbuf.Reset()
+	for _, f := range fields {
+		if err := c.henc.WriteField(f); err != nil {
+			return fmt.Errorf("encoding headers: %w", err)
+		}
+	}
+	block := c.hbuf.Bytes()
+	first := block
+	if len(first) > maxFrame {
+		first = first[:maxFrame]
+	}
+	rest := block[len(first):]
+	err := c.fr.WriteHeaders(http2.HeadersFrameParam{
+		StreamID:      id,
+		BlockFragment: first,
+		EndStream:     end,
+		EndHeaders:    len(rest) == 0,
+	})
+	for err == nil && len(rest) > 0 {
+		part := rest
+		if len(part) > maxFrame {
+			part = part[:maxFrame]
+		}
+		rest = rest[len(part):]
+		err = c.fr.WriteContinuation(id, len(rest) == 0, part)
+	}
+	if err != nil {
+		c.wbuf.Reset()
+		return fmt.Errorf("encoding headers: %w", err)
+	}
+	return c.flushWbufLocked()
+}
+
+func (c *h2conn) processFrame(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		return c.processSettings(f)
+	case *http2.MetaHeadersFrame:
+		if c.isClient {
+			return c.processResponseHeaders(f)
+		}
+		return c.processRequestHeaders(f)
+	case *http2.WindowUpdateFrame:
+		return c.processWindowUpdate(f)
+	case *http2.PingFrame:
+		return c.processPing(f)
+	case *http2.RSTStreamFrame:
+		return c.processRSTStream(f)
+	case *http2.GoAwayFrame:
+		return c.processGoAway(f)
+	case *http2.PushPromiseFrame:
+		return connError(http2.ErrCodeProtocol, "PUSH_PROMISE not allowed")
+	default:
+		// PRIORITY, PRIORITY_UPDATE and unknown extension frames: ignored.
+		return nil
+	}
+}
+
+func (c *h2conn) processSettings(f *http2.SettingsFrame) error {
+	if f.IsAck() {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - int64(c.peerInitialWindow)
+			for _, st := range c.streams {
+				st.sendWindow += delta
+				if st.sendWindow > maxWindowSize {
+					return connError(http2.ErrCodeFlowControl, "SETTINGS_INITIAL_WINDOW_SIZE overflows a stream window")
+				}
+				notify(st.wsig)
+			}
+			c.peerInitialWindow = int32(s.Val)
+		case http2.SettingMaxFrameSize:
+			c.peerMaxFrame = s.Val
+		case http2.SettingMaxConcurrentStreams:
+			c.peerMaxStreams = s.Val
+		case http2.SettingMaxHeaderListSize:
+			c.peerMaxHeaderList = s.Val
+		case http2.SettingEnablePush:
+			if c.isClient && s.Val != 0 {
+				return connError(http2.ErrCodeProtocol, "server sent SETTINGS_ENABLE_PUSH=1")
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.sawSettings = true
+	c.queueLocked(ctrlFrame{kind: ctrlSettingsAck})
+	return nil
+}
+
+func (c *h2conn) processPing(f *http2.PingFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.IsAck() {
+		if c.pingOutstanding && f.Data == c.pingData {
+			c.pingOutstanding = false
+		}
+		return nil
+	}
+	c.queueLocked(ctrlFrame{kind: ctrlPingAck, data: f.Data})
+	return nil
+}
+
+// idleStreamLocked reports whether id names a stream that was never opened.
+func (c *h2conn) idleStreamLocked(id uint32) bool {
+	if c.isClient {
+		return id%2 == 0 || id >= c.nextStream
+	}
+	return id%2 == 1 && id > c.maxPeerStream
+}
+
+func (c *h2conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.StreamID == 0 {
+		c.sendWindow += int64(f.Increment)
+		if c.sendWindow > maxWindowSize {
+			return connError(http2.ErrCodeFlowControl, "connection window overflow")
+		}
+		c.wakeSendersLocked()
+		return nil
+	}
+	st := c.streams[f.StreamID]
+	if st == nil {
+		if c.idleStreamLocked(f.StreamID) {
+			return connError(http2.ErrCodeProtocol, "WINDOW_UPDATE on idle stream")
+		}
+		return nil
+	}
+	st.sendWindow += int64(f.Increment)
+	if st.sendWindow > maxWindowSize {
+		c.resetLocked(st, http2.ErrCodeFlowControl)
+		return nil
+	}
+	notify(st.wsig)
+	return nil
+}
+
+func (c *h2conn) wakeSendersLocked() {
+	for i, st := range c.sendWaiters {
+		notify(st.wsig)
+		c.sendWaiters[i] = nil
+	}
+	c.sendWaiters = c.sendWaiters[:0]
+}
+
+func (c *h2conn) processRSTStream(f *http2.RSTStreamFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.streams[f.StreamID]
+	if st == nil {
+		if c.idleStreamLocked(f.StreamID) {
+			return connError(http2.ErrCodeProtocol, "RST_STREAM on idle stream")
+		}
+		return nil
+	}
+	var err error = &resetError{code: f.ErrCode, remote: true}
+	if f.ErrCode == http2.ErrCodeRefusedStream {
+		err = &refusedError{reason: "REFUSED_STREAM"}
+	}
+	st.failLocked(err)
+	return nil
+}
+
+func (c *h2conn) processGoAway(f *http2.GoAwayFrame) error {
+	c.mu.Lock()
+	if f.ErrCode != http2.ErrCodeNo {
+		c.log.Debug("peer sent GOAWAY", zap.String("code", f.ErrCode.String()),
+			zap.ByteString("debug", f.DebugData()))
+	}
+	c.draining = true
+	if c.isClient {
+		for id, st := range c.streams {
+			if id > f.LastStreamID {
+				st.failLocked(&refusedError{reason: "GOAWAY before the stream was processed"})
+			}
+		}
+	}
+	c.maybeFinishLocked()
+	c.mu.Unlock()
+	c.markUnusable()
+	return nil
+}
+
+// resetLocked resets a stream locally with code.
+func (c *h2conn) resetLocked(st *stream, code http2.ErrCode) {
+	if st.err == nil {
+		st.failLocked(&resetError{code: code})
+		c.queueLocked(ctrlFrame{kind: ctrlRST, stream: st.id, code: code})
+	}
+}
+
+// streamError handles a stream-level protocol error reported by the framer.
+func (c *h2conn) streamError(se http2.StreamError, fh http2.FrameHeader) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.isClient && fh.Type == http2.FrameHeaders && se.StreamID%2 == 1 && se.StreamID > c.maxPeerStream {
+		// The stream was opened (and its headers decoded) even if refused.
+		c.maxPeerStream = se.StreamID
+	}
+	if st := c.streams[se.StreamID]; st != nil {
+		c.resetLocked(st, se.Code)
+		return
+	}
+	c.queueLocked(ctrlFrame{kind: ctrlRST, stream: se.StreamID, code: se.Code})
+}
+
+// readData reads a DATA frame's payload straight into the stream's buffer.
+func (c *h2conn) readData(fh http2.FrameHeader) error {
+	id := fh.StreamID
+	if id == 0 {
+		return connError(http2.ErrCodeProtocol, "DATA on stream 0")
+	}
+	length := int(fh.Length)
+	remain := length
+	padLen := 0
+	if fh.Flags.Has(http2.FlagDataPadded) {
+		if length < 1 {
+			return connError(http2.ErrCodeProtocol, "padded DATA without pad length")
+		}
+		var b [1]byte
+		if _, err := io.ReadFull(c.nc, b[:]); err != nil {
+			return err
+		}
+		padLen = int(b[0])
+		remain--
+		if padLen > remain {
+			return connError(http2.ErrCodeProtocol, "DATA padding exceeds payload")
+		}
+	}
+	dataLen := remain - padLen
+	overhead := length - dataLen // pad length byte and padding
+	end := fh.Flags.Has(http2.FlagDataEndStream)
+
+	c.mu.Lock()
+	if int64(length) > int64(c.recvWindow) {
+		c.mu.Unlock()
+		return connError(http2.ErrCodeFlowControl, "DATA exceeds the connection window")
+	}
+	c.recvWindow -= int32(length)
+	st := c.streams[id]
+	switch {
+	case st == nil:
+		if c.idleStreamLocked(id) {
+			c.mu.Unlock()
+			return connError(http2.ErrCodeProtocol, "DATA on idle stream")
+		}
+	case st.err != nil:
+		st = nil // reset: ignore what was already in flight
+	case st.recvEOF:
+		c.resetLocked(st, http2.ErrCodeStreamClosed)
+		st = nil
+	case int64(length) > int64(st.recvWindow):
+		c.resetLocked(st, http2.ErrCodeFlowControl)
+		st = nil
+	default:
+		st.recvWindow -= int32(length)
+	}
+	if st == nil {
+		c.returnConnWindowLocked(length)
+		c.mu.Unlock()
+		_, err := io.CopyN(io.Discard, c.nc, int64(remain))
+		return err
+	}
+	c.mu.Unlock()
+
+	for dataLen > 0 {
+		c.mu.Lock()
+		if st.recv.dead || st.err != nil {
+			c.returnConnWindowLocked(dataLen + overhead)
+			c.mu.Unlock()
+			_, err := io.CopyN(io.Discard, c.nc, int64(dataLen+padLen))
+			return err
+		}
+		region := st.recv.fillRegion(dataLen)
+		c.mu.Unlock()
+		n, err := io.ReadFull(c.nc, region)
+		c.mu.Lock()
+		if !st.recv.commit(n) {
+			c.returnConnWindowLocked(n)
+		} else if n > 0 {
+			notify(st.rsig)
+		}
+		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		dataLen -= n
+	}
+	if padLen > 0 {
+		if _, err := io.CopyN(io.Discard, c.nc, int64(padLen)); err != nil {
+			return err
+		}
+	}
+	c.mu.Lock()
+	if overhead > 0 {
+		// Padding (and its length byte) is flow controlled but never read:
+		// give it back at once.
+		c.returnConnWindowLocked(overhead)
+		if st.err == nil && !st.recv.dead {
+			st.returnWindowLocked(overhead)
+		}
+	}
+	if end && st.err == nil {
+		st.recvEOF = true
+		notify(st.rsig)
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// returnConnWindowLocked credits n consumed (or discarded) bytes to the
+// connection window, sending WINDOW_UPDATE once a quarter is outstanding.
+func (c *h2conn) returnConnWindowLocked(n int) {
+	c.recvUnacked += int32(n)
+	if c.recvUnacked >= c.cfg.connWindow/4 {
+		c.queueLocked(ctrlFrame{kind: ctrlWindowUpdate, n: uint32(c.recvUnacked)})
+		c.recvWindow += c.recvUnacked
+		c.recvUnacked = 0
+	}
+}
+
+// onKeepalive runs when nothing was read for readIdleTimeout: it sends a
+// PING, and closes the connection if the previous one went unanswered for
+// pingTimeout. A dead peer (or one stuck mid header block) is found this way.
+func (c *h2conn) onKeepalive() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if c.pingOutstanding {
+		c.mu.Unlock()
+		c.log.Debug("closing connection: PING not answered", zap.Stringer("remote", c.nc.RemoteAddr()),
+			zap.Duration("timeout", c.cfg.pingTimeout))
+		c.close(errors.New("PING not answered"))
+		return
+	}
+	defer c.mu.Unlock()
+	idle := time.Since(time.Unix(0, c.lastRead.Load()))
+	if idle < c.cfg.readIdleTimeout {
+		c.keepalive.Reset(c.cfg.readIdleTimeout - idle)
+		return
+	}
+	rand.Read(c.pingData[:])
+	c.pingOutstanding = true
+	c.queueLocked(ctrlFrame{kind: ctrlPing, data: c.pingData})
+	c.keepalive.Reset(c.cfg.pingTimeout)
+}
+
+// armIdleLocked starts the idle timer when no stream is open or promised.
+func (c *h2conn) armIdleLocked() {
+	if c.cfg.idleTimeout <= 0 || c.closed || len(c.streams) > 0 || c.reserved > 0 {
+		return
+	}
+	c.idleGen++
+	gen := c.idleGen
+	if c.idleTimer != nil {
+		c.idleTimer.Stop()
+	}
+	c.idleTimer = time.AfterFunc(c.cfg.idleTimeout, func() { c.onIdle(gen) })
+}
+
+// busyLocked stops the idle timer: a stream is open or promised.
+func (c *h2conn) busyLocked() {
+	c.idleGen++
+	if c.idleTimer != nil {
+		c.idleTimer.Stop()
+	}
+}
+
+func (c *h2conn) onIdle(gen uint64) {
+	c.mu.Lock()
+	idle := gen == c.idleGen && !c.closed && len(c.streams) == 0 && c.reserved == 0
+	c.mu.Unlock()
+	if idle {
+		c.log.Debug("closing idle connection", zap.Stringer("remote", c.nc.RemoteAddr()))
+		c.shutdown()
+	}
+}
+
+// usableLocked reports whether a client connection may open streams.
+func (c *h2conn) usableLocked() bool {
+	return !c.closed && !c.draining && c.nextStream < math.MaxInt32
+}
+
+// tryReserve promises one stream to a caller if the connection is usable and
+// below both limit and the server's SETTINGS_MAX_CONCURRENT_STREAMS.
+func (c *h2conn) tryReserve(limit int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.usableLocked() {
+		return false
+	}
+	if uint64(limit) > uint64(c.peerMaxStreams) {
+		limit = int(c.peerMaxStreams)
+	}
+	if len(c.streams)+c.reserved >= limit {
+		return false
+	}
+	c.reserved++
+	c.busyLocked()
+	return true
+}
+
+func (c *h2conn) unreserve() {
+	c.mu.Lock()
+	c.reserved--
+	c.armIdleLocked()
+	c.maybeFinishLocked()
+	c.mu.Unlock()
+}
+
+// openStream sends a request on a reserved slot and waits for the response
+// headers. It returns the stream, or the response status when it is not 200.
+func (c *h2conn) openStream(ctx context.Context, fields []hpack.HeaderField) (*stream, int, string, error) {
+	c.wmu.Lock()
+	c.mu.Lock()
+	c.reserved--
+	if !c.usableLocked() {
+		err := c.closeErr
+		if err == nil {
+			err = errConnUnusable
+		}
+		if c.nextStream >= math.MaxInt32 {
+			err = errStreamIDsExhausted
+		}
+		c.armIdleLocked()
+		c.maybeFinishLocked()
+		c.mu.Unlock()
+		c.wmu.Unlock()
+		return nil, 0, "", &refusedError{reason: err.Error()}
+	}
+	id := c.nextStream
+	c.nextStream += 2
+	st := c.newStreamLocked(id)
+	st.resp = make(chan struct{})
+	c.mu.Unlock()
+	err := c.writeHeadersLocked(id, fields, false)
+	c.wmu.Unlock()
+	if err != nil {
+		st.Close()
+		return nil, 0, "", err
+	}
+	select {
+	case <-st.resp:
+	case <-ctx.Done():
+		st.Close()
+		return nil, 0, "", ctx.Err()
+	}
+	c.mu.Lock()
+	status, reason, err := st.status, st.reason, st.err
+	c.mu.Unlock()
+	if status == 0 {
+		st.Close()
+		if err == nil {
+			err = errConnClosed
+		}
+		return nil, 0, "", err
+	}
+	if status != 200 {
+		st.Close()
+		return nil, status, reason, nil
+	}
+	return st, 200, "", nil
+}
+
+// newStreamLocked registers a stream in the open state.
+func (c *h2conn) newStreamLocked(id uint32) *stream {
+	st := &stream{
+		c:          c,
+		id:         id,
+		sendWindow: int64(c.peerInitialWindow),
+		recvWindow: c.cfg.streamWindow,
+		rsig:       make(chan struct{}, 1),
+		wsig:       make(chan struct{}, 1),
+	}
+	c.streams[id] = st
+	c.busyLocked()
+	return st
+}
+
+// removeLocked forgets a released stream.
+func (c *h2conn) removeLocked(st *stream) {
+	if c.streams[st.id] == st {
+		delete(c.streams, st.id)
+	}
+	c.armIdleLocked()
+	c.maybeFinishLocked()
+}
+
+func (c *h2conn) processRequestHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	if id%2 == 0 {
+		return connError(http2.ErrCodeProtocol, "client opened an even stream")
+	}
+	c.mu.Lock()
+	if st := c.streams[id]; st != nil {
+		defer c.mu.Unlock()
+		return c.trailersLocked(st, f)
+	}
+	if id <= c.maxPeerStream {
+		// A stream already closed (perhaps by our reset): ignore.
+		c.mu.Unlock()
+		return nil
+	}
+	c.maxPeerStream = id
+	if !c.headersSeen {
+		c.headersSeen = true
+		if c.cfg.headerTimeout > 0 {
+			c.nc.SetReadDeadline(time.Time{})
+		}
+	}
+	if c.draining || c.closed || uint32(len(c.streams)) >= c.cfg.maxStreams {
+		c.queueLocked(ctrlFrame{kind: ctrlRST, stream: id, code: http2.ErrCodeRefusedStream})
+		c.mu.Unlock()
+		return nil
+	}
+	st := c.newStreamLocked(id)
+	st.ctx, st.cancel = context.WithCancel(c.ctx)
+	if f.StreamEnded() {
+		st.recvEOF = true
+	}
+	c.mu.Unlock()
+	c.newStream(st, f)
+	return nil
+}
+
+// trailersLocked handles a second HEADERS on a stream: trailers, which must
+// end the stream; their content means nothing to a tunnel.
+func (c *h2conn) trailersLocked(st *stream, f *http2.MetaHeadersFrame) error {
+	if !f.StreamEnded() || st.recvEOF {
+		c.resetLocked(st, http2.ErrCodeProtocol)
+		return nil
+	}
+	if st.err == nil {
+		st.recvEOF = true
+		notify(st.rsig)
+	}
+	return nil
+}
+
+func (c *h2conn) processResponseHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.streams[id]
+	if st == nil {
+		if c.idleStreamLocked(id) {
+			return connError(http2.ErrCodeProtocol, "HEADERS on idle stream")
+		}
+		return nil
+	}
+	if st.status != 0 {
+		return c.trailersLocked(st, f)
+	}
+	status, err := strconv.Atoi(f.PseudoValue("status"))
+	if err != nil || status < 100 || status > 999 || len(f.PseudoFields()) != 1 {
+		c.resetLocked(st, http2.ErrCodeProtocol)
+		return nil
+	}
+	if status < 200 {
+		// Informational; the final response follows.
+		if f.StreamEnded() {
+			c.resetLocked(st, http2.ErrCodeProtocol)
+		}
+		return nil
+	}
+	st.status = status
+	if r, ok := headerValue(f, ReasonHeader); ok {
+		st.reason = sanitizeReason(r)
+	}
+	if f.StreamEnded() {
+		st.recvEOF = true
+	}
+	st.closeRespLocked()
+	notify(st.rsig)
+	return nil
+}
+
+// headerValue returns the first value of a regular header field.
+func headerValue(f *http2.MetaHeadersFrame, name string) (string, bool) {
+	for _, hf := range f.RegularFields() {
+		if hf.Name == name {
+			return hf.Value, true
+		}
+	}
+	return "", false
+}
+
+// validHeaderValue reports whether v may be sent as a header value.
+func validHeaderValue(v string) bool { return httpguts.ValidHeaderFieldValue(v) }
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}

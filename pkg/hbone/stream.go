@@ -1,0 +1,380 @@
+package hbone
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// stream is one tunnel: an HTTP/2 stream after a 200 answer to CONNECT,
+// exposed as a net.Conn. CloseWrite ends our direction (END_STREAM) while
+// the other keeps flowing; Read returns io.EOF when the peer ended its own.
+// Close resets the stream unless both directions ended normally.
+type stream struct {
+	c  *h2conn
+	id uint32
+
+	// Guarded by c.mu.
+	recv        recvQueue
+	recvEOF     bool  // the peer sent END_STREAM
+	recvWindow  int32 // what the peer may still send
+	recvUnacked int32 // read but not yet returned with WINDOW_UPDATE
+	sendWindow  int64
+	sentEOF     bool  // we sent END_STREAM
+	err         error // reset, or the connection failed
+	released    bool  // Close was called
+	rsig        chan struct{}
+	wsig        chan struct{}
+
+	// Client role: the response. resp is closed when the final response
+	// headers arrived (status != 0) or the stream failed first.
+	resp       chan struct{}
+	respClosed bool
+	status     int
+	reason     string
+
+	// Server role: cancelled when the stream or the connection ends.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	rdl, wdl deadline
+	rmu      sync.Mutex // one reader at a time
+	wmu      sync.Mutex // one writer at a time
+}
+
+var (
+	_ net.Conn      = (*stream)(nil)
+	_ io.WriterTo   = (*stream)(nil)
+	_ io.ReaderFrom = (*stream)(nil)
+)
+
+// failLocked records why the stream cannot go on and wakes its waiters.
+// Unread data is dropped unless the peer already ended its direction.
+func (st *stream) failLocked(err error) {
+	if st.err == nil {
+		st.err = err
+	}
+	if !st.recvEOF {
+		st.c.returnConnWindowLocked(st.recv.release())
+	}
+	st.closeRespLocked()
+	notify(st.rsig)
+	notify(st.wsig)
+	if st.cancel != nil {
+		st.cancel()
+	}
+}
+
+func (st *stream) closeRespLocked() {
+	if st.resp != nil && !st.respClosed {
+		st.respClosed = true
+		close(st.resp)
+	}
+}
+
+// returnWindowLocked credits n bytes to the stream's receive window,
+// sending WINDOW_UPDATE once a quarter of the window is outstanding.
+func (st *stream) returnWindowLocked(n int) {
+	if st.recvEOF || st.err != nil {
+		return
+	}
+	st.recvUnacked += int32(n)
+	if st.recvUnacked >= st.c.cfg.streamWindow/4 {
+		st.c.queueLocked(ctrlFrame{kind: ctrlWindowUpdate, stream: st.id, n: uint32(st.recvUnacked)})
+		st.recvWindow += st.recvUnacked
+		st.recvUnacked = 0
+	}
+}
+
+func (st *stream) consumedLocked(n int) {
+	st.c.returnConnWindowLocked(n)
+	st.returnWindowLocked(n)
+}
+
+// readableLocked reports whether buffered data may be handed out: always,
+// unless the stream failed before the peer finished sending.
+func (st *stream) readableLocked() bool {
+	return st.recv.size > 0 && (st.err == nil || st.recvEOF)
+}
+
+// lockReadable blocks until there is data to read and returns with c.mu
+// held, or returns the error Read should report (deadline, closed, reset,
+// io.EOF) without the lock.
+func (st *stream) lockReadable() error {
+	c := st.c
+	for {
+		if st.rdl.exceeded() {
+			return os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+		switch {
+		case st.released:
+			c.mu.Unlock()
+			return net.ErrClosed
+		case st.readableLocked():
+			return nil
+		case st.err != nil:
+			err := st.err
+			c.mu.Unlock()
+			return err
+		case st.recvEOF:
+			c.mu.Unlock()
+			return io.EOF
+		}
+		c.mu.Unlock()
+		select {
+		case <-st.rsig:
+		case <-st.rdl.wait():
+		}
+	}
+}
+
+// Read reads what the peer sent; io.EOF once it sent END_STREAM.
+func (st *stream) Read(p []byte) (int, error) {
+	st.rmu.Lock()
+	defer st.rmu.Unlock()
+	if err := st.lockReadable(); err != nil {
+		return 0, err
+	}
+	defer st.c.mu.Unlock()
+	n := st.recv.read(p)
+	st.consumedLocked(n)
+	return n, nil
+}
+
+// WriteTo writes everything the peer sends to w (writev on TCP, straight
+// from the receive buffers) until the peer ends its direction.
+func (st *stream) WriteTo(w io.Writer) (int64, error) {
+	st.rmu.Lock()
+	defer st.rmu.Unlock()
+	c := st.c
+	var total int64
+	for {
+		if err := st.lockReadable(); err != nil {
+			if err == io.EOF {
+				return total, nil
+			}
+			return total, err
+		}
+		bufs := st.recv.peek(make(net.Buffers, 0, len(st.recv.chunks)))
+		st.recv.reading = true
+		c.mu.Unlock()
+		n, err := bufs.WriteTo(w)
+		c.mu.Lock()
+		st.recv.reading = false
+		if !st.recv.dead {
+			// (A released queue already returned these bytes' window.)
+			st.recv.consume(int(n))
+			st.consumedLocked(int(n))
+		}
+		c.mu.Unlock()
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// awaitSend reserves flow control for up to max bytes, waiting for window.
+func (st *stream) awaitSend(max int) (int, error) {
+	c := st.c
+	for {
+		if st.wdl.exceeded() {
+			return 0, os.ErrDeadlineExceeded
+		}
+		c.mu.Lock()
+		switch {
+		case st.released:
+			c.mu.Unlock()
+			return 0, net.ErrClosed
+		case st.err != nil:
+			err := st.err
+			c.mu.Unlock()
+			return 0, err
+		case st.sentEOF:
+			c.mu.Unlock()
+			return 0, errClosedWrite
+		}
+		if st.sendWindow > 0 && c.sendWindow > 0 {
+			n := int64(max)
+			n = min(n, st.sendWindow, c.sendWindow, int64(c.peerMaxFrame))
+			st.sendWindow -= n
+			c.sendWindow -= n
+			c.mu.Unlock()
+			return int(n), nil
+		}
+		if c.sendWindow <= 0 {
+			c.sendWaiters = append(c.sendWaiters, st)
+		}
+		c.mu.Unlock()
+		select {
+		case <-st.wsig:
+		case <-st.wdl.wait():
+		}
+	}
+}
+
+// Write sends p as DATA frames, waiting for flow control as needed.
+func (st *stream) Write(p []byte) (int, error) {
+	st.wmu.Lock()
+	defer st.wmu.Unlock()
+	written := 0
+	for len(p) > 0 {
+		n, err := st.awaitSend(min(len(p), copyBufSize))
+		if err != nil {
+			return written, err
+		}
+		buf := getFrameBuf(n)
+		copy((*buf)[frameHeaderLen:], p[:n])
+		err = st.c.writeData(st, (*buf)[:frameHeaderLen+n], false)
+		putFrameBuf(buf)
+		if err != nil {
+			return written, err
+		}
+		written += n
+		p = p[n:]
+	}
+	return written, nil
+}
+
+// sendFramed sends the n payload bytes at buf[frameHeaderLen:], writing
+// each frame's header in place in front of its payload.
+func (st *stream) sendFramed(buf []byte, n int) error {
+	off, end := frameHeaderLen, frameHeaderLen+n
+	for off < end {
+		m, err := st.awaitSend(end - off)
+		if err != nil {
+			return err
+		}
+		if err := st.c.writeData(st, buf[off-frameHeaderLen:off+m], false); err != nil {
+			return err
+		}
+		off += m
+	}
+	return nil
+}
+
+// ReadFrom sends everything read from r until r returns io.EOF. A TCP
+// source is read only once it is readable, so an idle tunnel holds no
+// buffer.
+func (st *stream) ReadFrom(r io.Reader) (int64, error) {
+	st.wmu.Lock()
+	defer st.wmu.Unlock()
+	read := readerFor(r)
+	var total int64
+	for {
+		buf, n, err := read()
+		if n > 0 {
+			if werr := st.sendFramed(*buf, n); werr != nil {
+				putFrameBuf(buf)
+				return total, werr
+			}
+			total += int64(n)
+		}
+		if buf != nil {
+			putFrameBuf(buf)
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// readerFor returns a function that reads the next piece of r into a pooled
+// copy buffer (payload after frameHeaderLen).
+func readerFor(r io.Reader) func() (*[]byte, int, error) {
+	if read := rawSocketReader(r); read != nil {
+		return read
+	}
+	return func() (*[]byte, int, error) {
+		buf := copyBufPool.Get().(*[]byte)
+		n, err := r.Read((*buf)[frameHeaderLen:])
+		return buf, n, err
+	}
+}
+
+// CloseWrite ends our direction of the tunnel (END_STREAM); reading goes on.
+func (st *stream) CloseWrite() error {
+	st.wmu.Lock()
+	defer st.wmu.Unlock()
+	c := st.c
+	c.mu.Lock()
+	switch {
+	case st.released:
+		c.mu.Unlock()
+		return net.ErrClosed
+	case st.sentEOF:
+		c.mu.Unlock()
+		return nil
+	case st.err != nil:
+		err := st.err
+		c.mu.Unlock()
+		return err
+	}
+	c.mu.Unlock()
+	var frame [frameHeaderLen]byte
+	return c.writeData(st, frame[:], true)
+}
+
+// Close releases the tunnel. If either direction is still open the stream is
+// reset (CANCEL; NO_ERROR from a server that finished sending).
+func (st *stream) Close() error {
+	c := st.c
+	c.mu.Lock()
+	if st.released {
+		c.mu.Unlock()
+		return nil
+	}
+	if st.err == nil && !(st.sentEOF && st.recvEOF) {
+		code := http2.ErrCodeCancel
+		if !c.isClient && st.sentEOF {
+			code = http2.ErrCodeNo
+		}
+		c.resetLocked(st, code)
+	}
+	st.released = true
+	c.returnConnWindowLocked(st.recv.release())
+	st.closeRespLocked()
+	notify(st.rsig)
+	notify(st.wsig)
+	if st.cancel != nil {
+		st.cancel()
+	}
+	c.removeLocked(st)
+	c.mu.Unlock()
+	st.rdl.set(time.Time{})
+	st.wdl.set(time.Time{})
+	return nil
+}
+
+func (st *stream) LocalAddr() net.Addr  { return st.c.nc.LocalAddr() }
+func (st *stream) RemoteAddr() net.Addr { return st.c.nc.RemoteAddr() }
+
+func (st *stream) SetDeadline(t time.Time) error {
+	st.SetReadDeadline(t)
+	return st.SetWriteDeadline(t)
+}
+
+// SetReadDeadline interrupts a blocked Read when t passes; the tunnel stays
+// usable with a later deadline.
+func (st *stream) SetReadDeadline(t time.Time) error {
+	st.rdl.set(t)
+	notify(st.rsig)
+	return nil
+}
+
+// SetWriteDeadline interrupts a Write waiting for flow control when t
+// passes; the tunnel stays usable with a later deadline.
+func (st *stream) SetWriteDeadline(t time.Time) error {
+	st.wdl.set(t)
+	notify(st.wsig)
+	return nil
+}

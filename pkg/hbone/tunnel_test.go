@@ -1,0 +1,202 @@
+package hbone
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"testing"
+	"time"
+)
+
+// halfCloser is what Dial returns.
+type halfCloser interface {
+	net.Conn
+	CloseWrite() error
+}
+
+func dialTunnel(t *testing.T, p *Pool, tg Target) halfCloser {
+	t.Helper()
+	c, err := p.Dial(ctxTimeout(t, 30*time.Second), tg)
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	hc, ok := c.(halfCloser)
+	if !ok {
+		t.Fatalf("tunnel %T has no CloseWrite", c)
+	}
+	return hc
+}
+
+// Client half-closes first: the upstream sees EOF, then answers, and the
+// answer still reaches the client.
+func TestHalfCloseClientFirst(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, func(c *net.TCPConn) {
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Errorf("upstream read: %v", err)
+			return
+		}
+		fmt.Fprintf(c, "got %d bytes: %s", len(got), got)
+		c.CloseWrite()
+	})
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, nil)
+	c := dialTunnel(t, p, m.target(addr, up.String()))
+
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write([]byte("late")); err == nil {
+		t.Fatal("Write after CloseWrite succeeded")
+	}
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "got 5 bytes: hello"; string(got) != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+// The upstream half-closes first: the client reads EOF while its own
+// direction is still open, then sends, and the upstream receives it all.
+func TestHalfCloseServerFirst(t *testing.T) {
+	m := newMesh(t)
+	received := make(chan []byte, 1)
+	up := upstream(t, func(c *net.TCPConn) {
+		c.Write([]byte("banner"))
+		c.CloseWrite()
+		got, _ := io.ReadAll(c)
+		received <- got
+	})
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, nil)
+	c := dialTunnel(t, p, m.target(addr, up.String()))
+
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil || string(got) != "banner" {
+		t.Fatalf("read %q, %v; want banner and EOF", got, err)
+	}
+	payload := bytes.Repeat([]byte("after the server finished "), 1000)
+	if _, err := c.Write(payload); err != nil {
+		t.Fatalf("write after the server's EOF: %v", err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-received:
+		if !bytes.Equal(got, payload) {
+			t.Fatalf("upstream got %d bytes, want %d", len(got), len(payload))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("upstream never saw EOF")
+	}
+}
+
+// A 256 MiB transfer each way arrives intact.
+func TestLargeTransfer(t *testing.T) {
+	size := int64(256 << 20)
+	if testing.Short() {
+		size = 16 << 20
+	}
+	m := newMesh(t)
+	type result struct {
+		n   int64
+		sum [32]byte
+	}
+	upResult := make(chan result, 1)
+	up := upstream(t, func(c *net.TCPConn) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			io.Copy(c, io.LimitReader(rand.NewChaCha8([32]byte{2}), size))
+			c.CloseWrite()
+		}()
+		h := sha256.New()
+		n, _ := io.Copy(h, c)
+		var r result
+		r.n = n
+		copy(r.sum[:], h.Sum(nil))
+		upResult <- r
+		<-done
+	})
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, nil)
+	c := dialTunnel(t, p, m.target(addr, up.String()))
+
+	sendErr := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c, io.LimitReader(rand.NewChaCha8([32]byte{1}), size))
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		sendErr <- err
+	}()
+	h := sha256.New()
+	n, err := io.Copy(h, c)
+	if err != nil {
+		t.Fatalf("reading from tunnel: %v", err)
+	}
+	if err := <-sendErr; err != nil {
+		t.Fatalf("writing to tunnel: %v", err)
+	}
+	want := sha256.New()
+	io.Copy(want, io.LimitReader(rand.NewChaCha8([32]byte{2}), size))
+	if n != size || !bytes.Equal(h.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("upstream to client: got %d bytes (hash mismatch: %v)", n, !bytes.Equal(h.Sum(nil), want.Sum(nil)))
+	}
+	r := <-upResult
+	want.Reset()
+	io.Copy(want, io.LimitReader(rand.NewChaCha8([32]byte{1}), size))
+	if r.n != size || !bytes.Equal(r.sum[:], want.Sum(nil)) {
+		t.Fatalf("client to upstream: got %d bytes (hash mismatch: %v)", r.n, !bytes.Equal(r.sum[:], want.Sum(nil)))
+	}
+}
+
+// A read deadline interrupts a blocked Read without breaking the tunnel.
+func TestReadDeadline(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, nil)
+	c := dialTunnel(t, p, m.target(addr, up.String()))
+
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 10))
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let the Read block first
+	c.SetReadDeadline(time.Now())
+	select {
+	case err := <-errc:
+		var ne net.Error
+		if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("Read returned %v, want a timeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("deadline did not interrupt Read")
+	}
+	c.SetReadDeadline(time.Time{})
+	if _, err := c.Write([]byte("still works")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, len("still works"))
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "still works" {
+		t.Fatalf("after deadline: %q, %v", buf, err)
+	}
+}
