@@ -44,10 +44,10 @@ const (
 )
 
 var (
-	errConnClosed      = errors.New("hbone: connection closed")
-	errConnUnusable    = errors.New("hbone: connection no longer takes new streams")
-	errClosedWrite     = errors.New("hbone: write after CloseWrite")
-	errHeaderTooLarge  = errors.New("hbone: headers exceed the peer's limit")
+	errConnClosed         = errors.New("hbone: connection closed")
+	errConnUnusable       = errors.New("hbone: connection no longer takes new streams")
+	errClosedWrite        = errors.New("hbone: write after CloseWrite")
+	errHeaderTooLarge     = errors.New("hbone: headers exceed the peer's limit")
 	errStreamIDsExhausted = errors.New("hbone: stream IDs exhausted")
 )
 

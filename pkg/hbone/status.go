@@ -40,7 +40,9 @@ func Unavailable(reason string) error {
 }
 
 // BadRequest refuses a tunnel with 400: the request itself is malformed.
-func BadRequest(reason string) error { return &StatusError{Code: http.StatusBadRequest, Reason: reason} }
+func BadRequest(reason string) error {
+	return &StatusError{Code: http.StatusBadRequest, Reason: reason}
+}
 
 // statusOf maps a Handler error to the status and reason sent to the peer.
 // Errors that carry no StatusError answer 503 without detail: their text may
