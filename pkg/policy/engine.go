@@ -63,7 +63,7 @@ type Engine struct {
 
 	mu        sync.Mutex           // serializes offers; guards the fields below
 	accepted  map[string]*snapshot // per source, the content of the active set
-	rejected  map[string]string    // per source, the last rejected revision
+	latest    map[string]*snapshot // per source, the content last offered
 	lastError *Rejection
 }
 
@@ -122,7 +122,7 @@ func NewEngine(opts Options) (*Engine, error) {
 		log:      logger.Named("policy"),
 		metrics:  m,
 		accepted: map[string]*snapshot{},
-		rejected: map[string]string{},
+		latest:   map[string]*snapshot{},
 	}, nil
 }
 
@@ -143,20 +143,57 @@ func (e *Engine) Load(ctx context.Context) error {
 	return e.offer(ctx, snap, true)
 }
 
-// offer tries the active sources with snap replacing its source. On success
-// the new set becomes active atomically; on failure the active set stays.
-// Unless retry is set, content rejected before is not tried (nor logged) again.
+// offer activates snap, the new content of one source, together with the
+// other sources: first with their latest content (one of them may have been
+// waiting for this one), then with their active content. On success the new
+// set becomes active atomically; otherwise the active set stays and the
+// reason is logged. Unless retry is set, content already offered is a no-op,
+// so rescans neither recompile nor log again.
 func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if cur := e.accepted[snap.Name]; cur != nil && cur.Revision == snap.Revision && e.active.Load() != nil {
+	if prev := e.latest[snap.Name]; prev != nil && prev.Revision == snap.Revision && !retry {
 		return nil
 	}
-	if !retry && e.rejected[snap.Name] == snap.Revision {
-		return e.lastErrorFor(snap)
+	if cur := e.accepted[snap.Name]; cur != nil && cur.Revision == snap.Revision && e.active.Load() != nil {
+		e.latest[snap.Name] = snap
+		return nil
 	}
-	names := make([]string, 0, len(e.accepted)+1)
-	for n := range e.accepted {
+	e.latest[snap.Name] = snap
+
+	var sets [][]*snapshot
+	latest, fallback := e.setWith(snap, e.latest), e.setWith(snap, e.accepted)
+	sets = append(sets, latest)
+	if !sameSet(latest, fallback) {
+		sets = append(sets, fallback)
+	}
+	start := time.Now()
+	var err error
+	for _, set := range sets {
+		var c *compiled
+		if c, err = e.build(ctx, set); err == nil {
+			e.activate(c, set, snap.Name, start)
+			return nil
+		}
+	}
+	// The last attempt isolates snap best: the others as they are active.
+	var re *RejectError
+	if !errors.As(err, &re) {
+		re = &RejectError{Stage: "compile", Err: err}
+	}
+	re.Revision = snap.Revision
+	rej := &Rejection{Source: snap.Name, Revision: snap.Revision, Stage: re.Stage, FailedTests: re.FailedTests, At: time.Now()}
+	if re.Err != nil {
+		rej.Reason = re.Err.Error()
+	}
+	e.recordRejection(rej, true)
+	return re
+}
+
+// setWith is snap plus, for every other source, its snapshot in from.
+func (e *Engine) setWith(snap *snapshot, from map[string]*snapshot) []*snapshot {
+	names := make([]string, 0, len(from))
+	for n := range from {
 		if n != snap.Name {
 			names = append(names, n)
 		}
@@ -164,32 +201,32 @@ func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 	sort.Strings(names)
 	set := make([]*snapshot, 0, len(names)+1)
 	for _, n := range names {
-		set = append(set, e.accepted[n])
+		set = append(set, from[n])
 	}
-	set = append(set, snap)
+	return append(set, snap)
+}
 
-	start := time.Now()
-	c, err := e.build(ctx, set)
-	if err != nil {
-		var re *RejectError
-		if !errors.As(err, &re) {
-			re = &RejectError{Stage: "compile", Err: err}
-		}
-		re.Revision = snap.Revision
-		rej := &Rejection{Source: snap.Name, Revision: snap.Revision, Stage: re.Stage, FailedTests: re.FailedTests, At: time.Now()}
-		if re.Err != nil {
-			rej.Reason = re.Err.Error()
-		}
-		e.rejected[snap.Name] = snap.Revision
-		e.recordRejection(rej, true)
-		return re
+func sameSet(a, b []*snapshot) bool {
+	if len(a) != len(b) {
+		return false
 	}
+	for i := range a {
+		if a[i].Name != b[i].Name || a[i].Revision != b[i].Revision {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start time.Time) {
 	prev := e.active.Swap(c)
-	e.accepted[snap.Name] = snap
-	delete(e.rejected, snap.Name)
+	e.accepted = make(map[string]*snapshot, len(set))
+	for _, s := range set {
+		e.accepted[s.Name] = s
+	}
 	e.metrics.activated.Inc()
 	fields := []zap.Field{
-		zap.String("source", snap.Name),
+		zap.String("source", trigger),
 		zap.String("revision", c.revision),
 		zap.Int("modules", len(c.files)),
 		zap.Int("tests_passed", c.tests),
@@ -200,7 +237,6 @@ func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 		fields = append(fields, zap.String("previous_revision", prev.revision))
 	}
 	e.log.Info("policy activated", fields...)
-	return nil
 }
 
 func (e *Engine) build(ctx context.Context, set []*snapshot) (*compiled, error) {
@@ -238,13 +274,6 @@ func (e *Engine) recordRejection(r *Rejection, count bool) {
 		fields = append(fields, zap.String("active_revision", "none"))
 	}
 	e.log.Error("policy rejected, keeping the active policy", fields...)
-}
-
-func (e *Engine) lastErrorFor(snap *snapshot) error {
-	if r := e.lastError; r != nil && r.Source == snap.Name && r.Revision == snap.Revision {
-		return &RejectError{Revision: r.Revision, Stage: r.Stage, FailedTests: r.FailedTests, Err: errors.New(r.Reason)}
-	}
-	return &RejectError{Revision: snap.Revision, Stage: "compile", Err: errors.New("rejected earlier")}
 }
 
 // Ready reports whether a policy set is active.
