@@ -118,13 +118,15 @@ func (st *stream) lockReadable() error {
 			return net.ErrClosed
 		case st.readableLocked():
 			return nil
+		case st.recvEOF:
+			// The peer finished its direction; a later failure does not
+			// change that.
+			c.mu.Unlock()
+			return io.EOF
 		case st.err != nil:
 			err := st.err
 			c.mu.Unlock()
 			return err
-		case st.recvEOF:
-			c.mu.Unlock()
-			return io.EOF
 		}
 		c.mu.Unlock()
 		select {
