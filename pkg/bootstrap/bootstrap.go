@@ -1,0 +1,150 @@
+// Package bootstrap holds what every proxy binary needs to join the mesh:
+// its common flags, logger, trust bundle, credentials for the control plane,
+// and its admin, readiness and metrics servers.
+package bootstrap
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/logging"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
+)
+
+// maxRootFile bounds the read of the root certificate file.
+const maxRootFile = 1 << 20
+
+// Flags are the options every proxy shares.
+type Flags struct {
+	TrustDomain          string
+	XDSAddress           string
+	TokenFile            string
+	RootCert             string
+	ControlPlaneIdentity string
+	Admin                string
+	Status               string
+	LogFormat, LogLevel  string
+}
+
+// Register adds the common flags to fs.
+func (f *Flags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.TrustDomain, "trust-domain", trust.DefaultTrustDomain, "mesh trust domain")
+	fs.StringVar(&f.XDSAddress, "xds-address", "127.0.0.1:15012", "control plane (xDS and CA) address")
+	fs.StringVar(&f.TokenFile, "token-file", "", "file holding the bearer token presented to the control plane")
+	fs.StringVar(&f.RootCert, "root-cert", "", "PEM file with the mesh root certificate(s)")
+	fs.StringVar(&f.ControlPlaneIdentity, "controlplane-identity", "", "identity the control plane must present (default: its identity in the trust domain)")
+	fs.StringVar(&f.Admin, "admin", "127.0.0.1:15000", "admin address (/config_dump, /logging, /debug/pprof/); keep it on localhost")
+	fs.StringVar(&f.Status, "status", "127.0.0.1:15021", "readiness (/healthz/ready) and metrics (/metrics) address")
+	fs.StringVar(&f.LogFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+}
+
+// Env is a proxy's connection to the mesh.
+type Env struct {
+	Log                  *logging.Logger
+	Bundle               *trust.Bundle
+	Token                caclient.TokenSource
+	ControlPlaneIdentity trust.Identity
+	Metrics              *prometheus.Registry
+}
+
+// Setup validates the flags and builds the environment.
+func (f *Flags) Setup() (*Env, error) {
+	log, err := logging.New(logging.Options{Format: f.LogFormat, Level: f.LogLevel})
+	if err != nil {
+		return nil, err
+	}
+	if f.RootCert == "" || f.TokenFile == "" {
+		return nil, fmt.Errorf("--root-cert and --token-file are required")
+	}
+	data, err := readBounded(f.RootCert, maxRootFile)
+	if err != nil {
+		return nil, fmt.Errorf("root certificate: %w", err)
+	}
+	roots, err := trust.ParseCertificatesPEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("root certificate %s: %w", f.RootCert, err)
+	}
+	bundle, err := trust.NewBundle(f.TrustDomain, roots)
+	if err != nil {
+		return nil, err
+	}
+	cpID, err := trust.ControlPlaneIdentity(f.TrustDomain)
+	if err != nil {
+		return nil, err
+	}
+	if f.ControlPlaneIdentity != "" {
+		if cpID, err = trust.ParseIdentity(f.ControlPlaneIdentity); err != nil {
+			return nil, fmt.Errorf("--controlplane-identity: %w", err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Env{Log: log, Bundle: bundle, Token: caclient.TokenFromFile(f.TokenFile), ControlPlaneIdentity: cpID, Metrics: reg}, nil
+}
+
+// CAClient connects to the control plane's CA.
+func (f *Flags) CAClient(env *Env) (*caclient.Client, error) {
+	return caclient.New(caclient.Options{Address: f.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token})
+}
+
+// ServeOps starts the admin server (on Flags.Admin) and the readiness and
+// metrics server (on Flags.Status) until ctx ends. The returned function
+// waits for both to stop.
+func (f *Flags) ServeOps(ctx context.Context, env *Env, dump func() (*admin.ConfigDump, error), ready func() error) (func(), error) {
+	log := env.Log.Logger
+	waitAdmin, err := admin.Serve(ctx, f.Admin, admin.Handler(admin.Options{Dump: dump, Logging: env.Log.Handler()}), log.Named("admin"))
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	waitStatus, err := admin.Serve(ctx, f.Status, admin.StatusHandler(ready, env.Metrics), log.Named("status"))
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	return func() {
+		if err := waitAdmin(); err != nil {
+			log.Warn("admin server", zap.Error(err))
+		}
+		if err := waitStatus(); err != nil {
+			log.Warn("status server", zap.Error(err))
+		}
+	}, nil
+}
+
+// SignalContext is cancelled on SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+// Fatal reports a startup error and exits.
+func Fatal(component string, err error) {
+	fmt.Fprintf(os.Stderr, "%s: %v\n", component, err)
+	os.Exit(1)
+}
+
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return data, nil
+}
