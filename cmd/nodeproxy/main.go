@@ -1,0 +1,124 @@
+// Command nodeproxy is Causeway's per-node proxy (DaemonSet): it captures
+// workload traffic, carries it over HBONE with the source workload's
+// certificate, terminates HBONE for its node's pods and enforces
+// waypoint-only ingress (DESIGN §5).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/bootstrap"
+	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+func main() {
+	var common bootstrap.Flags
+	fs := flag.NewFlagSet("nodeproxy", flag.ExitOnError)
+	common.Register(fs)
+	node := fs.String("node", os.Getenv("NODE_NAME"), "name of this node")
+	socks := fs.String("socks5", "127.0.0.1:15080", "SOCKS5 outbound capture address (local mode)")
+	hbonePort := fs.Uint("hbone-port", 15008, "HBONE port on pod IPs")
+	passthrough := fs.Bool("passthrough", false, "send traffic to destinations unknown to the mesh (and from non-mesh sources) as plain TCP instead of refusing it")
+	plaintext := fs.Bool("allow-plaintext", true, "deliver plaintext from outside the mesh to pods without a waypoint")
+	drain := fs.Duration("drain", 10*time.Second, "how long tunnels may drain on shutdown")
+	fs.Parse(os.Args[1:])
+	if *node == "" {
+		bootstrap.Fatal("nodeproxy", fmt.Errorf("--node is required"))
+	}
+	if *hbonePort == 0 || *hbonePort > 65535 {
+		bootstrap.Fatal("nodeproxy", fmt.Errorf("--hbone-port %d out of range", *hbonePort))
+	}
+	if err := run(&common, *node, *socks, uint16(*hbonePort), *passthrough, *plaintext, *drain); err != nil {
+		bootstrap.Fatal("nodeproxy", err)
+	}
+}
+
+func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthrough, plaintext bool, drain time.Duration) error {
+	env, err := common.Setup()
+	if err != nil {
+		return err
+	}
+	log := env.Log.Logger.With(zap.String("node", node))
+	defer log.Sync()
+	ctx, stop := bootstrap.SignalContext()
+	defer stop()
+
+	ca, err := common.CAClient(env)
+	if err != nil {
+		return err
+	}
+	defer ca.Close()
+	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log.Named("certificates")})
+	if err != nil {
+		return err
+	}
+	proxy, err := nodeproxy.New(nodeproxy.Options{
+		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, Registry: env.Metrics,
+		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext,
+	})
+	if err != nil {
+		return err
+	}
+	xc, err := xds.NewClient(xds.ClientOptions{
+		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
+		NodeID: "nodeproxy~" + node, Logger: log.Named("xds"),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
+		OnChange: func(s *xds.State, _ []string) {
+			proxy.Update(nodeproxy.NewRegistry(node, values(s.Workloads), values(s.Services), values(s.Waypoints)))
+		},
+	})
+	if err != nil {
+		return err
+	}
+	ready := func() error {
+		if !xc.Ready() {
+			return fmt.Errorf("waiting for the first configuration from %s", common.XDSAddress)
+		}
+		return proxy.Ready()
+	}
+	waitOps, err := common.ServeOps(ctx, env, proxy.Dump, ready)
+	if err != nil {
+		return err
+	}
+	sl, err := net.Listen("tcp", socks)
+	if err != nil {
+		return fmt.Errorf("SOCKS5 listener: %w", err)
+	}
+	s5 := &capture.SOCKS5{Handler: proxy, Logger: log.Named("socks5")}
+
+	errc := make(chan error, 4)
+	go func() { errc <- certs.Run(ctx) }()
+	go func() { errc <- xc.Run(ctx) }()
+	go func() { errc <- s5.Serve(ctx, sl) }()
+	go func() { errc <- proxy.Run(ctx, drain) }()
+	log.Info("node proxy started", zap.String("socks5", sl.Addr().String()), zap.String("xds", common.XDSAddress))
+	var firstErr error
+	for range 4 {
+		if err := <-errc; err != nil && firstErr == nil && ctx.Err() == nil {
+			firstErr = err
+			stop() // one part failed: take the rest down
+		}
+	}
+	waitOps()
+	log.Info("node proxy stopped")
+	return firstErr
+}
+
+func values[M any](m map[string]M) []M {
+	out := make([]M, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
+

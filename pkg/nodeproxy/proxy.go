@@ -1,0 +1,687 @@
+package nodeproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Certificates is what the proxy needs of the certificate manager.
+type Certificates interface {
+	Get(ctx context.Context, id trust.Identity) (*tls.Certificate, error)
+	Prefetch(id trust.Identity)
+	Forget(id trust.Identity)
+	Snapshot() []certmanager.CertificateStatus
+}
+
+// Options configure a Proxy.
+type Options struct {
+	Node string
+	// Bundle verifies peers (mesh roots).
+	Bundle       *trust.Bundle
+	Certificates Certificates
+	Logger       *zap.Logger
+	// AccessLog receives one line per connection (default: Logger).
+	AccessLog *zap.Logger
+	Registry  prometheus.Registerer
+	// HBONEPort is where pods (and this proxy, for its pods) take HBONE.
+	HBONEPort uint16
+	// AllowPassthrough lets connections to destinations unknown to the mesh,
+	// and from sources that are no local workload, go out as plain TCP.
+	AllowPassthrough bool
+	// AllowPlaintext delivers plaintext from outside the mesh to pods
+	// without a waypoint (pods with one always hairpin through it).
+	AllowPlaintext bool
+	// CertWait bounds how long a connection waits for its source
+	// identity's certificate (default 10s).
+	CertWait time.Duration
+	// ConnectTimeout bounds each upstream connect attempt (default 5s).
+	ConnectTimeout time.Duration
+	// PodListeners opens a pod's listeners (HBONE and, in local mode, its
+	// serving ports); default net.Listen on the pod IP.
+	Listen func(ctx context.Context, addr netip.AddrPort) (net.Listener, error)
+	// Pool options for outbound tunnels (Bundle and Logger are filled in).
+	Pool hbone.PoolOptions
+	// Server options for inbound tunnels (TLS, Handler and Logger are filled in).
+	Server hbone.ServerOptions
+}
+
+// Proxy is a node proxy.
+type Proxy struct {
+	opts    Options
+	log     *zap.Logger
+	access  *zap.Logger
+	metrics *metrics
+	pool    *hbone.Pool
+	server  *hbone.Server
+
+	reg atomic.Pointer[Registry]
+
+	// active counts open connections per endpoint for least-connections.
+	activeMu sync.Mutex
+	active   map[netip.AddrPort]int
+
+	mu         sync.Mutex
+	ctx        context.Context // set by Run
+	pods       map[netip.Addr]*podListeners
+	identities map[trust.Identity]bool
+	wg         sync.WaitGroup
+}
+
+type podListeners struct {
+	uid   string
+	hbone net.Listener
+	plain []net.Listener
+}
+
+// New builds a proxy; Run starts it.
+func New(o Options) (*Proxy, error) {
+	if o.Node == "" || o.Bundle == nil || o.Certificates == nil {
+		return nil, errors.New("nodeproxy: Node, Bundle and Certificates are required")
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.AccessLog == nil {
+		o.AccessLog = o.Logger.Named("access")
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.HBONEPort == 0 {
+		o.HBONEPort = 15008
+	}
+	if o.CertWait <= 0 {
+		o.CertWait = 10 * time.Second
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.Listen == nil {
+		o.Listen = func(ctx context.Context, a netip.AddrPort) (net.Listener, error) {
+			var lc net.ListenConfig
+			return lc.Listen(ctx, "tcp", a.String())
+		}
+	}
+	p := &Proxy{opts: o, log: o.Logger, access: o.AccessLog, metrics: newMetrics(o.Registry),
+		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, identities: map[trust.Identity]bool{}}
+	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
+
+	po := o.Pool
+	po.Bundle, po.Logger = o.Bundle, o.Logger.Named("hbone-client")
+	pool, err := hbone.NewPool(po)
+	if err != nil {
+		return nil, err
+	}
+	p.pool = pool
+	so := o.Server
+	so.TLS = trust.ServerConfig(o.Bundle, p.serverCertificate, trust.RequireClientCert)
+	so.Handler = hbone.HandlerFunc(p.openInbound)
+	so.Logger = o.Logger.Named("hbone-server")
+	srv, err := hbone.NewServer(so)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	p.server = srv
+	return p, nil
+}
+
+// Registry is the proxy's current view of the mesh.
+func (p *Proxy) Registry() *Registry { return p.reg.Load() }
+
+// Run serves until ctx ends, then drains tunnels for up to drain.
+func (p *Proxy) Run(ctx context.Context, drain time.Duration) error {
+	p.mu.Lock()
+	p.ctx = ctx
+	p.mu.Unlock()
+	p.Update(p.reg.Load()) // open listeners for what is already known
+	<-ctx.Done()
+	p.mu.Lock()
+	for ip, pl := range p.pods {
+		pl.close()
+		delete(p.pods, ip)
+	}
+	p.mu.Unlock()
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	err := p.server.Shutdown(sctx)
+	p.pool.Close()
+	p.wg.Wait()
+	return err
+}
+
+// Update installs a new view of the mesh: listeners open for new local pods
+// and close for departed ones, certificates are prefetched for new local
+// identities and forgotten for those with no workload left on the node.
+func (p *Proxy) Update(r *Registry) {
+	p.reg.Store(r)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := map[trust.Identity]bool{}
+	want := map[netip.Addr]*meshv1.Workload{}
+	for _, w := range r.LocalWorkloads() {
+		if id, err := trust.ParseIdentity(w.GetIdentity()); err == nil {
+			ids[id] = true
+		} else {
+			p.log.Warn("local workload has an invalid identity", zap.String("workload", w.GetUid()), zap.Error(err))
+		}
+		for _, a := range w.GetAddresses() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				want[ip.Unmap()] = w
+			}
+		}
+	}
+	for id := range ids {
+		if !p.identities[id] {
+			p.opts.Certificates.Prefetch(id)
+		}
+	}
+	for id := range p.identities {
+		if !ids[id] {
+			p.opts.Certificates.Forget(id)
+		}
+	}
+	p.identities = ids
+	if p.ctx == nil {
+		return // not running yet: Run opens listeners
+	}
+	for ip, pl := range p.pods {
+		if w, ok := want[ip]; !ok || w.GetUid() != pl.uid {
+			pl.close()
+			delete(p.pods, ip)
+		}
+	}
+	for ip, w := range want {
+		if _, ok := p.pods[ip]; ok {
+			continue
+		}
+		pl, err := p.listenPod(ip, w)
+		if err != nil {
+			p.log.Error("cannot serve pod", zap.String("workload", w.GetUid()), zap.Stringer("ip", ip), zap.Error(err))
+			continue
+		}
+		p.pods[ip] = pl
+	}
+}
+
+func (pl *podListeners) close() {
+	pl.hbone.Close()
+	for _, l := range pl.plain {
+		l.Close()
+	}
+}
+
+// listenPod opens the pod's HBONE listener and, when the pod has an app
+// address of its own (local mode), plaintext listeners on its serving
+// ports. Called with p.mu held.
+func (p *Proxy) listenPod(ip netip.Addr, w *meshv1.Workload) (*podListeners, error) {
+	hl, err := p.opts.Listen(p.ctx, netip.AddrPortFrom(ip, p.opts.HBONEPort))
+	if err != nil {
+		return nil, fmt.Errorf("HBONE listener: %w", err)
+	}
+	pl := &podListeners{uid: w.GetUid(), hbone: hl}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		if err := p.server.Serve(hl); err != nil && !errors.Is(err, hbone.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			p.log.Error("HBONE listener stopped", zap.Stringer("ip", ip), zap.Error(err))
+		}
+	}()
+	if w.GetAppAddress() == "" {
+		return pl, nil
+	}
+	for _, port := range w.GetServingPorts() {
+		l, err := p.opts.Listen(p.ctx, netip.AddrPortFrom(ip, uint16(port)))
+		if err != nil {
+			pl.close()
+			return nil, fmt.Errorf("plaintext listener on port %d: %w", port, err)
+		}
+		pl.plain = append(pl.plain, l)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.servePlaintext(l)
+		}()
+	}
+	return pl, nil
+}
+
+// serverCertificate presents the certificate of the pod whose IP the client dialed.
+func (p *Proxy) serverCertificate(local net.Addr) (*tls.Certificate, error) {
+	ap, err := netip.ParseAddrPort(local.String())
+	if err != nil {
+		return nil, err
+	}
+	w, ok := p.reg.Load().LocalWorkload(ap.Addr())
+	if !ok {
+		return nil, fmt.Errorf("%s is not a mesh pod on node %s", ap.Addr(), p.opts.Node)
+	}
+	id, err := trust.ParseIdentity(w.GetIdentity())
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.CertWait)
+	defer cancel()
+	return p.opts.Certificates.Get(ctx, id)
+}
+
+// Ready reports whether every local identity has a usable certificate.
+func (p *Proxy) Ready() error {
+	p.mu.Lock()
+	want := len(p.identities)
+	p.mu.Unlock()
+	have := 0
+	for _, c := range p.opts.Certificates.Snapshot() {
+		id, err := trust.ParseIdentity(c.Identity)
+		if err != nil {
+			continue
+		}
+		p.mu.Lock()
+		local := p.identities[id]
+		p.mu.Unlock()
+		if !local {
+			continue
+		}
+		if c.State != certmanager.StateAvailable {
+			return fmt.Errorf("certificate for %s: %s", c.Identity, c.State)
+		}
+		have++
+	}
+	if have < want {
+		return fmt.Errorf("%d of %d local identities have certificates", have, want)
+	}
+	return nil
+}
+
+// Dump builds the /config_dump document (DESIGN §8).
+func (p *Proxy) Dump() (*admin.ConfigDump, error) {
+	r := p.reg.Load()
+	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{},
+		Certificates: p.opts.Certificates.Snapshot()}
+	for _, w := range r.AllWorkloads() {
+		raw, err := protojson.Marshal(w)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range w.GetAddresses() {
+			d.ByAddr[a] = raw
+		}
+	}
+	for _, s := range r.Services() {
+		raw, err := protojson.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		for _, v := range s.GetVips() {
+			d.ByVIP[v] = raw
+		}
+	}
+	return d, nil
+}
+
+// --- outbound ---
+
+// HandleOutbound carries one captured connection (capture.Handler).
+func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
+	start := time.Now()
+	r := p.reg.Load()
+	dst := c.Destination()
+	rec := connRecord{direction: "outbound", src: c.Source(), dst: dst.String(), srcIdentity: "unauthenticated"}
+	src, ok := r.LocalWorkload(c.Source().Addr())
+	if ok {
+		rec.srcWorkload, rec.srcIdentity = src.GetUid(), src.GetIdentity()
+	} else if !p.opts.AllowPassthrough {
+		c.Answer(capture.Refused)
+		c.Close()
+		p.finish(rec, start, fmt.Errorf("source %s is not a mesh workload on node %s", c.Source().Addr(), p.opts.Node))
+		return
+	}
+	plan, err := r.planOutbound(dst, p.opts.HBONEPort, p.opts.AllowPassthrough)
+	if err == nil && src == nil && planNeedsIdentity(plan) {
+		err = fmt.Errorf("%w: source %s is not a mesh workload and %s is in the mesh", errRefused, c.Source().Addr(), dst)
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, errHostUnknown):
+			c.Answer(capture.HostUnknown)
+		case errors.Is(err, errRefused):
+			c.Answer(capture.Refused)
+		default:
+			c.Answer(capture.Unreachable)
+		}
+		c.Close()
+		p.finish(rec, start, err)
+		return
+	}
+	rec.describePlan(plan)
+	upstream, hop, err := p.connect(ctx, src, plan, c.Source())
+	if err != nil {
+		c.Answer(capture.Unreachable)
+		c.Close()
+		p.finish(rec, start, err)
+		return
+	}
+	defer p.release(hop)
+	rec.describeHop(hop)
+	if err := c.Answer(capture.Connected); err != nil {
+		upstream.Close()
+		c.Close()
+		p.finish(rec, start, fmt.Errorf("answer client: %w", err))
+		return
+	}
+	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	rec.sent, rec.received, err = hbone.Join(ctx, c, upstream)
+	p.finish(rec, start, err)
+}
+
+func planNeedsIdentity(plan Plan) bool {
+	for _, h := range plan.Hops {
+		if h.Kind == ViaWaypoint || h.Kind == Direct {
+			return true
+		}
+	}
+	return false
+}
+
+// connect tries the plan's hops in balancer order until one connects.
+func (p *Proxy) connect(ctx context.Context, src *meshv1.Workload, plan Plan, from netip.AddrPort) (net.Conn, Hop, error) {
+	var errs []error
+	for _, hop := range p.order(plan.Hops) {
+		conn, err := p.dialHop(ctx, src, hop, from)
+		if err == nil {
+			return conn, hop, nil
+		}
+		p.release(hop)
+		errs = append(errs, fmt.Errorf("%s %s: %w", hop.Kind, hop.Address, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if plan.Waypoint != nil {
+		return nil, Hop{}, fmt.Errorf("waypoint %s/%s unreachable, failing closed: %w", plan.Waypoint.GetNamespace(), plan.Waypoint.GetName(), errors.Join(errs...))
+	}
+	return nil, Hop{}, errors.Join(errs...)
+}
+
+// order puts the hops in the order to try: the less loaded of two random
+// choices first (power of two choices, least connections), then the rest
+// in random order. It counts the connection on each hop as it is tried.
+func (p *Proxy) order(hops []Hop) []Hop {
+	out := append([]Hop(nil), hops...)
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	p.activeMu.Lock()
+	defer p.activeMu.Unlock()
+	if len(out) > 1 && p.active[out[1].Address] < p.active[out[0].Address] {
+		out[0], out[1] = out[1], out[0]
+	}
+	return out
+}
+
+func (p *Proxy) acquire(h Hop) {
+	p.activeMu.Lock()
+	p.active[h.Address]++
+	p.activeMu.Unlock()
+}
+
+func (p *Proxy) release(h Hop) {
+	if !h.Address.IsValid() {
+		return
+	}
+	p.activeMu.Lock()
+	if p.active[h.Address]--; p.active[h.Address] <= 0 {
+		delete(p.active, h.Address)
+	}
+	p.activeMu.Unlock()
+}
+
+// dialHop opens one upstream connection: an HBONE tunnel with the source
+// workload's certificate, or plain TCP.
+func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from netip.AddrPort) (net.Conn, error) {
+	p.acquire(hop)
+	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	defer cancel()
+	if hop.Kind == PlainTCP || hop.Kind == Passthrough {
+		var d net.Dialer
+		return d.DialContext(cctx, "tcp", hop.Address.String())
+	}
+	id, err := trust.ParseIdentity(src.GetIdentity())
+	if err != nil {
+		return nil, fmt.Errorf("source identity: %w", err)
+	}
+	// The certificate may still be on its way: wait for it (the manager
+	// raises its priority) up to CertWait.
+	wctx, wcancel := context.WithTimeout(ctx, p.opts.CertWait)
+	cert, err := p.opts.Certificates.Get(wctx, id)
+	wcancel()
+	if err != nil {
+		return nil, fmt.Errorf("no certificate for %s: %w", id, err)
+	}
+	return p.pool.Dial(cctx, hbone.Target{
+		Address:   hop.Address,
+		Authority: hbone.FormatAuthority(hop.Authority),
+		Source:    id,
+		Cert:      func() (*tls.Certificate, error) { return cert, nil },
+		Expected:  []trust.Identity{hop.Expected},
+		Forwarded: from,
+	})
+}
+
+// --- inbound ---
+
+// openInbound admits an HBONE tunnel to a local pod and connects to its app.
+func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stream, error) {
+	start := time.Now()
+	r := p.reg.Load()
+	rec := connRecord{direction: "inbound", src: req.Remote, dst: req.Authority.String(), srcIdentity: req.Peer.String()}
+	if !req.Authority.IsValid() {
+		err := hbone.BadRequest("authority must be ip:port")
+		p.finish(rec, start, err)
+		return nil, err
+	}
+	adm, err := r.admitInbound(req.Local.Addr(), req.Authority, req.Peer)
+	if err != nil {
+		err = hbone.Deny(err.Error())
+		p.finish(rec, start, err)
+		return nil, err
+	}
+	rec.dstWorkload, rec.dstIdentity = adm.Workload.GetUid(), adm.Workload.GetIdentity()
+	if adm.FromWaypoint && req.Forwarded.IsValid() {
+		// Only the destination's own authenticated waypoint may say who
+		// the original client was; it is for logs and metrics only.
+		rec.src, rec.via = req.Forwarded, req.Peer.String()
+	}
+	to, err := deliveryAddress(adm.Workload, req.Authority.Addr(), req.Authority.Port())
+	if err != nil {
+		err = hbone.Unavailable(err.Error())
+		p.finish(rec, start, err)
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	defer cancel()
+	var d net.Dialer
+	upstream, err := d.DialContext(cctx, "tcp", to.String())
+	if err != nil {
+		err = hbone.Unavailable(fmt.Sprintf("connect %s: %v", to, err))
+		p.finish(rec, start, err)
+		return nil, err
+	}
+	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+		rec.sent, rec.received, err = hbone.Join(ctx, tunnel, upstream)
+		p.finish(rec, start, err)
+	}), nil
+}
+
+// servePlaintext takes connections from outside the mesh on a pod's serving
+// port (local mode's stand-in for in-pod port 15006).
+func (p *Proxy) servePlaintext(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.log.Error("plaintext listener stopped", zap.Stringer("addr", l.Addr()), zap.Error(err))
+			}
+			return
+		}
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.handlePlaintext(c)
+		}()
+	}
+}
+
+func (p *Proxy) handlePlaintext(c net.Conn) {
+	start := time.Now()
+	p.mu.Lock()
+	ctx := p.ctx
+	p.mu.Unlock()
+	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	dst, _ := netip.ParseAddrPort(c.LocalAddr().String())
+	rec := connRecord{direction: "inbound", src: src, dst: dst.String(), srcIdentity: "unauthenticated"}
+	w, hop, err := p.reg.Load().planPlaintextInbound(netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()), p.opts.AllowPlaintext)
+	if err != nil {
+		abort(c)
+		p.finish(rec, start, err)
+		return
+	}
+	rec.dstWorkload, rec.dstIdentity = w.GetUid(), w.GetIdentity()
+	var upstream net.Conn
+	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	if hop != nil {
+		// Hairpin: the proxy cannot vouch for this caller, so the tunnel to
+		// the waypoint is TLS-only and carries no identity.
+		rec.describeHop(*hop)
+		upstream, err = p.pool.Dial(cctx, hbone.Target{
+			Address: hop.Address, Authority: hbone.FormatAuthority(hop.Authority),
+			Expected: []trust.Identity{hop.Expected}, Forwarded: src,
+		})
+		if err != nil {
+			err = fmt.Errorf("waypoint unreachable, failing closed: %w", err)
+		}
+	} else {
+		var to netip.AddrPort
+		if to, err = deliveryAddress(w, dst.Addr(), dst.Port()); err == nil {
+			var d net.Dialer
+			upstream, err = d.DialContext(cctx, "tcp", to.String())
+		}
+	}
+	cancel()
+	if err != nil {
+		abort(c)
+		p.finish(rec, start, err)
+		return
+	}
+	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	rec.sent, rec.received, err = hbone.Join(ctx, c, upstream)
+	p.finish(rec, start, err)
+}
+
+func abort(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// --- access log ---
+
+// connRecord is what the access log and metrics say about one connection.
+type connRecord struct {
+	direction                string
+	src                      netip.AddrPort
+	via                      string // waypoint that forwarded it (inbound)
+	dst                      string
+	srcWorkload, srcIdentity string
+	dstWorkload, dstIdentity string
+	service, waypoint, hop   string
+	sent, received           int64
+}
+
+func (r *connRecord) describePlan(p Plan) {
+	if p.Service != nil {
+		r.service = p.Service.GetNamespace() + "/" + p.Service.GetName()
+	}
+	if p.Waypoint != nil {
+		r.waypoint = p.Waypoint.GetNamespace() + "/" + p.Waypoint.GetName()
+	}
+}
+
+func (r *connRecord) describeHop(h Hop) {
+	r.hop = h.Kind.String() + " " + h.Address.String()
+	if h.Workload != nil {
+		r.dstWorkload, r.dstIdentity = h.Workload.GetUid(), h.Workload.GetIdentity()
+	} else if !h.Expected.IsZero() {
+		r.dstIdentity = h.Expected.String()
+	}
+}
+
+func (r *connRecord) labels() []string {
+	return []string{r.direction, orUnknown(r.srcIdentity), orUnknown(r.dstIdentity), orUnknown(r.service)}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// finish writes the access log line and the close metrics.
+func (p *Proxy) finish(r connRecord, start time.Time, err error) {
+	reason := "ok"
+	if err != nil {
+		reason = err.Error()
+	}
+	labels := r.labels()
+	p.metrics.closed.WithLabelValues(append(labels, closeReason(err))...).Inc()
+	p.metrics.sent.WithLabelValues(labels...).Add(float64(r.sent))
+	p.metrics.received.WithLabelValues(labels...).Add(float64(r.received))
+	fields := []zap.Field{
+		zap.String("direction", r.direction), zap.String("src", r.src.String()), zap.String("src_workload", r.srcWorkload),
+		zap.String("src_identity", r.srcIdentity), zap.String("dst", r.dst), zap.String("dst_workload", r.dstWorkload),
+		zap.String("dst_identity", r.dstIdentity), zap.String("service", r.service), zap.String("waypoint", r.waypoint),
+		zap.String("hop", r.hop), zap.Int64("bytes_sent", r.sent), zap.Int64("bytes_received", r.received),
+		zap.Duration("duration", time.Since(start)), zap.String("result", reason),
+	}
+	if r.via != "" {
+		fields = append(fields, zap.String("via", r.via))
+	}
+	p.access.Info("connection", fields...)
+}
+
+// closeReason is a low-cardinality metric label for how a connection ended.
+func closeReason(err error) string {
+	var se *hbone.StatusError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &se):
+		return "status_" + strconv.Itoa(se.Code)
+	case errors.Is(err, errRefused), errors.Is(err, errHostUnknown):
+		return "refused"
+	default:
+		return "error"
+	}
+}
