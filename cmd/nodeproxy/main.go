@@ -121,4 +121,3 @@ func values[M any](m map[string]M) []M {
 	}
 	return out
 }
-

@@ -56,7 +56,7 @@ func meshResources() ([]*meshv1.Workload, []*meshv1.Service, []*meshv1.Waypoint)
 	wp := wl("wp", podWaypoint, "node-a", "waypoint", false)
 	wp.WaypointForGateway = &meshv1.Ref{Namespace: "t", Name: "wp"}
 	svc := &meshv1.Service{Name: "svc", Namespace: "t", Hostname: "svc.t.svc.cluster.local", Vips: []string{vipSvc},
-		Ports: []*meshv1.ServicePort{{Port: 80, TargetPort: 8080}},
+		Ports:     []*meshv1.ServicePort{{Port: 80, TargetPort: 8080}},
 		Endpoints: []*meshv1.Endpoint{{WorkloadUid: "b", Address: podB}, {WorkloadUid: "c", Address: podC}, {WorkloadUid: "e", Address: podE}}}
 	wps := []*meshv1.Waypoint{{Name: "wp", Namespace: "t", Identity: "spiffe://cluster.local/ns/t/sa/waypoint", Addresses: []string{podWaypoint}, HbonePort: 15008, WaypointFor: "workload"}}
 	return []*meshv1.Workload{a, b, c, d, e, wp}, []*meshv1.Service{svc}, wps
