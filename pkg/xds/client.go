@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -172,6 +173,12 @@ func NewClient(o ClientOptions) (*Client, error) {
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// The channel's own reconnection follows the same bounds as the
+		// stream's, or gRPC's defaults (up to 120 s) would stretch outages.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: o.InitialBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: o.MaxBackoff},
+			MinConnectTimeout: 20 * time.Second,
+		}),
 	}
 	if o.Token != nil {
 		dial = append(dial, grpc.WithPerRPCCredentials(bearerToken(o.Token)))

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/logging"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+)
+
+// controlPlane wires the configuration source, the model, the xDS server
+// and the CA together. The CA's node authorization reads the same model
+// the xDS server is fed from, so both always agree on which workload runs
+// where.
+type controlPlane struct {
+	opts      options
+	log       *logging.Logger
+	authority *trust.Authority
+	bundle    *trust.Bundle
+	identity  trust.Identity
+	auth      authn.Authenticator
+	model     *config.Model
+	registry  *prometheus.Registry
+
+	rejected   prometheus.Counter
+	loads      prometheus.Counter
+	lastGood   prometheus.Gauge
+	serveCert  atomic.Pointer[tls.Certificate]
+	ready      atomic.Bool
+	grpcAddr   atomic.Value // string, once listening
+	httpAddrs  sync.Map     // flag address -> bound address
+	listenedCh chan struct{}
+}
+
+func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
+	authority, err := trust.LoadOrCreateCA(o.caDir, o.trustDomain, o.certTTL)
+	if err != nil {
+		return nil, err
+	}
+	bundle, err := trust.NewBundle(o.trustDomain, authority.Roots())
+	if err != nil {
+		return nil, err
+	}
+	id, err := trust.ControlPlaneIdentity(o.trustDomain)
+	if err != nil {
+		return nil, err
+	}
+	peerCert, err := authn.NewPeerCertificate(o.trustDomain)
+	if err != nil {
+		return nil, err
+	}
+	chain := authn.Chain{}
+	if o.tokensFile != "" {
+		tf, err := authn.NewTokenFile(o.tokensFile, o.trustDomain, log.Named("tokens"))
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, tf)
+	}
+	chain = append(chain, peerCert)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cp := &controlPlane{
+		opts: o, log: log, authority: authority, bundle: bundle, identity: id, auth: chain,
+		model: &config.Model{}, registry: reg, listenedCh: make(chan struct{}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "causeway_config_rejected_total", Help: "Configuration changes rejected (the last good configuration stayed in force).",
+		}),
+		loads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "causeway_config_loads_total", Help: "Good configurations loaded.",
+		}),
+		lastGood: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "causeway_config_last_good_timestamp_seconds", Help: "When the configuration in force was loaded.",
+		}),
+	}
+	reg.MustRegister(cp.rejected, cp.loads, cp.lastGood)
+	if err := cp.renewServingCert(); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+// renewServingCert issues the control plane's own certificate from its CA.
+func (cp *controlPlane) renewServingCert() error {
+	key, csrPEM, err := trust.NewKeyAndCSR(cp.identity)
+	if err != nil {
+		return err
+	}
+	csr, err := trust.ParseCSR(csrPEM)
+	if err != nil {
+		return err
+	}
+	chain, err := cp.authority.Sign(csr, cp.identity, 0)
+	if err != nil {
+		return fmt.Errorf("serving certificate: %w", err)
+	}
+	cert, err := trust.TLSCertificate(chain, key)
+	if err != nil {
+		return fmt.Errorf("serving certificate: %w", err)
+	}
+	cp.serveCert.Store(cert)
+	cp.log.Info("serving certificate issued", zap.Stringer("identity", cp.identity),
+		zap.Time("not_after", cert.Leaf.NotAfter), zap.String("serial", cert.Leaf.SerialNumber.Text(16)))
+	return nil
+}
+
+// rotateServingCert renews the serving certificate at about half its
+// lifetime, retrying every minute on failure, until ctx ends.
+func (cp *controlPlane) rotateServingCert(ctx context.Context) {
+	for {
+		leaf := cp.serveCert.Load().Leaf
+		life := leaf.NotAfter.Sub(leaf.NotBefore)
+		wait := time.Until(leaf.NotBefore.Add(life/2)) + rand.N(life/10+1)
+		if wait < time.Second {
+			wait = time.Second
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		for cp.renewServingCert() != nil {
+			cp.log.Error("serving certificate renewal failed; retrying in a minute")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Minute):
+			}
+		}
+	}
+}
+
+// run serves until ctx ends, then shuts down gracefully.
+func (cp *controlPlane) run(ctx context.Context) error {
+	log := cp.log.Logger
+	srvCtx, cancelStreams := context.WithCancel(context.Background())
+	defer cancelStreams()
+
+	xdsServer, err := xds.NewServer(srvCtx, xds.ServerOptions{Authenticator: cp.auth, Logger: log, Registerer: cp.registry})
+	if err != nil {
+		return err
+	}
+	ca, err := caserver.New(caserver.Options{
+		Authority:           cp.authority,
+		TrustDomain:         cp.opts.trustDomain,
+		Authenticator:       cp.auth,
+		TrustedNodeAccounts: cp.opts.trustedNodeAccounts,
+		Workloads:           cp.model,
+		DefaultTTL:          cp.opts.certTTL,
+		Logger:              log,
+	})
+	if err != nil {
+		return err
+	}
+	tlsConf := trust.ServerConfig(cp.bundle, func(net.Addr) (*tls.Certificate, error) { return cp.serveCert.Load(), nil }, trust.VerifyIfGiven)
+	g := grpc.NewServer(append(xds.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(tlsConf)))...)
+	xdsServer.Register(g)
+	ca.Register(g)
+
+	ln, err := net.Listen("tcp", cp.opts.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cp.opts.listen, err)
+	}
+	cp.grpcAddr.Store(ln.Addr().String())
+
+	httpServers, err := cp.startHTTP(xdsServer)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	close(cp.listenedCh)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	bgCtx, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		cp.rotateServingCert(bgCtx)
+	}()
+	src := config.NewDirSource(cp.opts.configDir, config.DirOptions{
+		Translate:  config.Options{TrustDomain: cp.opts.trustDomain, ClusterDomain: cp.opts.clusterDomain},
+		Logger:     log.Named("config"),
+		Debounce:   cp.opts.debounce,
+		Rescan:     cp.opts.rescan,
+		OnRejected: func(error) { cp.rejected.Inc() },
+	})
+	go func() {
+		defer wg.Done()
+		_ = src.Run(bgCtx, func(s *config.Snapshot) {
+			// The CA's index first: a node proxy that learns of a workload
+			// over xDS may ask for its certificate at once.
+			cp.model.Set(s)
+			if err := xdsServer.Update(s.Resources()); err != nil {
+				log.Error("xDS update failed", zap.Error(err))
+				return
+			}
+			cp.loads.Inc()
+			cp.lastGood.SetToCurrentTime()
+			if !cp.ready.Swap(true) {
+				log.Info("first configuration served; ready")
+			}
+		})
+	}()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.Serve(ln) }()
+	log.Info("control plane serving xDS and CA",
+		zap.String("listen", ln.Addr().String()), zap.Stringer("identity", cp.identity),
+		zap.String("config_dir", cp.opts.configDir), zap.String("trust_domain", cp.opts.trustDomain))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err := <-serveErr:
+		runErr = fmt.Errorf("gRPC server: %w", err)
+	}
+	stopBG()
+	cp.ready.Store(false)
+	// xDS streams never end by themselves: end them, then let unary calls
+	// (certificate requests) in flight finish within the grace period.
+	cancelStreams()
+	stopped := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(cp.opts.shutdownGrace):
+		log.Warn("grace period over; closing remaining connections")
+		g.Stop()
+		<-stopped
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), cp.opts.shutdownGrace)
+	defer cancel()
+	for _, h := range httpServers {
+		_ = h.Shutdown(shutCtx)
+	}
+	return runErr
+}
+
+// startHTTP serves readiness, metrics and debug endpoints; the two flag
+// addresses may be the same.
+func (cp *controlPlane) startHTTP(xdsServer *xds.Server) ([]*http.Server, error) {
+	muxes := map[string]*http.ServeMux{}
+	mux := func(addr string) *http.ServeMux {
+		if muxes[addr] == nil {
+			muxes[addr] = http.NewServeMux()
+		}
+		return muxes[addr]
+	}
+	if a := cp.opts.readinessAddr; a != "" {
+		mux(a).HandleFunc("/healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
+			if !cp.ready.Load() {
+				http.Error(w, "no good configuration yet", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+	}
+	if a := cp.opts.metricsAddr; a != "" {
+		m := mux(a)
+		m.Handle("/metrics", promhttp.HandlerFor(cp.registry, promhttp.HandlerOpts{}))
+		m.Handle("/logging", cp.log.Handler())
+		m.HandleFunc("/debug/config", cp.serveConfigDump)
+		m.HandleFunc("/debug/clients", func(w http.ResponseWriter, _ *http.Request) {
+			clients := xdsServer.Clients()
+			sort.Slice(clients, func(i, j int) bool { return clients[i].Since.Before(clients[j].Since) })
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(clients)
+		})
+	}
+	var servers []*http.Server
+	for addr, m := range muxes {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, s := range servers {
+				_ = s.Close()
+			}
+			return nil, fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		cp.httpAddrs.Store(addr, ln.Addr().String())
+		s := &http.Server{Handler: m, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+		servers = append(servers, s)
+		go func() {
+			if err := s.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				cp.log.Error("HTTP server failed", zap.String("addr", addr), zap.Error(err))
+			}
+		}()
+	}
+	return servers, nil
+}
+
+// serveConfigDump writes the configuration in force as JSON: resources by
+// type and name, as served over xDS.
+func (cp *controlPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) {
+	s := cp.model.Current()
+	if s == nil {
+		http.Error(w, "no good configuration yet", http.StatusServiceUnavailable)
+		return
+	}
+	out := map[string]map[string]json.RawMessage{}
+	for typeURL, res := range s.Resources() {
+		m := make(map[string]json.RawMessage, len(res))
+		for name, msg := range res {
+			b, err := protojson.Marshal(msg)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			m[name] = b
+		}
+		out[typeURL] = m
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(out)
+}

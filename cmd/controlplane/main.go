@@ -1,0 +1,119 @@
+// Command controlplane watches the mesh configuration and serves it over
+// delta xDS, next to the mesh CA, on one gRPC port over TLS (DESIGN §1).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/logging"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "controlplane:", err)
+		os.Exit(2)
+	}
+	log, err := logging.New(logging.Options{Format: cfg.logFormat, Level: cfg.logLevel})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "controlplane:", err)
+		os.Exit(2)
+	}
+	defer func() { _ = log.Sync() }()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cp, err := newControlPlane(cfg, log)
+	if err != nil {
+		log.Error("control plane cannot start: " + err.Error())
+		os.Exit(1)
+	}
+	if err := cp.run(ctx); err != nil {
+		log.Error("control plane failed: " + err.Error())
+		os.Exit(1)
+	}
+}
+
+// options are the control plane's flags.
+type options struct {
+	configDir           string
+	listen              string
+	caDir               string
+	trustDomain         string
+	clusterDomain       string
+	tokensFile          string
+	trustedNodeAccounts []trust.Identity
+	readinessAddr       string
+	metricsAddr         string
+	logFormat           string
+	logLevel            string
+	certTTL             time.Duration
+	debounce            time.Duration
+	rescan              time.Duration
+	shutdownGrace       time.Duration
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	var trusted string
+	fs := flag.NewFlagSet("controlplane", flag.ContinueOnError)
+	fs.StringVar(&o.configDir, "config-dir", "", "directory of Kubernetes YAML (Namespace, Pod, Service, EndpointSlice, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant), watched for changes (required)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:15012", "address of the gRPC port serving xDS and the CA over TLS")
+	fs.StringVar(&o.caDir, "ca-dir", "", "CA directory in Istio's plug-in layout (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem); generated when empty (required)")
+	fs.StringVar(&o.trustDomain, "trust-domain", trust.DefaultTrustDomain, "trust domain of the mesh")
+	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "DNS domain of service hostnames")
+	fs.StringVar(&o.tokensFile, "tokens-file", "", "bearer tokens file: <token> <namespace>/<serviceaccount> [<node>] per line (without it, only mesh client certificates authenticate)")
+	fs.StringVar(&trusted, "trusted-node-accounts", "causeway-system/nodeproxy", "comma-separated accounts (<namespace>/<serviceaccount> or SPIFFE IDs) that may ask for the identities of workloads on their node")
+	fs.StringVar(&o.readinessAddr, "readiness", "127.0.0.1:15014", "address serving /healthz/ready (ready after the first good configuration); empty: off")
+	fs.StringVar(&o.metricsAddr, "metrics", "127.0.0.1:15014", "address serving Prometheus /metrics and /debug/ endpoints; empty: off (may equal --readiness)")
+	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.DurationVar(&o.certTTL, "cert-ttl", trust.DefaultCertTTL, "longest lifetime of issued certificates")
+	fs.DurationVar(&o.debounce, "config-debounce", 100*time.Millisecond, "quiet time after a configuration change before it is read")
+	fs.DurationVar(&o.rescan, "config-rescan", 10*time.Second, "period of full configuration re-reads (catches missed file events)")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 5*time.Second, "how long shutdown waits for calls in flight")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.configDir == "" {
+		return o, fmt.Errorf("--config-dir is required")
+	}
+	if o.caDir == "" {
+		return o, fmt.Errorf("--ca-dir is required")
+	}
+	for _, a := range strings.Split(trusted, ",") {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		var id trust.Identity
+		var err error
+		if strings.HasPrefix(a, "spiffe://") {
+			id, err = trust.ParseIdentity(a)
+		} else if ns, sa, ok := strings.Cut(a, "/"); ok {
+			id, err = trust.NewIdentity(o.trustDomain, ns, sa)
+		} else {
+			err = fmt.Errorf("want <namespace>/<serviceaccount> or a SPIFFE ID")
+		}
+		if err != nil {
+			return o, fmt.Errorf("--trusted-node-accounts %q: %w", a, err)
+		}
+		o.trustedNodeAccounts = append(o.trustedNodeAccounts, id)
+	}
+	return o, nil
+}
