@@ -22,6 +22,16 @@ type Plan struct {
 	Nodes        []NodePlan
 	Waypoints    []WaypointPlan
 	Apps         []AppPlan
+	Pods         []PodPlan
+}
+
+// PodPlan says where a pod's traffic comes from: its IP, and for mesh pods
+// the SOCKS5 address of its node proxy.
+type PodPlan struct {
+	Namespace, Name string
+	IP              string
+	Node            string
+	SOCKS5          string // empty for pods outside the mesh
 }
 
 // ControlPlanePlan is where the control plane listens.
@@ -85,6 +95,16 @@ func NewPlan(s *config.Snapshot, basePort int) (*Plan, error) {
 			Token: fmt.Sprintf("node-%s-token", n)})
 	}
 	for _, w := range workloads {
+		if len(w.GetAddresses()) == 0 {
+			continue
+		}
+		pod := PodPlan{Namespace: w.GetNamespace(), Name: w.GetName(), IP: w.GetAddresses()[0], Node: w.GetNode()}
+		if n, ok := p.Node(w.GetNode()); ok && w.GetHbone() {
+			pod.SOCKS5 = n.SOCKS5
+		}
+		p.Pods = append(p.Pods, pod)
+	}
+	for _, w := range workloads {
 		gw := w.GetWaypointForGateway()
 		if gw == nil {
 			continue
@@ -123,6 +143,27 @@ func NewPlan(s *config.Snapshot, basePort int) (*Plan, error) {
 		p.Apps = append(p.Apps, app)
 	}
 	return p, nil
+}
+
+// Pod finds a pod by "namespace/name", or by name when that is unique.
+func (p *Plan) Pod(ref string) (PodPlan, error) {
+	var found []PodPlan
+	for _, pod := range p.Pods {
+		if pod.Namespace+"/"+pod.Name == ref {
+			return pod, nil
+		}
+		if pod.Name == ref {
+			found = append(found, pod)
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], nil
+	case 0:
+		return PodPlan{}, fmt.Errorf("no pod %q in the mesh", ref)
+	default:
+		return PodPlan{}, fmt.Errorf("pod name %q is ambiguous; use namespace/name", ref)
+	}
 }
 
 // Node returns the plan of the named node.

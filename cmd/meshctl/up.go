@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+)
+
+func init() {
+	register("up", "run a local mesh from a configuration directory (DIR)", runUp)
+	register("exec", "run a command as a pod of a running local mesh (POD -- CMD...)", runExec)
+}
+
+// planFile is where `up` records the running mesh for `exec`.
+const planFile = "mesh.json"
+
+type meshFlags struct {
+	state    string
+	policies string
+	bin      string
+	basePort int
+}
+
+func (m *meshFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&m.state, "state", ".causeway-local", "directory for CA files, tokens and logs")
+	fs.StringVar(&m.policies, "policies", "", "Rego policy directory for the waypoints (default DIR/policies)")
+	fs.StringVar(&m.bin, "bin", "", "directory holding controlplane, nodeproxy, waypoint and echo (default: meshctl's own)")
+	fs.IntVar(&m.basePort, "base-port", 16000, "first of the 127.0.0.1 ports given to admin, status and SOCKS5 listeners")
+}
+
+// startMesh plans and starts the mesh of dir.
+func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh, error) {
+	snap, err := config.NewDirSource(dir, config.DirOptions{}).Load()
+	if err != nil {
+		return nil, fmt.Errorf("configuration %s: %w", dir, err)
+	}
+	plan, err := localmesh.NewPlan(snap, m.basePort)
+	if err != nil {
+		return nil, err
+	}
+	if m.bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		m.bin = filepath.Dir(self)
+	}
+	if m.policies == "" {
+		m.policies = filepath.Join(dir, "policies")
+	}
+	state, err := filepath.Abs(m.state)
+	if err != nil {
+		return nil, err
+	}
+	mesh, err := localmesh.Start(ctx, plan, localmesh.Options{BinDir: m.bin, ConfigDir: dir, PolicyDir: m.policies, StateDir: state})
+	if err != nil {
+		return nil, err
+	}
+	data, err := json.MarshalIndent(plan, "", "  ")
+	if err == nil {
+		err = os.WriteFile(filepath.Join(state, planFile), data, 0o600)
+	}
+	if err != nil {
+		mesh.Stop()
+		return nil, fmt.Errorf("record the mesh: %w", err)
+	}
+	return mesh, nil
+}
+
+func runUp(args []string) error {
+	fs := flag.NewFlagSet("up", flag.ContinueOnError)
+	var m meshFlags
+	m.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("usage: meshctl up [flags] DIR")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	mesh, err := m.startMesh(ctx, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	defer mesh.Stop()
+	printPlan(os.Stdout, mesh)
+	fmt.Printf("\nTry: meshctl exec --state %s web/frontend -- curl -s http://reviews.shop/\nCtrl-C stops the mesh.\n", m.state)
+	select {
+	case <-ctx.Done():
+		fmt.Println("\nstopping the mesh")
+		return nil
+	case died := <-mesh.Died:
+		return errors.New(died)
+	}
+}
+
+func printPlan(w io.Writer, mesh *localmesh.Mesh) {
+	p := mesh.Plan
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "COMPONENT\tLISTENS\tADMIN\tREADY/METRICS\tSOCKS5")
+	fmt.Fprintf(tw, "controlplane\t%s (xDS, CA)\t-\t%s\t-\n", p.ControlPlane.GRPC, p.ControlPlane.Status)
+	for _, n := range p.Nodes {
+		fmt.Fprintf(tw, "nodeproxy %s\tpod IPs of %s\t%s\t%s\t%s\n", n.Node, n.Node, n.Admin, n.Status, n.SOCKS5)
+	}
+	for _, wp := range p.Waypoints {
+		fmt.Fprintf(tw, "waypoint %s/%s\t%s (HBONE)\t%s\t%s\t-\n", wp.Namespace, wp.Name, wp.HBONE, wp.Admin, wp.Status)
+	}
+	for _, a := range p.Apps {
+		fmt.Fprintf(tw, "app %s/%s\t%v\t-\t-\t-\n", a.Namespace, a.Name, a.Listen)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nState and logs: %s\n", mesh.Opts.StateDir)
+}
+
+func runExec(args []string) error {
+	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	state := fs.String("state", ".causeway-local", "state directory of the running mesh (meshctl up --state)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) < 3 || rest[1] != "--" {
+		return errors.New("usage: meshctl exec [--state DIR] POD -- CMD [ARGS...]")
+	}
+	data, err := os.ReadFile(filepath.Join(*state, planFile))
+	if err != nil {
+		return fmt.Errorf("no running mesh recorded in %s (start one with meshctl up): %w", *state, err)
+	}
+	var plan localmesh.Plan
+	if err := json.Unmarshal(data, &plan); err != nil {
+		return fmt.Errorf("%s: %w", planFile, err)
+	}
+	pod, err := plan.Pod(rest[0])
+	if err != nil {
+		return err
+	}
+	cmdArgs := rest[2:]
+	// curl can be told to leave from the pod's IP and use its node's
+	// SOCKS5; other commands get the same through the environment.
+	if filepath.Base(cmdArgs[0]) == "curl" {
+		extra := []string{"--interface", pod.IP}
+		if pod.SOCKS5 != "" {
+			extra = append(extra, "--socks5-hostname", pod.SOCKS5)
+		}
+		cmdArgs = append([]string{cmdArgs[0]}, append(extra, cmdArgs[1:]...)...)
+	}
+	cmd := exec.Command(cmdArgs[0], cmdArgs[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "CAUSEWAY_POD="+pod.Namespace+"/"+pod.Name, "CAUSEWAY_POD_IP="+pod.IP)
+	if pod.SOCKS5 != "" {
+		cmd.Env = append(cmd.Env, "CAUSEWAY_SOCKS5="+pod.SOCKS5, "ALL_PROXY=socks5h://"+pod.SOCKS5)
+	}
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.ExitCode())
+	}
+	return err
+}

@@ -1,0 +1,253 @@
+package localmesh
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// NodeAccount is the service account node proxies authenticate as; it is
+// the only account the CA lets impersonate workloads.
+const NodeAccount = "causeway-system/nodeproxy"
+
+// Options say where binaries, configuration and state are.
+type Options struct {
+	BinDir    string // controlplane, nodeproxy, waypoint, echo
+	ConfigDir string // the local-mode YAML
+	PolicyDir string // Rego policies for the waypoints
+	StateDir  string // CA files, tokens, logs
+	// LogFormat of the children: json (default) or console.
+	LogFormat string
+	// ReadyTimeout bounds the wait for each component (default 30 s).
+	ReadyTimeout time.Duration
+}
+
+// Mesh is a running local mesh.
+type Mesh struct {
+	Plan  *Plan
+	Opts  Options
+	group group
+	// Died receives the description of the first process that exits on its own.
+	Died chan string
+}
+
+// Start launches every process of plan, waiting for each layer to be ready
+// (control plane, then node proxies and waypoints, then apps). On any
+// failure everything started is stopped and the error names the process and
+// its last log lines.
+func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = 30 * time.Second
+	}
+	if o.LogFormat == "" {
+		o.LogFormat = "json"
+	}
+	for _, d := range []string{o.StateDir, filepath.Join(o.StateDir, "logs"), filepath.Join(o.StateDir, "ca")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
+	}
+	if err := checkPortsFree(plan); err != nil {
+		return nil, err
+	}
+	tokens, err := writeTokens(plan, o.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	m := &Mesh{Plan: plan, Opts: o, Died: make(chan string, 1)}
+	ok := false
+	defer func() {
+		if !ok {
+			m.Stop()
+		}
+	}()
+	logDir := filepath.Join(o.StateDir, "logs")
+	caDir := filepath.Join(o.StateDir, "ca")
+	root := filepath.Join(caDir, "root-cert.pem")
+	common := []string{"--log-format", o.LogFormat}
+
+	type job struct {
+		name, bin string
+		args      []string
+		ready     string // readiness URL, "" when none
+	}
+	launch := func(jobs []job) error {
+		var procs []*process
+		for _, j := range jobs {
+			p, err := startProcess(j.name, filepath.Join(o.BinDir, j.bin), j.args, logDir)
+			if err != nil {
+				return err
+			}
+			m.group.add(p)
+			procs = append(procs, p)
+		}
+		rctx, cancel := context.WithTimeout(ctx, o.ReadyTimeout)
+		defer cancel()
+		for i, j := range jobs {
+			if j.ready == "" {
+				continue
+			}
+			if err := waitReady(rctx, procs[i], j.ready); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+
+	cp := plan.ControlPlane
+	if err := launch([]job{{name: "controlplane", bin: "controlplane", ready: "http://" + cp.Status + "/healthz/ready",
+		args: append([]string{"--listen", cp.GRPC, "--readiness", cp.Status, "--metrics", cp.Status, "--config-dir", o.ConfigDir, "--ca-dir", caDir,
+			"--tokens-file", tokens, "--trusted-node-accounts", NodeAccount}, common...)}}); err != nil {
+		return nil, err
+	}
+	var proxies []job
+	for _, n := range plan.Nodes {
+		proxies = append(proxies, job{name: "nodeproxy-" + n.Node, bin: "nodeproxy", ready: "http://" + n.Status + "/healthz/ready",
+			args: append([]string{"--node", n.Node, "--xds-address", cp.GRPC, "--token-file", tokenFile(o.StateDir, n.Token),
+				"--root-cert", root, "--admin", n.Admin, "--status", n.Status, "--socks5", n.SOCKS5}, common...)})
+	}
+	for _, w := range plan.Waypoints {
+		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: "waypoint", ready: "http://" + w.Status + "/healthz/ready",
+			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
+				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root, "--policy-dir", o.PolicyDir,
+				"--admin", w.Admin, "--status", w.Status}, common...)})
+	}
+	if err := launch(proxies); err != nil {
+		return nil, err
+	}
+	var apps []job
+	for _, a := range plan.Apps {
+		args := []string{"--pod", a.Name, "--namespace", a.Namespace}
+		for _, l := range a.Listen {
+			args = append(args, "--listen", l)
+		}
+		apps = append(apps, job{name: "app-" + a.Namespace + "-" + a.Name, bin: "echo", args: args})
+	}
+	if err := launch(apps); err != nil {
+		return nil, err
+	}
+	if err := waitListening(ctx, plan.Apps, o.ReadyTimeout); err != nil {
+		return nil, err
+	}
+	go m.watch()
+	ok = true
+	return m, nil
+}
+
+// watch reports the first process that exits while the mesh runs.
+func (m *Mesh) watch() {
+	m.group.mu.Lock()
+	procs := append([]*process(nil), m.group.procs...)
+	m.group.mu.Unlock()
+	cases := make(chan *process, len(procs))
+	for _, p := range procs {
+		go func() {
+			<-p.done
+			cases <- p
+		}()
+	}
+	p := <-cases
+	select {
+	case m.Died <- p.describeExit():
+	default:
+	}
+}
+
+// Stop terminates every process, most recently started first.
+func (m *Mesh) Stop() { m.group.stopAll(5 * time.Second) }
+
+// LogPath is the log file of a named process.
+func (m *Mesh) LogPath(name string) string {
+	return filepath.Join(m.Opts.StateDir, "logs", name+".log")
+}
+
+func tokenFile(stateDir, token string) string {
+	return filepath.Join(stateDir, "tokens.d", strings.TrimSuffix(token, "-token")+".token")
+}
+
+// writeTokens creates a random bearer token per node proxy and waypoint,
+// the control plane's tokens file mapping each to its account and node, and
+// one file per token for the proxy that presents it.
+func writeTokens(plan *Plan, stateDir string) (string, error) {
+	dir := filepath.Join(stateDir, "tokens.d")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("tokens: %w", err)
+	}
+	var lines []string
+	add := func(name, account, node string) error {
+		b := make([]byte, 24)
+		if _, err := rand.Read(b); err != nil {
+			return fmt.Errorf("token: %w", err)
+		}
+		tok := hex.EncodeToString(b)
+		lines = append(lines, fmt.Sprintf("%s %s %s", tok, account, node))
+		return os.WriteFile(tokenFile(stateDir, name), []byte(tok+"\n"), 0o600)
+	}
+	for _, n := range plan.Nodes {
+		if err := add(n.Token, NodeAccount, n.Node); err != nil {
+			return "", err
+		}
+	}
+	for _, w := range plan.Waypoints {
+		if err := add(w.Token, w.Namespace+"/"+w.ServiceAccount, w.Node); err != nil {
+			return "", err
+		}
+	}
+	path := filepath.Join(stateDir, "tokens")
+	data := "# token namespace/serviceaccount node (written by meshctl up)\n" + strings.Join(lines, "\n") + "\n"
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		return "", fmt.Errorf("tokens file: %w", err)
+	}
+	return path, nil
+}
+
+// checkPortsFree fails early, naming the address, when any planned listener
+// is taken.
+func checkPortsFree(plan *Plan) error {
+	addrs := []string{plan.ControlPlane.GRPC, plan.ControlPlane.Status}
+	for _, n := range plan.Nodes {
+		addrs = append(addrs, n.Admin, n.Status, n.SOCKS5)
+	}
+	for _, w := range plan.Waypoints {
+		addrs = append(addrs, w.HBONE, w.Admin, w.Status)
+	}
+	for _, a := range plan.Apps {
+		addrs = append(addrs, a.Listen...)
+	}
+	for _, a := range addrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			return fmt.Errorf("address %s is already in use (another mesh running? pick another --base-port): %w", a, err)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
+// waitListening waits until every app address accepts connections.
+func waitListening(ctx context.Context, apps []AppPlan, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, a := range apps {
+		for _, l := range a.Listen {
+			for {
+				c, err := net.DialTimeout("tcp", l, time.Second)
+				if err == nil {
+					c.Close()
+					break
+				}
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					return errors.Join(fmt.Errorf("app %s/%s not listening on %s", a.Namespace, a.Name, l), err)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	return nil
+}
