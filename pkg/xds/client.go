@@ -36,6 +36,29 @@ type Subscription struct {
 	Names   []string
 }
 
+// NodeProxySubscriptions is what a node proxy follows: every workload,
+// service and waypoint (it resolves any destination address).
+func NodeProxySubscriptions() []Subscription {
+	return []Subscription{
+		{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL},
+	}
+}
+
+// WaypointSubscriptions is what the waypoint namespace/name follows: the
+// services, routes and workloads (endpoint identities) of its namespace and
+// its own Waypoint resource. Backends in other namespaces are added with
+// Subscribe when a route names them.
+func WaypointSubscriptions(namespace, name string) []Subscription {
+	ns := namespace + NamespaceWildcardSuffix
+	return []Subscription{
+		{TypeURL: meshv1.WorkloadTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.ServiceTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.WaypointTypeURL, Names: []string{namespace + "/" + name}},
+		{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.GRPCRouteTypeURL, Names: []string{ns}},
+	}
+}
+
 // ClientOptions configure a Client.
 type ClientOptions struct {
 	// Address of the control plane, host:port (its 15012).

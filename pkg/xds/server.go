@@ -299,6 +299,11 @@ func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
 			Name: "causeway_xds_resources", Help: "Resources served, by type.",
 		}, []string{"type"}),
 	}
+	for _, t := range meshv1.TypeURLs { // every series exists from the start, at zero
+		m.pushes.WithLabelValues(typeName(t))
+		m.nacks.WithLabelValues(typeName(t))
+		m.resources.WithLabelValues(typeName(t))
+	}
 	if r != nil {
 		for _, c := range []prometheus.Collector{m.clients, m.pushes, m.nacks, m.resources} {
 			if err := r.Register(c); err != nil {

@@ -250,7 +250,7 @@ func TestClientsReceiveOnlyWhatTheySubscribedTo(t *testing.T) {
 	}
 	node := env.startClient(t, cp.addr, ClientOptions{
 		NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
+		Subscriptions: NodeProxySubscriptions(),
 	})
 	wp := env.startClient(t, cp.addr, ClientOptions{
 		NodeID: "waypoint~shop", Token: caclient.StaticToken(waypointToken),
@@ -259,8 +259,15 @@ func TestClientsReceiveOnlyWhatTheySubscribedTo(t *testing.T) {
 			{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{"a/r1", "a/later"}}, // a/later does not exist yet
 		},
 	})
+	nsWaypoint := env.startClient(t, cp.addr, ClientOptions{
+		NodeID: "waypoint~a", Token: caclient.StaticToken(waypointToken), Subscriptions: WaypointSubscriptions("a", "wp"),
+	})
 	waitReady(t, node)
 	waitReady(t, wp) // complete although a/later does not exist: the server says so
+	waitReady(t, nsWaypoint)
+	if s := nsWaypoint.State(); names(s.Workloads)+" | "+names(s.Services)+" | "+names(s.HTTPRoutes) != "a/w1 | a/s1,a/s2 | a/r1" {
+		t.Errorf("namespace waypoint holds %s | %s | %s", names(s.Workloads), names(s.Services), names(s.HTTPRoutes))
+	}
 
 	ns, ws := node.State(), wp.State()
 	if got := names(ns.Workloads) + " | " + names(ns.Services) + " | " + names(ns.HTTPRoutes); got != "a/w1,b/w2 | a/s1,a/s2,b/s3 | " {
