@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -33,18 +34,7 @@ const maxDump = 64 << 20
 type dump struct {
 	ByAddr       map[string]json.RawMessage `json:"by_addr"`
 	ByVIP        map[string]json.RawMessage `json:"by_vip"`
-	Certificates []certificateDump          `json:"certificates"`
-}
-
-type certificateDump struct {
-	Identity  string `json:"identity"`
-	State     string `json:"state"`
-	CertChain []struct {
-		PEM            string `json:"pem"`
-		SerialNumber   string `json:"serial_number"`
-		ValidFrom      string `json:"valid_from"`
-		ExpirationTime string `json:"expiration_time"`
-	} `json:"cert_chain"`
+	Certificates []certmanager.CertificateStatus `json:"certificates"`
 }
 
 // loadDump reads a config dump from a proxy's admin address or a file.
@@ -171,7 +161,7 @@ func runCertificates(args []string) error {
 }
 
 // writeCertificates prints the table of DESIGN §8.
-func writeCertificates(w io.Writer, certs []certificateDump, now time.Time) error {
+func writeCertificates(w io.Writer, certs []certmanager.CertificateStatus, now time.Time) error {
 	sort.Slice(certs, func(i, j int) bool { return certs[i].Identity < certs[j].Identity })
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "CERTIFICATE NAME\tTYPE\tSTATUS\tVALID CERT\tSERIAL NUMBER\tNOT AFTER\tNOT BEFORE")

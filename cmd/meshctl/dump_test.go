@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
@@ -26,20 +27,15 @@ func TestCertificatesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := ca.Bundle.Roots()[0]
-	var c certificateDump
-	c.Identity, c.State = id.String(), "Available"
+	c := certmanager.CertificateStatus{Identity: id.String(), State: certmanager.StateAvailable}
 	for _, x := range []*x509.Certificate{cert.Leaf, inter, root} {
-		c.CertChain = append(c.CertChain, struct {
-			PEM            string `json:"pem"`
-			SerialNumber   string `json:"serial_number"`
-			ValidFrom      string `json:"valid_from"`
-			ExpirationTime string `json:"expiration_time"`
-		}{pemOf(x), x.SerialNumber.Text(16), x.NotBefore.Format(time.RFC3339), x.NotAfter.Format(time.RFC3339)})
+		c.CertChain = append(c.CertChain, certmanager.CertificateInfo{PEM: pemOf(x), SerialNumber: x.SerialNumber.Text(16),
+			ValidFrom: x.NotBefore.Format(time.RFC3339), ExpirationTime: x.NotAfter.Format(time.RFC3339)})
 	}
-	broken := certificateDump{Identity: "spiffe://cluster.local/ns/shop/sa/ratings", State: "Unavailable: no workload with identity X on node node-a"}
+	broken := certmanager.CertificateStatus{Identity: "spiffe://cluster.local/ns/shop/sa/ratings", State: "Unavailable: no workload with identity X on node node-a"}
 
 	var out bytes.Buffer
-	if err := writeCertificates(&out, []certificateDump{c, broken}, time.Now()); err != nil {
+	if err := writeCertificates(&out, []certmanager.CertificateStatus{c, broken}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -66,7 +62,7 @@ func TestCertificatesTable(t *testing.T) {
 	}
 	// Expired elements are not valid.
 	out.Reset()
-	writeCertificates(&out, []certificateDump{c}, time.Now().Add(2*time.Hour))
+	writeCertificates(&out, []certmanager.CertificateStatus{c}, time.Now().Add(2*time.Hour))
 	if !strings.Contains(strings.Split(out.String(), "\n")[1], "false") {
 		t.Errorf("expired leaf shown valid:\n%s", out.String())
 	}

@@ -58,7 +58,7 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 		return err
 	}
 	defer ca.Close()
-	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log.Named("certificates")})
+	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	}
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
-		NodeID: "nodeproxy~" + node, Logger: log.Named("xds"),
+		NodeID: "nodeproxy~" + node, Logger: log,
 		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
 		OnChange: func(s *xds.State, _ []string) {
 			proxy.Update(nodeproxy.NewRegistry(node, values(s.Workloads), values(s.Services), values(s.Waypoints)))
