@@ -32,8 +32,8 @@ const maxDump = 64 << 20
 
 // dump is the part of /config_dump (DESIGN §8) that meshctl reads.
 type dump struct {
-	ByAddr       map[string]json.RawMessage `json:"by_addr"`
-	ByVIP        map[string]json.RawMessage `json:"by_vip"`
+	ByAddr       map[string]json.RawMessage      `json:"by_addr"`
+	ByVIP        map[string]json.RawMessage      `json:"by_vip"`
 	Certificates []certmanager.CertificateStatus `json:"certificates"`
 }
 
