@@ -29,8 +29,11 @@ import (
 
 // Limits on what one client may ask for.
 const (
-	// maxNamesPerRequest bounds the names in one subscription change.
-	maxNamesPerRequest = 10000
+	// maxNamesPerRequest bounds the names in one request (a reconnecting
+	// node proxy lists every resource it holds).
+	maxNamesPerRequest = 200000
+	// maxRequestBytes bounds one request message.
+	maxRequestBytes = 16 << 20
 	// maxErrorDetail bounds how much of a NACK's message is logged.
 	maxErrorDetail = 4096
 )
@@ -243,6 +246,7 @@ func GRPCServerOptions() []grpc.ServerOption {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxConcurrentStreams(1000),
+		grpc.MaxRecvMsgSize(maxRequestBytes),
 	}
 }
 
