@@ -67,3 +67,16 @@ func BenchmarkBuildInput(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEvaluate is evaluation and result reading alone (input prebuilt).
+func BenchmarkEvaluate(b *testing.B) {
+	e, _ := loadEngine(b, Options{Dir: "testdata/example"})
+	in, err := BuildInput(benchRequest(b), InputOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		e.DecideInput(context.Background(), in)
+	}
+}

@@ -283,6 +283,9 @@ func compileSet(ctx context.Context, ps *parsedSet, cfg compileConfig) (*compile
 		rego.Compiler(compiler),
 		rego.Store(store),
 		rego.EnablePrintStatements(true),
+		// Results stay ast values: interpret reads them directly and the
+		// decision logger converts them off the request path.
+		rego.GenerateJSON(func(t *ast.Term, _ *rego.EvalContext) (any, error) { return t.Value, nil }),
 		rego.PrintHook(printHook{logger: logger.With(zap.String("revision", ps.revision))}),
 	).PrepareForEval(ctx)
 	if err != nil {

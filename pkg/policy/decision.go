@@ -3,12 +3,12 @@ package policy
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 )
 
@@ -47,7 +47,9 @@ var errMalformed = errors.New("malformed policy result")
 // interpret turns the result set of the decision query into a Decision, the
 // way OPA-Envoy reads it: a boolean, or an object with a boolean "allowed"
 // and optional headers, response_headers_to_add, request_headers_to_remove,
-// body and http_status. Anything else denies.
+// body and http_status. Anything else denies. Results are ast values (the
+// prepared query skips the conversion to Go values); they may be shared with
+// the compiled policy, so they are only read.
 func interpret(rs rego.ResultSet) Decision {
 	switch {
 	case len(rs) == 0:
@@ -57,57 +59,85 @@ func interpret(rs rego.ResultSet) Decision {
 	case len(rs[0].Expressions) != 1:
 		return deny(http.StatusInternalServerError, "decision query gave no single value")
 	}
-	d, err := fromValue(rs[0].Expressions[0].Value)
+	v, err := resultValue(rs[0].Expressions[0].Value)
+	if err != nil {
+		return deny(http.StatusInternalServerError, err.Error())
+	}
+	d, err := fromValue(v)
 	if err != nil {
 		return deny(http.StatusInternalServerError, err.Error())
 	}
 	return d
 }
 
-func fromValue(v any) (Decision, error) {
+// resultValue accepts ast values (the engine's query) and Go values (any
+// other query), so the reading rules exist once.
+func resultValue(x any) (ast.Value, error) {
+	switch x := x.(type) {
+	case ast.Value:
+		return x, nil
+	case *ast.Term:
+		return x.Value, nil
+	default:
+		v, err := ast.InterfaceToValue(x)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errMalformed, err)
+		}
+		return v, nil
+	}
+}
+
+func fromValue(v ast.Value) (Decision, error) {
 	switch v := v.(type) {
-	case bool:
+	case ast.Boolean:
 		if v {
 			return Decision{Allowed: true, Status: http.StatusOK, Reason: "allowed by policy"}, nil
 		}
 		return deny(http.StatusForbidden, "denied by policy"), nil
-	case map[string]any:
+	case ast.Object:
 		return fromObject(v)
 	default:
-		return Decision{}, fmt.Errorf("%w: decision is %s, want boolean or object", errMalformed, typeName(v))
+		return Decision{}, fmt.Errorf("%w: decision is %s, want boolean or object", errMalformed, ast.ValueName(v))
 	}
 }
 
-func fromObject(obj map[string]any) (Decision, error) {
-	raw, ok := obj["allowed"]
-	if !ok {
+var (
+	kAllowed                = ast.StringTerm("allowed")
+	kResponseHeadersToAdd   = ast.StringTerm("response_headers_to_add")
+	kRequestHeadersToRemove = ast.StringTerm("request_headers_to_remove")
+	kHTTPStatus             = ast.StringTerm("http_status")
+)
+
+func fromObject(obj ast.Object) (Decision, error) {
+	raw := obj.Get(kAllowed)
+	if raw == nil {
 		return Decision{}, fmt.Errorf("%w: object has no \"allowed\"", errMalformed)
 	}
-	allowed, ok := raw.(bool)
+	allowed, ok := raw.Value.(ast.Boolean)
 	if !ok {
-		return Decision{}, fmt.Errorf("%w: \"allowed\" is %s, want boolean", errMalformed, typeName(raw))
+		return Decision{}, fmt.Errorf("%w: \"allowed\" is %s, want boolean", errMalformed, ast.ValueName(raw.Value))
 	}
 	var d Decision
 	var err error
-	if d.Headers, err = headersField(obj, "headers"); err != nil {
+	if d.Headers, err = headersField(obj, kHeaders); err != nil {
 		return Decision{}, err
 	}
-	if d.ResponseHeadersToAdd, err = headersField(obj, "response_headers_to_add"); err != nil {
+	if d.ResponseHeadersToAdd, err = headersField(obj, kResponseHeadersToAdd); err != nil {
 		return Decision{}, err
 	}
-	if d.RequestHeadersToRemove, err = stringsField(obj, "request_headers_to_remove"); err != nil {
+	if d.RequestHeadersToRemove, err = stringsField(obj, kRequestHeadersToRemove); err != nil {
 		return Decision{}, err
 	}
-	if b, ok := obj["body"]; ok {
-		s, ok := b.(string)
+	if b := obj.Get(kBody); b != nil {
+		s, ok := b.Value.(ast.String)
 		if !ok {
-			return Decision{}, fmt.Errorf("%w: \"body\" is %s, want string", errMalformed, typeName(b))
+			return Decision{}, fmt.Errorf("%w: \"body\" is %s, want string", errMalformed, ast.ValueName(b.Value))
 		}
-		d.Body = s
+		d.Body = string(s)
 	}
 	status := http.StatusForbidden
-	if s, ok := obj["http_status"]; ok {
-		if status, err = statusField(s); err != nil {
+	if s := obj.Get(kHTTPStatus); s != nil {
+		if status, err = statusField(s.Value); err != nil {
 			return Decision{}, err
 		}
 	}
@@ -122,88 +152,103 @@ func fromObject(obj map[string]any) (Decision, error) {
 	return d, nil
 }
 
-func statusField(v any) (int, error) {
-	n, ok := v.(json.Number)
+func statusField(v ast.Value) (int, error) {
+	n, ok := v.(ast.Number)
 	if !ok {
-		return 0, fmt.Errorf("%w: \"http_status\" is %s, want number", errMalformed, typeName(v))
+		return 0, fmt.Errorf("%w: \"http_status\" is %s, want number", errMalformed, ast.ValueName(v))
 	}
-	code, err := n.Int64()
-	if err != nil || code < 100 || code > 599 || http.StatusText(int(code)) == "" {
+	code, ok := n.Int()
+	if !ok || code < 100 || code > 599 || http.StatusText(code) == "" {
 		return 0, fmt.Errorf("%w: \"http_status\" %s is not an HTTP status", errMalformed, n)
 	}
-	return int(code), nil
+	return code, nil
 }
 
 // headersField reads an object of string or array-of-string values, or an
 // array of such objects (OPA-Envoy accepts both).
-func headersField(obj map[string]any, name string) (http.Header, error) {
-	raw, ok := obj[name]
-	if !ok {
+func headersField(obj ast.Object, key *ast.Term) (http.Header, error) {
+	raw := obj.Get(key)
+	if raw == nil {
 		return nil, nil
 	}
+	name := string(key.Value.(ast.String))
 	h := http.Header{}
-	add := func(m map[string]any) error {
-		for k, v := range m {
-			if !validHeaderName(k) {
-				return fmt.Errorf("%w: %q has invalid header name %q", errMalformed, name, k)
+	add := func(m ast.Object) error {
+		return m.Iter(func(k, v *ast.Term) error {
+			ks, ok := k.Value.(ast.String)
+			if !ok || !validHeaderName(string(ks)) {
+				return fmt.Errorf("%w: %q has invalid header name %v", errMalformed, name, k)
 			}
-			switch v := v.(type) {
-			case string:
-				if !validHeaderValue(v) {
-					return fmt.Errorf("%w: %q has invalid value for %q", errMalformed, name, k)
+			switch v := v.Value.(type) {
+			case ast.String:
+				if !validHeaderValue(string(v)) {
+					return fmt.Errorf("%w: %q has invalid value for %q", errMalformed, name, ks)
 				}
-				h.Add(k, v)
-			case []any:
-				for _, e := range v {
-					s, ok := e.(string)
-					if !ok || !validHeaderValue(s) {
-						return fmt.Errorf("%w: %q has a non-string or invalid value for %q", errMalformed, name, k)
+				h.Add(string(ks), string(v))
+			case *ast.Array:
+				for i := 0; i < v.Len(); i++ {
+					s, ok := v.Elem(i).Value.(ast.String)
+					if !ok || !validHeaderValue(string(s)) {
+						return fmt.Errorf("%w: %q has a non-string or invalid value for %q", errMalformed, name, ks)
 					}
-					h.Add(k, s)
+					h.Add(string(ks), string(s))
 				}
 			default:
-				return fmt.Errorf("%w: %q value for %q is %s, want string or array", errMalformed, name, k, typeName(v))
+				return fmt.Errorf("%w: %q value for %q is %s, want string or array", errMalformed, name, ks, ast.ValueName(v))
 			}
-		}
-		return nil
+			return nil
+		})
 	}
-	switch raw := raw.(type) {
-	case map[string]any:
+	switch raw := raw.Value.(type) {
+	case ast.Object:
 		if err := add(raw); err != nil {
 			return nil, err
 		}
-	case []any:
-		for _, e := range raw {
-			m, ok := e.(map[string]any)
+	case *ast.Array:
+		for i := 0; i < raw.Len(); i++ {
+			m, ok := raw.Elem(i).Value.(ast.Object)
 			if !ok {
-				return nil, fmt.Errorf("%w: %q element is %s, want object", errMalformed, name, typeName(e))
+				return nil, fmt.Errorf("%w: %q element is %s, want object", errMalformed, name, ast.ValueName(raw.Elem(i).Value))
 			}
 			if err := add(m); err != nil {
 				return nil, err
 			}
 		}
 	default:
-		return nil, fmt.Errorf("%w: %q is %s, want object", errMalformed, name, typeName(raw))
+		return nil, fmt.Errorf("%w: %q is %s, want object", errMalformed, name, ast.ValueName(raw))
 	}
 	return h, nil
 }
 
-func stringsField(obj map[string]any, name string) ([]string, error) {
-	raw, ok := obj[name]
-	if !ok {
+// stringsField reads an array (or set) of header names.
+func stringsField(obj ast.Object, key *ast.Term) ([]string, error) {
+	raw := obj.Get(key)
+	if raw == nil {
 		return nil, nil
 	}
-	arr, ok := raw.([]any)
-	if !ok {
-		return nil, fmt.Errorf("%w: %q is %s, want array of strings", errMalformed, name, typeName(raw))
-	}
-	out := make([]string, 0, len(arr))
-	for _, e := range arr {
-		s, ok := e.(string)
-		if !ok || !validHeaderName(s) {
-			return nil, fmt.Errorf("%w: %q has a non-string or invalid header name", errMalformed, name)
+	name := string(key.Value.(ast.String))
+	var out []string
+	collect := func(t *ast.Term) error {
+		s, ok := t.Value.(ast.String)
+		if !ok || !validHeaderName(string(s)) {
+			return fmt.Errorf("%w: %q has a non-string or invalid header name", errMalformed, name)
 		}
-		out = append(out, s)
+		out = append(out, string(s))
+		return nil
+	}
+	switch raw := raw.Value.(type) {
+	case *ast.Array:
+		for i := 0; i < raw.Len(); i++ {
+			if err := collect(raw.Elem(i)); err != nil {
+				return nil, err
+			}
+		}
+	case ast.Set:
+		if err := raw.Iter(collect); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("%w: %q is %s, want array of strings", errMalformed, name, ast.ValueName(raw))
 	}
 	return out, nil
 }
@@ -234,25 +279,6 @@ func validHeaderValue(s string) bool {
 		}
 	}
 	return true
-}
-
-func typeName(v any) string {
-	switch v.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "boolean"
-	case json.Number:
-		return "number"
-	case string:
-		return "string"
-	case []any:
-		return "array"
-	case map[string]any:
-		return "object"
-	default:
-		return fmt.Sprintf("%T", v)
-	}
 }
 
 // newDecisionID returns a random UUID (version 4) as decision id.

@@ -37,7 +37,7 @@ type DecisionEvent struct {
 	Decision Decision
 	Path     string
 	Input    ast.Value // nil when the input could not be built
-	Result   any       // the policy's raw result, nil when undefined
+	Result   any       // the policy's result (an ast.Value from Engine), nil when undefined
 	Time     time.Time
 	Duration time.Duration
 }
@@ -152,7 +152,13 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 		}
 	}
 	if ev.Result != nil {
-		fields = append(fields, zap.Any("result", l.maskResult(ev.Result)))
+		res := ev.Result
+		if v, ok := res.(ast.Value); ok {
+			if j, err := ast.JSON(v); err == nil {
+				res = j
+			}
+		}
+		fields = append(fields, zap.Any("result", l.maskResult(res)))
 	}
 	l.log.Info("decision", fields...)
 	l.written.Inc()

@@ -219,27 +219,19 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 		[2]*ast.Term{kTime, ast.StringTerm(protoTimestamp(t))},
 	)
 
-	source := ast.NewObjectWithCapacity(2)
-	if a := socketAddress(req.SourceAddr); a != nil {
-		source.Insert(kAddress, a)
-	}
-	var srcPrincipal, dstPrincipal *ast.Term
+	var srcPrincipal, dstPrincipal string
 	if id, ok := req.Source.Identity(); ok {
-		srcPrincipal = principalTerms.get(id.String())
-		source.Insert(kPrincipal, srcPrincipal)
-	}
-	destination := ast.NewObjectWithCapacity(2)
-	if a := socketAddress(req.DestAddr); a != nil {
-		destination.Insert(kAddress, a)
+		srcPrincipal = id.String()
 	}
 	if !req.Destination.IsZero() {
-		dstPrincipal = principalTerms.get(req.Destination.String())
-		destination.Insert(kPrincipal, dstPrincipal)
+		dstPrincipal = req.Destination.String()
 	}
+	source := peerTerms.get(peerKey{addr: req.SourceAddr, principal: srcPrincipal})
+	destination := peerTerms.get(peerKey{addr: req.DestAddr, principal: dstPrincipal})
 
 	attributes := ast.NewObject(
-		[2]*ast.Term{kSource, ast.NewTerm(source)},
-		[2]*ast.Term{kDestination, ast.NewTerm(destination)},
+		[2]*ast.Term{kSource, source},
+		[2]*ast.Term{kDestination, destination},
 		[2]*ast.Term{kRequest, ast.NewTerm(requestObj)},
 		[2]*ast.Term{kMetadataContext, emptyObjectTerm},
 		[2]*ast.Term{kRouteMetadata, emptyObjectTerm},
@@ -264,11 +256,11 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 		input.Insert(kParsedBody, parsedBody)
 		input.Insert(kTruncatedBody, ast.InternedTerm(truncated))
 	}
-	if srcPrincipal != nil {
-		input.Insert(kSourcePrincipal, srcPrincipal)
+	if srcPrincipal != "" {
+		input.Insert(kSourcePrincipal, principalTerms.get(srcPrincipal))
 	}
-	if dstPrincipal != nil {
-		input.Insert(kDestinationPrincipl, dstPrincipal)
+	if dstPrincipal != "" {
+		input.Insert(kDestinationPrincipl, principalTerms.get(dstPrincipal))
 	}
 	return input, nil
 }
@@ -496,18 +488,29 @@ func parseBody(r *http.Request, body []byte) (ast.Value, error) {
 // fractional digits.
 func protoTimestamp(t time.Time) string {
 	t = t.UTC()
-	base := t.Format("2006-01-02T15:04:05")
+	var buf [40]byte
+	b := t.AppendFormat(buf[:0], "2006-01-02T15:04:05")
 	ns := t.Nanosecond()
+	digits := 9
 	switch {
 	case ns == 0:
-		return base + "Z"
+		digits = 0
 	case ns%1_000_000 == 0:
-		return fmt.Sprintf("%s.%03dZ", base, ns/1_000_000)
+		ns, digits = ns/1_000_000, 3
 	case ns%1_000 == 0:
-		return fmt.Sprintf("%s.%06dZ", base, ns/1_000)
-	default:
-		return fmt.Sprintf("%s.%09dZ", base, ns)
+		ns, digits = ns/1_000, 6
 	}
+	if digits > 0 {
+		b = append(b, '.')
+		start := len(b)
+		b = append(b, "000000000"[:digits]...)
+		for i := len(b) - 1; i >= start; i-- {
+			b[i] = byte('0' + ns%10)
+			ns /= 10
+		}
+	}
+	b = append(b, 'Z')
+	return string(b)
 }
 
 // sanitizeUTF8 replaces each invalid byte with '!', as Envoy does before

@@ -208,6 +208,23 @@ func TestInputPrincipals(t *testing.T) {
 	if v.(ast.Object).Get(ast.StringTerm("destination_principal")) != nil {
 		t.Error("destination_principal present without a destination identity")
 	}
+
+	// Input parts are cached by address: an unauthenticated tunnel from the
+	// address an authenticated one just used still gets no principal.
+	addr := netip.MustParseAddrPort("127.0.10.99:40000")
+	for i, peer := range []trust.Peer{p.frontend, p.tlsOnly, p.frontend, p.tlsOnly} {
+		v, err := BuildInput(&Request{HTTP: claim, Source: peer, SourceAddr: addr}, InputOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := find(v, "attributes", "source", "principal")
+		if _, authenticated := peer.Identity(); authenticated != (got != nil) {
+			t.Fatalf("request %d from %s: attributes.source.principal = %v", i, peer, got)
+		}
+		if a := find(v, "attributes", "source", "address", "socketAddress", "portValue"); a == nil || a.Compare(ast.InternedTerm(40000).Value) != 0 {
+			t.Fatalf("request %d: port = %v", i, a)
+		}
+	}
 }
 
 // find returns the value at path in v, or nil.

@@ -40,7 +40,28 @@ func (c *termCache[K]) get(k K) *ast.Term {
 var (
 	addressTerms   = newTermCache(buildSocketAddress)
 	principalTerms = newTermCache(func(id string) *ast.Term { return ast.StringTerm(id) })
+	peerTerms      = newTermCache(buildPeer)
 )
+
+// peerKey is what attributes.source or attributes.destination holds: an
+// address and, only when authenticated (source) or known (destination), a
+// principal. The principal comes from the caller of BuildInput, never from
+// the cache: a key with no principal can only map to an object without one.
+type peerKey struct {
+	addr      netip.AddrPort
+	principal string
+}
+
+func buildPeer(k peerKey) *ast.Term {
+	obj := ast.NewObjectWithCapacity(2)
+	if a := socketAddress(k.addr); a != nil {
+		obj.Insert(kAddress, a)
+	}
+	if k.principal != "" {
+		obj.Insert(kPrincipal, principalTerms.get(k.principal))
+	}
+	return ast.NewTerm(obj)
+}
 
 // socketAddress renders {"socketAddress": {"address", "portValue"}}; nil for
 // an unknown address. A zero port is left out, as protobuf JSON omits it.
