@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -117,7 +118,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: "waypoint", ready: "http://" + w.Status + "/healthz/ready",
 			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
 				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root, "--policy-dir", o.PolicyDir,
-				"--admin", w.Admin, "--status", w.Status}, common...)})
+				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--status", w.Status}, common...)})
 	}
 	if err := launch(proxies); err != nil {
 		return nil, err
@@ -220,6 +221,15 @@ func checkPortsFree(plan *Plan) error {
 	}
 	for _, a := range plan.Apps {
 		addrs = append(addrs, a.Listen...)
+	}
+	// Node proxies take over mesh pods' IPs: HBONE and the serving ports.
+	for _, pod := range plan.Pods {
+		if pod.SOCKS5 != "" {
+			addrs = append(addrs, net.JoinHostPort(pod.IP, "15008"))
+			for _, port := range pod.Ports {
+				addrs = append(addrs, net.JoinHostPort(pod.IP, strconv.Itoa(int(port))))
+			}
+		}
 	}
 	for _, a := range addrs {
 		ln, err := net.Listen("tcp", a)

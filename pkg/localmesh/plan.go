@@ -32,6 +32,7 @@ type PodPlan struct {
 	IP              string
 	Node            string
 	SOCKS5          string // empty for pods outside the mesh
+	Ports           []uint32
 }
 
 // ControlPlanePlan is where the control plane listens.
@@ -98,7 +99,7 @@ func NewPlan(s *config.Snapshot, basePort int) (*Plan, error) {
 		if len(w.GetAddresses()) == 0 {
 			continue
 		}
-		pod := PodPlan{Namespace: w.GetNamespace(), Name: w.GetName(), IP: w.GetAddresses()[0], Node: w.GetNode()}
+		pod := PodPlan{Namespace: w.GetNamespace(), Name: w.GetName(), IP: w.GetAddresses()[0], Node: w.GetNode(), Ports: w.GetServingPorts()}
 		if n, ok := p.Node(w.GetNode()); ok && w.GetHbone() {
 			pod.SOCKS5 = n.SOCKS5
 		}

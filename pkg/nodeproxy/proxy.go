@@ -84,6 +84,7 @@ type Proxy struct {
 	mu         sync.Mutex
 	ctx        context.Context // set by Run
 	pods       map[netip.Addr]*podListeners
+	podErrs    map[netip.Addr]error // pods whose listeners could not open
 	identities map[trust.Identity]bool
 	wg         sync.WaitGroup
 }
@@ -124,7 +125,7 @@ func New(o Options) (*Proxy, error) {
 		}
 	}
 	p := &Proxy{opts: o, log: o.Logger, access: o.AccessLog, metrics: newMetrics(o.Registry),
-		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, identities: map[trust.Identity]bool{}}
+		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{}}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
 
 	po := o.Pool
@@ -212,12 +213,15 @@ func (p *Proxy) Update(r *Registry) {
 			delete(p.pods, ip)
 		}
 	}
+	clear(p.podErrs)
 	for ip, w := range want {
 		if _, ok := p.pods[ip]; ok {
 			continue
 		}
 		pl, err := p.listenPod(ip, w)
 		if err != nil {
+			// Retried on the next update; readiness reports it meanwhile.
+			p.podErrs[ip] = fmt.Errorf("pod %s (%s): %w", w.GetUid(), ip, err)
 			p.log.Error("cannot serve pod", zap.String("workload", w.GetUid()), zap.Stringer("ip", ip), zap.Error(err))
 			continue
 		}
@@ -286,11 +290,19 @@ func (p *Proxy) serverCertificate(local net.Addr) (*tls.Certificate, error) {
 	return p.opts.Certificates.Get(ctx, id)
 }
 
-// Ready reports whether every local identity has a usable certificate.
+// Ready reports whether every local pod is served and every local
+// identity has a usable certificate.
 func (p *Proxy) Ready() error {
 	p.mu.Lock()
 	want := len(p.identities)
+	var podErr error
+	for _, err := range p.podErrs {
+		podErr = err
+	}
 	p.mu.Unlock()
+	if podErr != nil {
+		return podErr
+	}
 	have := 0
 	for _, c := range p.opts.Certificates.Snapshot() {
 		id, err := trust.ParseIdentity(c.Identity)

@@ -1,0 +1,156 @@
+// Command waypoint is Causeway's per-namespace L7 proxy (DESIGN §5): it
+// terminates HBONE, routes with Gateway API semantics, authorizes every
+// request with OPA and re-tunnels to the destination node proxies.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/bootstrap"
+	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
+	"github.com/causeway-mesh/causeway/pkg/waypoint"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+)
+
+type options struct {
+	common         bootstrap.Flags
+	namespace      string
+	name           string
+	serviceAccount string
+	listen         string
+	policyDir      string
+	policyPath     string
+	parseBody      bool
+	drain          time.Duration
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet("waypoint", flag.ExitOnError)
+	o.common.Register(fs)
+	fs.StringVar(&o.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the waypoint's Gateway")
+	fs.StringVar(&o.name, "name", "", "name of the waypoint's Gateway")
+	fs.StringVar(&o.serviceAccount, "service-account", "", "service account of the waypoint's pods (default: the Gateway name)")
+	fs.StringVar(&o.listen, "listen", "0.0.0.0:15008", "HBONE listen address (the waypoint pod's IP and 15008)")
+	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (a git-sync checkout); required")
+	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies")
+	fs.BoolVar(&o.parseBody, "policy-parse-body", false, "give policies the request body (parsed_body) as OPA-Envoy does with with_request_body")
+	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
+	fs.Parse(os.Args[1:])
+	if o.namespace == "" || o.name == "" || o.policyDir == "" {
+		bootstrap.Fatal("waypoint", fmt.Errorf("--namespace, --name and --policy-dir are required"))
+	}
+	if o.serviceAccount == "" {
+		o.serviceAccount = o.name
+	}
+	if err := run(&o); err != nil {
+		bootstrap.Fatal("waypoint", err)
+	}
+}
+
+func run(o *options) error {
+	env, err := o.common.Setup()
+	if err != nil {
+		return err
+	}
+	log := env.Log.Logger.With(zap.String("waypoint", o.namespace+"/"+o.name))
+	defer log.Sync()
+	self, err := trust.NewIdentity(o.common.TrustDomain, o.namespace, o.serviceAccount)
+	if err != nil {
+		return err
+	}
+	ctx, stop := bootstrap.SignalContext()
+	defer stop()
+
+	decisions, err := policy.NewDecisionLogger(log.Named("decisions"), policy.DecisionLogOptions{Registerer: env.Metrics})
+	if err != nil {
+		return err
+	}
+	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, DecisionPath: o.policyPath, Logger: log.Named("policy"),
+		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody}})
+	if err != nil {
+		return err
+	}
+	ca, err := o.common.CAClient(env)
+	if err != nil {
+		return err
+	}
+	defer ca.Close()
+	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log})
+	if err != nil {
+		return err
+	}
+	certs.Prefetch(self)
+	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
+		Certificates: certs, Policy: engine, Logger: log, Registry: env.Metrics})
+	if err != nil {
+		return err
+	}
+	xc, err := xds.NewClient(xds.ClientOptions{
+		Address: o.common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
+		NodeID: "waypoint~" + o.namespace + "/" + o.name, Logger: log,
+		Subscriptions: xds.WaypointSubscriptions(o.namespace, o.name),
+		OnChange:      func(s *xds.State, _ []string) { wp.Update(s) },
+	})
+	if err != nil {
+		return err
+	}
+	ready := func() error {
+		if !xc.Ready() {
+			return fmt.Errorf("waiting for the first configuration from %s", o.common.XDSAddress)
+		}
+		return wp.Ready()
+	}
+	waitOps, err := o.common.ServeOps(ctx, env, wp.Dump, ready)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("HBONE listener: %w", err)
+	}
+
+	errc := make(chan error, 5)
+	go func() { decisions.Run(ctx); errc <- nil }()
+	go func() { errc <- certs.Run(ctx) }()
+	go func() { errc <- xc.Run(ctx) }()
+	go func() { errc <- engine.Run(ctx) }()
+	go func() { errc <- serveUntil(ctx, wp, ln, o.drain) }()
+	log.Info("waypoint started", zap.String("hbone", ln.Addr().String()), zap.String("identity", self.String()))
+	var firstErr error
+	for range 5 {
+		if err := <-errc; err != nil && firstErr == nil && ctx.Err() == nil {
+			firstErr = err
+			log.Error("waypoint component failed", zap.Error(err))
+			stop()
+		}
+	}
+	waitOps()
+	log.Info("waypoint stopped")
+	return firstErr
+}
+
+// serveUntil serves HBONE until ctx ends, then drains.
+func serveUntil(ctx context.Context, wp *waypoint.Waypoint, ln net.Listener, drain time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- wp.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("HBONE server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	err := wp.Shutdown(sctx)
+	<-errc
+	return err
+}

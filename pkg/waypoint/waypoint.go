@@ -1,0 +1,449 @@
+// Package waypoint is the per-namespace L7 proxy: it terminates HBONE,
+// treats TLS-only tunnels as unauthenticated, routes and authorizes each
+// request (pkg/l7, pkg/policy) and re-tunnels to the destination pods' node
+// proxies under its own identity (DESIGN §5 paths 2 and 3).
+package waypoint
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/l7"
+	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// Certificates is what the waypoint needs of its certificate manager.
+type Certificates interface {
+	Get(ctx context.Context, id trust.Identity) (*tls.Certificate, error)
+	Snapshot() []certmanager.CertificateStatus
+}
+
+// Options configure a Waypoint.
+type Options struct {
+	// Namespace and Name of the waypoint's Gateway.
+	Namespace, Name string
+	// Identity is the waypoint's own identity (its pods' service account).
+	Identity     trust.Identity
+	Bundle       *trust.Bundle
+	Certificates Certificates
+	Policy       *policy.Engine
+	Logger       *zap.Logger
+	// AccessLog receives the per-request and per-connection lines (default: Logger).
+	AccessLog *zap.Logger
+	Registry  prometheus.Registerer
+	// HBONEPort is where destination pods take HBONE (default 15008).
+	HBONEPort uint16
+	// ConnectTimeout bounds an upstream connect (default 5 s).
+	ConnectTimeout time.Duration
+	// Pool, Server and L7 options (required fields are filled in).
+	Pool   hbone.PoolOptions
+	Server hbone.ServerOptions
+	L7     l7.Options
+}
+
+// Waypoint serves HBONE for the destinations bound to it.
+type Waypoint struct {
+	opts   Options
+	self   *meshv1.Ref
+	log    *zap.Logger
+	access *zap.Logger
+	pool   *hbone.Pool
+	server *hbone.Server
+	engine *l7.Engine
+	view   atomic.Pointer[view]
+	synced atomic.Bool
+}
+
+// view indexes the destinations the waypoint may serve.
+type view struct {
+	state *xds.State
+	byVIP map[netip.Addr]*meshv1.Service
+	byIP  map[netip.Addr]*meshv1.Workload
+	// bound: workload uid -> the waypoints it is bound to (own binding and
+	// through services it is an endpoint of).
+	bound map[string][]*meshv1.Ref
+}
+
+// New builds a waypoint; Serve runs it.
+func New(o Options) (*Waypoint, error) {
+	if o.Namespace == "" || o.Name == "" || o.Identity.IsZero() || o.Bundle == nil || o.Certificates == nil || o.Policy == nil {
+		return nil, errors.New("waypoint: Namespace, Name, Identity, Bundle, Certificates and Policy are required")
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.AccessLog == nil {
+		o.AccessLog = o.Logger.Named("access")
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.HBONEPort == 0 {
+		o.HBONEPort = 15008
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	w := &Waypoint{opts: o, self: &meshv1.Ref{Namespace: o.Namespace, Name: o.Name}, log: o.Logger, access: o.AccessLog}
+	w.view.Store(newView(&xds.State{}))
+
+	po := o.Pool
+	po.Bundle, po.Logger = o.Bundle, o.Logger.Named("hbone-client")
+	pool, err := hbone.NewPool(po)
+	if err != nil {
+		return nil, err
+	}
+	w.pool = pool
+	lo := o.L7
+	lo.Dialer, lo.Authorizer, lo.Logger, lo.Registerer = w, l7.AuthorizerFunc(w.authorize), o.AccessLog, o.Registry
+	engine, err := l7.NewEngine(lo)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	w.engine = engine
+	so := o.Server
+	// TLS-only clients (hairpin) are let in, as unauthenticated peers.
+	so.TLS = trust.ServerConfig(o.Bundle, func(net.Addr) (*tls.Certificate, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return o.Certificates.Get(ctx, o.Identity)
+	}, trust.VerifyIfGiven)
+	so.Handler, so.Logger = hbone.HandlerFunc(w.open), o.Logger.Named("hbone-server")
+	srv, err := hbone.NewServer(so)
+	if err != nil {
+		engine.Close()
+		pool.Close()
+		return nil, err
+	}
+	w.server = srv
+	return w, nil
+}
+
+// Update installs a new configuration from the control plane.
+func (w *Waypoint) Update(s *xds.State) {
+	v := newView(s)
+	w.view.Store(v)
+	w.engine.Update(l7.Compile(values(s.HTTPRoutes), values(s.GRPCRoutes), values(s.Services), values(s.Workloads)))
+	w.synced.Store(true)
+}
+
+func newView(s *xds.State) *view {
+	v := &view{state: s, byVIP: map[netip.Addr]*meshv1.Service{}, byIP: map[netip.Addr]*meshv1.Workload{}, bound: map[string][]*meshv1.Ref{}}
+	for _, wl := range s.Workloads {
+		for _, a := range wl.GetAddresses() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				v.byIP[ip.Unmap()] = wl
+			}
+		}
+		if wl.GetWaypoint() != nil {
+			v.bound[wl.GetUid()] = append(v.bound[wl.GetUid()], wl.GetWaypoint())
+		}
+	}
+	for _, svc := range s.Services {
+		for _, a := range svc.GetVips() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				v.byVIP[ip.Unmap()] = svc
+			}
+		}
+		if svc.GetWaypoint() != nil {
+			for _, ep := range svc.GetEndpoints() {
+				v.bound[ep.GetWorkloadUid()] = append(v.bound[ep.GetWorkloadUid()], svc.GetWaypoint())
+			}
+		}
+	}
+	return v
+}
+
+func sameRef(a, b *meshv1.Ref) bool {
+	return a != nil && b != nil && a.GetNamespace() == b.GetNamespace() && a.GetName() == b.GetName()
+}
+
+// Serve takes HBONE connections on ln until Shutdown.
+func (w *Waypoint) Serve(ln net.Listener) error { return w.server.Serve(ln) }
+
+// Shutdown drains tunnels until ctx ends, then closes everything.
+func (w *Waypoint) Shutdown(ctx context.Context) error {
+	err := w.server.Shutdown(ctx)
+	w.engine.Close()
+	w.pool.Close()
+	return err
+}
+
+// Ready reports whether the waypoint can serve: configuration synced, its
+// certificate available and a policy active.
+func (w *Waypoint) Ready() error {
+	if !w.synced.Load() {
+		return errors.New("waiting for the first configuration")
+	}
+	if !w.opts.Policy.Ready() {
+		return errors.New("no policy active yet")
+	}
+	for _, c := range w.opts.Certificates.Snapshot() {
+		if c.Identity == w.opts.Identity.String() {
+			if c.State != certmanager.StateAvailable {
+				return fmt.Errorf("certificate for %s: %s", c.Identity, c.State)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no certificate for %s yet", w.opts.Identity)
+}
+
+// open decides about one CONNECT: the authority must be a destination
+// bound to this waypoint.
+func (w *Waypoint) open(ctx context.Context, req *hbone.Request) (hbone.Stream, error) {
+	if !req.Authority.IsValid() {
+		return nil, hbone.BadRequest("authority must be ip:port")
+	}
+	v := w.view.Load()
+	dst := req.Authority
+	info := l7.ConnInfo{Peer: req.Peer, Source: req.Remote, Destination: dst, Port: uint32(dst.Port())}
+	var targets []l7.Target
+	if svc, ok := v.byVIP[dst.Addr().Unmap()]; ok {
+		if !sameRef(svc.GetWaypoint(), w.self) {
+			return nil, hbone.Deny(fmt.Sprintf("service %s/%s is not bound to waypoint %s/%s", svc.GetNamespace(), svc.GetName(), w.opts.Namespace, w.opts.Name))
+		}
+		sp := servicePort(svc, uint32(dst.Port()))
+		if sp == nil {
+			return nil, hbone.Unavailable(fmt.Sprintf("service %s/%s has no port %d", svc.GetNamespace(), svc.GetName(), dst.Port()))
+		}
+		info.Service = l7.ServiceRef{Namespace: svc.GetNamespace(), Name: svc.GetName()}
+		info.Protocol = l7.ProtocolFor(sp.GetAppProtocol())
+		if info.Protocol == l7.ProtocolTCP {
+			targets = v.serviceTargets(svc, sp)
+		}
+	} else if wl, ok := v.byIP[dst.Addr().Unmap()]; ok {
+		bound := false
+		for _, ref := range v.bound[wl.GetUid()] {
+			bound = bound || sameRef(ref, w.self)
+		}
+		if !bound {
+			return nil, hbone.Deny(fmt.Sprintf("workload %s/%s is not bound to waypoint %s/%s", wl.GetNamespace(), wl.GetName(), w.opts.Namespace, w.opts.Name))
+		}
+		info.Protocol = v.workloadProtocol(wl, uint32(dst.Port()))
+		targets = []l7.Target{workloadTarget(wl, dst)}
+	} else {
+		return nil, hbone.Unavailable(fmt.Sprintf("unknown destination %s", dst))
+	}
+	if info.Protocol != l7.ProtocolTCP {
+		return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+			if err := w.engine.ServeConn(ctx, tunnel, info); err != nil {
+				w.log.Debug("tunnel ended", zap.Stringer("dst", dst), zap.Error(err))
+			}
+		}), nil
+	}
+	return w.openTCP(ctx, req, info, targets)
+}
+
+// openTCP authorizes a TCP destination as a whole and connects to one of
+// its endpoints before the tunnel is accepted.
+func (w *Waypoint) openTCP(ctx context.Context, req *hbone.Request, info l7.ConnInfo, targets []l7.Target) (hbone.Stream, error) {
+	start := time.Now()
+	if len(targets) == 0 {
+		return nil, hbone.Unavailable(fmt.Sprintf("no endpoint for %s", info.Destination))
+	}
+	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
+	d := w.opts.Policy.DecideConnection(ctx, &policy.ConnectionRequest{Source: req.Peer, SourceAddr: req.Remote,
+		DestAddr: info.Destination, Destination: targets[0].Identity})
+	log := w.access.With(zap.String("protocol", "tcp"), zap.String("src", req.Remote.String()), zap.String("src_identity", req.Peer.String()),
+		zap.String("dst", info.Destination.String()), zap.String("service", info.Service.Namespace+"/"+info.Service.Name),
+		zap.Bool("allowed", d.Allowed), zap.String("decision_id", d.ID), zap.String("reason", d.Reason))
+	if !d.Allowed {
+		log.Info("connection", zap.String("result", "denied by policy"))
+		return nil, hbone.Deny("denied by policy: " + d.Reason)
+	}
+	var errs []error
+	for _, t := range targets {
+		conn, err := w.DialEndpoint(ctx, t)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+			sent, received, err := hbone.Join(ctx, tunnel, conn)
+			result := "ok"
+			if err != nil {
+				result = err.Error()
+			}
+			log.Info("connection", zap.String("endpoint", t.Address.String()), zap.Int64("bytes_sent", sent),
+				zap.Int64("bytes_received", received), zap.Duration("duration", time.Since(start)), zap.String("result", result))
+		}), nil
+	}
+	err := errors.Join(errs...)
+	log.Info("connection", zap.String("result", err.Error()))
+	return nil, hbone.Unavailable(err.Error())
+}
+
+func servicePort(svc *meshv1.Service, port uint32) *meshv1.ServicePort {
+	for _, p := range svc.GetPorts() {
+		if p.GetPort() == port {
+			return p
+		}
+	}
+	return nil
+}
+
+// serviceTargets lists the endpoints serving a service port.
+func (v *view) serviceTargets(svc *meshv1.Service, sp *meshv1.ServicePort) []l7.Target {
+	var out []l7.Target
+	for _, ep := range svc.GetEndpoints() {
+		ip, err := netip.ParseAddr(ep.GetAddress())
+		if err != nil {
+			continue
+		}
+		port := ep.GetPorts()[sp.GetPort()]
+		if port == 0 {
+			port = sp.GetTargetPort()
+		}
+		if port == 0 {
+			port = sp.GetPort()
+		}
+		wl := v.state.Workloads[ep.GetWorkloadUid()]
+		t := workloadTarget(wl, netip.AddrPortFrom(ip, uint16(port)))
+		t.Service = l7.ServiceRef{Namespace: svc.GetNamespace(), Name: svc.GetName()}
+		out = append(out, t)
+	}
+	return out
+}
+
+// workloadProtocol is the protocol of a workload port: the appProtocol of a
+// service port bound to a waypoint that targets it, else TCP.
+func (v *view) workloadProtocol(wl *meshv1.Workload, port uint32) l7.Protocol {
+	for _, svc := range v.state.Services {
+		for _, ep := range svc.GetEndpoints() {
+			if ep.GetWorkloadUid() != wl.GetUid() {
+				continue
+			}
+			for _, sp := range svc.GetPorts() {
+				target := ep.GetPorts()[sp.GetPort()]
+				if target == 0 {
+					target = sp.GetTargetPort()
+				}
+				if target == port {
+					return l7.ProtocolFor(sp.GetAppProtocol())
+				}
+			}
+		}
+	}
+	return l7.ProtocolTCP
+}
+
+func workloadTarget(wl *meshv1.Workload, addr netip.AddrPort) l7.Target {
+	t := l7.Target{Address: addr, Workload: wl}
+	if id, err := trust.ParseIdentity(wl.GetIdentity()); err == nil {
+		t.Identity = id
+	}
+	return t
+}
+
+// DialEndpoint opens an HBONE tunnel to an endpoint's pod under the
+// waypoint's own identity (l7.Dialer). Endpoints outside the mesh get plain TCP.
+func (w *Waypoint) DialEndpoint(ctx context.Context, t l7.Target) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, w.opts.ConnectTimeout)
+	defer cancel()
+	if t.Workload == nil {
+		return nil, fmt.Errorf("endpoint %s: unknown workload", t.Address)
+	}
+	if !t.Workload.GetHbone() {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", t.Address.String())
+	}
+	if t.Identity.IsZero() {
+		return nil, fmt.Errorf("endpoint %s: workload %s has no valid identity", t.Address, t.Workload.GetUid())
+	}
+	return w.pool.Dial(ctx, hbone.Target{
+		Address:   netip.AddrPortFrom(t.Address.Addr(), w.opts.HBONEPort),
+		Authority: hbone.FormatAuthority(t.Address),
+		Source:    w.opts.Identity,
+		Cert:      func() (*tls.Certificate, error) { return w.opts.Certificates.Get(ctx, w.opts.Identity) },
+		Expected:  []trust.Identity{t.Identity},
+	})
+}
+
+// authorize adapts the policy engine to the L7 engine.
+func (w *Waypoint) authorize(ctx context.Context, r *l7.AuthzRequest) l7.Decision {
+	d := w.opts.Policy.Decide(ctx, &policy.Request{HTTP: r.Request, Body: r.Body, BodyTruncated: r.BodyTruncated,
+		Source: r.Peer, SourceAddr: r.Source, DestAddr: r.Destination, Destination: r.DestinationIdentity})
+	out := l7.Decision{Allowed: d.Allowed, Status: d.Status, Headers: d.Headers, ResponseHeadersToAdd: d.ResponseHeadersToAdd,
+		RequestHeadersToRemove: d.RequestHeadersToRemove, Reason: d.Reason, ID: d.ID}
+	if d.Body != "" {
+		out.Body = []byte(d.Body)
+	}
+	return out
+}
+
+// Dump builds the /config_dump document: the destinations, routes,
+// certificates and policy the waypoint works with.
+func (w *Waypoint) Dump() (*admin.ConfigDump, error) {
+	v := w.view.Load()
+	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{},
+		Certificates: w.opts.Certificates.Snapshot(), Policies: w.opts.Policy.Status()}
+	for ip, wl := range v.byIP {
+		raw, err := protojson.Marshal(wl)
+		if err != nil {
+			return nil, err
+		}
+		d.ByAddr[ip.String()] = raw
+	}
+	for ip, svc := range v.byVIP {
+		raw, err := protojson.Marshal(svc)
+		if err != nil {
+			return nil, err
+		}
+		d.ByVIP[ip.String()] = raw
+	}
+	var routes []json.RawMessage
+	for _, name := range sortedKeys(v.state.HTTPRoutes) {
+		raw, err := protojson.Marshal(v.state.HTTPRoutes[name])
+		if err != nil {
+			return nil, err
+		}
+		routes = append(routes, raw)
+	}
+	for _, name := range sortedKeys(v.state.GRPCRoutes) {
+		raw, err := protojson.Marshal(v.state.GRPCRoutes[name])
+		if err != nil {
+			return nil, err
+		}
+		routes = append(routes, raw)
+	}
+	d.Routes = routes
+	return d, nil
+}
+
+func values[M any](m map[string]M) []M {
+	out := make([]M, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+func sortedKeys[M any](m map[string]M) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
