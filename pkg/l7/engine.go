@@ -1,0 +1,235 @@
+// Package l7 is the waypoint's HTTP engine: it serves HTTP/1.1, HTTP/2 and
+// gRPC inside HBONE tunnels, routes with Gateway API HTTPRoute/GRPCRoute
+// semantics, applies filters, asks an Authorizer, balances over endpoints
+// (least outstanding requests, power of two choices) and forwards over
+// pooled HTTP connections through tunnels a Dialer opens.
+//
+// The waypoint compiles its xDS resources with Compile, installs the result
+// with Engine.Update (atomic; requests in flight finish on the configuration
+// they started with), and hands every accepted tunnel that carries an HTTP
+// port to Engine.ServeConn.
+package l7
+
+import (
+	"context"
+	"errors"
+	"log"
+	"net/http/httputil"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/net/http2"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// Options configures an Engine. Zero values get the documented defaults.
+type Options struct {
+	// Dialer opens tunnels to endpoints. Required.
+	Dialer Dialer
+	// Authorizer decides every request. Required: use AllowAll() to run
+	// without a policy.
+	Authorizer Authorizer
+	// Logger receives the access log (info level, message "request") and
+	// errors. Default: no logging.
+	Logger *zap.Logger
+	// Registerer receives requests_total, request_duration_seconds and
+	// request_mirrors_total. Default: metrics are kept but not exported.
+	Registerer prometheus.Registerer
+
+	// MaxBufferedBody bounds the request body buffered for authorization and
+	// retries (default 64 KiB; negative: never buffer). Larger bodies stream
+	// and are not retried.
+	MaxBufferedBody int64
+	// MaxHeaderBytes bounds request and response headers (default 64 KiB).
+	MaxHeaderBytes int
+	// ReadHeaderTimeout bounds reading a request's headers, and the protocol
+	// sniff (default 10 s).
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes client connections idle this long (default 5 min).
+	IdleTimeout time.Duration
+	// UpstreamIdleTimeout closes pooled upstream connections idle this long
+	// (default 90 s; short values avoid reusing a tunnel to a recycled pod IP).
+	UpstreamIdleTimeout time.Duration
+	// EjectionTime is how long a connect failure takes an endpoint out of
+	// rotation (default 5 s, doubled per consecutive failure up to 8x).
+	EjectionTime time.Duration
+	// MaxConcurrentStreams bounds the streams of one client HTTP/2
+	// connection (default 1000).
+	MaxConcurrentStreams uint32
+	// MaxMirrorsInFlight bounds concurrent mirrored requests; more are
+	// dropped (default 64). MirrorTimeout bounds each (default 10 s).
+	MaxMirrorsInFlight int
+	MirrorTimeout      time.Duration
+}
+
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.MaxBufferedBody == 0 {
+		o.MaxBufferedBody = 64 << 10
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = 64 << 10
+	}
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = 10 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 5 * time.Minute
+	}
+	if o.UpstreamIdleTimeout <= 0 {
+		o.UpstreamIdleTimeout = 90 * time.Second
+	}
+	if o.EjectionTime <= 0 {
+		o.EjectionTime = 5 * time.Second
+	}
+	if o.MaxConcurrentStreams == 0 {
+		o.MaxConcurrentStreams = 1000
+	}
+	if o.MaxMirrorsInFlight <= 0 {
+		o.MaxMirrorsInFlight = 64
+	}
+	if o.MirrorTimeout <= 0 {
+		o.MirrorTimeout = 10 * time.Second
+	}
+}
+
+// Engine serves HTTP inside tunnels. It is safe for concurrent use.
+type Engine struct {
+	opts    Options
+	log     *zap.Logger
+	metrics *metrics
+	pools   *pools
+	proxy   *httputil.ReverseProxy
+	h2      *http2.Server
+	snap    atomic.Pointer[snapshot]
+
+	// Mirrors and connection watchers belong to the engine: ctx ends them,
+	// wg waits for them.
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	mirrorSem chan struct{}
+	closeOnce sync.Once
+}
+
+// snapshot is a Config bound to the engine's endpoint state.
+type snapshot struct {
+	cfg *Config
+	eps map[tableKey][]*endpoint
+}
+
+// NewEngine creates an engine with no configuration: until the first Update
+// every request gets 503.
+func NewEngine(opts Options) (*Engine, error) {
+	if opts.Dialer == nil {
+		return nil, errors.New("l7: Options.Dialer is required")
+	}
+	if opts.Authorizer == nil {
+		return nil, errors.New("l7: Options.Authorizer is required (AllowAll() to run without policy)")
+	}
+	opts.defaults()
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Engine{
+		opts:      opts,
+		log:       opts.Logger.Named("l7"),
+		metrics:   m,
+		pools:     newPools(opts.Dialer, opts.UpstreamIdleTimeout, opts.EjectionTime, int64(opts.MaxHeaderBytes)),
+		ctx:       ctx,
+		cancel:    cancel,
+		mirrorSem: make(chan struct{}, opts.MaxMirrorsInFlight),
+	}
+	e.h2 = &http2.Server{
+		MaxConcurrentStreams:         opts.MaxConcurrentStreams,
+		IdleTimeout:                  opts.IdleTimeout,
+		ReadIdleTimeout:              30 * time.Second,
+		PingTimeout:                  15 * time.Second,
+		WriteByteTimeout:             30 * time.Second,
+		MaxUploadBufferPerStream:     4 << 20,
+		MaxUploadBufferPerConnection: 16 << 20,
+	}
+	e.proxy = &httputil.ReverseProxy{
+		Rewrite:        e.rewrite,
+		Transport:      upstreamTransport{e},
+		ModifyResponse: e.modifyResponse,
+		ErrorHandler:   e.proxyError,
+		BufferPool:     bufferPool{},
+		ErrorLog:       log.New(zapWriter{e.log}, "", 0),
+	}
+	return e, nil
+}
+
+// Update installs a new configuration. Requests already routed finish on the
+// previous one; endpoints that are gone lose their idle connections.
+func (e *Engine) Update(cfg *Config) {
+	s := &snapshot{cfg: cfg, eps: make(map[tableKey][]*endpoint)}
+	keep := make(map[endpointKey]bool)
+	for ref, si := range cfg.services {
+		for port, ts := range si.targets {
+			eps := make([]*endpoint, 0, len(ts))
+			for _, t := range ts {
+				ep := e.pools.get(t)
+				keep[ep.key] = true
+				eps = append(eps, ep)
+			}
+			s.eps[tableKey{ref, port}] = eps
+		}
+	}
+	e.snap.Store(s)
+	e.pools.retain(func(k endpointKey) bool {
+		if keep[k] {
+			return true
+		}
+		// Workload-addressed endpoints live as long as their workload.
+		w := cfg.byAddress[k.addr.Addr()]
+		return w != nil && w.GetIdentity() == k.identity
+	})
+}
+
+// Close stops mirrored requests and closes idle upstream connections. It
+// does not close tunnels being served: their contexts do.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.wg.Wait()
+		e.pools.closeAll()
+	})
+	return nil
+}
+
+// workloadTarget resolves a workload-addressed destination.
+func (s *snapshot) workloadTarget(addr netip.AddrPort) (Target, bool) {
+	w := s.cfg.byAddress[addr.Addr().Unmap()]
+	if w == nil {
+		return Target{}, false
+	}
+	t := Target{Address: netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port()), Workload: w}
+	if id, err := trust.ParseIdentity(w.GetIdentity()); err == nil {
+		t.Identity = id
+	}
+	return t, true
+}
+
+type zapWriter struct{ l *zap.Logger }
+
+func (w zapWriter) Write(p []byte) (int, error) {
+	w.l.Debug("proxy", zap.ByteString("message", p))
+	return len(p), nil
+}
+
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *(copyBuffers.Get().(*[]byte)) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }

@@ -1,0 +1,185 @@
+package l7
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+type metrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	mirrors  *prometheus.CounterVec
+}
+
+var requestLabels = []string{"response_code", "source_principal", "destination_service", "route"}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "requests_total",
+			Help: "HTTP and gRPC requests handled by the waypoint.",
+		}, requestLabels),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "request_duration_seconds",
+			Help:    "Time from a request's arrival to its last response byte.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, requestLabels),
+		mirrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "request_mirrors_total",
+			Help: "Mirrored requests by outcome (sent, failed, dropped: concurrency limit, skipped: body not buffered).",
+		}, []string{"outcome"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.requests, err = register(reg, m.requests); err != nil {
+		return nil, err
+	}
+	if m.duration, err = register(reg, m.duration); err != nil {
+		return nil, err
+	}
+	if m.mirrors, err = register(reg, m.mirrors); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the collector already registered under
+// its name (several engines may share one registry).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("l7 metrics: %w", err)
+	}
+	return c, nil
+}
+
+// record is what the access log and the metrics say about one request.
+type record struct {
+	service   string
+	route     string
+	rule      string
+	backend   string
+	endpoint  string
+	decision  string // allow, deny, or "" when no decision was needed
+	reason    string
+	decID     string
+	attempts  int
+	grpcCode  int // gRPC status of a local reply to a gRPC request, -1 otherwise
+	localCode int // status the engine chose for a local reply (a gRPC one is sent as 200)
+}
+
+func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
+	d := time.Since(x.start)
+	status := rw.status
+	if x.rec.localCode != 0 {
+		status = x.rec.localCode
+	}
+	if status == 0 {
+		if aborted {
+			status = http.StatusBadGateway
+		} else {
+			status = http.StatusOK
+		}
+	}
+	principal := x.info.Peer.String()
+	route := x.rec.route
+	if route == "" && x.rule != nil {
+		route = "implicit"
+	}
+	code := strconv.Itoa(status)
+	e.metrics.requests.WithLabelValues(code, principal, x.rec.service, route).Inc()
+	e.metrics.duration.WithLabelValues(code, principal, x.rec.service, route).Observe(d.Seconds())
+
+	if ce := e.log.Check(zap.InfoLevel, "request"); ce != nil {
+		fields := []zap.Field{
+			zap.String("source", x.info.Source.String()),
+			zap.String("identity", principal),
+			zap.String("destination", x.info.Destination.String()),
+			zap.String("service", x.rec.service),
+			zap.String("method", x.orig.Method),
+			zap.String("path", x.orig.URL.EscapedPath()),
+			zap.String("protocol", x.orig.Proto),
+			zap.String("route", route),
+			zap.String("rule", x.rec.rule),
+			zap.String("backend", x.rec.backend),
+			zap.String("endpoint", x.rec.endpoint),
+			zap.String("decision", x.rec.decision),
+			zap.String("reason", x.rec.reason),
+			zap.Int("status", status),
+			zap.Int64("bytes_received", x.bytesIn()),
+			zap.Int64("bytes_sent", rw.bytes),
+			zap.Duration("duration", d),
+			zap.Int("attempts", x.rec.attempts),
+		}
+		if x.rec.decID != "" {
+			fields = append(fields, zap.String("decision_id", x.rec.decID))
+		}
+		if x.rec.grpcCode >= 0 {
+			fields = append(fields, zap.Int("grpc_status", x.rec.grpcCode))
+		}
+		if aborted {
+			fields = append(fields, zap.Bool("aborted", true))
+		}
+		ce.Write(fields...)
+	}
+}
+
+// responseRecorder notes the status and size of what the client is sent.
+// It exposes the underlying writer through Unwrap, so flushing, hijacking
+// (upgrades) and read deadlines work through http.ResponseController.
+type responseRecorder struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *responseRecorder) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	} else if code == http.StatusSwitchingProtocols {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseRecorder) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *responseRecorder) Flush() {
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// countingBody counts the request body bytes read from the client.
+type countingBody struct {
+	io.ReadCloser
+	n atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}

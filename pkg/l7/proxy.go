@@ -1,0 +1,888 @@
+package l7
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// SourcePrincipalHeader carries the caller's authenticated identity to the
+// destination. The waypoint removes it from every incoming request and sets
+// it only from the tunnel's authenticated peer, so the destination can trust
+// it because it arrived from the waypoint.
+const SourcePrincipalHeader = "X-Causeway-Source-Principal"
+
+// identityHeaders are request headers that claim a client identity. They are
+// removed from every request before routing and authorization: an identity
+// comes from the tunnel's certificate and nothing else. Headers with the
+// X-Causeway- prefix are reserved for the mesh and removed as well.
+var identityHeaders = map[string]bool{
+	"X-Forwarded-Client-Cert":  true, // Envoy XFCC
+	"Client-Cert":              true, // RFC 9440
+	"Client-Cert-Chain":        true, // RFC 9440
+	"X-Client-Cert":            true,
+	"X-Ssl-Client-Cert":        true,
+	"Ssl-Client-Cert":          true,
+	"X-Ssl-Client-Dn":          true,
+	"X-Ssl-Client-Verify":      true,
+	"X-Envoy-Peer-Metadata":    true,
+	"X-Envoy-Peer-Metadata-Id": true,
+	"X-Istio-Attributes":       true,
+}
+
+const reservedPrefix = "X-Causeway-"
+
+// sanitizeIdentity removes identity claims from a header map.
+func sanitizeIdentity(h http.Header) {
+	for k := range h {
+		if identityHeaders[k] || strings.HasPrefix(k, reservedPrefix) {
+			delete(h, k)
+		}
+	}
+}
+
+// exchange is one request's journey through the engine.
+type exchange struct {
+	e     *Engine
+	info  *ConnInfo
+	snap  *snapshot
+	start time.Time
+	orig  *http.Request // as received, sanitized and normalized: what policy sees
+	out   *http.Request // what goes upstream, filters applied
+	view  *reqView
+	path  string // out's escaped path
+
+	rule      *rule
+	backend   *backend
+	endpoints []*endpoint
+	first     *endpoint
+	proto     upstreamProto
+
+	in       *countingBody
+	body     []byte // buffered body (all of it when bodyDone)
+	bodyDone bool
+	stream   *trackedBody // the unbuffered rest, when !bodyDone
+
+	deadline    time.Time // request timeout; zero: none
+	respMods    []*headerMod
+	respHeaders http.Header // CORS and policy headers for the response
+	mirrors     []mirrorShot
+
+	rec record
+}
+
+func (x *exchange) bytesIn() int64 {
+	if x.in == nil {
+		return 0
+	}
+	return x.in.n.Load()
+}
+
+type exchangeKey struct{}
+
+// serveHTTP handles one request on a tunnel.
+func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *ConnInfo) {
+	x := &exchange{e: e, info: info, start: time.Now(), orig: r, rec: record{grpcCode: -1}}
+	rw := &responseRecorder{ResponseWriter: w}
+	completed := false
+	defer func() {
+		// A response that fails midway is aborted with http.ErrAbortHandler
+		// (the client sees a reset); it is still logged and counted.
+		e.observe(x, rw, !completed)
+	}()
+	e.handle(x, rw)
+	completed = true
+}
+
+func (e *Engine) handle(x *exchange, w *responseRecorder) {
+	r := x.orig
+	sanitizeIdentity(r.Header)
+	r.RemoteAddr = x.info.Source.String()
+	if r.Body != nil && r.Body != http.NoBody {
+		x.in = &countingBody{ReadCloser: r.Body}
+		r.Body = x.in
+	}
+	x.rec.service = x.info.Service.String()
+	if x.info.Service.IsZero() {
+		x.rec.service = x.info.Destination.String()
+	}
+
+	esc := r.URL.EscapedPath()
+	path, err := normalizePath(esc)
+	if err != nil {
+		x.reply(w, http.StatusBadRequest, "bad request path: "+err.Error(), nil)
+		return
+	}
+	if path != esc {
+		if err := setEscapedPath(r.URL, path); err != nil {
+			x.reply(w, http.StatusBadRequest, "bad request path: "+err.Error(), nil)
+			return
+		}
+	}
+	x.path = path
+	x.view = newReqView(r, path)
+
+	x.snap = e.snap.Load()
+	if x.snap == nil {
+		x.reply(w, http.StatusServiceUnavailable, "no configuration yet", nil)
+		return
+	}
+	if !x.selectRule(w) {
+		return
+	}
+	ru := x.rule
+	x.rec.route, x.rec.rule = ru.routeName(), ru.name
+	if ru.invalid != "" {
+		x.reply(w, http.StatusInternalServerError, "invalid rule: "+ru.invalid, nil)
+		return
+	}
+
+	ctx := r.Context()
+	if ru.requestTimeout > 0 {
+		x.deadline = x.start.Add(ru.requestTimeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, x.deadline)
+		defer cancel()
+		x.orig = r.WithContext(ctx)
+	}
+	x.out = x.orig.Clone(context.WithValue(ctx, exchangeKey{}, x))
+
+	if x.applyFilters(w, ru.filters) {
+		return
+	}
+	if x.backend == nil {
+		b := ru.wrr.next()
+		if b == nil {
+			x.reply(w, http.StatusInternalServerError, "rule has no backend with a weight above 0", nil)
+			return
+		}
+		x.backend = b
+		x.rec.backend = b.String()
+		if b.invalid != "" {
+			x.reply(w, http.StatusInternalServerError, "invalid backend: "+b.invalid, nil)
+			return
+		}
+		if x.applyFilters(w, b.filters) {
+			return
+		}
+		x.endpoints = x.snap.eps[tableKey{b.svc, b.port}]
+	}
+	x.proto = x.backend.proto
+	if x.proto == upstreamAuto {
+		x.proto = upstreamH1
+		if r.ProtoMajor == 2 {
+			x.proto = upstreamH2
+		}
+	}
+	x.first = pickEndpoint(x.endpoints, nil)
+	if x.first == nil {
+		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+" has no endpoints", nil)
+		return
+	}
+	x.rec.endpoint = x.first.key.addr.String()
+
+	if status, err := x.readBody(w); err != nil {
+		x.reply(w, status, err.Error(), nil)
+		return
+	}
+	if !x.authorize(w) {
+		return
+	}
+	x.fireMirrors()
+	e.proxy.ServeHTTP(w, x.out)
+}
+
+// workloadRule serves a workload-addressed destination: no routes, the
+// workload itself.
+var workloadRule = &rule{retry: defaultRetry}
+
+// selectRule finds the rule (and for workload destinations, the endpoint).
+func (x *exchange) selectRule(w *responseRecorder) bool {
+	if x.info.Service.IsZero() {
+		t, ok := x.snap.workloadTarget(x.info.Destination)
+		if !ok {
+			x.reply(w, http.StatusServiceUnavailable, "unknown destination workload "+x.info.Destination.String(), nil)
+			return false
+		}
+		x.rule = workloadRule
+		x.backend = &backend{proto: upstreamFor(x.info.Protocol.String()), weight: 1}
+		if x.info.Protocol == ProtocolHTTP {
+			x.backend.proto = upstreamAuto
+		}
+		x.rec.backend = t.Address.String()
+		x.endpoints = []*endpoint{x.e.pools.get(t)}
+		return true
+	}
+	table := x.snap.cfg.tables[tableKey{x.info.Service, x.info.Port}]
+	if table == nil {
+		x.reply(w, http.StatusServiceUnavailable, fmt.Sprintf("unknown destination %s port %d", x.info.Service, x.info.Port), nil)
+		return false
+	}
+	x.rule = table.route(x.view)
+	if x.rule == nil {
+		x.reply(w, http.StatusNotFound, "no matching route", nil)
+		return false
+	}
+	return true
+}
+
+// applyFilters runs filters in order on the outgoing request. It reports
+// whether the exchange is finished (a redirect or a CORS preflight answered).
+func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
+	for i := range fs {
+		if fs[i].kind == filterResponseHeaders {
+			x.respMods = append(x.respMods, fs[i].headers)
+		}
+	}
+	for i := range fs {
+		f := &fs[i]
+		switch f.kind {
+		case filterRequestHeaders:
+			f.headers.apply(x.out.Header)
+			if h, ok := x.out.Header["Host"]; ok {
+				x.out.Host = h[0]
+				delete(x.out.Header, "Host")
+			}
+		case filterRewrite:
+			if f.rewrite.hostname != "" {
+				x.out.Host = f.rewrite.hostname
+			}
+			if f.rewrite.path != nil {
+				p := f.rewrite.path.rewritten(x.path, x.rule.prefix)
+				if err := setEscapedPath(x.out.URL, p); err != nil {
+					x.reply(w, http.StatusInternalServerError, "path rewrite: "+err.Error(), nil)
+					return true
+				}
+				x.path = p
+			}
+		case filterRedirect:
+			loc := f.redirect.location(x.out, x.path, x.rule.prefix, x.info.Port)
+			x.rec.reason = "redirect"
+			h := w.Header()
+			h.Set("Location", loc)
+			x.applyResponseHeaders(h)
+			w.WriteHeader(f.redirect.status)
+			return true
+		case filterMirror:
+			if f.mirror.backend.invalid == "" && (f.mirror.percent >= 100 || rand.Float64()*100 < f.mirror.percent) {
+				x.mirrors = append(x.mirrors, x.mirrorShot(f.mirror.backend))
+			}
+		case filterCORS:
+			if isPreflight(x.orig) {
+				x.rec.reason = "cors preflight"
+				f.cors.preflight(w, x.orig)
+				return true
+			}
+			if h := f.cors.responseHeaders(x.orig); h != nil {
+				x.addResponseHeaders(h, true)
+			}
+		}
+	}
+	return false
+}
+
+func (x *exchange) addResponseHeaders(h http.Header, set bool) {
+	if x.respHeaders == nil {
+		x.respHeaders = make(http.Header, len(h))
+	}
+	for k, vs := range h {
+		k = http.CanonicalHeaderKey(k)
+		if set {
+			x.respHeaders[k] = append([]string(nil), vs...)
+		} else {
+			x.respHeaders[k] = append(x.respHeaders[k], vs...)
+		}
+	}
+}
+
+// applyResponseHeaders applies ResponseHeaderModifiers, then CORS and
+// policy headers, to a response's headers.
+func (x *exchange) applyResponseHeaders(h http.Header) {
+	for _, m := range x.respMods {
+		m.apply(h)
+	}
+	for k, vs := range x.respHeaders {
+		if k == "Vary" {
+			h[k] = append(h[k], vs...)
+			continue
+		}
+		h[k] = vs
+	}
+}
+
+// readBody buffers the request body for authorization and retries, within
+// the limit and the request timeout. gRPC bodies are streams: they are never
+// waited for.
+func (x *exchange) readBody(w *responseRecorder) (int, error) {
+	r := x.orig
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		x.bodyDone = true
+		return 0, nil
+	}
+	limit := x.e.opts.MaxBufferedBody
+	if limit < 0 || x.view.grpc {
+		x.stream = &trackedBody{r: r.Body}
+		return 0, nil
+	}
+	if !x.deadline.IsZero() {
+		// Best effort: bounds a slow client by the request timeout.
+		_ = http.NewResponseController(w).SetReadDeadline(x.deadline)
+		defer func() { _ = http.NewResponseController(w).SetReadDeadline(time.Time{}) }()
+	}
+	n := limit
+	if r.ContentLength > 0 && r.ContentLength < n {
+		n = r.ContentLength
+	}
+	buf := make([]byte, 0, min(n+1, 64<<10))
+	b := bytes.NewBuffer(buf)
+	_, err := io.Copy(b, io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		if !x.deadline.IsZero() && !time.Now().Before(x.deadline) {
+			return http.StatusGatewayTimeout, errors.New("request timeout while reading the request body")
+		}
+		return http.StatusBadRequest, fmt.Errorf("reading request body: %w", err)
+	}
+	x.body = b.Bytes()
+	if int64(len(x.body)) <= limit {
+		x.bodyDone = true
+		x.out.Trailer = r.Trailer
+		return 0, nil
+	}
+	// Over the limit: what was read goes first, the rest streams.
+	x.stream = &trackedBody{r: io.MultiReader(bytes.NewReader(x.body), r.Body)}
+	x.body = x.body[:limit]
+	return 0, nil
+}
+
+// authorize asks the Authorizer and applies its decision.
+func (x *exchange) authorize(w *responseRecorder) bool {
+	t := x.first.target.Load()
+	req := &AuthzRequest{
+		Request:             x.orig,
+		Body:                x.body,
+		BodyTruncated:       !x.bodyDone,
+		Peer:                x.info.Peer,
+		Source:              x.info.Source,
+		Destination:         t.Address,
+		DestinationIdentity: t.Identity,
+		Service:             x.info.Service,
+		Port:                x.info.Port,
+		Route:               x.rule.routeName(),
+		Rule:                x.rule.name,
+	}
+	d := x.e.opts.Authorizer.Authorize(x.orig.Context(), req)
+	x.rec.decID = d.ID
+	x.rec.reason = d.Reason
+	if !d.Allowed {
+		x.rec.decision = "deny"
+		status := d.Status
+		if status < 300 || status > 599 {
+			status = http.StatusForbidden
+		}
+		body := d.Body
+		if len(body) == 0 {
+			body = []byte("RBAC: access denied\n")
+		}
+		x.reply(w, status, "", d.Headers, body...)
+		return false
+	}
+	x.rec.decision = "allow"
+	h := x.out.Header
+	for _, k := range d.RequestHeadersToRemove {
+		h.Del(k)
+	}
+	for k, vs := range d.Headers {
+		h[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
+	}
+	if len(d.ResponseHeadersToAdd) > 0 {
+		x.addResponseHeaders(d.ResponseHeadersToAdd, false)
+	}
+	return true
+}
+
+// setForwarding adds the caller's address to X-Forwarded-For and Forwarded
+// (after what earlier proxies wrote: that part is informational only), and
+// sets the identity header from the tunnel's peer, or removes it.
+func setForwarding(out http.Header, in http.Header, x *exchange) {
+	ip := x.info.Source.Addr().Unmap().String()
+	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
+		out.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+ip)
+	} else {
+		out.Set("X-Forwarded-For", ip)
+	}
+	fwd := `for="` + forwardedNode(x) + `"`
+	if prior := in.Values("Forwarded"); len(prior) > 0 {
+		out.Set("Forwarded", strings.Join(prior, ", ")+", "+fwd)
+	} else {
+		out.Set("Forwarded", fwd)
+	}
+	for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v, ok := in[k]; ok {
+			out[k] = v
+		}
+	}
+	// Route filters and policy headers applied after sanitizing; identity
+	// claims must not survive them either.
+	sanitizeIdentity(out)
+	setIdentity(out, x.info.Peer)
+}
+
+func setIdentity(h http.Header, p trust.Peer) {
+	if id, ok := p.Identity(); ok {
+		h.Set(SourcePrincipalHeader, id.String())
+	}
+}
+
+func forwardedNode(x *exchange) string {
+	a := x.info.Source
+	if a.Addr().Unmap().Is6() {
+		return "[" + a.Addr().String() + "]:" + strconv.Itoa(int(a.Port()))
+	}
+	return a.Addr().Unmap().String() + ":" + strconv.Itoa(int(a.Port()))
+}
+
+// rewrite is the ReverseProxy's request hook. The request it receives is
+// already the outgoing one; the proxy has stripped hop-by-hop and
+// forwarding headers from the copy.
+func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
+	x, _ := pr.In.Context().Value(exchangeKey{}).(*exchange)
+	if x == nil {
+		return
+	}
+	setForwarding(pr.Out.Header, pr.In.Header, x)
+}
+
+func (e *Engine) modifyResponse(resp *http.Response) error {
+	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	if x != nil {
+		x.applyResponseHeaders(resp.Header)
+	}
+	return nil
+}
+
+// proxyErr is a failed upstream exchange and the status it gets.
+type proxyErr struct {
+	status int
+	reason string
+	err    error
+}
+
+func (e *proxyErr) Error() string {
+	if e.err == nil {
+		return e.reason
+	}
+	return e.reason + ": " + e.err.Error()
+}
+
+func (e *proxyErr) Unwrap() error { return e.err }
+
+func (e *Engine) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	x, _ := r.Context().Value(exchangeKey{}).(*exchange)
+	rw, _ := w.(*responseRecorder)
+	if x == nil || rw == nil {
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	}
+	var pe *proxyErr
+	switch {
+	case errors.As(err, &pe):
+		x.reply(rw, pe.status, pe.Error(), nil)
+	case x.orig.Context().Err() != nil && !x.deadline.IsZero() && !time.Now().Before(x.deadline):
+		x.reply(rw, http.StatusGatewayTimeout, "request timeout", nil)
+	case x.orig.Context().Err() != nil:
+		x.rec.localCode = 499 // the client went away; nothing can be sent
+		x.rec.reason = "client cancelled"
+	default:
+		x.reply(rw, http.StatusBadGateway, "upstream error: "+err.Error(), nil)
+	}
+}
+
+// publicMessage is what the caller is told for a local reply; details stay
+// in the access log.
+func publicMessage(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "bad request"
+	case http.StatusNotFound:
+		return "no route"
+	case http.StatusInternalServerError:
+		return "route configuration error"
+	case http.StatusBadGateway:
+		return "upstream error"
+	case http.StatusServiceUnavailable:
+		return "no healthy upstream"
+	case http.StatusGatewayTimeout:
+		return "upstream request timeout"
+	}
+	return http.StatusText(status)
+}
+
+// reply answers locally. reason goes to the log; the caller sees body, or a
+// generic message. A gRPC caller gets a trailers-only gRPC error instead.
+func (x *exchange) reply(w *responseRecorder, status int, reason string, hdr http.Header, body ...byte) {
+	if reason != "" {
+		x.rec.reason = reason
+	}
+	x.rec.localCode = status
+	if len(body) == 0 {
+		body = []byte(publicMessage(status) + "\n")
+	}
+	h := w.Header()
+	for k, vs := range hdr {
+		h[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
+	}
+	if x.view != nil && x.view.grpc {
+		code := grpcCodeFor(status)
+		x.rec.grpcCode = code
+		h.Set("Content-Type", "application/grpc")
+		h.Set("Grpc-Status", strconv.Itoa(code))
+		h.Set("Grpc-Message", grpcEncodeMessage(strings.TrimSpace(string(body))))
+		h.Del("Content-Length")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	if h.Get("Content-Type") == "" {
+		h.Set("Content-Type", "text/plain; charset=utf-8")
+	}
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	if x.orig.Method != http.MethodHead {
+		_, _ = w.Write(body)
+	}
+}
+
+// grpcCodeFor maps an HTTP status to a gRPC code as gRPC's own HTTP mapping
+// does (and Envoy for its local replies).
+func grpcCodeFor(status int) int {
+	switch status {
+	case http.StatusBadRequest:
+		return 13 // INTERNAL
+	case http.StatusUnauthorized:
+		return 16 // UNAUTHENTICATED
+	case http.StatusForbidden:
+		return 7 // PERMISSION_DENIED
+	case http.StatusNotFound:
+		return 12 // UNIMPLEMENTED
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable:
+		return 14 // UNAVAILABLE
+	case http.StatusGatewayTimeout:
+		return 4 // DEADLINE_EXCEEDED
+	}
+	return 2 // UNKNOWN
+}
+
+// grpcEncodeMessage percent-encodes a grpc-message value (gRPC HTTP/2 spec).
+func grpcEncodeMessage(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c <= 0x7e && c != '%' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// ---- upstream attempts ----
+
+// upstreamTransport runs a request's attempts: the first on the endpoint
+// the request was authorized for, retries on others of the same identity.
+type upstreamTransport struct{ e *Engine }
+
+func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
+	if x == nil {
+		return nil, errors.New("l7: request without an exchange")
+	}
+	pol := x.rule.retry
+	ctx := req.Context()
+	tried := make([]*endpoint, 0, 2)
+	ep := x.first
+	for attempt := 0; ; attempt++ {
+		if ep == nil {
+			return nil, &proxyErr{status: http.StatusServiceUnavailable, reason: "no healthy upstream left to retry on"}
+		}
+		tried = append(tried, ep)
+		x.rec.attempts++
+		x.rec.endpoint = ep.key.addr.String()
+		resp, err := x.attempt(req, ep)
+		last := attempt >= pol.retries
+		backoff := pol.backoffFor(attempt + 1)
+		if !last && !x.deadline.IsZero() && time.Until(x.deadline) <= backoff {
+			last = true // a retry would not finish inside the request timeout
+		}
+		if err == nil {
+			if last || pol.connectOnly || !pol.codes[resp.StatusCode] || !x.bodyDone {
+				return resp, nil
+			}
+			discard(resp.Body)
+		} else {
+			if ctx.Err() != nil {
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					return nil, &proxyErr{status: http.StatusGatewayTimeout, reason: "request timeout", err: err}
+				}
+				return nil, err
+			}
+			var ce *connectError
+			connect := errors.As(err, &ce)
+			replayable := x.bodyDone || connect && x.stream != nil && x.stream.n.Load() == 0
+			if last || !replayable || pol.connectOnly && !connect {
+				return nil, classify(err, connect)
+			}
+		}
+		if backoff > 0 {
+			tm := time.NewTimer(backoff)
+			select {
+			case <-tm.C:
+			case <-ctx.Done():
+				tm.Stop()
+				return nil, &proxyErr{status: http.StatusGatewayTimeout, reason: "request timeout during retry backoff", err: ctx.Err()}
+			}
+		}
+		ep = x.retryEndpoint(tried)
+	}
+}
+
+func classify(err error, connect bool) error {
+	switch {
+	case connect:
+		return &proxyErr{status: http.StatusServiceUnavailable, reason: "upstream connect error", err: err}
+	case errors.Is(err, context.DeadlineExceeded):
+		return &proxyErr{status: http.StatusGatewayTimeout, reason: "upstream (backendRequest) timeout", err: err}
+	}
+	return &proxyErr{status: http.StatusBadGateway, reason: "upstream error", err: err}
+}
+
+// backoffFor is the wait before retry n (1-based): the configured minimum,
+// doubled per retry up to ten times the minimum, plus up to 50% jitter.
+func (p *retryPolicy) backoffFor(n int) time.Duration {
+	if p.backoff <= 0 {
+		return 0
+	}
+	d := p.backoff << min(n-1, 10)
+	if d > 10*p.backoff || d <= 0 {
+		d = 10 * p.backoff
+	}
+	return d + rand.N(d/2+1)
+}
+
+// retryEndpoint picks another endpoint with the identity the request was
+// authorized for, preferring ones not tried yet.
+func (x *exchange) retryEndpoint(tried []*endpoint) *endpoint {
+	id := x.first.key.identity
+	sameID := func(ep *endpoint) bool { return ep.key.identity != id }
+	ep := pickEndpoint(x.endpoints, func(ep *endpoint) bool {
+		if sameID(ep) {
+			return true
+		}
+		for _, t := range tried {
+			if t == ep {
+				return true
+			}
+		}
+		return false
+	})
+	if ep == nil {
+		ep = pickEndpoint(x.endpoints, sameID)
+	}
+	return ep
+}
+
+// attempt sends the request once to ep.
+func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, error) {
+	ctx := req.Context()
+	cancel := context.CancelFunc(func() {})
+	if x.rule.backendTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, x.rule.backendTimeout)
+	}
+	areq := req.WithContext(ctx)
+	u := *req.URL
+	u.Scheme, u.Host = "http", ep.key.addr.String()
+	areq.URL = &u
+	switch {
+	case x.bodyDone && len(x.body) == 0:
+		areq.Body, areq.ContentLength, areq.GetBody = nil, 0, nil
+	case x.bodyDone:
+		body := x.body
+		areq.ContentLength = int64(len(body))
+		areq.Body = io.NopCloser(bytes.NewReader(body))
+		areq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	default:
+		areq.Body, areq.GetBody = x.stream, nil
+	}
+	ep.outstanding.Add(1)
+	resp, err := ep.roundTripper(x.proto).RoundTrip(areq)
+	if err != nil {
+		ep.outstanding.Add(-1)
+		cancel()
+		return nil, err
+	}
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			ep.outstanding.Add(-1)
+			cancel()
+		})
+	}
+	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		resp.Body = &releaseRWBody{ReadWriteCloser: rwc, release: release}
+	} else {
+		resp.Body = &releaseBody{ReadCloser: resp.Body, release: release}
+	}
+	return resp, nil
+}
+
+func discard(body io.ReadCloser) {
+	_, _ = io.CopyN(io.Discard, body, 64<<10)
+	_ = body.Close()
+}
+
+// releaseBody ends an attempt when the response body is closed: the
+// endpoint's outstanding count drops and the attempt's timer stops.
+type releaseBody struct {
+	io.ReadCloser
+	release func()
+}
+
+func (b *releaseBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.release()
+	return err
+}
+
+// releaseRWBody is releaseBody for an upgraded (101) connection, which the
+// proxy writes to as well.
+type releaseRWBody struct {
+	io.ReadWriteCloser
+	release func()
+}
+
+func (b *releaseRWBody) Close() error {
+	err := b.ReadWriteCloser.Close()
+	b.release()
+	return err
+}
+
+// trackedBody streams a request body that was not buffered, counting what
+// the upstream read: after a connect failure with nothing read, it can still
+// go to another endpoint. Closing is left to the server.
+type trackedBody struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *trackedBody) Close() error { return nil }
+
+// ---- mirrors ----
+
+// mirrorShot is a request as it stood when a RequestMirror filter ran.
+type mirrorShot struct {
+	backend *backend
+	method  string
+	url     url.URL
+	host    string
+	header  http.Header
+}
+
+func (x *exchange) mirrorShot(b *backend) mirrorShot {
+	return mirrorShot{backend: b, method: x.out.Method, url: *x.out.URL, host: x.out.Host, header: x.out.Header.Clone()}
+}
+
+// fireMirrors sends the mirror copies, fire and forget: they never delay or
+// change the main response. A copy needs the whole body; streamed bodies are
+// not mirrored.
+func (x *exchange) fireMirrors() {
+	for _, m := range x.mirrors {
+		if !x.bodyDone {
+			x.e.metrics.mirrors.WithLabelValues("skipped").Inc()
+			continue
+		}
+		eps := x.snap.eps[tableKey{m.backend.svc, m.backend.port}]
+		ep := pickEndpoint(eps, nil)
+		if ep == nil {
+			x.e.metrics.mirrors.WithLabelValues("failed").Inc()
+			continue
+		}
+		select {
+		case x.e.mirrorSem <- struct{}{}:
+		default:
+			x.e.metrics.mirrors.WithLabelValues("dropped").Inc()
+			continue
+		}
+		proto := m.backend.proto
+		if proto == upstreamAuto {
+			proto = x.proto
+		}
+		hdr := m.header
+		removeHopByHop(hdr)
+		setForwarding(hdr, x.orig.Header, x)
+		x.e.wg.Add(1)
+		go x.e.mirror(m, hdr, x.body, ep, proto)
+	}
+}
+
+func (e *Engine) mirror(m mirrorShot, hdr http.Header, body []byte, ep *endpoint, proto upstreamProto) {
+	defer e.wg.Done()
+	defer func() { <-e.mirrorSem }()
+	ctx, cancel := context.WithTimeout(e.ctx, e.opts.MirrorTimeout)
+	defer cancel()
+	u := m.url
+	u.Scheme, u.Host = "http", ep.key.addr.String()
+	req, err := http.NewRequestWithContext(ctx, m.method, u.String(), bytes.NewReader(body))
+	if err != nil {
+		e.metrics.mirrors.WithLabelValues("failed").Inc()
+		return
+	}
+	if len(body) == 0 {
+		req.Body, req.ContentLength = nil, 0
+	}
+	req.Header, req.Host = hdr, m.host
+	resp, err := ep.roundTripper(proto).RoundTrip(req)
+	if err != nil {
+		e.metrics.mirrors.WithLabelValues("failed").Inc()
+		e.log.Debug("mirror failed", zap.Error(err), zap.String("backend", m.backend.String()))
+		return
+	}
+	discard(resp.Body)
+	e.metrics.mirrors.WithLabelValues("sent").Inc()
+}
+
+// hopByHop are the headers that describe one connection (RFC 9110 section 7.6.1).
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) {
+	for _, f := range h["Connection"] {
+		for _, sf := range strings.Split(f, ",") {
+			if sf = strings.TrimSpace(sf); sf != "" {
+				h.Del(sf)
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+}

@@ -1,0 +1,369 @@
+package l7
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+func TestForwardingAndIdentityHeaders(t *testing.T) {
+	h := newHarness(t)
+	h.backend("web", "http", false)
+	h.update(nil, nil)
+	var seen *AuthzRequest
+	h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
+		seen = r
+		return Decision{Allowed: true}
+	}))
+	ca := trusttest.NewCA(t, "cluster.local")
+	client := trusttest.Identity(t, "spiffe://cluster.local/ns/client/sa/app")
+	forged := "spiffe://cluster.local/ns/admin/sa/admin"
+	claims := map[string]string{
+		"X-Forwarded-Client-Cert": "By=spiffe://x;URI=" + forged,
+		SourcePrincipalHeader:     forged,
+		"X-Causeway-Anything":     "reserved",
+		"Client-Cert":             ":Zm9v:",
+		"X-Forwarded-For":         "192.0.2.1",
+		"Forwarded":               `for="192.0.2.1"`,
+	}
+	for _, tc := range []struct {
+		name string
+		peer trust.Peer
+		want string
+	}{
+		{"authenticated", ca.Peer(t, ca.Certificate(t, client, 0)), client.String()},
+		{"tls-only", ca.Peer(t, nil), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := get(t, h1Client(h.front(webInfo(tc.peer))), "/x", claims)
+			if res.status != 200 || res.echo.Backend != "web" {
+				t.Fatalf("got %d %q", res.status, res.body)
+			}
+			got := res.echo.Header
+			for _, k := range []string{"X-Forwarded-Client-Cert", "X-Causeway-Anything", "Client-Cert"} {
+				if v, ok := got[k]; ok {
+					t.Errorf("%s reached the backend: %q", k, v)
+				}
+			}
+			if v := got.Values(SourcePrincipalHeader); tc.want == "" && len(v) != 0 || tc.want != "" && (len(v) != 1 || v[0] != tc.want) {
+				t.Errorf("%s = %q, want %q", SourcePrincipalHeader, v, tc.want)
+			}
+			if v := got.Get("X-Forwarded-For"); v != "192.0.2.1, 10.1.2.3" {
+				t.Errorf("X-Forwarded-For = %q", v)
+			}
+			if v := got.Get("Forwarded"); v != `for="192.0.2.1", for="10.1.2.3:45678"` {
+				t.Errorf("Forwarded = %q", v)
+			}
+			// Policy never sees the forged claims either.
+			if seen == nil || seen.Request.Header.Get("X-Forwarded-Client-Cert") != "" || seen.Request.Header.Get(SourcePrincipalHeader) != "" {
+				t.Errorf("authorizer saw identity headers: %v", seen)
+			}
+			if id, ok := seen.Peer.Identity(); ok != (tc.want != "") || ok && id.String() != tc.want {
+				t.Errorf("authorizer peer = %v", seen.Peer)
+			}
+			if seen.DestinationIdentity.String() != "spiffe://cluster.local/ns/default/sa/web" || seen.Destination != h.backends["web"].addr {
+				t.Errorf("authorizer destination = %v %v", seen.Destination, seen.DestinationIdentity)
+			}
+		})
+	}
+	// The dialer was asked for the endpoint with its identity.
+	if d := h.dialer.seen[0]; d.Identity.String() != "spiffe://cluster.local/ns/default/sa/web" || d.Service.Name != "web" {
+		t.Fatalf("dial target = %+v", d)
+	}
+}
+
+func TestNoRouteNoEndpointInvalidBackend(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	h.addService("empty", "http")
+	h.backend("v1", "http", false)
+	badRef := &meshv1.HTTPRouteRule{Matches: []*meshv1.HTTPRouteMatch{exactM("/invalid")},
+		Backends: []*meshv1.HTTPBackendRef{{Backend: &meshv1.BackendRef{Name: "v1", Port: 80, InvalidReason: "RefNotPermitted"}, Weight: 1}}}
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch,
+		to("v1", exactM("/ok")),
+		to("empty", exactM("/empty")),
+		to("missing", exactM("/missing")),
+		badRef,
+		&meshv1.HTTPRouteRule{Matches: []*meshv1.HTTPRouteMatch{exactM("/nobackend")}},
+		&meshv1.HTTPRouteRule{Matches: []*meshv1.HTTPRouteMatch{exactM("/zero")}, Backends: []*meshv1.HTTPBackendRef{backendRef("v1", 80, 0)}},
+		&meshv1.HTTPRouteRule{Matches: []*meshv1.HTTPRouteMatch{exactM("/broken")}, InvalidReason: "ExtensionRef filter not supported", Backends: []*meshv1.HTTPBackendRef{backendRef("v1", 80, 1)}},
+	)}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	for path, want := range map[string]int{
+		"/ok": 200, "/nothing": 404, "/empty": 503, "/missing": 500, "/invalid": 500,
+		"/nobackend": 500, "/zero": 500, "/broken": 500,
+	} {
+		if res := get(t, c, path, nil); res.status != want {
+			t.Errorf("GET %s = %d %q, want %d", path, res.status, res.body, want)
+		}
+	}
+	if n := h.backends["v1"].count.Load(); n != 1 {
+		t.Errorf("v1 got %d requests, want 1 (only /ok)", n)
+	}
+	// A service with no route at all goes to its own endpoints: none here.
+	h.update(nil, nil)
+	if res := get(t, c, "/ok", nil); res.status != 503 {
+		t.Errorf("implicit route to a service without endpoints = %d", res.status)
+	}
+}
+
+func TestWeightsAndInvalidShare(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	for _, n := range []string{"v1", "v2", "v3"} {
+		h.backend(n, "http", false)
+	}
+	invalid := &meshv1.HTTPBackendRef{Backend: &meshv1.BackendRef{Name: "v3", Port: 80, InvalidReason: "RefNotPermitted"}, Weight: 1}
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch,
+		&meshv1.HTTPRouteRule{Matches: []*meshv1.HTTPRouteMatch{prefixM("/split")},
+			Backends: []*meshv1.HTTPBackendRef{backendRef("v1", 80, 1), backendRef("v2", 80, 2), backendRef("v3", 80, 7), backendRef("web", 80, 0)}},
+		&meshv1.HTTPRouteRule{Matches: []*meshv1.HTTPRouteMatch{prefixM("/half")},
+			Backends: []*meshv1.HTTPBackendRef{backendRef("v1", 80, 1), invalid}},
+	)}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	const n = 1000
+	got := map[string]int{}
+	for i := 0; i < n; i++ {
+		res := get(t, c, "/split", nil)
+		got[res.echo.Backend]++
+	}
+	for name, weight := range map[string]int{"v1": 1, "v2": 2, "v3": 7} {
+		want := n * weight / 10
+		if d := got[name] - want; d > n/20 || d < -n/20 {
+			t.Errorf("%s got %d of %d, want %d±%d", name, got[name], n, want, n/20)
+		}
+	}
+	if got["web"] != 0 {
+		t.Errorf("weight 0 backend got %d requests", got["web"])
+	}
+	errs := 0
+	for i := 0; i < n; i++ {
+		switch res := get(t, c, "/half", nil); res.status {
+		case 500:
+			errs++
+		case 200:
+		default:
+			t.Fatalf("unexpected %d", res.status)
+		}
+	}
+	if errs < n/2-n/20 || errs > n/2+n/20 {
+		t.Errorf("invalid backend share: %d of %d got 500, want about half", errs, n)
+	}
+}
+
+func TestConnectFailureRetriedAndEjected(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.EjectionTime = time.Minute })
+	h.addService("web", "http")
+	live := h.backend("live", "http", false)
+	dead := deadAddr(t)
+	h.addService("flaky", "http", dead, live.addr)
+	h.addService("down", "http", deadAddr(t))
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("flaky", prefixM("/flaky")), to("down", prefixM("/down")))}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	for i := 0; i < 60; i++ {
+		if res := get(t, c, "/flaky", nil); res.status != 200 || res.echo.Backend != "live" {
+			t.Fatalf("request %d: %d %q", i, res.status, res.body)
+		}
+	}
+	// Power of two choices tries the dead endpoint sooner or later; one
+	// connect failure ejects it for the ejection time.
+	if n := h.dialer.count(dead); n != 1 {
+		t.Errorf("dead endpoint dialed %d times, want exactly 1", n)
+	}
+	if res := get(t, c, "/down", nil); res.status != 503 {
+		t.Errorf("only endpoint unreachable: %d, want 503", res.status)
+	}
+}
+
+func dur(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+func TestTimeoutsAndRetries(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.MaxBufferedBody = 64 })
+	h.addService("web", "http")
+	slow := h.backend("slow", "http", false)
+	slow.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool { stall(w, r); return true })
+	flaky := h.backend("flaky", "http", false)
+	rule := func(path, dest string, req, backend time.Duration, retry *meshv1.HTTPRouteRetry) *meshv1.HTTPRouteRule {
+		r := to(dest, prefixM(path))
+		if req > 0 {
+			r.RequestTimeout = dur(req)
+		}
+		if backend > 0 {
+			r.BackendRequestTimeout = dur(backend)
+		}
+		r.Retry = retry
+		return r
+	}
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch,
+		rule("/request-timeout", "slow", 300*time.Millisecond, 0, nil),
+		rule("/backend-timeout", "slow", 0, 300*time.Millisecond, nil),
+		rule("/retry", "flaky", 10*time.Second, 300*time.Millisecond, &meshv1.HTTPRouteRetry{Attempts: 2, Backoff: dur(10 * time.Millisecond)}),
+		rule("/retry-one", "flaky", 0, 0, &meshv1.HTTPRouteRetry{Attempts: 1, Backoff: dur(time.Millisecond)}),
+		rule("/retry-502-only", "flaky", 0, 0, &meshv1.HTTPRouteRetry{Attempts: 3, Codes: []uint32{502}}),
+		rule("/no-retry", "flaky", 0, 0, nil),
+		rule("/bounded", "flaky", time.Second, 0, &meshv1.HTTPRouteRetry{Attempts: 5, Backoff: dur(10 * time.Second)}),
+		rule("/all-slow", "slow", 800*time.Millisecond, 100*time.Millisecond, &meshv1.HTTPRouteRetry{Attempts: 100, Backoff: dur(10 * time.Millisecond)}),
+	)}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+
+	if res := get(t, c, "/request-timeout", nil); res.status != 504 {
+		t.Errorf("request timeout: %d, want 504", res.status)
+	}
+	if res := get(t, c, "/backend-timeout", nil); res.status != 504 {
+		t.Errorf("backendRequest timeout: %d, want 504", res.status)
+	}
+
+	// failFirst answers 503 to the first n requests, then stalls the next
+	// one once when stallNext, then echoes.
+	failFirst := func(n int64, stallAt int64) {
+		flaky.count.Store(0)
+		flaky.setBehave(func(i int64, w http.ResponseWriter, r *http.Request) bool {
+			switch {
+			case i <= n:
+				w.WriteHeader(503)
+				return true
+			case i == stallAt:
+				stall(w, r)
+				return true
+			}
+			return false
+		})
+	}
+
+	failFirst(1, 2) // 503, then a stalled attempt cut by backendRequest, then success
+	res := do(t, c, "POST", "/retry", []byte("payload"), nil)
+	if res.status != 200 || res.echo.Body != "payload" || flaky.count.Load() != 3 {
+		t.Errorf("retry: %d %q after %d attempts, want 200 with the body replayed after 3", res.status, res.body, flaky.count.Load())
+	}
+
+	failFirst(2, 0)
+	if res := get(t, c, "/retry-one", nil); res.status != 503 || flaky.count.Load() != 2 {
+		t.Errorf("attempts 1: %d after %d attempts, want 503 after 2", res.status, flaky.count.Load())
+	}
+	failFirst(1, 0)
+	if res := get(t, c, "/retry-502-only", nil); res.status != 503 || flaky.count.Load() != 1 {
+		t.Errorf("503 not in codes: %d after %d attempts", res.status, flaky.count.Load())
+	}
+	failFirst(1, 0)
+	if res := get(t, c, "/no-retry", nil); res.status != 503 || flaky.count.Load() != 1 {
+		t.Errorf("no retry stanza: %d after %d attempts", res.status, flaky.count.Load())
+	}
+	// A body beyond the buffer limit streams and cannot be replayed.
+	failFirst(1, 0)
+	big := bytes.Repeat([]byte("x"), 1000)
+	if res := do(t, c, "POST", "/retry", big, nil); res.status != 503 || flaky.count.Load() != 1 {
+		t.Errorf("unbuffered body: %d after %d attempts, want 503 after 1", res.status, flaky.count.Load())
+	}
+	if res := do(t, c, "POST", "/retry", big, nil); res.status != 200 || res.echo.Body != string(big) {
+		t.Errorf("streamed body: %d, %d bytes arrived", res.status, len(res.echo.Body))
+	}
+	// The backoff would outlast the request timeout: no retry, the
+	// backend's answer stands.
+	failFirst(100, 0)
+	if res := get(t, c, "/bounded", nil); res.status != 503 || flaky.count.Load() != 1 {
+		t.Errorf("retry beyond the request timeout: %d after %d attempts", res.status, flaky.count.Load())
+	}
+	// Retries stop at the request timeout.
+	slow.count.Store(0)
+	if res := get(t, c, "/all-slow", nil); res.status != 504 || slow.count.Load() < 2 {
+		t.Errorf("retries until the request timeout: %d after %d attempts", res.status, slow.count.Load())
+	}
+}
+
+func TestConfigUpdateWhileServing(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	h.backend("v1", "http", false)
+	h.backend("v2", "http", false)
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("v1"))}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	if res := get(t, c, "/", nil); res.echo.Backend != "v1" {
+		t.Fatalf("before: %q", res.echo.Backend)
+	}
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("v2"))}, nil)
+	if res := get(t, c, "/", nil); res.echo.Backend != "v2" {
+		t.Fatalf("after: %q", res.echo.Backend)
+	}
+}
+
+func TestNoConfigYet(t *testing.T) {
+	h := newHarness(t)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	if res := get(t, c, "/", nil); res.status != 503 {
+		t.Fatalf("before any configuration: %d", res.status)
+	}
+}
+
+func TestWorkloadAddressed(t *testing.T) {
+	h := newHarness(t)
+	ln, err := net.Listen("tcp", "127.0.0.77:0")
+	if err != nil {
+		t.Skipf("127.0.0.77 unavailable: %v", err)
+	}
+	b := &testBackend{name: "pod"}
+	b.srv = httptest.NewUnstartedServer(b)
+	b.srv.Listener.Close()
+	b.srv.Listener = ln
+	b.srv.Start()
+	t.Cleanup(b.srv.Close)
+	addr := netip.MustParseAddrPort(ln.Addr().String())
+	h.works = append(h.works, &meshv1.Workload{Uid: "pod-1", Name: "pod", Namespace: testNS,
+		Identity: "spiffe://cluster.local/ns/default/sa/pod", Addresses: []string{"127.0.0.77"}})
+	h.update(nil, nil)
+	info := ConnInfo{Peer: trust.Unauthenticated(), Source: callerAddr, Destination: addr, Protocol: ProtocolHTTP}
+	res := get(t, h1Client(h.front(info)), "/direct", nil)
+	if res.status != 200 || res.echo.Backend != "pod" || res.echo.Path != "/direct" {
+		t.Fatalf("workload-addressed: %d %q", res.status, res.body)
+	}
+	unknown := info
+	unknown.Destination = netip.MustParseAddrPort("127.0.0.78:80")
+	if res := get(t, h1Client(h.front(unknown)), "/", nil); res.status != 503 {
+		t.Fatalf("unknown workload: %d", res.status)
+	}
+}
+
+func TestLeastOutstandingPrefersIdle(t *testing.T) {
+	busy := &endpoint{}
+	idle := &endpoint{}
+	busy.outstanding.Store(5)
+	for i := 0; i < 100; i++ {
+		if got := pickEndpoint([]*endpoint{busy, idle}, nil); got != idle {
+			t.Fatal("power of two choices over two endpoints must take the idle one")
+		}
+	}
+	ejected := &endpoint{}
+	ejected.ejectedTill.Store(time.Now().Add(time.Hour).UnixNano())
+	for i := 0; i < 100; i++ {
+		if got := pickEndpoint([]*endpoint{ejected, busy}, nil); got != busy {
+			t.Fatal("an ejected endpoint is skipped while another is healthy")
+		}
+	}
+	if got := pickEndpoint([]*endpoint{ejected}, nil); got != ejected {
+		t.Fatal("with every endpoint ejected, all are candidates again")
+	}
+	if got := pickEndpoint(nil, nil); got != nil {
+		t.Fatal("no endpoints: nil")
+	}
+	// Over many endpoints the busiest is never chosen.
+	eps := make([]*endpoint, 10)
+	for i := range eps {
+		eps[i] = &endpoint{}
+		eps[i].outstanding.Store(int64(i))
+	}
+	for i := 0; i < 1000; i++ {
+		if pickEndpoint(eps, nil) == eps[9] {
+			t.Fatal("the most loaded endpoint can never win a pair")
+		}
+	}
+}

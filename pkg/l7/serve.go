@@ -1,0 +1,202 @@
+package l7
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// ConnInfo describes a tunnel the waypoint terminated.
+type ConnInfo struct {
+	// Peer is the tunnel's peer (from trust.PeerFromTLS): authenticated, or
+	// not, for a TLS-only tunnel. Nothing in the traffic can change it.
+	Peer trust.Peer
+	// Source is the caller's address.
+	Source netip.AddrPort
+	// Destination is the address the caller addressed (the CONNECT
+	// :authority): a service VIP:port, or a workload IP:port.
+	Destination netip.AddrPort
+	// Service is the destination service; zero for a workload-addressed
+	// destination, which is then served without routes.
+	Service ServiceRef
+	// Port is the service port addressed (default: Destination's port).
+	Port uint32
+	// Protocol is the port's protocol, from its appProtocol (ProtocolFor).
+	Protocol Protocol
+}
+
+// h2Preface is what an HTTP/2 client with prior knowledge sends first.
+const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// ServeConn serves HTTP on a tunnel until the client closes it, it idles
+// out, or ctx ends; it closes conn. ProtocolHTTP serves HTTP/1.1 but
+// switches to HTTP/2 when the client opens with the HTTP/2 preface;
+// ProtocolHTTP2 and ProtocolGRPC serve HTTP/2 with prior knowledge.
+// ProtocolTCP is not HTTP and is refused.
+func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) error {
+	defer conn.Close()
+	if info.Protocol == ProtocolTCP {
+		return errors.New("l7: ServeConn on a TCP port")
+	}
+	if info.Port == 0 {
+		info.Port = uint32(info.Destination.Port())
+	}
+	if info.Service.IsZero() && !info.Destination.IsValid() {
+		return errors.New("l7: ConnInfo has neither a service nor a destination")
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.serveHTTP(w, r, &info) })
+
+	if info.Protocol != ProtocolHTTP {
+		e.serveH2(ctx, conn, h)
+		return nil
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(e.opts.ReadHeaderTimeout))
+	prefix, isH2, err := sniffPreface(conn)
+	_ = conn.SetReadDeadline(time.Time{})
+	if err != nil {
+		if len(prefix) == 0 && errors.Is(err, io.EOF) {
+			return nil // closed before sending anything
+		}
+		return fmt.Errorf("l7: reading the first request: %w", err)
+	}
+	pc := &prefixConn{Conn: conn, prefix: prefix}
+	if isH2 {
+		e.serveH2(ctx, pc, h)
+		return nil
+	}
+	return e.serveH1(ctx, pc, h)
+}
+
+func (e *Engine) serveH2(ctx context.Context, conn net.Conn, h http.Handler) {
+	e.h2.ServeConn(conn, &http2.ServeConnOpts{
+		Context:    ctx,
+		Handler:    h,
+		BaseConfig: &http.Server{MaxHeaderBytes: e.opts.MaxHeaderBytes, ErrorLog: log.New(zapWriter{e.log}, "", 0)},
+	})
+}
+
+func (e *Engine) serveH1(ctx context.Context, conn net.Conn, h http.Handler) error {
+	ln := newConnListener(conn)
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: e.opts.ReadHeaderTimeout,
+		IdleTimeout:       e.opts.IdleTimeout,
+		MaxHeaderBytes:    e.opts.MaxHeaderBytes,
+		ErrorLog:          log.New(zapWriter{e.log}, "", 0),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	err := srv.Serve(ln)
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// sniffPreface reads until the bytes read stop being a prefix of the HTTP/2
+// preface (an HTTP/1.1 request differs within three bytes) or the whole
+// preface is read. The bytes read are returned for replay.
+func sniffPreface(c net.Conn) ([]byte, bool, error) {
+	buf := make([]byte, len(h2Preface))
+	n := 0
+	for n < len(buf) {
+		m, err := c.Read(buf[n:])
+		n += m
+		if !bytes.HasPrefix([]byte(h2Preface), buf[:n]) {
+			return buf[:n], false, nil
+		}
+		if err != nil {
+			return buf[:n], false, err
+		}
+	}
+	return buf, true, nil
+}
+
+// prefixConn replays sniffed bytes before reading on.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// connListener hands one connection to an http.Server, then reports closed
+// once that connection is closed (also after a hijack, when the hijacker
+// closes it), which ends Serve.
+type connListener struct {
+	mu       sync.Mutex
+	conn     net.Conn
+	done     chan struct{}
+	doneOnce sync.Once
+}
+
+func newConnListener(c net.Conn) *connListener {
+	l := &connListener{done: make(chan struct{})}
+	l.conn = &notifyConn{Conn: c, onClose: l.finish}
+	return l
+}
+
+func (l *connListener) finish() { l.doneOnce.Do(func() { close(l.done) }) }
+
+func (l *connListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.conn
+	l.conn = nil
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *connListener) Close() error {
+	l.mu.Lock()
+	c := l.conn
+	l.conn = nil
+	l.mu.Unlock()
+	if c != nil {
+		// Never accepted: nothing else will close it.
+		return c.Close()
+	}
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return localAddr{} }
+
+type localAddr struct{}
+
+func (localAddr) Network() string { return "tunnel" }
+func (localAddr) String() string  { return "tunnel" }
+
+type notifyConn struct {
+	net.Conn
+	once    sync.Once
+	onClose func()
+}
+
+func (c *notifyConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.onClose)
+	return err
+}
