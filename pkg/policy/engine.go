@@ -12,6 +12,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
@@ -33,8 +34,8 @@ type Options struct {
 	SkipTests bool
 	// TestTimeout bounds each Rego test (default 5s).
 	TestTimeout time.Duration
-	// EvalTimeout bounds each evaluation (default 1s; a request whose policy
-	// takes longer is denied with 500).
+	// EvalTimeout bounds each evaluation (default 1s, negative: only the
+	// caller's context); a request whose policy takes longer is denied with 500.
 	EvalTimeout time.Duration
 	// Debounce groups file events before a reload (default 250ms).
 	Debounce time.Duration
@@ -375,12 +376,18 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, res
 			d = deny(http.StatusInternalServerError, fmt.Sprintf("policy evaluation panicked: %v", r))
 		}
 	}()
-	if e.opts.EvalTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, e.opts.EvalTimeout)
-		defer cancel()
+	// Cancellation without OPA's per-evaluation goroutine: the caller's
+	// context and the evaluation timeout both trip one topdown.Cancel.
+	cancel := topdown.NewCancel()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, cancel.Cancel)
+		defer stop()
 	}
-	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input))
+	if e.opts.EvalTimeout > 0 {
+		t := time.AfterFunc(e.opts.EvalTimeout, cancel.Cancel)
+		defer t.Stop()
+	}
+	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(cancel))
 	if err != nil {
 		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
 	}

@@ -644,3 +644,41 @@ func gathered(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	}
 	return -1
 }
+
+// slowPolicy needs millions of steps; evaluation must be cut off.
+const slowPolicy = `package envoy.authz
+
+r := numbers.range(1, 3000)
+
+allow if {
+	every a in r {
+		every b in r {
+			a + b > 0
+		}
+	}
+}
+`
+
+func TestEvaluationIsBounded(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"authz.rego": slowPolicy})
+	req := &Request{HTTP: request(t, "GET / HTTP/1.1\nHost: x\n\n")}
+
+	e, _ := loadEngine(t, Options{Dir: dir, EvalTimeout: 50 * time.Millisecond})
+	start := time.Now()
+	d := e.Decide(context.Background(), req)
+	if d.Allowed || d.Status != http.StatusInternalServerError || !strings.Contains(d.Reason, "cancel") {
+		t.Fatalf("slow policy with a timeout: %+v, want 500 canceled", d)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("evaluation ran %v despite a 50ms timeout", took)
+	}
+
+	// The caller's context cancels too.
+	e2, _ := loadEngine(t, Options{Dir: dir, EvalTimeout: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if d := e2.Decide(ctx, req); d.Allowed || d.Status != http.StatusInternalServerError || !strings.Contains(d.Reason, "cancel") {
+		t.Fatalf("slow policy with a canceled context: %+v", d)
+	}
+}
