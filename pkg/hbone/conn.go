@@ -324,10 +324,14 @@ func (c *h2conn) failRead(err error) {
 	case errors.Is(err, http2.ErrFrameTooLarge):
 		code, send = http2.ErrCodeFrameSize, true
 	}
-	if send && c.wmu.TryLock() {
+	if send {
+		// Cut short any write in progress, then say GOAWAY.
+		c.nc.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
+		c.wmu.Lock()
 		c.mu.Lock()
 		last := c.maxPeerStream
 		c.mu.Unlock()
+		c.wbuf.Reset()
 		c.nc.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
 		if c.fr.WriteGoAway(last, code, nil) == nil {
 			c.nc.Write(c.wbuf.Bytes())

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,8 +48,13 @@ func (m *mesh) serverTLS(auth trust.ClientAuth) *tls.Config {
 	return trust.ServerConfig(m.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return m.serverCert, nil }, auth)
 }
 
+// testLogger logs at info level, debug with HBONE_TEST_DEBUG=1.
 func testLogger(t testing.TB) *zap.Logger {
-	return zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	level := zap.InfoLevel
+	if os.Getenv("HBONE_TEST_DEBUG") != "" {
+		level = zap.DebugLevel
+	}
+	return zaptest.NewLogger(t, zaptest.Level(level))
 }
 
 func listenLocal(t testing.TB) net.Listener {
@@ -153,7 +159,9 @@ func upstream(t testing.TB, fn func(c *net.TCPConn)) netip.AddrPort {
 		ln.Close()
 		wg.Wait()
 	})
+	wg.Add(1) // the accept loop's count keeps Add legal while Cleanup waits
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
