@@ -98,8 +98,12 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 	}
 	principal := x.info.Peer.String()
 	route := x.rec.route
-	if route == "" && x.rule != nil {
-		route = "implicit"
+	switch {
+	case route != "":
+	case x.rule != nil:
+		route = "implicit" // a service port without routes, or a workload
+	default:
+		route = "none"
 	}
 	code := strconv.Itoa(status)
 	e.metrics.requests.WithLabelValues(code, principal, x.rec.service, route).Inc()

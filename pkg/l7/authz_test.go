@@ -1,0 +1,113 @@
+package l7
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+func TestAuthorization(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	h.backend("v1", "http", false)
+	r := to("v1", prefixM("/"))
+	r.Name = "all"
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch,
+		withFilters(to("v1", prefixM("/moved")), redirect(&meshv1.RequestRedirect{Hostname: "elsewhere.example"})),
+		to("v1", exactM("/admin")),
+		r,
+	)}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+
+	var mu sync.Mutex
+	var calls []*AuthzRequest
+	decide := func(d Decision) {
+		h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
+			mu.Lock()
+			calls = append(calls, r)
+			mu.Unlock()
+			return d
+		}))
+	}
+	last := func() *AuthzRequest {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(calls) == 0 {
+			return nil
+		}
+		return calls[len(calls)-1]
+	}
+
+	decide(Decision{Allowed: false, Reason: "no rule matched", ID: "d-1"})
+	res := get(t, c, "/x", nil)
+	if res.status != 403 || string(res.body) != "RBAC: access denied\n" {
+		t.Errorf("default deny: %d %q", res.status, res.body)
+	}
+	if n := h.backends["v1"].count.Load(); n != 0 {
+		t.Fatalf("a denied request reached the backend")
+	}
+
+	decide(Decision{Allowed: false, Status: 401, Body: []byte("log in first"), Headers: http.Header{"Www-Authenticate": {"Bearer"}}})
+	res = get(t, c, "/x", nil)
+	if res.status != 401 || string(res.body) != "log in first" || res.header.Get("WWW-Authenticate") != "Bearer" {
+		t.Errorf("custom deny: %d %q %v", res.status, res.body, res.header)
+	}
+	decide(Decision{Allowed: false, Status: 200})
+	if res = get(t, c, "/x", nil); res.status != 403 {
+		t.Errorf("deny with a success status must still deny: %d", res.status)
+	}
+
+	decide(Decision{Allowed: true,
+		Headers:                http.Header{"X-Authz": {"checked"}, SourcePrincipalHeader: {"spiffe://cluster.local/ns/x/sa/forged"}},
+		RequestHeadersToRemove: []string{"x-secret"},
+		ResponseHeadersToAdd:   http.Header{"X-Decision": {"allowed"}},
+	})
+	res = do(t, c, "POST", "/public/%2e%2e/admin?a=1", []byte("payload"), map[string]string{"X-Secret": "s3cret", "X-Forwarded-Client-Cert": "URI=spiffe://x"})
+	if res.status != 200 || res.echo.Path != "/admin" {
+		t.Fatalf("allowed: %d %q", res.status, res.body)
+	}
+	if res.echo.Header.Get("X-Authz") != "checked" || res.echo.Header.Get("X-Secret") != "" || res.header.Get("X-Decision") != "allowed" {
+		t.Errorf("allow headers: request %v response %v", res.echo.Header, res.header)
+	}
+	if res.echo.Header.Get(SourcePrincipalHeader) != "" {
+		t.Error("a policy set the identity header for an unauthenticated peer")
+	}
+	a := last()
+	if a.Request.URL.Path != "/admin" || a.Request.Header.Get("X-Secret") != "s3cret" || a.Request.Header.Get("X-Forwarded-Client-Cert") != "" {
+		t.Errorf("authorizer request: path %q headers %v", a.Request.URL.Path, a.Request.Header)
+	}
+	if string(a.Body) != "payload" || a.BodyTruncated || a.Route != "default/r" || a.Service != (ServiceRef{testNS, "web"}) || a.Port != 80 {
+		t.Errorf("authorizer input: body %q truncated %v route %q service %v port %d", a.Body, a.BodyTruncated, a.Route, a.Service, a.Port)
+	}
+	if a.Peer.Authenticated() || a.Source != callerAddr || a.Destination != h.backends["v1"].addr || a.DestinationIdentity.String() != "spiffe://cluster.local/ns/default/sa/v1" {
+		t.Errorf("authorizer addresses: %+v", a)
+	}
+	get(t, c, "/y", nil)
+	if a := last(); a.Rule != "all" {
+		t.Errorf("rule name = %q", a.Rule)
+	}
+
+	// Local answers reach no workload and are not authorized.
+	mu.Lock()
+	calls = nil
+	mu.Unlock()
+	if res := get(t, c, "/moved", nil); res.status != 302 {
+		t.Errorf("redirect: %d", res.status)
+	}
+	if last() != nil {
+		t.Error("the authorizer was asked about a redirect")
+	}
+}
+
+func TestEngineRequiresDialerAndAuthorizer(t *testing.T) {
+	if _, err := NewEngine(Options{Authorizer: AllowAll()}); err == nil {
+		t.Error("no dialer accepted")
+	}
+	if _, err := NewEngine(Options{Dialer: &testDialer{}}); err == nil {
+		t.Error("no authorizer accepted: the engine must not default to allow")
+	}
+}

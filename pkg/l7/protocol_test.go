@@ -1,0 +1,211 @@
+package l7
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+func TestHTTP2(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	h.backend("h1", "http", false)
+	h.backend("h2", "http2", true)
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("h1", prefixM("/h1")), to("h2", prefixM("/h2")))}, nil)
+
+	// An "http" port: HTTP/1.1, or HTTP/2 when the client opens with the preface.
+	addr := h.front(webInfo(trust.Unauthenticated()))
+	for _, tc := range []struct {
+		name       string
+		client     *http.Client
+		path       string
+		wantUpProt string
+	}{
+		{"h1 to h1", h1Client(addr), "/h1", "HTTP/1.1"},
+		{"h2c to h1", h2cClient(addr), "/h1", "HTTP/1.1"},
+		{"h1 to h2", h1Client(addr), "/h2", "HTTP/2.0"},
+		{"h2c to h2", h2cClient(addr), "/h2", "HTTP/2.0"},
+	} {
+		res := do(t, tc.client, "POST", tc.path, []byte("body-"+tc.name), nil)
+		if res.status != 200 || res.echo.Proto != tc.wantUpProt || res.echo.Body != "body-"+tc.name {
+			t.Errorf("%s: %d proto %q body %q", tc.name, res.status, res.echo.Proto, res.echo.Body)
+		}
+	}
+
+	// An "http2" port takes HTTP/2 with prior knowledge only.
+	info := webInfo(trust.Unauthenticated())
+	info.Protocol = ProtocolHTTP2
+	addr2 := h.front(info)
+	if res := get(t, h2cClient(addr2), "/h2", nil); res.status != 200 || res.echo.Proto != "HTTP/2.0" {
+		t.Errorf("prior knowledge h2c: %d %q", res.status, res.echo.Proto)
+	}
+	if _, err := h1Client(addr2).Get("http://web/h2"); err == nil {
+		t.Error("HTTP/1.1 on an http2 port was served")
+	}
+
+	// Many concurrent streams share one client connection and are all answered.
+	c := h2cClient(addr)
+	errs := make(chan error, 50)
+	for i := 0; i < 50; i++ {
+		go func(i int) {
+			resp, err := c.Get(fmt.Sprintf("http://web/h2/%d", i))
+			if err != nil {
+				errs <- err
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			errs <- err
+		}(i)
+	}
+	for i := 0; i < 50; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestHeaderLimits(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.MaxHeaderBytes = 4 << 10 })
+	h.backend("web", "http", false)
+	h.update(nil, nil)
+	addr := h.front(webInfo(trust.Unauthenticated()))
+	big := strings.Repeat("a", 16<<10)
+	req, _ := http.NewRequest("GET", "http://web/", nil)
+	req.Header.Set("X-Big", big)
+	if resp, err := h1Client(addr).Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Errorf("HTTP/1.1 oversized headers: %d", resp.StatusCode)
+		}
+	}
+	if resp, err := h2cClient(addr).Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Error("HTTP/2 oversized headers were served")
+		}
+	}
+	if n := h.backends["web"].count.Load(); n != 0 {
+		t.Errorf("oversized requests reached the backend %d times", n)
+	}
+	// A client that never finishes its headers is cut off.
+	h2 := newHarness(t, func(o *Options) { o.ReadHeaderTimeout = 200 * time.Millisecond })
+	h2.backend("web", "http", false)
+	h2.update(nil, nil)
+	conn, err := net.Dial("tcp", h2.front(webInfo(trust.Unauthenticated())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "GET / HTTP/1.1\r\nHost: web\r\n")
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadAll(bufio.NewReader(conn)); err != nil {
+		t.Fatalf("connection not closed after the header timeout: %v", err)
+	}
+}
+
+// grpcBackend runs a gRPC server with the health service on 127.0.0.1.
+func grpcBackend(t *testing.T, serving healthpb.HealthCheckResponse_ServingStatus) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	hs := health.NewServer()
+	hs.SetServingStatus("svc", serving)
+	healthpb.RegisterHealthServer(s, hs)
+	go func() { _ = s.Serve(ln) }()
+	t.Cleanup(s.Stop)
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+func TestGRPC(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "grpc")
+	h.addService("up", "grpc", grpcBackend(t, healthpb.HealthCheckResponse_SERVING))
+	h.addService("down", "grpc", grpcBackend(t, healthpb.HealthCheckResponse_NOT_SERVING))
+	canary := &meshv1.GRPCRouteMatch{Headers: []*meshv1.StringMatch{hdr("x-canary", "1")}}
+	healthOnly := &meshv1.GRPCRouteMatch{Method: &meshv1.GRPCMethodMatch{Service: "grpc.health.v1.Health"}}
+	h.update(nil, []*meshv1.GRPCRoute{grpcRoute("g", epoch, grpcTo("up", healthOnly), grpcTo("down", canary))})
+
+	info := webInfo(trust.Unauthenticated())
+	info.Protocol = ProtocolGRPC
+	conn, err := grpc.NewClient("passthrough:///"+h.front(info), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "svc"})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Check: %v %v", resp, err)
+	}
+	// Characters in the matched service rank before header matches: the
+	// service match wins over the canary header match.
+	resp, err = client.Check(metadata.AppendToOutgoingContext(ctx, "x-canary", "1"), &healthpb.HealthCheckRequest{Service: "svc"})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Check with canary header: %v %v", resp, err)
+	}
+
+	// Server streaming works through the proxy.
+	stream, err := client.Watch(ctx, &healthpb.HealthCheckRequest{Service: "svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := stream.Recv(); err != nil || msg.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Watch: %v %v", msg, err)
+	}
+
+	// Routing by header when the method match does not apply.
+	h.update(nil, []*meshv1.GRPCRoute{grpcRoute("g", epoch, grpcTo("up"), grpcTo("down", canary))})
+	resp, err = client.Check(metadata.AppendToOutgoingContext(ctx, "x-canary", "1"), &healthpb.HealthCheckRequest{Service: "svc"})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("canary Check: %v %v", resp, err)
+	}
+
+	// Local answers to gRPC callers are gRPC statuses.
+	other := &meshv1.GRPCRouteMatch{Method: &meshv1.GRPCMethodMatch{Service: "other.Service"}}
+	h.update(nil, []*meshv1.GRPCRoute{grpcRoute("g", epoch, grpcTo("up", other))})
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "svc"}); status.Code(err) != codes.Unimplemented {
+		t.Errorf("no route: %v, want Unimplemented", err)
+	}
+	h.update(nil, []*meshv1.GRPCRoute{grpcRoute("g", epoch, grpcTo("up"))})
+	h.setAuthz(AuthorizerFunc(func(context.Context, *AuthzRequest) Decision {
+		return Decision{Allowed: false, Body: []byte("not you")}
+	}))
+	_, err = client.Check(ctx, &healthpb.HealthCheckRequest{Service: "svc"})
+	if st, _ := status.FromError(err); st.Code() != codes.PermissionDenied || st.Message() != "not you" {
+		t.Errorf("denied: %v, want PermissionDenied \"not you\"", err)
+	}
+	h.setAuthz(AllowAll())
+	h.addService("dead", "grpc", deadAddr(t))
+	h.update(nil, []*meshv1.GRPCRoute{grpcRoute("g", epoch, grpcTo("dead"))})
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "svc"}); status.Code(err) != codes.Unavailable {
+		t.Errorf("unreachable backend: %v, want Unavailable", err)
+	}
+}
