@@ -87,8 +87,12 @@ func isStream(c net.Conn) bool {
 
 // abortConn closes c so that the peer sees a failure, not a clean end.
 func abortConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
+	switch c := c.(type) {
+	case *net.TCPConn:
+		c.SetLinger(0)
+	case *stream:
+		c.abort()
+		return
 	}
 	c.Close()
 }

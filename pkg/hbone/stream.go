@@ -326,9 +326,35 @@ func (st *stream) CloseWrite() error {
 	return c.writeData(st, frame[:], true)
 }
 
-// Close releases the tunnel. If either direction is still open the stream is
-// reset (CANCEL; NO_ERROR from a server that finished sending).
+// Close releases the tunnel like closing a TCP socket: what was written is
+// still delivered, followed by END_STREAM; if the peer has not finished
+// sending, the stream is then reset (CANCEL; NO_ERROR from a server). Use
+// abort to reset without ending the stream cleanly.
 func (st *stream) Close() error {
+	c := st.c
+	c.mu.Lock()
+	open := !st.released && st.err == nil && !st.sentEOF
+	c.mu.Unlock()
+	if open {
+		_ = st.CloseWrite() // on failure the stream is reset below
+	}
+	return st.release()
+}
+
+// abort resets the stream (CANCEL) without ending it cleanly, so the peer
+// sees a failure rather than an end of data.
+func (st *stream) abort() error {
+	c := st.c
+	c.mu.Lock()
+	if !st.released && st.err == nil && !(st.sentEOF && st.recvEOF) {
+		c.resetLocked(st, http2.ErrCodeCancel)
+	}
+	c.mu.Unlock()
+	return st.release()
+}
+
+// release frees the stream, resetting it if either direction is still open.
+func (st *stream) release() error {
 	c := st.c
 	c.mu.Lock()
 	if st.released {
