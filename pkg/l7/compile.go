@@ -136,9 +136,10 @@ type rule struct {
 	wrr      *wrr
 	// requestTimeout covers the whole request including retries,
 	// backendTimeout each attempt; 0 disables.
-	requestTimeout time.Duration
-	backendTimeout time.Duration
-	retry          retryPolicy
+	requestTimeout    time.Duration
+	requestTimeoutSet bool // an explicit 0 disables the default too
+	backendTimeout    time.Duration
+	retry             retryPolicy
 	grpc           bool
 	// prefix is the rule's single PathPrefix match, for ReplacePrefixMatch.
 	prefix    string
@@ -462,6 +463,7 @@ func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
 		ru.invalid = pr.GetInvalidReason()
 		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends(), false)
 		ru.requestTimeout = c.duration(meta, i, "request timeout", pr.GetRequestTimeout().AsDuration(), pr.GetRequestTimeout() != nil)
+		ru.requestTimeoutSet = pr.GetRequestTimeout() != nil
 		ru.backendTimeout = c.duration(meta, i, "backendRequest timeout", pr.GetBackendRequestTimeout().AsDuration(), pr.GetBackendRequestTimeout() != nil)
 		if rt := pr.GetRetry(); rt != nil {
 			ru.retry = compileRetry(rt)

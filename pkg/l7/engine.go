@@ -61,6 +61,10 @@ type Options struct {
 	// MaxConcurrentStreams bounds the streams of one client HTTP/2
 	// connection (default 1000).
 	MaxConcurrentStreams uint32
+	// DefaultRequestTimeout applies to rules without a request timeout of
+	// their own, and to services without routes (default none: streams such
+	// as gRPC watches may legitimately last; clients bound them).
+	DefaultRequestTimeout time.Duration
 	// MaxMirrorsInFlight bounds concurrent mirrored requests; more are
 	// dropped (default 64). MirrorTimeout bounds each (default 10 s).
 	MaxMirrorsInFlight int
@@ -194,6 +198,14 @@ func (e *Engine) Update(cfg *Config) {
 		w := cfg.byAddress[k.addr.Addr()]
 		return w != nil && w.GetIdentity() == k.identity
 	})
+}
+
+// Config returns the configuration in use (nil before the first Update).
+func (e *Engine) Config() *Config {
+	if s := e.snap.Load(); s != nil {
+		return s.cfg
+	}
+	return nil
 }
 
 // Close stops mirrored requests and closes idle upstream connections. It

@@ -84,6 +84,10 @@ func TestHTTP2(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// HTTP/2 upstream: all of it multiplexed over one tunnel.
+	if n := h.dialer.count(h.backends["h2"].addr); n != 1 {
+		t.Errorf("h2 backend dialed %d times, want 1", n)
+	}
 }
 
 func TestHeaderLimits(t *testing.T) {
@@ -207,5 +211,73 @@ func TestGRPC(t *testing.T) {
 	h.update(nil, []*meshv1.GRPCRoute{grpcRoute("g", epoch, grpcTo("dead"))})
 	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: "svc"}); status.Code(err) != codes.Unavailable {
 		t.Errorf("unreachable backend: %v, want Unavailable", err)
+	}
+}
+
+// An HTTP/1.1 upgrade (WebSocket-style) is relayed both ways.
+func TestUpgrade(t *testing.T) {
+	h := newHarness(t)
+	b := h.backend("web", "http", false)
+	b.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		if r.Header.Get("Upgrade") != "echo" {
+			return false
+		}
+		c, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return true
+		}
+		defer c.Close()
+		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = rw.Flush()
+		line, err := rw.ReadString('\n')
+		if err == nil {
+			_, _ = rw.WriteString("echo: " + line)
+			_ = rw.Flush()
+		}
+		return true
+	})
+	h.update(nil, nil)
+	conn, err := net.Dial("tcp", h.front(webInfo(trust.Unauthenticated())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: web\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade response: %v %v", resp, err)
+	}
+	fmt.Fprint(conn, "hello\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo: hello\n" {
+		t.Fatalf("relayed %q, %v", line, err)
+	}
+}
+
+func TestDefaultRequestTimeout(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.DefaultRequestTimeout = 300 * time.Millisecond })
+	h.addService("web", "http")
+	slow := h.backend("slow", "http", false)
+	slow.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path == "/fast" {
+			return false
+		}
+		stall(w, r)
+		return true
+	})
+	noLimit := to("slow", prefixM("/unbounded"))
+	noLimit.RequestTimeout = dur(0) // explicit 0 disables the default
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("slow", prefixM("/")), noLimit)}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	if res := get(t, c, "/slow", nil); res.status != 504 {
+		t.Errorf("default request timeout: %d", res.status)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://web/unbounded", nil)
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("explicitly unbounded route answered %d instead of waiting", resp.StatusCode)
 	}
 }

@@ -153,8 +153,12 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 	}
 
 	ctx := r.Context()
-	if ru.requestTimeout > 0 {
-		x.deadline = x.start.Add(ru.requestTimeout)
+	timeout := ru.requestTimeout
+	if ru.requestTimeout == 0 && !ru.requestTimeoutSet {
+		timeout = e.opts.DefaultRequestTimeout
+	}
+	if timeout > 0 {
+		x.deadline = x.start.Add(timeout)
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, x.deadline)
 		defer cancel()

@@ -147,6 +147,12 @@ func TestWeightsAndInvalidShare(t *testing.T) {
 	if got["web"] != 0 {
 		t.Errorf("weight 0 backend got %d requests", got["web"])
 	}
+	// Keep-alive: one tunnel per endpoint carried all its requests.
+	for _, name := range []string{"v1", "v2", "v3"} {
+		if n := h.dialer.count(h.backends[name].addr); n != 1 {
+			t.Errorf("%s dialed %d times for sequential requests, want 1", name, n)
+		}
+	}
 	errs := 0
 	for i := 0; i < n; i++ {
 		switch res := get(t, c, "/half", nil); res.status {

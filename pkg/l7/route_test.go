@@ -459,3 +459,27 @@ func FuzzRouteMatch(f *testing.F) {
 		}
 	})
 }
+
+func TestDump(t *testing.T) {
+	m := prefixM("/api")
+	m.Method = "GET"
+	m.Headers = []*meshv1.StringMatch{hdr("x-a", "1")}
+	r := httpRoute("r", epoch, to("v1", m), to("v2", exactM("/api")))
+	r.Hostnames = []string{"*.example.com"}
+	d := compileWeb(t, []*meshv1.HTTPRoute{r}, nil).Dump()
+	var web *TableDump
+	for i := range d.Tables {
+		if d.Tables[i].Service == "default/web" {
+			web = &d.Tables[i]
+		}
+	}
+	if web == nil || web.Implicit || len(web.Rules) != 2 {
+		t.Fatalf("dump = %+v", d)
+	}
+	if got := web.Rules[0]; got.Match != `Exact /api` || got.Backends[0] != "default/v2:80 weight=1" || got.Hostnames[0] != "*.example.com" {
+		t.Errorf("first rule = %+v", got)
+	}
+	if got := web.Rules[1].Match; got != `PathPrefix /api method=GET header:X-A=1` {
+		t.Errorf("second rule match = %q", got)
+	}
+}
