@@ -140,7 +140,7 @@ type rule struct {
 	requestTimeoutSet bool // an explicit 0 disables the default too
 	backendTimeout    time.Duration
 	retry             retryPolicy
-	grpc           bool
+	grpc              bool
 	// prefix is the rule's single PathPrefix match, for ReplacePrefixMatch.
 	prefix    string
 	hasPrefix bool
