@@ -92,6 +92,11 @@ func runWorkloads(args []string) error {
 	if err != nil {
 		return err
 	}
+	return writeWorkloads(os.Stdout, d)
+}
+
+// writeWorkloads prints the workloads of a dump as a table.
+func writeWorkloads(out io.Writer, d *dump) error {
 	seen := map[string]*meshv1.Workload{}
 	for addr, raw := range d.ByAddr {
 		w := new(meshv1.Workload)
@@ -107,7 +112,7 @@ func runWorkloads(args []string) error {
 	sort.Slice(rows, func(i, j int) bool {
 		return rows[i].GetNamespace()+"/"+rows[i].GetName() < rows[j].GetNamespace()+"/"+rows[j].GetName()
 	})
-	tw := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
+	tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tPOD NAME\tADDRESS\tNODE\tWAYPOINT\tPROTOCOL\tIDENTITY")
 	for _, w := range rows {
 		proto := "TCP"

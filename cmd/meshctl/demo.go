@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+)
+
+func init() {
+	register("demo", "start the sample mesh (DIR, default examples/local), take a scripted tour, stop it", runDemo)
+}
+
+// echoReply is the part of the echo backend's JSON answer the tour reads.
+type echoReply struct {
+	Pod     string              `json:"pod"`
+	Path    string              `json:"path"`
+	Headers map[string][]string `json:"headers"`
+}
+
+type tour struct {
+	mesh   *localmesh.Mesh
+	out    io.Writer
+	failed []string
+}
+
+func (t *tour) step(title string, f func() (string, error)) {
+	fmt.Fprintf(t.out, "\n== %s\n", title)
+	detail, err := f()
+	if detail != "" {
+		fmt.Fprintln(t.out, indent(detail))
+	}
+	if err != nil {
+		fmt.Fprintf(t.out, "   FAIL: %v\n", err)
+		t.failed = append(t.failed, title)
+		return
+	}
+	fmt.Fprintln(t.out, "   ok")
+}
+
+func indent(s string) string {
+	return "   " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n   ")
+}
+
+// get sends a request as pod and returns the status, the body and the echo's answer.
+func (t *tour) request(pod, method, url string, hdr http.Header) (int, string, *echoReply, error) {
+	c, err := t.mesh.Plan.Client(pod)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	req, err := http.NewRequest(method, url, strings.NewReader(""))
+	if err != nil {
+		return 0, "", nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := c.HTTP(false).Do(req)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, "", nil, err
+	}
+	var e echoReply
+	if json.Unmarshal(body, &e) != nil {
+		return resp.StatusCode, string(body), nil, nil
+	}
+	return resp.StatusCode, string(body), &e, nil
+}
+
+func runDemo(args []string) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	var m meshFlags
+	m.register(fs)
+	keep := fs.Bool("keep", false, "keep the mesh running after the tour (Ctrl-C stops it)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	dir := "examples/local"
+	if fs.NArg() > 0 {
+		dir = fs.Arg(0)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	fmt.Printf("Starting the sample mesh from %s (state and logs in %s)...\n\n", dir, m.state)
+	mesh, err := m.startMesh(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer mesh.Stop()
+	printPlan(os.Stdout, mesh)
+
+	t := &tour{mesh: mesh, out: os.Stdout}
+	t.step("web/frontend GETs http://reviews.shop/ 20 times: the waypoint splits 80/20 between v1 and v2", func() (string, error) {
+		count := map[string]int{}
+		for range 20 {
+			code, body, e, err := t.request("web/frontend", http.MethodGet, "http://reviews.shop/", nil)
+			if err != nil {
+				return "", err
+			}
+			if code != http.StatusOK || e == nil {
+				return "", fmt.Errorf("status %d: %s", code, body)
+			}
+			count[e.Pod]++
+		}
+		detail := fmt.Sprintf("reviews-v1: %d, reviews-v2: %d", count["reviews-v1"], count["reviews-v2"])
+		if count["reviews-v1"] == 0 || count["reviews-v1"]+count["reviews-v2"] != 20 {
+			return detail, errors.New("want most requests on v1 and the rest on v2")
+		}
+		return detail, nil
+	})
+	t.step("web/frontend GETs with header x-version: v2: the HTTPRoute header match sends it to v2", func() (string, error) {
+		code, body, e, err := t.request("web/frontend", http.MethodGet, "http://reviews.shop/", http.Header{"X-Version": {"v2"}})
+		if err != nil {
+			return "", err
+		}
+		if code != http.StatusOK || e == nil || e.Pod != "reviews-v2" {
+			return body, fmt.Errorf("status %d, want 200 from reviews-v2", code)
+		}
+		return fmt.Sprintf("answered by %s; the destination saw x-causeway-source-principal %v", e.Pod, e.Headers["X-Causeway-Source-Principal"]), nil
+	})
+	t.step("web/frontend POSTs to reviews.shop: the OPA policy denies it", func() (string, error) {
+		code, body, _, err := t.request("web/frontend", http.MethodPost, "http://reviews.shop/reviews", nil)
+		if err != nil {
+			return "", err
+		}
+		detail := fmt.Sprintf("%d %s", code, strings.TrimSpace(body))
+		if code != http.StatusForbidden || !strings.Contains(body, "only the admin identity may write") {
+			return detail, errors.New("want 403 with the policy's reason")
+		}
+		return detail, nil
+	})
+	t.step("web/admin POSTs to reviews.shop: allowed for the admin identity", func() (string, error) {
+		code, body, _, err := t.request("web/admin", http.MethodPost, "http://reviews.shop/reviews", nil)
+		if err != nil {
+			return "", err
+		}
+		if code != http.StatusOK {
+			return body, fmt.Errorf("status %d, want 200", code)
+		}
+		return "200", nil
+	})
+	t.step("web/frontend calls gRPC shop.Ratings/Get on ratings.shop:9090 through the waypoint", func() (string, error) {
+		c, err := mesh.Plan.Client("web/frontend")
+		if err != nil {
+			return "", err
+		}
+		conn, err := c.GRPC("ratings.shop:9090")
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		out := new(wrapperspb.StringValue)
+		if err := conn.Invoke(cctx, "/shop.Ratings/Get", wrapperspb.String("book-1"), out); err != nil {
+			return "", err
+		}
+		var e echoReply
+		if err := json.Unmarshal([]byte(out.GetValue()), &e); err != nil || e.Pod != "ratings" {
+			return out.GetValue(), errors.New("want an answer from the ratings pod")
+		}
+		return "answered by " + e.Pod + " for " + e.Path, nil
+	})
+	t.step("outside/outsider (not in the mesh) connects to a reviews pod: hairpin through the waypoint, unauthenticated", func() (string, error) {
+		pod, err := mesh.Plan.Pod("shop/reviews-v1")
+		if err != nil {
+			return "", err
+		}
+		url := "http://" + pod.IP + ":8080"
+		code, body, _, err := t.request("outside/outsider", http.MethodGet, url+"/reviews", nil)
+		if err != nil {
+			return "", err
+		}
+		detail := fmt.Sprintf("GET /reviews: %d %s", code, strings.TrimSpace(body))
+		if code != http.StatusForbidden || !strings.Contains(body, "unauthenticated") {
+			return detail, errors.New("want 403: the caller has no identity")
+		}
+		code, _, _, err = t.request("outside/outsider", http.MethodGet, url+"/public/catalog", nil)
+		if err != nil {
+			return detail, err
+		}
+		detail += fmt.Sprintf("\nGET /public/catalog: %d", code)
+		if code != http.StatusOK {
+			return detail, errors.New("want 200 for the public path")
+		}
+		return detail, nil
+	})
+	node := mesh.Plan.Nodes[0]
+	t.step("meshctl certificates --admin "+node.Admin+" (node proxy "+node.Node+")", func() (string, error) {
+		d, err := loadDump("certificates", []string{"--admin", node.Admin})
+		if err != nil {
+			return "", err
+		}
+		var b strings.Builder
+		if err := writeCertificates(&b, d.Certificates, time.Now()); err != nil {
+			return "", err
+		}
+		if strings.Contains(b.String(), "Unavailable") {
+			return b.String(), errors.New("a certificate is unavailable")
+		}
+		return b.String(), nil
+	})
+	t.step("meshctl workloads --admin "+node.Admin+" (what node proxy "+node.Node+" knows)", func() (string, error) {
+		d, err := loadDump("workloads", []string{"--admin", node.Admin})
+		if err != nil {
+			return "", err
+		}
+		var b strings.Builder
+		err = writeWorkloads(&b, d)
+		return b.String(), err
+	})
+
+	select {
+	case died := <-mesh.Died:
+		return errors.New(died)
+	default:
+	}
+	if len(t.failed) > 0 {
+		return fmt.Errorf("%d step(s) failed: %s (logs in %s)", len(t.failed), strings.Join(t.failed, "; "), mesh.Opts.StateDir)
+	}
+	fmt.Println("\nEvery step behaved as expected.")
+	if *keep {
+		fmt.Println("The mesh keeps running; Ctrl-C stops it.")
+		<-ctx.Done()
+	}
+	return nil
+}
