@@ -30,8 +30,9 @@ proto:
 	PATH=$(GOBIN_DIR):$$PATH protoc -I pkg/xds/meshv1 -I /usr/include \
 		--go_out=paths=source_relative:pkg/xds/meshv1 pkg/xds/meshv1/mesh.proto
 
+# A whole local mesh on loopback, a scripted tour, then everything stops.
 demo: build
-	./scripts/demo.sh
+	$(BIN)/meshctl demo --bin $(BIN) --state .causeway-demo examples/local
 
 bench: build
 	./bench/run.sh
