@@ -89,7 +89,6 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	certs.Prefetch(self)
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
 		Certificates: certs, Policy: engine, Logger: log, Registry: env.Metrics})
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 // Certificates is what the waypoint needs of its certificate manager.
 type Certificates interface {
 	Get(ctx context.Context, id trust.Identity) (*tls.Certificate, error)
+	Prefetch(id trust.Identity)
 	Snapshot() []certmanager.CertificateStatus
 }
 
@@ -104,6 +105,7 @@ func New(o Options) (*Waypoint, error) {
 		o.ConnectTimeout = 5 * time.Second
 	}
 	w := &Waypoint{opts: o, self: &meshv1.Ref{Namespace: o.Namespace, Name: o.Name}, log: o.Logger, access: o.AccessLog}
+	o.Certificates.Prefetch(o.Identity)
 	w.view.Store(newView(&xds.State{}))
 
 	po := o.Pool

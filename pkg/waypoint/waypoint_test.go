@@ -1,0 +1,261 @@
+package waypoint
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+const testPolicy = `package envoy.authz
+
+default allow := false
+
+# HTTP: the frontend may GET.
+allow if {
+	input.attributes.source.principal == "spiffe://cluster.local/ns/web/sa/frontend"
+	input.attributes.request.http.method == "GET"
+}
+
+# TCP (no request attributes): the frontend may connect.
+allow if {
+	input.attributes.source.principal == "spiffe://cluster.local/ns/web/sa/frontend"
+	not input.attributes.request
+}
+`
+
+type fixture struct {
+	ca   *trusttest.CA
+	addr netip.AddrPort
+	pool *hbone.Pool
+}
+
+// start runs a waypoint shop/wp on 127.0.73.2 in front of plain backends
+// (pods outside the mesh, so no node proxy is needed behind it).
+func start(t *testing.T) *fixture {
+	t.Helper()
+	ca := trusttest.NewCA(t, "cluster.local")
+	httpBackend := serveHTTP(t, "127.0.173.1:0")
+	tcpBackend := serveTCP(t, "127.0.173.1:0")
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte(testPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	engine, err := policy.NewEngine(policy.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	certs, err := certmanager.New(certmanager.Options{Fetcher: certmanager.AuthorityFetcher{Authority: ca.Authority}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { certs.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	self := trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/wp")
+	w, err := New(Options{Namespace: "shop", Name: "wp", Identity: self, Bundle: ca.Bundle, Certificates: certs, Policy: engine})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wp := &meshv1.Ref{Namespace: "shop", Name: "wp"}
+	other := &meshv1.Ref{Namespace: "shop", Name: "other"}
+	backendWorkload := &meshv1.Workload{Uid: "shop/backend", Name: "backend", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/backend",
+		Addresses: []string{"127.0.173.1"}}
+	ep := func(port uint16) *meshv1.Endpoint {
+		return &meshv1.Endpoint{WorkloadUid: "shop/backend", Address: "127.0.173.1", Ports: map[uint32]uint32{80: uint32(port)}}
+	}
+	w.Update(&xds.State{
+		Workloads: map[string]*meshv1.Workload{
+			"shop/backend": backendWorkload,
+			"shop/elsewhere": {Uid: "shop/elsewhere", Name: "elsewhere", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/x",
+				Addresses: []string{"127.0.173.9"}, Waypoint: other},
+		},
+		Services: map[string]*meshv1.Service{
+			"shop/web": {Name: "web", Namespace: "shop", Vips: []string{"127.0.74.1"}, Waypoint: wp,
+				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}}, Endpoints: []*meshv1.Endpoint{ep(httpBackend.Port())}},
+			"shop/db": {Name: "db", Namespace: "shop", Vips: []string{"127.0.74.2"}, Waypoint: wp,
+				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "tcp"}}, Endpoints: []*meshv1.Endpoint{ep(tcpBackend.Port())}},
+			"shop/unbound": {Name: "unbound", Namespace: "shop", Vips: []string{"127.0.74.3"},
+				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}}, Endpoints: []*meshv1.Endpoint{ep(httpBackend.Port())}},
+		},
+	})
+	ln, err := net.Listen("tcp", "127.0.73.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go w.Serve(ln)
+	t.Cleanup(func() {
+		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		defer c()
+		w.Shutdown(sctx)
+	})
+	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: ca.Bundle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	f := &fixture{ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool}
+	waitReady(t, w)
+	return f
+}
+
+func waitReady(t *testing.T, w *Waypoint) {
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("waypoint not ready: %v", w.Ready())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func serveHTTP(t *testing.T, addr string) netip.AddrPort {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "backend saw principal=%q xfcc=%q", r.Header.Get("X-Causeway-Source-Principal"), r.Header.Get("X-Forwarded-Client-Cert"))
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+func serveTCP(t *testing.T, addr string) netip.AddrPort {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.WriteString(c, "tcp backend\n"); c.Close() }()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// tunnel opens a tunnel as source (zero: TLS-only) to authority.
+func (f *fixture) tunnel(t *testing.T, source string, authority string) (net.Conn, error) {
+	t.Helper()
+	target := hbone.Target{Address: f.addr, Authority: authority, Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/wp")}}
+	if source != "" {
+		id := trusttest.Identity(t, source)
+		cert := f.ca.Certificate(t, id, 0)
+		target.Source, target.Cert = id, func() (*tls.Certificate, error) { return cert, nil }
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return f.pool.Dial(ctx, target)
+}
+
+func get(t *testing.T, c net.Conn, hdr string) (int, string) {
+	t.Helper()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: web.shop\r\n%sConnection: close\r\n\r\n", hdr)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+const frontend = "spiffe://cluster.local/ns/web/sa/frontend"
+
+func TestAuthenticatedRequestRoutedAndAuthorized(t *testing.T) {
+	f := start(t)
+	c, err := f.tunnel(t, frontend, "127.0.74.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, c, "X-Forwarded-Client-Cert: URI=spiffe://cluster.local/ns/web/sa/admin\r\n")
+	if code != 200 || !strings.Contains(body, `principal="`+frontend+`"`) || !strings.Contains(body, `xfcc=""`) {
+		t.Fatalf("%d %s", code, body)
+	}
+}
+
+func TestTLSOnlyTunnelHasNoIdentity(t *testing.T) {
+	f := start(t)
+	c, err := f.tunnel(t, "", "127.0.74.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := "X-Forwarded-Client-Cert: URI=" + frontend + "\r\nForwarded: for=\"127.0.0.1:1\"\r\nX-Causeway-Source-Principal: " + frontend + "\r\n"
+	if code, body := get(t, c, claims); code != 403 {
+		t.Fatalf("TLS-only tunnel claiming the frontend: %d %s", code, body)
+	}
+}
+
+func TestConnectRefusals(t *testing.T) {
+	f := start(t)
+	for _, tc := range []struct {
+		name, authority, want string
+	}{
+		{"service not bound to this waypoint", "127.0.74.3:80", "401"},
+		{"workload of another waypoint", "127.0.173.9:8080", "401"},
+		{"unknown destination", "127.0.74.99:80", "503"},
+		{"service port missing", "127.0.74.1:81", "503"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := f.tunnel(t, frontend, tc.authority)
+			if err == nil {
+				c.Close()
+				t.Fatal("tunnel accepted")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTCPPortConnectionPolicy(t *testing.T) {
+	f := start(t)
+	c, err := f.tunnel(t, frontend, "127.0.74.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	out, _ := io.ReadAll(c)
+	c.Close()
+	if string(out) != "tcp backend\n" {
+		t.Fatalf("TCP through the waypoint: %q", out)
+	}
+	if c, err := f.tunnel(t, "", "127.0.74.2:80"); err == nil {
+		c.Close()
+		t.Fatal("unauthenticated TCP connection allowed")
+	} else if !strings.Contains(err.Error(), "401") {
+		t.Fatalf("unauthenticated TCP: %v, want 401", err)
+	}
+}
