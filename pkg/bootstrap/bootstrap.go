@@ -7,7 +7,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -21,9 +20,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 )
-
-// maxRootFile bounds the read of the root certificate file.
-const maxRootFile = 1 << 20
 
 // Flags are the options every proxy shares.
 type Flags struct {
@@ -68,15 +64,7 @@ func (f *Flags) Setup() (*Env, error) {
 	if f.RootCert == "" || f.TokenFile == "" {
 		return nil, fmt.Errorf("--root-cert and --token-file are required")
 	}
-	data, err := readBounded(f.RootCert, maxRootFile)
-	if err != nil {
-		return nil, fmt.Errorf("root certificate: %w", err)
-	}
-	roots, err := trust.ParseCertificatesPEM(data)
-	if err != nil {
-		return nil, fmt.Errorf("root certificate %s: %w", f.RootCert, err)
-	}
-	bundle, err := trust.NewBundle(f.TrustDomain, roots)
+	bundle, err := trust.LoadBundleFile(f.TrustDomain, f.RootCert)
 	if err != nil {
 		return nil, err
 	}
@@ -131,20 +119,4 @@ func SignalContext() (context.Context, context.CancelFunc) {
 func Fatal(component string, err error) {
 	fmt.Fprintf(os.Stderr, "%s: %v\n", component, err)
 	os.Exit(1)
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return data, nil
 }

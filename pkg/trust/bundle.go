@@ -139,3 +139,17 @@ func ParseCertificatesPEM(data []byte) ([]*x509.Certificate, error) {
 	}
 	return certs, nil
 }
+
+// LoadBundleFile reads a PEM file of root certificates (such as the CA
+// directory's root-cert.pem) into a bundle for the trust domain.
+func LoadBundleFile(trustDomain, path string) (*Bundle, error) {
+	data, err := readBounded(path)
+	if err != nil {
+		return nil, fmt.Errorf("trust bundle: %w", err)
+	}
+	roots, err := ParseCertificatesPEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("trust bundle %s: %w", path, err)
+	}
+	return NewBundle(trustDomain, roots)
+}

@@ -278,3 +278,24 @@ func makeCA(t *testing.T, name string, pub crypto.PublicKey, parent *x509.Certif
 	}
 	return c
 }
+
+func TestLoadBundleFile(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := trust.LoadOrCreateCA(dir, "cluster.local", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b, err := trust.LoadBundleFile("cluster.local", filepath.Join(dir, trust.RootCertFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Roots()) != 1 || !b.Roots()[0].IsCA {
+		t.Fatalf("roots = %v", b.Roots())
+	}
+	notPEM := filepath.Join(dir, "junk.pem")
+	os.WriteFile(notPEM, []byte("not a certificate"), 0o600)
+	for _, p := range []string{notPEM, filepath.Join(dir, "missing.pem")} {
+		if _, err := trust.LoadBundleFile("cluster.local", p); err == nil {
+			t.Errorf("trust.LoadBundleFile(%s) succeeded", p)
+		}
+	}
+}
