@@ -142,23 +142,43 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	return m, nil
 }
 
-// watch reports the first process that exits while the mesh runs.
+// watch reports the first process that exits on its own while the mesh runs.
 func (m *Mesh) watch() {
 	m.group.mu.Lock()
 	procs := append([]*process(nil), m.group.procs...)
 	m.group.mu.Unlock()
-	cases := make(chan *process, len(procs))
+	exits := make(chan *process, len(procs))
 	for _, p := range procs {
 		go func() {
 			<-p.done
-			cases <- p
+			exits <- p
 		}()
 	}
-	p := <-cases
-	select {
-	case m.Died <- p.describeExit():
-	default:
+	for range procs {
+		p := <-exits
+		if p.stopping.Load() {
+			continue
+		}
+		select {
+		case m.Died <- p.describeExit():
+		default:
+		}
+		return
 	}
+}
+
+// StopProcess stops one process by name (e.g. "controlplane"), as an
+// outage would; the rest of the mesh keeps running.
+func (m *Mesh) StopProcess(name string) error {
+	m.group.mu.Lock()
+	defer m.group.mu.Unlock()
+	for _, p := range m.group.procs {
+		if p.name == name {
+			p.stop(5 * time.Second)
+			return nil
+		}
+	}
+	return fmt.Errorf("no process %q in the mesh", name)
 }
 
 // Stop terminates every process, most recently started first.

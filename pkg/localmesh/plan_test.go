@@ -1,6 +1,8 @@
 package localmesh
 
 import (
+	"context"
+	"net"
 	"strings"
 	"testing"
 
@@ -44,5 +46,25 @@ func TestPlanOfTheSample(t *testing.T) {
 	}
 	if _, err := NewPlan(s, 70000); err == nil {
 		t.Error("base port out of range accepted")
+	}
+}
+
+func TestStartRefusesBusyPort(t *testing.T) {
+	s, err := config.NewDirSource("../../examples/local", config.DirOptions{}).Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlan(s, 16900)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", p.Nodes[0].SOCKS5)
+	if err != nil {
+		t.Skipf("cannot take %s for the test: %v", p.Nodes[0].SOCKS5, err)
+	}
+	defer ln.Close()
+	_, err = Start(context.Background(), p, Options{BinDir: t.TempDir(), StateDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), p.Nodes[0].SOCKS5+" is already in use") {
+		t.Fatalf("Start with a busy port: %v", err)
 	}
 }

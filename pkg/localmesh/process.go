@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -23,6 +24,8 @@ type process struct {
 	logPath string
 	done    chan struct{} // closed when the process has exited
 	err     error         // exit status, valid after done
+	// stopping is set when the mesh stops the process on purpose.
+	stopping atomic.Bool
 }
 
 // startProcess runs bin with args, its stdout and stderr appended to
@@ -63,6 +66,7 @@ func (p *process) exited() bool {
 
 // stop sends SIGTERM to the process group, then SIGKILL after grace.
 func (p *process) stop(grace time.Duration) {
+	p.stopping.Store(true)
 	if p.exited() {
 		return
 	}

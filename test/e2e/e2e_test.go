@@ -502,3 +502,31 @@ func keys(m map[string]json.RawMessage) []string {
 	}
 	return out
 }
+
+// A mesh client reaches a server outside the mesh over plain TCP (§5.4).
+func TestPlainTCPToServerOutsideMesh(t *testing.T) {
+	for _, url := range []string{"http://legacy.outside/x", "http://" + podIP(t, "outside/legacy") + ":8080/x"} {
+		r := do(t, "web/frontend", false, http.MethodGet, url, nil)
+		if r.status != 200 || r.echo == nil || r.echo.Pod != "legacy" {
+			t.Fatalf("%s: %d %s", url, r.status, r.body)
+		}
+	}
+	waitLog(t, "nodeproxy-node-a", `"dst_workload":"outside/legacy"`, `"hop":"tcp `)
+}
+
+// With the control plane down, proxies keep serving new connections on the
+// last configuration and certificates. It stops the control plane, so it
+// runs last.
+func TestZZControlPlaneDown(t *testing.T) {
+	if err := mesh.StopProcess("controlplane"); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if r := do(t, "web/frontend", false, http.MethodGet, "http://reviews.shop/", nil); r.status != 200 {
+			t.Fatalf("via waypoint with the control plane down: %d %s", r.status, r.body)
+		}
+		if r := do(t, "web/frontend", false, http.MethodGet, "http://echo.direct/", nil); r.status != 200 {
+			t.Fatalf("direct with the control plane down: %d %s", r.status, r.body)
+		}
+	}
+}
