@@ -1,0 +1,180 @@
+// Package benchmesh is what the mesh benchmark programs (bench/nodeproxy,
+// bench/waypoint) share: a local mesh of the real binaries started from a
+// YAML document on loopback addresses of their own, figures read from
+// /proc for its processes, and the `bench: <name> <value> <unit>` lines of
+// DESIGN §9.
+package benchmesh
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+)
+
+// Report prints one figure as DESIGN §9 wants it.
+func Report(name string, value float64, unit string) {
+	fmt.Printf("bench: %s %.3f %s\n", name, value, unit)
+}
+
+// Setup describes a benchmark mesh.
+type Setup struct {
+	BinDir   string            // controlplane, nodeproxy, waypoint, echo
+	WorkDir  string            // config, policies and state go below it
+	Mesh     string            // local-mode YAML (DESIGN §6)
+	Policies map[string]string // file name -> Rego, for waypoints
+	BasePort int
+	// Edit, if set, may change the plan before anything starts, for
+	// example to drop an app whose address the benchmark serves itself.
+	Edit func(*localmesh.Plan) error
+}
+
+// Start writes the configuration and starts the mesh; Stop it when done.
+func Start(ctx context.Context, s Setup) (*localmesh.Mesh, error) {
+	cfg := filepath.Join(s.WorkDir, "config")
+	pol := filepath.Join(s.WorkDir, "policies")
+	for _, d := range []string{cfg, pol} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, fmt.Errorf("benchmark directories: %w", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(cfg, "mesh.yaml"), []byte(s.Mesh), 0o644); err != nil {
+		return nil, fmt.Errorf("mesh configuration: %w", err)
+	}
+	for name, src := range s.Policies {
+		if err := os.WriteFile(filepath.Join(pol, name), []byte(src), 0o644); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", name, err)
+		}
+	}
+	snap, err := config.NewDirSource(cfg, config.DirOptions{}).Load()
+	if err != nil {
+		return nil, fmt.Errorf("mesh configuration: %w", err)
+	}
+	plan, err := localmesh.NewPlan(snap, s.BasePort)
+	if err != nil {
+		return nil, err
+	}
+	if s.Edit != nil {
+		if err := s.Edit(plan); err != nil {
+			return nil, err
+		}
+	}
+	bin, err := filepath.Abs(s.BinDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range []string{"controlplane", "nodeproxy", "waypoint"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return nil, fmt.Errorf("binary %s missing (run make build first): %w", b, err)
+		}
+	}
+	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: pol,
+		StateDir: filepath.Join(s.WorkDir, "state"), ReadyTimeout: 60 * time.Second})
+}
+
+// PID returns the pid of the named mesh process.
+func PID(m *localmesh.Mesh, name string) (int, error) {
+	pid, ok := m.PIDs()[name]
+	if !ok {
+		return 0, fmt.Errorf("no running mesh process %q", name)
+	}
+	return pid, nil
+}
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat;
+// it is 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+// CPUTime is the user plus system CPU time a process has used, from
+// /proc/<pid>/stat (its own threads; children are not counted).
+func CPUTime(pid int) (time.Duration, error) {
+	data, err := readProc(pid, "stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces:
+	// count fields after the last ')'. utime and stime are fields 14, 15.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+	}
+	var ticks uint64
+	for _, s := range f[11:13] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// RSS is a process's resident set size in bytes (VmRSS).
+func RSS(pid int) (int64, error) {
+	data, err := readProc(pid, "status")
+	if err != nil {
+		return 0, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("/proc/%d/status: odd VmRSS line %q", pid, sc.Text())
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/status: %w", pid, err)
+		}
+		return kb << 10, nil
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
+}
+
+func readProc(pid int, file string) ([]byte, error) {
+	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), file))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 64<<10))
+}
+
+// RaiseNoFile lifts the soft RLIMIT_NOFILE towards n, the hard limit too
+// when the process may (CAP_SYS_RESOURCE), and returns the soft limit now in
+// force; processes started afterwards inherit it.
+func RaiseNoFile(n uint64) (uint64, error) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, fmt.Errorf("RLIMIT_NOFILE: %w", err)
+	}
+	if lim.Cur >= n {
+		return lim.Cur, nil
+	}
+	want := syscall.Rlimit{Cur: n, Max: max(lim.Max, n)}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err == nil {
+		return n, nil
+	}
+	lim.Cur = lim.Max // not allowed past the hard limit: go as far as it
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0, fmt.Errorf("raise RLIMIT_NOFILE to %d: %w", lim.Cur, err)
+	}
+	return lim.Cur, nil
+}

@@ -1,0 +1,540 @@
+// Command nodeproxy benchmarks the node proxy pair on the direct path
+// (DESIGN §5.1): pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B
+// -> pod B, with the real binaries of a two-node local mesh, against plain
+// TCP from pod A's address straight to pod B's app in the same run. It
+// prints `bench: <name> <value> <unit>` lines:
+//
+//   - memory: node proxy RSS (VmRSS) with -idle-conns open idle
+//     connections through the pair, per connection;
+//   - throughput: one bulk stream for -duration, best of -rounds;
+//   - connections per second: -cps-clients clients in a loop of connect,
+//     64-byte exchange, close.
+//
+// The client (pod A) and the servers of pod B run in this process, so the
+// same code measures both paths. Build the binaries first (make build).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/proxy"
+	"golang.org/x/sys/unix"
+
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+)
+
+// The benchmark's own addresses, apart from the sample (127.0.10.x), the
+// end-to-end suite (127.0.40.x) and bench/waypoint (127.0.91.x).
+const (
+	clientIP = "127.0.90.1"  // pod A, on node-a
+	sinkIP   = "127.0.90.2"  // pod B, on node-b (owned by node proxy B)
+	appIP    = "127.0.190.2" // pod B's app address, served by this program
+	bulkPort = "9000"        // reads everything, reports the byte count
+	rrPort   = "9001"        // reads 64 bytes, writes them back, closes
+	holdPort = "9002"        // echoes one byte, then holds the connection
+	rrSize   = 64
+)
+
+const meshYAML = `apiVersion: v1
+kind: Namespace
+metadata:
+  name: bench
+  labels:
+    causeway.dev/dataplane-mode: mesh
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: client
+  namespace: bench
+spec:
+  nodeName: node-a
+  serviceAccountName: client
+  containers:
+  - name: client
+    image: bench
+status:
+  podIP: ` + clientIP + `
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sink
+  namespace: bench
+  annotations:
+    causeway.dev/app-address: ` + appIP + `
+spec:
+  nodeName: node-b
+  serviceAccountName: sink
+  containers:
+  - name: sink
+    image: bench
+    ports:
+    - containerPort: ` + bulkPort + `
+    - containerPort: ` + rrPort + `
+    - containerPort: ` + holdPort + `
+status:
+  podIP: ` + sinkIP + `
+`
+
+type options struct {
+	bin, work     string
+	basePort      int
+	duration      time.Duration
+	rounds        int
+	cpsDuration   time.Duration
+	cpsClients    int
+	idleConns     int
+	keep          bool
+	skipMemory    bool
+	dialParallel  int
+	settle        time.Duration
+	bulkWriteSize int
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (make build)")
+	flag.StringVar(&o.work, "work", "", "work directory for configuration, state and logs (default: a temporary one)")
+	flag.IntVar(&o.basePort, "base-port", 18000, "first port of the benchmark mesh")
+	flag.DurationVar(&o.duration, "duration", 5*time.Second, "length of each throughput measurement")
+	flag.IntVar(&o.rounds, "rounds", 2, "throughput rounds per path (the best is reported)")
+	flag.DurationVar(&o.cpsDuration, "cps-duration", 4*time.Second, "length of each connections-per-second measurement")
+	flag.IntVar(&o.cpsClients, "cps-clients", 16, "concurrent clients in the connections-per-second measurement")
+	flag.IntVar(&o.idleConns, "idle-conns", 10000, "idle connections held open for the memory measurement")
+	flag.IntVar(&o.dialParallel, "dial-parallel", 64, "concurrent dials while opening the idle connections")
+	flag.DurationVar(&o.settle, "settle", 2*time.Second, "wait before reading memory figures")
+	flag.IntVar(&o.bulkWriteSize, "write-size", 256<<10, "bytes per write in the throughput measurement")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
+	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
+	app := flag.Bool("app", false, "run as pod B's app (the benchmark starts itself so)")
+	flag.Parse()
+	if *app {
+		if err := runApp(); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "nodeproxy bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	if o.rounds < 1 || o.cpsClients < 1 || o.idleConns < 0 || o.dialParallel < 1 || o.bulkWriteSize < 1 {
+		return errors.New("-rounds, -cps-clients, -dial-parallel and -write-size must be positive, -idle-conns not negative")
+	}
+	// Each process (this client, pod B's app, both node proxies) holds one
+	// socket per idle connection; the children inherit the limit.
+	limit, err := benchmesh.RaiseNoFile(uint64(o.idleConns + 4096))
+	if err != nil {
+		return err
+	}
+	if room := int(limit) - 1024; o.idleConns > room {
+		fmt.Fprintf(os.Stderr, "nodeproxy bench: RLIMIT_NOFILE is %d: measuring %d idle connections, not %d\n", limit, room, o.idleConns)
+		o.idleConns = room
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	work := o.work
+	if work == "" {
+		var err error
+		if work, err = os.MkdirTemp("", "causeway-bench-nodeproxy-"); err != nil {
+			return err
+		}
+	}
+	keep := o.keep
+	defer func() {
+		if keep {
+			fmt.Fprintln(os.Stderr, "nodeproxy bench: work directory kept:", work)
+		} else {
+			os.RemoveAll(work)
+		}
+	}()
+
+	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort,
+		Edit: func(p *localmesh.Plan) error {
+			// Pod B's app is this program's servers, not the echo binary.
+			p.Apps = nil
+			return nil
+		}})
+	if err != nil {
+		keep = true
+		return fmt.Errorf("start mesh: %w", err)
+	}
+	defer mesh.Stop()
+
+	app, err := startApp(ctx)
+	if err != nil {
+		return err
+	}
+	defer app.stop()
+
+	pod, err := mesh.Plan.Pod("bench/client")
+	if err != nil {
+		return err
+	}
+	paths := []path{
+		{name: "direct", dial: directDialer(), target: appIP},
+		{name: "nodeproxy", dial: socksDialer(pod.SOCKS5), target: sinkIP},
+	}
+	// Every path must work before anything is measured.
+	for _, p := range paths {
+		if err := exchange(ctx, p); err != nil {
+			keep = true
+			return fmt.Errorf("%s path does not work: %w", p.name, err)
+		}
+	}
+
+	b := &bench{o: o, mesh: mesh, app: app, paths: paths}
+	steps := []func(context.Context) error{b.throughput, b.connectionsPerSecond}
+	if !o.skipMemory {
+		// First, while the proxies are fresh: later steps leave heap behind
+		// that would absorb the idle connections' memory.
+		steps = append([]func(context.Context) error{b.memory}, steps...)
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			keep = true
+			return err
+		}
+		select {
+		case died := <-mesh.Died:
+			keep = true
+			return fmt.Errorf("a mesh process died: %s", died)
+		default:
+		}
+	}
+	return nil
+}
+
+// path is one way from pod A to pod B.
+type path struct {
+	name   string
+	dial   func(ctx context.Context, addr string) (net.Conn, error)
+	target string // pod B's address on this path
+}
+
+func (p path) addr(port string) string { return net.JoinHostPort(p.target, port) }
+
+// localDialer binds to pod A's address. IP_BIND_ADDRESS_NO_PORT leaves the
+// port choice to connect(), where TIME_WAIT ports of other destinations are
+// reusable: the connection loops would otherwise run out of ports.
+func localDialer() *net.Dialer {
+	return &net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.ParseIP(clientIP)},
+		Timeout:   10 * time.Second,
+		Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		},
+	}
+}
+
+func directDialer() func(context.Context, string) (net.Conn, error) {
+	d := localDialer()
+	return func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+}
+
+// socksDialer connects as pod A does in local mode: from its address,
+// through its node proxy's SOCKS5 port (what localmesh.PodClient does, with
+// the dialer above).
+func socksDialer(socks string) func(context.Context, string) (net.Conn, error) {
+	d, err := proxy.SOCKS5("tcp", socks, nil, localDialer())
+	if err != nil {
+		// proxy.SOCKS5 fails only for a nil forward dialer or bad auth.
+		panic(err)
+	}
+	cd := d.(proxy.ContextDialer)
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := cd.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("via SOCKS5 %s: %w", socks, err)
+		}
+		return c, nil
+	}
+}
+
+// exchange makes one connect/exchange/close round on p.
+func exchange(ctx context.Context, p path) error {
+	c, err := p.dial(ctx, p.addr(rrPort))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return requestResponse(c)
+}
+
+var rrPayload = make([]byte, rrSize)
+
+// requestResponse writes rrSize bytes and reads them back and the server's
+// close.
+func requestResponse(c net.Conn) error {
+	if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return err
+	}
+	if _, err := c.Write(rrPayload); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	var buf [rrSize + 1]byte
+	if _, err := io.ReadFull(c, buf[:rrSize]); err != nil {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	if n, err := c.Read(buf[:]); n != 0 || err != io.EOF {
+		return fmt.Errorf("expected the server's close, got %d bytes, %v", n, err)
+	}
+	return nil
+}
+
+type bench struct {
+	o     options
+	mesh  *localmesh.Mesh
+	app   *appProcess
+	paths []path
+}
+
+func (b *bench) proxyPIDs() (a, bpid int, err error) {
+	if a, err = benchmesh.PID(b.mesh, "nodeproxy-node-a"); err != nil {
+		return 0, 0, err
+	}
+	bpid, err = benchmesh.PID(b.mesh, "nodeproxy-node-b")
+	return a, bpid, err
+}
+
+// memory opens idle connections through the pair and reports the growth of
+// both node proxies' RSS per connection.
+func (b *bench) memory(ctx context.Context) error {
+	if b.o.idleConns == 0 {
+		return nil
+	}
+	pa, pb, err := b.proxyPIDs()
+	if err != nil {
+		return err
+	}
+	mesh := b.paths[1]
+	// Warm up: pooled HBONE connection, certificates, goroutine stacks.
+	for range 64 {
+		if err := exchange(ctx, mesh); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	sleepCtx(ctx, b.o.settle)
+	beforeA, errA := benchmesh.RSS(pa)
+	beforeB, errB := benchmesh.RSS(pb)
+	if err := errors.Join(errA, errB); err != nil {
+		return err
+	}
+
+	conns := make([]net.Conn, b.o.idleConns)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}()
+	start := time.Now()
+	var next atomic.Int64
+	errs := make(chan error, b.o.dialParallel)
+	for range b.o.dialParallel {
+		go func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(conns) {
+					errs <- nil
+					return
+				}
+				c, err := openHeld(ctx, mesh)
+				if err != nil {
+					errs <- fmt.Errorf("idle connection %d: %w", i, err)
+					return
+				}
+				conns[i] = c
+			}
+		}()
+	}
+	var firstErr error
+	for range b.o.dialParallel {
+		if err := <-errs; err != nil && firstErr == nil {
+			firstErr = err
+			next.Store(int64(len(conns))) // stop the others
+		}
+	}
+	if firstErr != nil {
+		return firstErr
+	}
+	opened := time.Since(start)
+	sleepCtx(ctx, b.o.settle)
+	afterA, errA := benchmesh.RSS(pa)
+	afterB, errB := benchmesh.RSS(pb)
+	if err := errors.Join(errA, errB); err != nil {
+		return err
+	}
+	n := float64(len(conns))
+	kib := func(before, after int64) float64 { return float64(after-before) / 1024 / n }
+	benchmesh.Report("nodeproxy_idle_conns", n, "conns")
+	benchmesh.Report("nodeproxy_idle_open_rate", n/opened.Seconds(), "conns/s")
+	benchmesh.Report("nodeproxy_a_rss_before_mib", float64(beforeA)/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_a_rss_idle_mib", float64(afterA)/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_b_rss_before_mib", float64(beforeB)/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_b_rss_idle_mib", float64(afterB)/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_a_kib_per_conn", kib(beforeA, afterA), "KiB")
+	benchmesh.Report("nodeproxy_b_kib_per_conn", kib(beforeB, afterB), "KiB")
+	benchmesh.Report("nodeproxy_pair_kib_per_conn", kib(beforeA+beforeB, afterA+afterB), "KiB")
+	return nil
+}
+
+// openHeld opens a connection to the hold port and checks it reaches pod B
+// with a one-byte echo.
+func openHeld(ctx context.Context, p path) (net.Conn, error) {
+	c, err := p.dial(ctx, p.addr(holdPort))
+	if err != nil {
+		return nil, err
+	}
+	if err := c.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	var b [1]byte
+	if _, err := c.Write([]byte{'h'}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("echo: %w", err)
+	}
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// throughput measures one bulk stream per path, interleaving the paths
+// round by round; the best round of each is reported.
+func (b *bench) throughput(ctx context.Context) error {
+	best := map[string]float64{}
+	for range b.o.rounds {
+		for _, p := range b.paths {
+			gbps, err := b.bulk(ctx, p)
+			if err != nil {
+				return fmt.Errorf("%s throughput: %w", p.name, err)
+			}
+			best[p.name] = max(best[p.name], gbps)
+		}
+	}
+	benchmesh.Report("direct_throughput_gbps", best["direct"], "Gbit/s")
+	benchmesh.Report("nodeproxy_throughput_gbps", best["nodeproxy"], "Gbit/s")
+	benchmesh.Report("nodeproxy_throughput_ratio", best["nodeproxy"]/best["direct"], "x")
+	return nil
+}
+
+// bulk sends for the configured duration, then closes; the rate is the
+// bytes pod B received divided by the time from the first write to pod B
+// seeing the end of the stream.
+func (b *bench) bulk(ctx context.Context, p path) (float64, error) {
+	c, err := p.dial(ctx, p.addr(bulkPort))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	buf := make([]byte, b.o.bulkWriteSize)
+	start := time.Now()
+	end := start.Add(b.o.duration)
+	if err := c.SetWriteDeadline(end.Add(30 * time.Second)); err != nil {
+		return 0, err
+	}
+	var sent int64
+	for time.Now().Before(end) && ctx.Err() == nil {
+		n, err := c.Write(buf)
+		sent += int64(n)
+		if err != nil {
+			return 0, fmt.Errorf("write after %d bytes: %w", sent, err)
+		}
+	}
+	c.Close()
+	select {
+	case r := <-b.app.bulkDone:
+		if r.err != nil {
+			return 0, r.err
+		}
+		if r.bytes != sent {
+			return 0, fmt.Errorf("pod B received %d bytes of %d", r.bytes, sent)
+		}
+		return float64(r.bytes) * 8 / r.at.Sub(start).Seconds() / 1e9, nil
+	case <-time.After(60 * time.Second):
+		return 0, errors.New("pod B never saw the end of the stream")
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// connectionsPerSecond runs the connect/exchange/close loop on each path.
+func (b *bench) connectionsPerSecond(ctx context.Context) error {
+	rates := map[string]float64{}
+	for _, p := range b.paths {
+		rate, err := b.cps(ctx, p)
+		if err != nil {
+			return fmt.Errorf("%s connections: %w", p.name, err)
+		}
+		rates[p.name] = rate
+	}
+	benchmesh.Report("direct_conns_per_sec", rates["direct"], "conn/s")
+	benchmesh.Report("nodeproxy_conns_per_sec", rates["nodeproxy"], "conn/s")
+	benchmesh.Report("nodeproxy_conns_per_sec_ratio", rates["nodeproxy"]/rates["direct"], "x")
+	return nil
+}
+
+func (b *bench) cps(ctx context.Context, p path) (float64, error) {
+	var done, failed atomic.Int64
+	var firstErr atomic.Value
+	end := time.Now().Add(b.o.cpsDuration)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range b.o.cpsClients {
+		wg.Go(func() {
+			for time.Now().Before(end) && ctx.Err() == nil {
+				if err := exchange(ctx, p); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+					continue
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	// A benchmark of failures is no benchmark: tolerate a stray error, not more.
+	if f := failed.Load(); f > done.Load()/1000 {
+		return 0, fmt.Errorf("%d of %d connections failed, first: %v", f, f+done.Load(), firstErr.Load())
+	}
+	return float64(done.Load()) / elapsed.Seconds(), nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
