@@ -389,11 +389,14 @@ func (s *Server) parseRequest(base *Request, mh *http2.MetaHeadersFrame) (*Reque
 }
 
 func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int, reason string) {
-	defer s.tunnels.Add(-1)
-	defer st.Close()
+	handedOff := false
 	defer func() {
 		if v := recover(); v != nil {
 			log.Error("tunnel handler panicked", zap.Any("panic", v), zap.Stack("stack"))
+		}
+		if !handedOff {
+			st.Close()
+			s.tunnels.Add(-1)
 		}
 	}()
 	if code != 0 {
@@ -418,6 +421,20 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 	if err := st.respond(http.StatusOK, "", false); err != nil {
 		log.Debug("answering CONNECT failed", target, zap.Error(err))
 	}
+	// Serve on a fresh goroutine: this one's stack grew while the handler
+	// connected upstream, and a tunnel may stay open (and idle) for hours.
+	handedOff = true
+	go s.serveTunnel(log, st, strm)
+}
+
+func (s *Server) serveTunnel(log *zap.Logger, st *stream, strm Stream) {
+	defer s.tunnels.Add(-1)
+	defer st.Close()
+	defer func() {
+		if v := recover(); v != nil {
+			log.Error("tunnel stream panicked", zap.Any("panic", v), zap.Stack("stack"))
+		}
+	}()
 	strm.Serve(st.ctx, st)
 }
 
