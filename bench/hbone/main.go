@@ -268,6 +268,8 @@ func runThroughput(args []string) error {
 	fs := flag.NewFlagSet("throughput", flag.ExitOnError)
 	sizeMiB := fs.Int64("size-mib", 1024, "MiB sent per measurement")
 	rounds := fs.Int("rounds", 3, "rounds (the median is reported)")
+	only := fs.String("only", "", "measure only this mode (no ratios)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measurements")
 	fs.Parse(args)
 	size := *sizeMiB << 20
 
@@ -331,11 +333,12 @@ func runThroughput(args []string) error {
 			return c, c.Handshake()
 		}
 	}
-	modes := []struct {
+	type mode struct {
 		name string
 		dial func() (net.Conn, error)
 		sink *sink
-	}{
+	}
+	modes := []mode{
 		{"tcp_direct", dialTCP(plainSink.addr), plainSink},
 		{"tls_direct", dialTLS(tlsSink.addr), tlsSink},
 		{"tcp_relay", dialTCP(tcpRelay), plainSink},
@@ -343,6 +346,21 @@ func runThroughput(args []string) error {
 		{"hbone", func() (net.Conn, error) {
 			return pool.Dial(context.Background(), mat.target(srvAddr, plainSink.addr.String()))
 		}, plainSink},
+	}
+	if *only != "" {
+		modes = slices.DeleteFunc(modes, func(m mode) bool { return m.name != *only })
+		if len(modes) == 0 {
+			return fmt.Errorf("unknown mode %q", *only)
+		}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
 	}
 	results := make(map[string][]float64)
 	for r := 0; r < *rounds; r++ {
@@ -365,6 +383,9 @@ func runThroughput(args []string) error {
 	}
 	for _, mode := range modes {
 		report(mode.name+"_throughput", median(mode.name), "MB/s")
+	}
+	if *only != "" {
+		return nil
 	}
 	h := median("hbone")
 	report("hbone_vs_tls_relay_ratio", h/median("tls_relay"), "x")

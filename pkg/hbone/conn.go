@@ -157,7 +157,7 @@ type h2conn struct {
 	maxPeerStream  uint32 // server: highest stream ID the client opened
 	nextStream     uint32 // client: next stream ID
 	reserved       int    // client: streams promised to Dial callers
-	headersSeen    bool   // server: the first request arrived
+	headersSeen    bool   // server: the first request arrived (read loop only)
 	draining       bool   // GOAWAY sent or received: no new streams
 	finishing      bool   // draining and empty: closing
 	finishSent     bool
@@ -274,7 +274,11 @@ func (c *h2conn) readLoop() error {
 			err = c.readData(fh)
 		} else {
 			var f http2.Frame
-			if f, err = c.fr.ReadFrameForHeader(fh); err == nil {
+			f, err = c.fr.ReadFrameForHeader(fh)
+			if fh.Type == http2.FrameHeaders {
+				c.sawRequestHeaders()
+			}
+			if err == nil {
 				err = c.processFrame(f)
 			}
 		}
@@ -842,6 +846,9 @@ func (c *h2conn) readData(fh http2.FrameHeader) error {
 	case st.recvEOF:
 		c.resetLocked(st, http2.ErrCodeStreamClosed)
 		st = nil
+	case c.isClient && st.status == 0:
+		c.resetLocked(st, http2.ErrCodeProtocol) // DATA before the response
+		st = nil
 	case int64(length) > int64(st.recvWindow):
 		c.resetLocked(st, http2.ErrCodeFlowControl)
 		st = nil
@@ -1097,12 +1104,6 @@ func (c *h2conn) processRequestHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	c.maxPeerStream = id
-	if !c.headersSeen {
-		c.headersSeen = true
-		if c.cfg.headerTimeout > 0 {
-			c.nc.SetReadDeadline(time.Time{})
-		}
-	}
 	if c.draining || c.closed || uint32(len(c.streams)) >= c.cfg.maxStreams {
 		c.queueLocked(ctrlFrame{kind: ctrlRST, stream: id, code: http2.ErrCodeRefusedStream})
 		c.mu.Unlock()
@@ -1116,6 +1117,17 @@ func (c *h2conn) processRequestHeaders(f *http2.MetaHeadersFrame) error {
 	c.mu.Unlock()
 	c.newStream(st, f)
 	return nil
+}
+
+// sawRequestHeaders lifts the server's header timeout once the first
+// request's header block has been read, valid or not.
+func (c *h2conn) sawRequestHeaders() {
+	if !c.isClient && !c.headersSeen {
+		c.headersSeen = true
+		if c.cfg.headerTimeout > 0 {
+			c.nc.SetReadDeadline(time.Time{})
+		}
+	}
 }
 
 // trailersLocked handles a second HEADERS on a stream: trailers, which must
