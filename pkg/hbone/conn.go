@@ -171,7 +171,7 @@ type h2conn struct {
 	idleGen         uint64
 }
 
-func newH2Conn(nc net.Conn, isClient bool, cfg *connConfig, log *zap.Logger, parent context.Context) *h2conn {
+func newH2Conn(parent context.Context, nc net.Conn, isClient bool, cfg *connConfig, log *zap.Logger) *h2conn {
 	c := &h2conn{
 		isClient:          isClient,
 		cfg:               cfg,

@@ -271,7 +271,7 @@ func (p *Pool) connect(ctx context.Context, key poolKey, t Target) (*h2conn, err
 		return nil, fmt.Errorf("hbone: %s did not negotiate TLS 1.3 with ALPN h2 (ALPN %q)", t.Address, cs.NegotiatedProtocol)
 	}
 	log := p.log.With(zap.Stringer("address", t.Address), zap.String("source", sourceName(t.Source)))
-	c := newH2Conn(tc, true, &p.cfg, log, p.ctx)
+	c := newH2Conn(p.ctx, tc, true, &p.cfg, log)
 	c.onUnusable = func() { p.removeConn(key, c) }
 	if err := c.start(); err != nil {
 		c.close(err)

@@ -294,7 +294,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	}
 	log = log.With(zap.Stringer("peer", peer))
 	base := Request{Peer: peer, Local: addrPortOf(raw.LocalAddr()), Remote: addrPortOf(raw.RemoteAddr())}
-	c := newH2Conn(tc, false, &s.cfg, log, s.ctx)
+	c := newH2Conn(s.ctx, tc, false, &s.cfg, log)
 	c.newStream = func(st *stream, mh *http2.MetaHeadersFrame) { s.onStream(log, &base, st, mh) }
 
 	s.mu.Lock()
