@@ -1,0 +1,526 @@
+// Command waypoint benchmarks the waypoint (DESIGN §5.2) against nginx in
+// the same run, with the same load generator and the same backend:
+//
+//	load -> HBONE (mTLS) -> waypoint (HTTPRoute, OPA allow) -> HBONE (mTLS) -> backend
+//	load -> TLS (mTLS)   -> nginx    (proxy_pass)           -> TLS (mTLS)   -> backend
+//
+// The waypoint is the real binary in a local mesh; nginx is Debian's, run
+// as a child with a configuration of its own. The backend is one Go HTTP
+// server in this process behind both fronts: an HBONE server presenting the
+// backend workload's mesh identity (where a node proxy would answer) and a
+// TLS server. Clients send HTTP/1.1 keep-alive requests in a closed loop,
+// one connection each (HBONE tunnels share pooled connections as a node
+// proxy's do). It prints `bench: <name> <value> <unit>` lines: requests per
+// second, p50/p99 latency, CPU time per request of each proxy process, and
+// the policy decision's CPU time in-process as a share of the waypoint's.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// The benchmark's own addresses, apart from the sample (127.0.10.x), the
+// end-to-end suite (127.0.40.x) and bench/nodeproxy (127.0.90.x).
+const (
+	loadgenIP   = "127.0.91.1"  // pod load/loadgen: the load generator's source
+	waypointIP  = "127.0.91.2"  // pod bench/waypoint-0
+	backendIP   = "127.0.91.3"  // pod bench/backend (its HBONE is served here)
+	nginxIP     = "127.0.91.10" // nginx's listener
+	backendApp  = "127.0.191.3" // the backend's app address (TLS for nginx)
+	serviceVIP  = "127.0.192.1" // Service bench/backend
+	nginxPort   = "8443"
+	backendTLS  = "8443"
+	trustDomain = trust.DefaultTrustDomain
+)
+
+const meshYAML = `apiVersion: v1
+kind: Namespace
+metadata:
+  name: load
+  labels:
+    causeway.dev/dataplane-mode: mesh
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: bench
+  labels:
+    causeway.dev/dataplane-mode: mesh
+    causeway.dev/use-waypoint: waypoint
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: waypoint
+  namespace: bench
+  labels:
+    causeway.dev/waypoint-for: all
+spec:
+  gatewayClassName: causeway-waypoint
+  listeners:
+  - name: mesh
+    port: 15008
+    protocol: HBONE
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: waypoint-0
+  namespace: bench
+  labels:
+    gateway.networking.k8s.io/gateway-name: waypoint
+spec:
+  nodeName: node-a
+  serviceAccountName: waypoint
+  containers:
+  - name: waypoint
+    image: causeway/waypoint
+status:
+  podIP: ` + waypointIP + `
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: loadgen
+  namespace: load
+spec:
+  nodeName: node-a
+  serviceAccountName: loadgen
+  containers:
+  - name: loadgen
+    image: bench
+status:
+  podIP: ` + loadgenIP + `
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: backend
+  namespace: bench
+  labels:
+    app: backend
+  annotations:
+    causeway.dev/app-address: ` + backendApp + `
+spec:
+  nodeName: node-b
+  serviceAccountName: backend
+  containers:
+  - name: backend
+    image: bench
+    ports:
+    - containerPort: 8080
+      name: http
+status:
+  podIP: ` + backendIP + `
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: backend
+  namespace: bench
+spec:
+  clusterIP: ` + serviceVIP + `
+  selector:
+    app: backend
+  ports:
+  - name: http
+    port: 80
+    targetPort: 8080
+    appProtocol: http
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata:
+  name: backend
+  namespace: bench
+spec:
+  parentRefs:
+  - group: ""
+    kind: Service
+    name: backend
+    port: 80
+  rules:
+  - matches:
+    - path:
+        type: PathPrefix
+        value: /bench
+    backendRefs:
+    - name: backend
+      port: 80
+`
+
+// benchPolicy has the shape of examples/local's: an object decision, rules
+// collected in a set, a denial reason otherwise.
+const benchPolicy = `package envoy.authz
+
+loadgen := "spiffe://cluster.local/ns/load/sa/loadgen"
+
+default allow := {"allowed": false, "http_status": 403, "body": "denied: no rule allows this request\n"}
+
+allow := {"allowed": true, "headers": {"x-causeway-policy": concat(",", sort(allowed_by))}} if count(allowed_by) > 0
+
+principal := input.attributes.source.principal
+
+method := input.attributes.request.http.method
+
+allowed_by contains "loadgen-read" if {
+	principal == loadgen
+	method in {"GET", "HEAD"}
+	input.parsed_path[0] == "bench"
+}
+`
+
+const benchPolicyTest = `package envoy.authz_test
+
+import data.envoy.authz
+
+test_loadgen_reads if {
+	authz.allow.allowed with input as {"attributes": {"source": {"principal": "spiffe://cluster.local/ns/load/sa/loadgen"}, "request": {"http": {"method": "GET"}}}, "parsed_path": ["bench", "item"]}
+}
+
+test_others_denied if {
+	not authz.allow.allowed with input as {"attributes": {"source": {"principal": "spiffe://cluster.local/ns/load/sa/other"}, "request": {"http": {"method": "GET"}}}, "parsed_path": ["bench"]}
+}
+`
+
+type options struct {
+	bin, work, nginxBin string
+	basePort            int
+	conns               int
+	warmup, window      time.Duration
+	rounds              int
+	nginxWorkers        int
+	policyN             int
+	skipDirect, keep    bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (make build)")
+	flag.StringVar(&o.work, "work", "", "work directory for configuration, state and logs (default: a temporary one)")
+	flag.StringVar(&o.nginxBin, "nginx", "nginx", "nginx binary (Debian: apt-get install nginx)")
+	flag.IntVar(&o.basePort, "base-port", 18200, "first port of the benchmark mesh")
+	flag.IntVar(&o.conns, "conns", 32, "concurrent client connections (closed loop, keep-alive)")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "load before each measured window")
+	flag.DurationVar(&o.window, "duration", 5*time.Second, "measured window per run")
+	flag.IntVar(&o.rounds, "rounds", 2, "rounds (waypoint, nginx, direct each); the best run of each is reported")
+	flag.IntVar(&o.nginxWorkers, "nginx-workers", 0, "nginx worker_processes (default: the number of CPUs, as the waypoint's GOMAXPROCS)")
+	flag.IntVar(&o.policyN, "policy-decisions", 20000, "decisions timed in-process for the policy cost")
+	flag.BoolVar(&o.skipDirect, "skip-direct", false, "skip the reference run straight to the backend")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
+	flag.Parse()
+	if err := run(o); err != nil {
+		fmt.Fprintln(os.Stderr, "waypoint bench:", err)
+		os.Exit(1)
+	}
+}
+
+// target is one way to the backend.
+type target struct {
+	name string
+	dial dialFunc
+	cpu  func() (time.Duration, error) // the proxy's processes; nil for none
+}
+
+func run(o options) error {
+	if o.conns < 1 || o.rounds < 1 || o.policyN < 1 || o.window <= 0 {
+		return errors.New("-conns, -rounds, -policy-decisions and -duration must be positive")
+	}
+	nginxBin, err := exec.LookPath(o.nginxBin)
+	if err != nil {
+		if nginxBin, err = exec.LookPath("/usr/sbin/nginx"); err != nil {
+			return fmt.Errorf("nginx not found (apt-get install -y nginx): %w", err)
+		}
+	}
+	if o.nginxWorkers <= 0 {
+		o.nginxWorkers = runtimeCPUs()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	work := o.work
+	if work == "" {
+		if work, err = os.MkdirTemp("", "causeway-bench-waypoint-"); err != nil {
+			return err
+		}
+	}
+	keep := o.keep
+	defer func() {
+		if keep {
+			fmt.Fprintln(os.Stderr, "waypoint bench: work directory kept:", work)
+		} else {
+			os.RemoveAll(work)
+		}
+	}()
+	fail := func(err error) error {
+		keep = true
+		return err
+	}
+
+	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort,
+		Policies: map[string]string{"authz.rego": benchPolicy, "authz_test.rego": benchPolicyTest},
+		Edit: func(p *localmesh.Plan) error {
+			// The backend's HBONE and app are this program's; node-b has
+			// nothing else, so it gets no node proxy.
+			p.Apps = nil
+			nodes := p.Nodes[:0]
+			for _, n := range p.Nodes {
+				if n.Node != "node-b" {
+					nodes = append(nodes, n)
+				}
+			}
+			p.Nodes = nodes
+			return nil
+		}})
+	if err != nil {
+		return fail(fmt.Errorf("start mesh: %w", err))
+	}
+	defer mesh.Stop()
+	wpName := "waypoint-bench-waypoint-0"
+	wpPID, err := benchmesh.PID(mesh, wpName)
+	if err != nil {
+		return fail(err)
+	}
+
+	// Mesh identities, signed by the mesh's CA as the control plane would.
+	ca, err := trust.LoadCA(filepath.Join(work, "state", "ca"), time.Hour)
+	if err != nil {
+		return fail(err)
+	}
+	bundle, err := trust.NewBundle(trustDomain, ca.Roots())
+	if err != nil {
+		return fail(err)
+	}
+	loadgenID := mustIdentity("load", "loadgen")
+	backendID := mustIdentity("bench", "backend")
+	waypointID := mustIdentity("bench", "waypoint")
+	loadgenCert, err := issueMesh(ca, loadgenID)
+	if err != nil {
+		return fail(err)
+	}
+	backendCert, err := issueMesh(ca, backendID)
+	if err != nil {
+		return fail(err)
+	}
+
+	// nginx's side: its own CA and DNS-named certificates.
+	ndir := filepath.Join(work, "nginx")
+	if err := os.MkdirAll(ndir, 0o700); err != nil {
+		return fail(err)
+	}
+	pk, err := newPKI(ndir)
+	if err != nil {
+		return fail(err)
+	}
+	certs := map[string]*tls.Certificate{}
+	for i, name := range []string{"nginx.bench", "backend.bench", "nginx-client.bench", "loadgen.bench"} {
+		if certs[name], err = pk.issue(name, int64(i+2)); err != nil {
+			return fail(err)
+		}
+	}
+
+	be, err := startBackend(net.JoinHostPort(backendIP, "15008"), net.JoinHostPort(backendApp, backendTLS), bundle, backendCert,
+		&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*certs["backend.bench"]},
+			ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pk.pool, NextProtos: []string{"http/1.1"}}, zap.NewNop())
+	if err != nil {
+		return fail(err)
+	}
+	defer be.close()
+
+	ngx, err := startNginx(nginxBin, ndir, net.JoinHostPort(nginxIP, nginxPort), net.JoinHostPort(backendApp, backendTLS), o.nginxWorkers)
+	if err != nil {
+		return fail(err)
+	}
+	defer ngx.stop()
+
+	local := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(loadgenIP)}, Timeout: 10 * time.Second}
+	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: bundle, DialContext: local.DialContext})
+	if err != nil {
+		return fail(err)
+	}
+	defer pool.Close()
+	hboneTarget := hbone.Target{
+		Address:   netip.MustParseAddrPort(waypointIP + ":15008"),
+		Authority: serviceVIP + ":80",
+		Source:    loadgenID,
+		Cert:      func() (*tls.Certificate, error) { return loadgenCert, nil },
+		Expected:  []trust.Identity{waypointID},
+	}
+	tlsDial := func(addr, serverName string) dialFunc {
+		d := &tls.Dialer{NetDialer: local, Config: &tls.Config{MinVersion: tls.VersionTLS13, ServerName: serverName,
+			RootCAs: pk.pool, Certificates: []tls.Certificate{*certs["loadgen.bench"]}, NextProtos: []string{"http/1.1"}}}
+		return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	}
+	targets := []target{
+		{name: "waypoint", dial: func(ctx context.Context) (net.Conn, error) { return pool.Dial(ctx, hboneTarget) },
+			cpu: func() (time.Duration, error) { return benchmesh.CPUTime(wpPID) }},
+		{name: "nginx", dial: tlsDial(net.JoinHostPort(nginxIP, nginxPort), "nginx.bench"), cpu: ngx.cpu},
+	}
+	if !o.skipDirect {
+		targets = append(targets, target{name: "direct", dial: tlsDial(net.JoinHostPort(backendApp, backendTLS), "backend.bench")})
+	}
+	for _, t := range targets {
+		if err := probe(ctx, t); err != nil {
+			return fail(fmt.Errorf("%s path does not work: %w", t.name, err))
+		}
+	}
+
+	type best struct {
+		res loadResult
+		cpu time.Duration
+	}
+	results := map[string]best{}
+	for range o.rounds {
+		for _, t := range targets {
+			var cpu0, cpu1 time.Duration
+			res, err := runLoad(ctx, t.dial, o.conns, o.warmup, o.window, func(start bool) error {
+				if t.cpu == nil {
+					return nil
+				}
+				c, err := t.cpu()
+				if start {
+					cpu0 = c
+				} else {
+					cpu1 = c
+				}
+				return err
+			})
+			if err != nil {
+				return fail(fmt.Errorf("%s load: %w", t.name, err))
+			}
+			if res.errors > res.requests/1000 {
+				return fail(fmt.Errorf("%s: %d errors for %d requests, first: %v", t.name, res.errors, res.requests, res.firstErr))
+			}
+			if prev, ok := results[t.name]; !ok || res.rps() > prev.res.rps() {
+				results[t.name] = best{res: res, cpu: cpu1 - cpu0}
+			}
+		}
+		select {
+		case died := <-mesh.Died:
+			return fail(fmt.Errorf("a mesh process died: %s", died))
+		default:
+		}
+	}
+
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	usPerReq := func(b best) float64 { return float64(b.cpu.Microseconds()) / float64(b.res.requests) }
+	wp, nx := results["waypoint"], results["nginx"]
+	benchmesh.Report("waypoint_conns", float64(o.conns), "conns")
+	benchmesh.Report("waypoint_rps", wp.res.rps(), "req/s")
+	benchmesh.Report("nginx_rps", nx.res.rps(), "req/s")
+	benchmesh.Report("waypoint_rps_ratio", wp.res.rps()/nx.res.rps(), "x")
+	benchmesh.Report("waypoint_p50_ms", ms(wp.res.percentile(0.50)), "ms")
+	benchmesh.Report("waypoint_p99_ms", ms(wp.res.percentile(0.99)), "ms")
+	benchmesh.Report("nginx_p50_ms", ms(nx.res.percentile(0.50)), "ms")
+	benchmesh.Report("nginx_p99_ms", ms(nx.res.percentile(0.99)), "ms")
+	benchmesh.Report("waypoint_p99_ratio", ms(wp.res.percentile(0.99))/ms(nx.res.percentile(0.99)), "x")
+	if d, ok := results["direct"]; ok {
+		benchmesh.Report("backend_direct_rps", d.res.rps(), "req/s")
+		benchmesh.Report("backend_direct_p99_ms", ms(d.res.percentile(0.99)), "ms")
+	}
+	wpCPU, nxCPU := usPerReq(wp), usPerReq(nx)
+	benchmesh.Report("waypoint_cpu_us_per_req", wpCPU, "us")
+	benchmesh.Report("nginx_cpu_us_per_req", nxCPU, "us")
+	benchmesh.Report("waypoint_cpu_per_req_ratio", wpCPU/nxCPU, "x")
+
+	if dropped, err := scrapeCounter("http://"+mesh.Plan.Waypoints[0].Status+"/metrics", "policy_decision_logs_dropped_total"); err == nil {
+		benchmesh.Report("waypoint_decision_logs_dropped", dropped, "entries")
+	} else {
+		fmt.Fprintln(os.Stderr, "waypoint bench: decision log metrics:", err)
+	}
+
+	peer, err := handshakePeer(bundle, loadgenCert, backendCert, backendID)
+	if err != nil {
+		return fail(err)
+	}
+	pc, err := measurePolicyCost(ctx, filepath.Join(work, "policies"), work, peer, backendID, o.policyN)
+	if err != nil {
+		return fail(fmt.Errorf("policy cost: %w", err))
+	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	benchmesh.Report("policy_decide_cpu_us", us(pc.decide), "us")
+	benchmesh.Report("policy_decide_logged_cpu_us", us(pc.decideLogged), "us")
+	benchmesh.Report("waypoint_policy_cpu_ratio", us(pc.decide)/wpCPU, "x")
+	benchmesh.Report("waypoint_policy_logged_cpu_ratio", us(pc.decideLogged)/wpCPU, "x")
+	return nil
+}
+
+// probe makes one request on t.
+func probe(ctx context.Context, t target) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	c, err := t.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return roundTrip(c, newReader(c))
+}
+
+func mustIdentity(ns, sa string) trust.Identity {
+	id, err := trust.NewIdentity(trustDomain, ns, sa)
+	if err != nil {
+		panic(err) // constant arguments
+	}
+	return id
+}
+
+// issueMesh signs a workload certificate for id with the mesh's CA.
+func issueMesh(ca *trust.Authority, id trust.Identity) (*tls.Certificate, error) {
+	key, csrPEM, err := trust.NewKeyAndCSR(id)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := trust.ParseCSR(csrPEM)
+	if err != nil {
+		return nil, err
+	}
+	chain, err := ca.Sign(csr, id, time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("sign %s: %w", id, err)
+	}
+	return trust.TLSCertificate(chain, key)
+}
+
+// scrapeCounter reads one unlabelled counter from a Prometheus text page.
+func scrapeCounter(url, name string) (float64, error) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		}
+	}
+	return 0, fmt.Errorf("%s: no %s", url, name)
+}
