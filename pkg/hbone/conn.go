@@ -312,21 +312,26 @@ func connError(code http2.ErrCode, reason string) error {
 // telling the peer why when it broke the protocol.
 func (c *h2conn) failRead(err error) {
 	var (
-		ce   *connectionError
-		xce  http2.ConnectionError
-		code http2.ErrCode
-		send bool
+		ce    *connectionError
+		xce   http2.ConnectionError
+		code  http2.ErrCode
+		send  bool
+		debug string
 	)
 	switch {
 	case errors.As(err, &ce):
-		code, send = ce.code, true
+		code, send, debug = ce.code, true, ce.reason
 	case errors.As(err, &xce):
 		code, send = http2.ErrCode(xce), true
 		if d := c.fr.ErrorDetail(); d != nil {
 			err = fmt.Errorf("%w: %v", err, d)
+			debug = d.Error()
 		}
 	case errors.Is(err, http2.ErrFrameTooLarge):
-		code, send = http2.ErrCodeFrameSize, true
+		code, send, debug = http2.ErrCodeFrameSize, true, "frame too large"
+	}
+	if send && debug == "" {
+		debug = err.Error()
 	}
 	if send {
 		// Cut short any write in progress, then say GOAWAY.
@@ -337,7 +342,8 @@ func (c *h2conn) failRead(err error) {
 		c.mu.Unlock()
 		c.wbuf.Reset()
 		c.nc.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
-		if c.fr.WriteGoAway(last, code, nil) == nil {
+		// The reason goes along as debug data: it helps whoever debugs the peer.
+		if c.fr.WriteGoAway(last, code, []byte(sanitizeReason(debug))) == nil {
 			c.nc.Write(c.wbuf.Bytes())
 		}
 		c.wbuf.Reset()

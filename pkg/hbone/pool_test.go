@@ -412,3 +412,28 @@ func TestPoolClose(t *testing.T) {
 		t.Fatalf("Dial after Close: %v", err)
 	}
 }
+
+// A connection the server closes abruptly leaves the pool; the next tunnel
+// dials anew (here to a new server on the same address).
+func TestClosedConnEvicted(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	ln := listenLocal(t)
+	addr := addrOf(ln)
+	srv := startServerOn(t, m, ln, &dialHandler{}, nil)
+	var dials atomic.Int64
+	p := newPool(t, m, func(o *PoolOptions) { o.DialContext = countingDialer(&dials) })
+	tg := m.target(addr, up.String())
+	dialTunnel(t, p, tg).Close()
+	srv.Close()
+	eventually(t, 30*time.Second, "closed connection eviction", func() bool { return p.Stats().Connections == 0 })
+	ln2, err := net.Listen("tcp", addr.String())
+	if err != nil {
+		t.Fatalf("relisten on %s: %v", addr, err)
+	}
+	startServerOn(t, m, ln2, &dialHandler{}, nil)
+	dialTunnel(t, p, tg).Close()
+	if d := dials.Load(); d != 2 {
+		t.Fatalf("dials = %d, want 2", d)
+	}
+}

@@ -105,8 +105,12 @@ func (r *rawH2) status(id uint32) string {
 func (r *rawH2) expectGoAway(code http2.ErrCode) {
 	r.t.Helper()
 	f := r.until("GOAWAY", func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok })
-	if got := f.(*http2.GoAwayFrame).ErrCode; got != code {
-		r.t.Fatalf("GOAWAY %v, want %v", got, code)
+	ga := f.(*http2.GoAwayFrame)
+	if ga.ErrCode != code {
+		r.t.Fatalf("GOAWAY %v (%q), want %v", ga.ErrCode, ga.DebugData(), code)
+	}
+	if code != http2.ErrCodeNo && len(ga.DebugData()) == 0 {
+		r.t.Errorf("GOAWAY %v without a reason", code)
 	}
 }
 
