@@ -41,6 +41,10 @@ const (
 	goAwayGrace = time.Second
 	// errorWriteTimeout bounds the last write on a failing connection.
 	errorWriteTimeout = time.Second
+	// maxQueuedCtrl bounds control frames waiting to be written: a peer
+	// that floods PING, SETTINGS or stream errors without reading our
+	// answers is disconnected instead of growing the queue.
+	maxQueuedCtrl = 10000
 )
 
 var (
@@ -126,10 +130,11 @@ type h2conn struct {
 	// stops taking new streams.
 	onUnusable func()
 
-	lastRead   atomic.Int64 // unix nanoseconds of the last frame read
-	ctrlSig    chan struct{}
-	done       chan struct{}
-	writerDone chan struct{}
+	lastRead     atomic.Int64 // unix nanoseconds of the last frame read
+	ctrlOverflow atomic.Bool  // maxQueuedCtrl was exceeded
+	ctrlSig      chan struct{}
+	done         chan struct{}
+	writerDone   chan struct{}
 
 	// Write side. wmu is taken before mu when both are held.
 	wmu  sync.Mutex
@@ -283,6 +288,9 @@ func (c *h2conn) readLoop() error {
 			}
 		}
 		c.lastRead.Store(time.Now().UnixNano())
+		if err == nil && c.ctrlOverflow.Load() {
+			err = connError(http2.ErrCodeEnhanceYourCalm, "too many control frames queued; the peer is not reading")
+		}
 		if err != nil {
 			var se http2.StreamError
 			if errors.As(err, &se) {
@@ -426,6 +434,10 @@ func (c *h2conn) maybeFinishLocked() {
 
 func (c *h2conn) queueLocked(f ctrlFrame) {
 	if c.closed {
+		return
+	}
+	if len(c.ctrl) >= maxQueuedCtrl {
+		c.ctrlOverflow.Store(true) // the read loop ends the connection
 		return
 	}
 	c.ctrl = append(c.ctrl, f)

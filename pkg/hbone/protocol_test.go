@@ -354,3 +354,32 @@ func TestResetStreamsReturnWindow(t *testing.T) {
 		t.Fatalf("%d connections, want 1", n)
 	}
 }
+
+// A client that floods PING without reading the answers is disconnected
+// rather than growing the server's queue of answers.
+func TestProtocolPingFlood(t *testing.T) {
+	m := newMesh(t)
+	// No other limit may end the connection first.
+	_, addr := startServer(t, m, holdHandler, func(o *ServerOptions) {
+		o.HeaderTimeout = time.Hour
+		o.ReadIdleTimeout = -1
+	})
+	r := dialRaw(t, m, addr, true)
+	r.conn.SetDeadline(time.Now().Add(60 * time.Second))
+	var batch bytes.Buffer
+	fr := http2.NewFramer(&batch, nil)
+	for i := 0; i < 1000; i++ {
+		fr.WritePing(false, [8]byte{byte(i)})
+	}
+	for sent := 0; ; sent++ {
+		if _, err := r.conn.Write(batch.Bytes()); err != nil {
+			if sent < maxQueuedCtrl/1000 {
+				t.Fatalf("connection failed after %d PINGs: %v", sent*1000, err)
+			}
+			return // the server hung up
+		}
+		if sent > 20000 {
+			t.Fatal("server keeps reading an endless PING flood")
+		}
+	}
+}
