@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs every benchmark under bench/ (what `make bench` does after `make
+# build`). Each prints "bench: <name> <value> <unit>" lines (DESIGN §9);
+# see bench/README.md for what they mean. About 3 minutes on 2 cores.
+#   BIN      directory of the built binaries (default bin)
+#   GO       go command (default go)
+# Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-bin}
+GO=${GO:-go}
+
+for b in controlplane nodeproxy waypoint; do
+	if [ ! -x "$BIN/$b" ]; then
+		echo "bench: $BIN/$b missing; run make build first" >&2
+		exit 1
+	fi
+done
+
+# The waypoint's baseline is Debian's nginx, run by the benchmark as its
+# own child (the system service is never used).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+		echo "# installing nginx (Debian) for the waypoint baseline" >&2
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get install -y -q nginx >/dev/null 2>&1 ||
+			{ apt-get update -q >/dev/null && apt-get install -y -q nginx >/dev/null; } ||
+			echo "bench: could not install nginx; the waypoint benchmark will fail" >&2
+	else
+		echo "bench: nginx is not installed (apt-get install -y nginx); the waypoint benchmark will fail" >&2
+	fi
+fi
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+if ! "$GO" build -o "$dir/" ./bench/nodeproxy ./bench/waypoint; then
+	echo "bench: building the benchmark programs failed" >&2
+	exit 1
+fi
+
+status=0
+run() {
+	local name=$1
+	shift
+	echo "# $name" >&2
+	local start=$SECONDS
+	if ! "$@"; then
+		echo "bench: $name FAILED" >&2
+		status=1
+	fi
+	echo "# $name took $((SECONDS - start)) s" >&2
+}
+
+if [ -x bench/hbone.sh ]; then
+	run hbone ./bench/hbone.sh
+fi
+# shellcheck disable=SC2086 # the *_FLAGS are word lists on purpose
+run nodeproxy "$dir/nodeproxy" -bin "$BIN" ${NODEPROXY_FLAGS:-}
+# shellcheck disable=SC2086
+run waypoint "$dir/waypoint" -bin "$BIN" ${WAYPOINT_FLAGS:-}
+exit $status
