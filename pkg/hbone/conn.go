@@ -752,6 +752,7 @@ func (c *h2conn) processWindowUpdate(f *http2.WindowUpdateFrame) error {
 
 func (c *h2conn) wakeSendersLocked() {
 	for i, st := range c.sendWaiters {
+		st.waitingConn = false
 		notify(st.wsig)
 		c.sendWaiters[i] = nil
 	}

@@ -40,7 +40,7 @@ func TestInteropXNetClient(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	payload := strings.Repeat("interop ", 50000)
+	payload := strings.Repeat("interop ", 1<<20) // 8 MiB: several windows
 	go func() {
 		io.WriteString(pw, payload)
 		pw.Close() // END_STREAM
@@ -106,7 +106,7 @@ func TestInteropXNetServer(t *testing.T) {
 
 	p := newPool(t, m, nil)
 	c := dialTunnel(t, p, m.target(addrOf(ln), "10.0.0.1:80"))
-	payload := strings.Repeat("pool to x/net ", 40000)
+	payload := strings.Repeat("pool to x/net ", 600000) // 8.4 MiB: several windows
 	go func() {
 		io.WriteString(c, payload)
 		c.CloseWrite()

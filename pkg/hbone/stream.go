@@ -26,6 +26,7 @@ type stream struct {
 	recvUnacked int32 // read but not yet returned with WINDOW_UPDATE
 	sendWindow  int64
 	sentEOF     bool  // we sent END_STREAM
+	waitingConn bool  // in c.sendWaiters
 	err         error // reset, or the connection failed
 	released    bool  // Close was called
 	rsig        chan struct{}
@@ -210,7 +211,8 @@ func (st *stream) awaitSend(max int) (int, error) {
 			c.mu.Unlock()
 			return int(n), nil
 		}
-		if c.sendWindow <= 0 {
+		if c.sendWindow <= 0 && !st.waitingConn {
+			st.waitingConn = true
 			c.sendWaiters = append(c.sendWaiters, st)
 		}
 		c.mu.Unlock()
