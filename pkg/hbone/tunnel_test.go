@@ -200,3 +200,87 @@ func TestReadDeadline(t *testing.T) {
 		t.Fatalf("after deadline: %q, %v", buf, err)
 	}
 }
+
+// Many tunnels on shared connections carry random amounts both ways with
+// half-closes in random order, while others are reset midway; every
+// completed tunnel's bytes arrive intact and nothing is left open.
+func TestConcurrentMixedTunnels(t *testing.T) {
+	m := newMesh(t)
+	// The upstream echoes with a hash: it sends back what it received, then
+	// the SHA-256 of it, then half-closes.
+	up := upstream(t, func(c *net.TCPConn) {
+		h := sha256.New()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				h.Write(buf[:n])
+				if _, werr := c.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				if err == io.EOF {
+					c.Write(h.Sum(nil))
+					c.CloseWrite()
+				}
+				return
+			}
+		}
+	})
+	srv, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, func(o *PoolOptions) { o.MaxStreamsPerConn = 20 })
+	tg := m.target(addr, up.String())
+
+	const tunnels = 120
+	errs := make(chan error, tunnels)
+	for i := 0; i < tunnels; i++ {
+		go func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			size := rng.IntN(1 << 20)
+			reset := i%5 == 0
+			errs <- func() error {
+				c, err := p.Dial(ctxTimeout(t, 60*time.Second), tg)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(60 * time.Second))
+				payload := make([]byte, size)
+				rand.NewChaCha8([32]byte{byte(i)}).Read(payload)
+				readDone := make(chan []byte, 1)
+				go func() {
+					got, _ := io.ReadAll(c)
+					readDone <- got
+				}()
+				if reset {
+					c.Write(payload[:size/2])
+					c.Close() // reset midway; the read side must end too
+					<-readDone
+					return nil
+				}
+				if _, err := c.Write(payload); err != nil {
+					return fmt.Errorf("tunnel %d write: %w", i, err)
+				}
+				if err := c.(halfCloser).CloseWrite(); err != nil {
+					return err
+				}
+				got := <-readDone
+				sum := sha256.Sum256(payload)
+				want := append(payload, sum[:]...)
+				if !bytes.Equal(got, want) {
+					return fmt.Errorf("tunnel %d: got %d bytes, want %d", i, len(got), len(want))
+				}
+				return nil
+			}()
+		}()
+	}
+	for i := 0; i < tunnels; i++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	eventually(t, 30*time.Second, "all tunnels to close", func() bool {
+		return srv.Stats().Tunnels == 0 && p.Stats().Tunnels == 0
+	})
+}
