@@ -111,3 +111,17 @@ func TestEngineRequiresDialerAndAuthorizer(t *testing.T) {
 		t.Error("no authorizer accepted: the engine must not default to allow")
 	}
 }
+
+func TestAuthorizerPanicDenies(t *testing.T) {
+	h := newHarness(t)
+	h.backend("web", "http", false)
+	h.update(nil, nil)
+	h.setAuthz(AuthorizerFunc(func(context.Context, *AuthzRequest) Decision { panic("policy bug") }))
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	if res := get(t, c, "/", nil); res.status != 500 {
+		t.Fatalf("panicking authorizer: %d", res.status)
+	}
+	if n := h.backends["web"].count.Load(); n != 0 {
+		t.Fatal("request passed a panicking authorizer")
+	}
+}

@@ -112,7 +112,7 @@ func (d *testDialer) count(a netip.AddrPort) int {
 }
 
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	engine   *Engine
 	dialer   *testDialer
 	reg      *prometheus.Registry
@@ -126,7 +126,7 @@ type harness struct {
 
 type harnessOpt func(*Options)
 
-func newHarness(t *testing.T, opts ...harnessOpt) *harness {
+func newHarness(t testing.TB, opts ...harnessOpt) *harness {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	h := &harness{t: t, dialer: &testDialer{}, reg: prometheus.NewRegistry(), logs: logs,
@@ -197,7 +197,7 @@ func (h *harness) addService(name, appProtocol string, addrs ...netip.AddrPort) 
 }
 
 // deadAddr is a loopback address where nothing listens.
-func deadAddr(t *testing.T) netip.AddrPort {
+func deadAddr(t testing.TB) netip.AddrPort {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

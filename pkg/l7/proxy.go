@@ -389,7 +389,7 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 		Route:               x.rule.routeName(),
 		Rule:                x.rule.name,
 	}
-	d := x.e.opts.Authorizer.Authorize(x.orig.Context(), req)
+	d := x.e.decide(x.orig.Context(), req)
 	x.rec.decID = d.ID
 	x.rec.reason = d.Reason
 	if !d.Allowed {
@@ -417,6 +417,18 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 		x.addResponseHeaders(d.ResponseHeadersToAdd, false)
 	}
 	return true
+}
+
+// decide asks the Authorizer; one that panics denies with 500 (fail closed)
+// instead of taking the connection down.
+func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
+	defer func() {
+		if p := recover(); p != nil {
+			e.log.Error("authorizer panicked", zap.Any("panic", p), zap.String("route", req.Route))
+			d = Decision{Allowed: false, Status: http.StatusInternalServerError, Reason: fmt.Sprintf("authorizer panicked: %v", p)}
+		}
+	}()
+	return e.opts.Authorizer.Authorize(ctx, req)
 }
 
 // setForwarding adds the caller's address to X-Forwarded-For and Forwarded
