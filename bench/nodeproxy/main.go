@@ -196,10 +196,14 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	viaSOCKS, err := socksDialer(pod.SOCKS5)
+	if err != nil {
+		return err
+	}
 	self, appPID := os.Getpid(), app.cmd.Process.Pid
 	paths := []path{
 		{name: "direct", dial: directDialer(), target: appIP, pids: []int{self, appPID}},
-		{name: "nodeproxy", dial: socksDialer(pod.SOCKS5), target: sinkIP, pids: []int{self, appPID, pa, pb}},
+		{name: "nodeproxy", dial: viaSOCKS, target: sinkIP, pids: []int{self, appPID, pa, pb}},
 	}
 	b := &bench{o: o, mesh: mesh, app: app, paths: paths, proxyA: pa, proxyB: pb}
 	// Every path must work before anything is measured.
@@ -281,20 +285,22 @@ func directDialer() func(context.Context, string) (net.Conn, error) {
 // socksDialer connects as pod A does in local mode: from its address,
 // through its node proxy's SOCKS5 port (what localmesh.PodClient does, with
 // the dialer above).
-func socksDialer(socks string) func(context.Context, string) (net.Conn, error) {
+func socksDialer(socks string) (func(context.Context, string) (net.Conn, error), error) {
 	d, err := proxy.SOCKS5("tcp", socks, nil, localDialer())
 	if err != nil {
-		// proxy.SOCKS5 fails only for a nil forward dialer or bad auth.
-		panic(err)
+		return nil, fmt.Errorf("SOCKS5 dialer for %s: %w", socks, err)
 	}
-	cd := d.(proxy.ContextDialer)
+	cd, ok := d.(proxy.ContextDialer)
+	if !ok {
+		return nil, errors.New("SOCKS5 dialer without DialContext")
+	}
 	return func(ctx context.Context, addr string) (net.Conn, error) {
 		c, err := cd.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, fmt.Errorf("via SOCKS5 %s: %w", socks, err)
 		}
 		return c, nil
-	}
+	}, nil
 }
 
 // exchange makes one connect/exchange/close round on p.

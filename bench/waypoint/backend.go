@@ -32,8 +32,7 @@ func backendHandler() http.Handler {
 }
 
 func newHTTPServer() *http.Server {
-	return &http.Server{Handler: backendHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: nil}
+	return &http.Server{Handler: backendHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 }
 
 // backend is the same HTTP server behind two fronts: the HBONE server the

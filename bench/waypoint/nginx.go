@@ -79,12 +79,8 @@ type nginx struct {
 // startNginx writes the configuration into dir (which holds the PKI's
 // files) and runs nginx in the foreground until stop.
 func startNginx(bin, dir, listen, backend string, workers int) (*nginx, error) {
-	var conf bytes.Buffer
-	if err := nginxConf.Execute(&conf, map[string]any{"Dir": dir, "Listen": listen, "Backend": backend, "Workers": workers}); err != nil {
-		return nil, err
-	}
-	path := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(path, conf.Bytes(), 0o600); err != nil {
+	path, err := writeNginxConf(dir, listen, backend, workers)
+	if err != nil {
 		return nil, err
 	}
 	logf, err := os.Create(filepath.Join(dir, "nginx.out"))
@@ -121,6 +117,19 @@ func startNginx(bin, dir, listen, backend string, workers int) (*nginx, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// writeNginxConf writes dir/nginx.conf and returns its path.
+func writeNginxConf(dir, listen, backend string, workers int) (string, error) {
+	var conf bytes.Buffer
+	if err := nginxConf.Execute(&conf, map[string]any{"Dir": dir, "Listen": listen, "Backend": backend, "Workers": workers}); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, conf.Bytes(), 0o600); err != nil {
+		return "", fmt.Errorf("nginx configuration: %w", err)
+	}
+	return path, nil
 }
 
 func (n *nginx) errorLog() string {
