@@ -195,6 +195,9 @@ func NewEngine(opts Options) (*Engine, error) {
 // Update installs a new configuration. Requests already routed finish on the
 // previous one; endpoints that are gone lose their idle connections.
 func (e *Engine) Update(cfg *Config) {
+	if cfg == nil {
+		cfg = Compile(nil, nil, nil, nil)
+	}
 	s := &snapshot{cfg: cfg, eps: make(map[tableKey][]*endpoint)}
 	keep := make(map[endpointKey]bool)
 	for ref, si := range cfg.services {

@@ -306,3 +306,53 @@ func TestCORS(t *testing.T) {
 		t.Errorf("request from a disallowed origin: %d %v", res.status, res.header)
 	}
 }
+
+func TestMirrorConcurrencyBound(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.MaxMirrorsInFlight = 1; o.MirrorTimeout = time.Minute })
+	h.addService("web", "http")
+	h.backend("v1", "http", false)
+	m := h.backend("mirror", "http", false)
+	m.got = make(chan echo, 4)
+	m.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool { stall(w, r); return true })
+	// Closing the engine cancels the stalled mirror; it must happen before
+	// the mirror backend's Close waits for its handlers.
+	t.Cleanup(func() { _ = h.engine.Close() })
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, withFilters(to("v1"), mirrorTo("mirror", nil)))}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	if res := get(t, c, "/1", nil); res.status != 200 {
+		t.Fatalf("status %d", res.status)
+	}
+	select {
+	case <-m.got: // the first mirror is in flight, stalled
+	case <-time.After(20 * time.Second):
+		t.Fatal("no mirrored request")
+	}
+	for i := 0; i < 2; i++ {
+		if res := get(t, c, "/more", nil); res.status != 200 {
+			t.Fatalf("status %d while mirrors are saturated", res.status)
+		}
+	}
+	if got := mirrorCount(t, h, "dropped"); got != 2 {
+		t.Fatalf("dropped mirrors = %v, want 2", got)
+	}
+}
+
+func mirrorCount(t *testing.T, h *harness, outcome string) float64 {
+	mfs, err := h.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "request_mirrors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "outcome" && lp.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}

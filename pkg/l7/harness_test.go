@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -359,5 +358,3 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
-func statusIs(n int) string { return strconv.Itoa(n) }
