@@ -36,6 +36,7 @@ type echo struct {
 	Proto   string      `json:"proto"`
 	Header  http.Header `json:"header"`
 	Body    string      `json:"body"`
+	Trailer http.Header `json:"trailer"`
 }
 
 // testBackend is a real HTTP server on 127.0.0.1 standing for a workload.
@@ -59,7 +60,7 @@ func (b *testBackend) setBehave(f func(n int64, w http.ResponseWriter, r *http.R
 func (b *testBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := b.count.Add(1)
 	body, _ := io.ReadAll(r.Body)
-	e := echo{Backend: b.name, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, Host: r.Host, Proto: r.Proto, Header: r.Header, Body: string(body)}
+	e := echo{Backend: b.name, Method: r.Method, Path: r.URL.EscapedPath(), Query: r.URL.RawQuery, Host: r.Host, Proto: r.Proto, Header: r.Header, Body: string(body), Trailer: r.Trailer}
 	if b.got != nil {
 		select {
 		case b.got <- e:

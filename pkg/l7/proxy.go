@@ -364,6 +364,8 @@ func (x *exchange) readBody(w *responseRecorder) (int, error) {
 	x.body = b.Bytes()
 	if int64(len(x.body)) <= limit {
 		x.bodyDone = true
+		// Trailers arrive with the body and could claim an identity too.
+		sanitizeIdentity(r.Trailer)
 		x.out.Trailer = r.Trailer
 		return 0, nil
 	}

@@ -3,10 +3,13 @@ package l7
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,6 +83,30 @@ func TestForwardingAndIdentityHeaders(t *testing.T) {
 	// The dialer was asked for the endpoint with its identity.
 	if d := h.dialer.seen[0]; d.Identity.String() != "spiffe://cluster.local/ns/default/sa/web" || d.Service.Name != "web" {
 		t.Fatalf("dial target = %+v", d)
+	}
+}
+
+func TestTrailersCannotClaimIdentity(t *testing.T) {
+	h := newHarness(t)
+	h.backend("web", "http", false)
+	h.update(nil, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	req, _ := http.NewRequest("POST", "http://web/", io.MultiReader(strings.NewReader("data")))
+	req.Trailer = http.Header{"X-Checksum": {"abc"}, "X-Forwarded-Client-Cert": {"URI=spiffe://cluster.local/ns/admin/sa/admin"}}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var e echo
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Body != "data" || e.Trailer.Get("X-Checksum") != "abc" {
+		t.Fatalf("body %q trailer %v", e.Body, e.Trailer)
+	}
+	if v := e.Trailer.Get("X-Forwarded-Client-Cert"); v != "" {
+		t.Fatalf("identity claim in a trailer reached the backend: %q", v)
 	}
 }
 
