@@ -24,30 +24,16 @@ const (
 var (
 	recvChunkPool = sync.Pool{New: func() any { b := make([]byte, recvChunkSize); return &b }}
 	copyBufPool   = sync.Pool{New: func() any { b := make([]byte, frameHeaderLen+copyBufSize); return &b }}
-	// smallFramePool serves writes of up to smallFrameSize bytes, the common
-	// case for request/response traffic.
+	// smallFramePool holds the head of each frame a Write sends: the frame
+	// header and the first TLS record's worth of payload.
 	smallFramePool = sync.Pool{New: func() any { b := make([]byte, frameHeaderLen+smallFrameSize); return &b }}
 )
 
-const smallFrameSize = 16 << 10
-
-// getFrameBuf returns a pooled buffer with room for a frame header and at
-// least n payload bytes (capped at copyBufSize; callers send in pieces).
-func getFrameBuf(n int) *[]byte {
-	if n <= smallFrameSize {
-		return smallFramePool.Get().(*[]byte)
-	}
-	return copyBufPool.Get().(*[]byte)
-}
-
-func putFrameBuf(b *[]byte) {
-	switch len(*b) {
-	case frameHeaderLen + smallFrameSize:
-		smallFramePool.Put(b)
-	case frameHeaderLen + copyBufSize:
-		copyBufPool.Put(b)
-	}
-}
+const (
+	smallFrameSize = 16 << 10
+	// tlsRecordPayload is the most plaintext one TLS record carries.
+	tlsRecordPayload = 16 << 10
+)
 
 // chunk is a pooled buffer holding n bytes of received DATA.
 type chunk struct {

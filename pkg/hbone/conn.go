@@ -540,9 +540,10 @@ func (c *h2conn) writeOut(b []byte) error {
 	return nil
 }
 
-// writeData sends one DATA frame whose payload follows 9 bytes of header
-// room in frame. n is the flow control the caller reserved for it.
-func (c *h2conn) writeData(st *stream, frame []byte, end bool) error {
+// writeData sends one DATA frame: head starts with frameHeaderLen bytes of
+// room for the frame header, and its payload continues with tail (which may
+// be empty). The caller reserved flow control for the whole payload.
+func (c *h2conn) writeData(st *stream, head, tail []byte, end bool) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if err := c.appendCtrlLocked(); err != nil {
@@ -551,7 +552,7 @@ func (c *h2conn) writeData(st *stream, frame []byte, end bool) error {
 	if err := c.flushWbufLocked(); err != nil {
 		return err
 	}
-	payload := len(frame) - frameHeaderLen
+	payload := len(head) - frameHeaderLen + len(tail)
 	c.mu.Lock()
 	if st.err != nil || c.finishSent {
 		err := st.err
@@ -572,8 +573,11 @@ func (c *h2conn) writeData(st *stream, frame []byte, end bool) error {
 	if end {
 		flags = http2.FlagDataEndStream
 	}
-	putFrameHeader(frame, payload, http2.FrameData, flags, st.id)
-	return c.writeOut(frame)
+	putFrameHeader(head, payload, http2.FrameData, flags, st.id)
+	if err := c.writeOut(head); err != nil || len(tail) == 0 {
+		return err
+	}
+	return c.writeOut(tail)
 }
 
 func putFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) {

@@ -233,10 +233,14 @@ func (st *stream) Write(p []byte) (int, error) {
 		if err != nil {
 			return written, err
 		}
-		buf := getFrameBuf(n)
-		copy((*buf)[frameHeaderLen:], p[:n])
-		err = st.c.writeData(st, (*buf)[:frameHeaderLen+n], false)
-		putFrameBuf(buf)
+		// Only the first TLS record's worth goes through a buffer (behind the
+		// frame header); the rest of the frame is written from p directly,
+		// and both writes still fill whole records.
+		buf := smallFramePool.Get().(*[]byte)
+		h := min(n, tlsRecordPayload-frameHeaderLen)
+		copy((*buf)[frameHeaderLen:], p[:h])
+		err = st.c.writeData(st, (*buf)[:frameHeaderLen+h], p[h:n], false)
+		smallFramePool.Put(buf)
 		if err != nil {
 			return written, err
 		}
@@ -255,7 +259,7 @@ func (st *stream) sendFramed(buf []byte, n int) error {
 		if err != nil {
 			return err
 		}
-		if err := st.c.writeData(st, buf[off-frameHeaderLen:off+m], false); err != nil {
+		if err := st.c.writeData(st, buf[off-frameHeaderLen:off+m], nil, false); err != nil {
 			return err
 		}
 		off += m
@@ -275,13 +279,13 @@ func (st *stream) ReadFrom(r io.Reader) (int64, error) {
 		buf, n, err := read()
 		if n > 0 {
 			if werr := st.sendFramed(*buf, n); werr != nil {
-				putFrameBuf(buf)
+				copyBufPool.Put(buf)
 				return total, werr
 			}
 			total += int64(n)
 		}
 		if buf != nil {
-			putFrameBuf(buf)
+			copyBufPool.Put(buf)
 		}
 		if err == io.EOF {
 			return total, nil
@@ -325,7 +329,7 @@ func (st *stream) CloseWrite() error {
 	}
 	c.mu.Unlock()
 	var frame [frameHeaderLen]byte
-	return c.writeData(st, frame[:], true)
+	return c.writeData(st, frame[:], nil, true)
 }
 
 // Close releases the tunnel like closing a TCP socket: what was written is
