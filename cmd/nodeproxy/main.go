@@ -31,6 +31,7 @@ func main() {
 	passthrough := fs.Bool("passthrough", false, "send traffic to destinations unknown to the mesh (and from non-mesh sources) as plain TCP instead of refusing it")
 	plaintext := fs.Bool("allow-plaintext", true, "deliver plaintext from outside the mesh to pods without a waypoint")
 	drain := fs.Duration("drain", 10*time.Second, "how long tunnels may drain on shutdown")
+	idle := fs.Duration("idle-timeout", time.Hour, "close relayed connections idle for this long (0: never)")
 	fs.Parse(os.Args[1:])
 	if *node == "" {
 		bootstrap.Fatal("nodeproxy", fmt.Errorf("--node is required"))
@@ -38,12 +39,15 @@ func main() {
 	if *hbonePort == 0 || *hbonePort > 65535 {
 		bootstrap.Fatal("nodeproxy", fmt.Errorf("--hbone-port %d out of range", *hbonePort))
 	}
-	if err := run(&common, *node, *socks, uint16(*hbonePort), *passthrough, *plaintext, *drain); err != nil {
+	if *idle == 0 {
+		*idle = -1 // never
+	}
+	if err := run(&common, *node, *socks, uint16(*hbonePort), *passthrough, *plaintext, *drain, *idle); err != nil {
 		bootstrap.Fatal("nodeproxy", err)
 	}
 }
 
-func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthrough, plaintext bool, drain time.Duration) error {
+func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthrough, plaintext bool, drain, idle time.Duration) error {
 	env, err := common.Setup()
 	if err != nil {
 		return err
@@ -64,7 +68,7 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	}
 	proxy, err := nodeproxy.New(nodeproxy.Options{
 		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, Registry: env.Metrics,
-		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext,
+		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext, IdleTimeout: idle,
 	})
 	if err != nil {
 		return err

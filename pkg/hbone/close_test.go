@@ -59,3 +59,81 @@ func TestJoinAbortResets(t *testing.T) {
 		t.Fatalf("read after an aborted join: %v, want a stream reset", err)
 	}
 }
+
+// JoinIdle cuts a pair on which nothing moves, but not one on which only
+// one direction is busy.
+func TestJoinIdle(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	m := newMesh(t)
+	results := make(chan error, 2)
+	h := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
+		a, b := tcpPair(t)
+		if r.Authority.Port() == 1 {
+			// Busy: the upstream streams to the client for 4 idle periods.
+			go func() {
+				deadline := time.Now().Add(4 * idle)
+				for time.Now().Before(deadline) {
+					if _, err := b.Write([]byte("tick")); err != nil {
+						return
+					}
+					time.Sleep(idle / 10)
+				}
+				b.(*net.TCPConn).CloseWrite()
+				io.Copy(io.Discard, b)
+				b.Close()
+			}()
+		} else {
+			go func() { io.Copy(io.Discard, b); b.Close() }()
+		}
+		return StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+			_, _, err := JoinIdle(ctx, tunnel, a, idle)
+			results <- err
+		}), nil
+	})
+	_, addr := startServer(t, m, h, nil)
+	p := newPool(t, m, nil)
+
+	busy := dialTunnel(t, p, m.target(addr, "127.0.0.1:1"))
+	busy.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(busy)
+	if err != nil || len(got) == 0 {
+		t.Fatalf("busy tunnel: %d bytes, %v", len(got), err)
+	}
+	busy.Close()
+	if err := <-results; errors.Is(err, ErrIdle) {
+		t.Fatalf("a pair busy in one direction was cut as idle: %v", err)
+	}
+
+	quiet := dialTunnel(t, p, m.target(addr, "127.0.0.1:2"))
+	defer quiet.Close()
+	start := time.Now()
+	select {
+	case err := <-results:
+		if !errors.Is(err, ErrIdle) {
+			t.Fatalf("quiet pair ended with %v, want ErrIdle", err)
+		}
+		if waited := time.Since(start); waited < idle {
+			t.Fatalf("quiet pair cut after %s, before the idle timeout %s", waited, idle)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("quiet pair never cut")
+	}
+}
+
+// tcpPair returns two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (net.Conn, net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}

@@ -3,9 +3,13 @@ package hbone
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Splice returns a Stream that joins the tunnel with upstream (see Join).
@@ -24,6 +28,18 @@ func Splice(upstream net.Conn) Stream {
 // Tunnels are copied from their receive buffers and TCP sockets are read
 // only when readable, so an idle pair holds no copy buffer.
 func Join(ctx context.Context, a, b net.Conn) (aToB, bToA int64, err error) {
+	return JoinIdle(ctx, a, b, 0)
+}
+
+// ErrIdle aborts a joined pair on which nothing moved for the idle timeout.
+var ErrIdle = errors.New("idle timeout")
+
+// JoinIdle is Join that also aborts the pair (with an error wrapping
+// ErrIdle) once no byte has moved in either direction for idle (0: never).
+// Each direction's reads carry a deadline of idle/2, so an active
+// direction records its progress at least that often; a pair is cut
+// between idle and 1.5 idle after its last byte.
+func JoinIdle(ctx context.Context, a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
 	var (
 		once     sync.Once
 		firstErr error
@@ -38,12 +54,17 @@ func Join(ctx context.Context, a, b net.Conn) (aToB, bToA int64, err error) {
 	stop := context.AfterFunc(ctx, func() { abort(ctx.Err()) })
 	defer stop()
 
+	var act *activity
+	if idle > 0 {
+		act = &activity{idle: idle}
+		act.touch()
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		aToB = copyHalf(b, a, abort)
+		aToB = copyHalf(b, a, abort, act)
 	}()
-	bToA = copyHalf(a, b, abort)
+	bToA = copyHalf(a, b, abort, act)
 	<-done
 	once.Do(func() {
 		// Both directions ended cleanly.
@@ -53,31 +74,61 @@ func Join(ctx context.Context, a, b net.Conn) (aToB, bToA int64, err error) {
 	return aToB, bToA, firstErr
 }
 
+// activity is when a joined pair last moved a byte.
+type activity struct {
+	idle time.Duration
+	last atomic.Int64 // unix nanoseconds
+}
+
+func (a *activity) touch() { a.last.Store(time.Now().UnixNano()) }
+
+func (a *activity) idleFor() time.Duration {
+	return time.Duration(time.Now().UnixNano() - a.last.Load())
+}
+
 // copyHalf copies src to dst; at EOF it closes dst's write direction. On
-// error it aborts both connections.
-func copyHalf(dst, src net.Conn, abort func(error)) int64 {
-	var (
-		n   int64
-		err error
-	)
-	switch {
-	case isStream(src):
-		n, err = src.(io.WriterTo).WriteTo(dst)
-	case isStream(dst):
-		n, err = dst.(io.ReaderFrom).ReadFrom(src)
-	default:
-		n, err = io.Copy(dst, src)
-	}
-	if err != nil {
-		abort(err)
-		return n
+// error, or when the pair has been idle too long, it aborts both.
+func copyHalf(dst, src net.Conn, abort func(error), act *activity) int64 {
+	var total int64
+	for {
+		if act != nil {
+			src.SetReadDeadline(time.Now().Add(act.idle / 2))
+		}
+		var (
+			n   int64
+			err error
+		)
+		switch {
+		case isStream(src):
+			n, err = src.(io.WriterTo).WriteTo(dst)
+		case isStream(dst):
+			n, err = dst.(io.ReaderFrom).ReadFrom(src)
+		default:
+			n, err = io.Copy(dst, src)
+		}
+		total += n
+		if act != nil && n > 0 {
+			act.touch()
+		}
+		if act != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			if d := act.idleFor(); d >= act.idle {
+				abort(fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond)))
+				return total
+			}
+			continue
+		}
+		if err != nil {
+			abort(err)
+			return total
+		}
+		break
 	}
 	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 		if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
 			abort(err)
 		}
 	}
-	return n
+	return total
 }
 
 func isStream(c net.Conn) bool {

@@ -57,6 +57,9 @@ type Options struct {
 	CertWait time.Duration
 	// ConnectTimeout bounds each upstream connect attempt (default 5s).
 	ConnectTimeout time.Duration
+	// IdleTimeout closes a relayed connection on which nothing moved either
+	// way for this long (default 1h, as Envoy's tcp_proxy; < 0: never).
+	IdleTimeout time.Duration
 	// PodListeners opens a pod's listeners (HBONE and, in local mode, its
 	// serving ports); default net.Listen on the pod IP.
 	Listen func(ctx context.Context, addr netip.AddrPort) (net.Listener, error)
@@ -117,6 +120,9 @@ func New(o Options) (*Proxy, error) {
 	}
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = time.Hour
 	}
 	if o.Listen == nil {
 		o.Listen = func(ctx context.Context, a netip.AddrPort) (net.Listener, error) {
@@ -403,7 +409,7 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	rec.sent, rec.received, err = hbone.Join(ctx, c, upstream)
+	rec.sent, rec.received, err = p.join(ctx, c, upstream)
 	p.finish(rec, start, err)
 }
 
@@ -540,7 +546,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
-		rec.sent, rec.received, err = hbone.Join(ctx, tunnel, upstream)
+		rec.sent, rec.received, err = p.join(ctx, tunnel, upstream)
 		p.finish(rec, start, err)
 	}), nil
 }
@@ -606,8 +612,13 @@ func (p *Proxy) handlePlaintext(c net.Conn) {
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	rec.sent, rec.received, err = hbone.Join(ctx, c, upstream)
+	rec.sent, rec.received, err = p.join(ctx, c, upstream)
 	p.finish(rec, start, err)
+}
+
+// join relays between a and b until both are done, cutting idle pairs.
+func (p *Proxy) join(ctx context.Context, a, b net.Conn) (int64, int64, error) {
+	return hbone.JoinIdle(ctx, a, b, max(p.opts.IdleTimeout, 0))
 }
 
 func abort(c net.Conn) {

@@ -101,6 +101,11 @@ type testMesh struct {
 // startMesh runs a node proxy per node with a real CA (gRPC, token
 // authentication, node authorization) and the resources of meshResources.
 func startMesh(t *testing.T, nodes ...string) *testMesh {
+	return startMeshWith(t, nil, nodes...)
+}
+
+// startMeshWith is startMesh with a change to every proxy's options.
+func startMeshWith(t *testing.T, mutate func(*Options), nodes ...string) *testMesh {
 	t.Helper()
 	ca := trusttest.NewCA(t, td)
 	ws, ss, wps := meshResources()
@@ -141,8 +146,12 @@ func startMesh(t *testing.T, nodes ...string) *testMesh {
 			t.Fatal(err)
 		}
 		core, logs := observer.New(zapcore.InfoLevel)
-		p, err := New(Options{Node: n, Bundle: ca.Bundle, Certificates: certs, Logger: zap.New(core), AllowPlaintext: true,
-			ConnectTimeout: 2 * time.Second, CertWait: 5 * time.Second})
+		o := Options{Node: n, Bundle: ca.Bundle, Certificates: certs, Logger: zap.New(core), AllowPlaintext: true,
+			ConnectTimeout: 2 * time.Second, CertWait: 5 * time.Second}
+		if mutate != nil {
+			mutate(&o)
+		}
+		p, err := New(o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -437,4 +446,32 @@ func dumpLogs(t *testing.T, m *testMesh) {
 			t.Logf("%s: %s %v", n, e.Message, e.ContextMap())
 		}
 	}
+}
+
+// A relayed connection on which nothing moves is closed after the idle timeout.
+func TestIdleConnectionClosed(t *testing.T) {
+	startApp(t, app(podB)+":8080", "B")
+	m := startMeshWith(t, func(o *Options) { o.IdleTimeout = 300 * time.Millisecond }, "node-a", "node-b")
+	d, err := proxy.SOCKS5("tcp", m.socks["node-a"], nil, &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podA)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.Dial("tcp", podB+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	start := time.Now()
+	if _, err := io.ReadAll(c); err != nil && time.Since(start) >= 20*time.Second {
+		t.Fatal("idle connection was not closed")
+	}
+	waitFor(t, "idle close in the access log", func() error {
+		for _, l := range accessLines(m.logs["node-a"], "outbound") {
+			if strings.Contains(fmt.Sprint(l["result"]), "idle timeout") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no outbound line with an idle timeout")
+	})
 }
