@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // DefaultMaskedHeaders are replaced by Masked in decision logs, in the input
@@ -51,6 +53,8 @@ type DecisionLogger struct {
 	mask      map[string]bool
 	logBodies bool
 
+	inputRedaction, resultRedaction *redaction
+
 	dropped      atomic.Uint64
 	droppedTotal prometheus.Counter
 	written      prometheus.Counter
@@ -86,14 +90,16 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 			}
 		}
 	}
-	return &DecisionLogger{
+	l := &DecisionLogger{
 		log:          log,
 		ch:           make(chan DecisionEvent, opts.Buffer),
 		mask:         mask,
 		logBodies:    opts.LogBodies,
 		droppedTotal: dropped,
 		written:      written,
-	}, nil
+	}
+	l.newRedactions()
+	return l, nil
 }
 
 // Log queues ev without blocking; it reports false when ev was dropped.
@@ -134,7 +140,8 @@ func (l *DecisionLogger) Run(ctx context.Context) {
 
 func (l *DecisionLogger) write(ev DecisionEvent) {
 	d := ev.Decision
-	fields := []zap.Field{
+	fields := make([]zap.Field, 0, 10)
+	fields = append(fields,
 		zap.String("decision_id", d.ID),
 		zap.String("revision", d.Revision),
 		zap.String("path", ev.Path),
@@ -143,105 +150,19 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 		zap.String("reason", d.Reason),
 		zap.Time("timestamp", ev.Time),
 		zap.Duration("duration", ev.Duration),
-	}
+	)
 	if ev.Input != nil {
-		if in, err := ast.JSON(ev.Input); err == nil {
-			fields = append(fields, zap.Any("input", l.maskInput(in)))
-		} else {
-			fields = append(fields, zap.String("input_error", err.Error()))
-		}
+		fields = append(fields, astField("input", ev.Input, l.inputRedaction))
 	}
-	if ev.Result != nil {
-		res := ev.Result
-		if v, ok := res.(ast.Value); ok {
-			if j, err := ast.JSON(v); err == nil {
-				res = j
-			}
-		}
-		fields = append(fields, zap.Any("result", l.maskResult(res)))
+	switch res := ev.Result.(type) {
+	case nil:
+	case ast.Value:
+		fields = append(fields, astField("result", res, l.resultRedaction))
+	default:
+		fields = append(fields, zap.Any("result", res))
 	}
 	l.log.Info("decision", fields...)
 	l.written.Inc()
-}
-
-// maskInput masks headers (attributes.request.http.headers) and, unless
-// bodies are logged, body and parsed_body. in is a fresh copy from ast.JSON,
-// so it is changed in place.
-func (l *DecisionLogger) maskInput(in any) any {
-	root, ok := in.(map[string]any)
-	if !ok {
-		return in
-	}
-	httpReq := dig(root, "attributes", "request", "http")
-	if httpReq != nil {
-		if h, ok := httpReq["headers"].(map[string]any); ok {
-			for k := range h {
-				if l.mask[strings.ToLower(k)] {
-					h[k] = Masked
-				}
-			}
-		}
-		if !l.logBodies {
-			if _, ok := httpReq["body"]; ok {
-				httpReq["body"] = Masked
-			}
-		}
-	}
-	if !l.logBodies {
-		if v, ok := root["parsed_body"]; ok && v != nil {
-			root["parsed_body"] = Masked
-		}
-	}
-	return root
-}
-
-// maskResult masks header values the policy returns. The result is shared
-// with nobody once the decision is made, but it is copied anyway so the
-// logger never writes to memory it did not create.
-func (l *DecisionLogger) maskResult(res any) any {
-	obj, ok := res.(map[string]any)
-	if !ok {
-		return res
-	}
-	out := make(map[string]any, len(obj))
-	for k, v := range obj {
-		switch k {
-		case "headers", "response_headers_to_add":
-			out[k] = l.maskHeaderValue(v)
-		case "body":
-			if l.logBodies {
-				out[k] = v
-			} else {
-				out[k] = Masked
-			}
-		default:
-			out[k] = v
-		}
-	}
-	return out
-}
-
-func (l *DecisionLogger) maskHeaderValue(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		m := make(map[string]any, len(v))
-		for k, hv := range v {
-			if l.mask[strings.ToLower(k)] {
-				m[k] = Masked
-			} else {
-				m[k] = hv
-			}
-		}
-		return m
-	case []any:
-		arr := make([]any, len(v))
-		for i, e := range v {
-			arr[i] = l.maskHeaderValue(e)
-		}
-		return arr
-	default:
-		return v
-	}
 }
 
 // MaskHeader reports whether a header's value is masked in decision logs.
@@ -249,13 +170,164 @@ func (l *DecisionLogger) MaskHeader(name string) bool {
 	return l.mask[strings.ToLower(name)]
 }
 
-func dig(m map[string]any, keys ...string) map[string]any {
-	for _, k := range keys {
-		next, ok := m[k].(map[string]any)
-		if !ok {
+// redaction says which parts of a logged value are replaced by Masked: the
+// members of an object named in fields follow their own rule; a value with
+// mask set is replaced (unless null); headers masks the values of an
+// object's members whose lower-cased names it reports. A rule applies to
+// each element when it meets an array (OPA-Envoy accepts arrays of header
+// objects).
+type redaction struct {
+	fields  map[string]*redaction
+	mask    bool
+	headers func(name string) bool
+}
+
+// newRedactions builds the rules for inputs (attributes.request.http.headers,
+// and body and parsed_body unless bodies are logged) and results (the
+// headers a policy adds, and its body unless bodies are logged).
+func (l *DecisionLogger) newRedactions() {
+	headers := &redaction{headers: l.MaskHeader}
+	body := &redaction{mask: !l.logBodies}
+	l.inputRedaction = &redaction{fields: map[string]*redaction{
+		"attributes": {fields: map[string]*redaction{
+			"request": {fields: map[string]*redaction{
+				"http": {fields: map[string]*redaction{"headers": headers, "body": body}},
+			}},
+		}},
+		"parsed_body": body,
+	}}
+	l.resultRedaction = &redaction{fields: map[string]*redaction{
+		"headers":                 headers,
+		"response_headers_to_add": headers,
+		"body":                    body,
+	}}
+}
+
+func (r *redaction) field(name string) *redaction {
+	if r == nil || r.fields == nil {
+		return nil
+	}
+	return r.fields[name]
+}
+
+// astField renders v as ast.JSON would (sets as arrays, non-string keys as
+// their JSON text), straight from the ast value into zap's encoder: no
+// intermediate Go maps and no reflection. Values that are not ground (never
+// produced by evaluation or BuildInput) are written as their Rego text.
+func astField(key string, v ast.Value, r *redaction) zap.Field {
+	switch v := v.(type) {
+	case ast.Object:
+		return zap.Object(key, astObject{v, r})
+	case *ast.Array, ast.Set:
+		return zap.Array(key, astArray{v, r})
+	}
+	return zap.Inline(astMember{key, v, r})
+}
+
+// astMember is one member of a JSON object.
+type astMember struct {
+	key string
+	v   ast.Value
+	r   *redaction
+}
+
+func (m astMember) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	if m.r != nil && m.r.mask {
+		if _, null := m.v.(ast.Null); !null {
+			enc.AddString(m.key, Masked)
 			return nil
 		}
-		m = next
 	}
-	return m
+	switch v := m.v.(type) {
+	case ast.String:
+		enc.AddString(m.key, string(v))
+	case ast.Boolean:
+		enc.AddBool(m.key, bool(v))
+	case ast.Number:
+		if i, ok := v.Int64(); ok {
+			enc.AddInt64(m.key, i)
+		} else {
+			return enc.AddReflected(m.key, json.Number(v))
+		}
+	case ast.Null:
+		return enc.AddReflected(m.key, nil)
+	case ast.Object:
+		return enc.AddObject(m.key, astObject{v, m.r})
+	case *ast.Array, ast.Set:
+		return enc.AddArray(m.key, astArray{v, m.r})
+	default:
+		enc.AddString(m.key, v.String())
+	}
+	return nil
+}
+
+type astObject struct {
+	obj ast.Object
+	r   *redaction
+}
+
+func (o astObject) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	return o.obj.Iter(func(k, v *ast.Term) error {
+		name, ok := k.Value.(ast.String)
+		if !ok {
+			name = ast.String(jsonKey(k.Value))
+		}
+		m := astMember{key: string(name), v: v.Value, r: o.r.field(string(name))}
+		if o.r != nil && o.r.headers != nil && o.r.headers(string(name)) {
+			m.r = &redaction{mask: true}
+		}
+		return m.MarshalLogObject(enc)
+	})
+}
+
+// jsonKey is the member name ast.JSON gives a non-string key: its JSON text.
+func jsonKey(k ast.Value) string {
+	if x, err := ast.JSON(k); err == nil {
+		if b, err := json.Marshal(x); err == nil {
+			return string(b)
+		}
+	}
+	return k.String()
+}
+
+type astArray struct {
+	v ast.Value // *ast.Array or ast.Set
+	r *redaction
+}
+
+func (a astArray) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	appendElem := func(t *ast.Term) error {
+		switch v := t.Value.(type) {
+		case ast.String:
+			enc.AppendString(string(v))
+		case ast.Boolean:
+			enc.AppendBool(bool(v))
+		case ast.Number:
+			if i, ok := v.Int64(); ok {
+				enc.AppendInt64(i)
+			} else {
+				return enc.AppendReflected(json.Number(v))
+			}
+		case ast.Null:
+			return enc.AppendReflected(nil)
+		case ast.Object:
+			return enc.AppendObject(astObject{v, a.r})
+		case *ast.Array, ast.Set:
+			return enc.AppendArray(astArray{v, a.r})
+		default:
+			enc.AppendString(v.String())
+		}
+		return nil
+	}
+	switch v := a.v.(type) {
+	case *ast.Array:
+		for i := range v.Len() {
+			if err := appendElem(v.Elem(i)); err != nil {
+				return err
+			}
+		}
+	case ast.Set:
+		return v.Iter(appendElem)
+	}
+	return nil
 }

@@ -682,3 +682,14 @@ func TestEvaluationIsBounded(t *testing.T) {
 		t.Fatalf("slow policy with a canceled context: %+v", d)
 	}
 }
+
+func dig(m map[string]any, keys ...string) map[string]any {
+	for _, k := range keys {
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			return nil
+		}
+		m = next
+	}
+	return m
+}
