@@ -117,6 +117,7 @@ type h2conn struct {
 	isClient bool
 	cfg      *connConfig
 	nc       net.Conn
+	batch    *recordBatcher // under nc (TLS): gathers one write's records
 	log      *zap.Logger
 	fr       *http2.Framer
 
@@ -176,11 +177,12 @@ type h2conn struct {
 	idleGen         uint64
 }
 
-func newH2Conn(parent context.Context, nc net.Conn, isClient bool, cfg *connConfig, log *zap.Logger) *h2conn {
+func newH2Conn(parent context.Context, nc net.Conn, batch *recordBatcher, isClient bool, cfg *connConfig, log *zap.Logger) *h2conn {
 	c := &h2conn{
 		isClient:          isClient,
 		cfg:               cfg,
 		nc:                nc,
+		batch:             batch,
 		log:               log,
 		ctrlSig:           make(chan struct{}, 1),
 		done:              make(chan struct{}),
@@ -528,11 +530,27 @@ func (c *h2conn) flushWbufLocked() error {
 
 // writeOut writes b to the socket, bounded by the write timeout; a failed
 // write ends the connection. wmu held.
-func (c *h2conn) writeOut(b []byte) error {
+func (c *h2conn) writeOut(bs ...[]byte) error {
 	if c.cfg.writeTimeout > 0 {
 		c.nc.SetWriteDeadline(time.Now().Add(c.cfg.writeTimeout))
 	}
-	if _, err := c.nc.Write(b); err != nil {
+	if c.batch != nil {
+		c.batch.begin()
+	}
+	var err error
+	for _, b := range bs {
+		if len(b) > 0 {
+			if _, err = c.nc.Write(b); err != nil {
+				break
+			}
+		}
+	}
+	if c.batch != nil {
+		if berr := c.batch.end(); err == nil {
+			err = berr
+		}
+	}
+	if err != nil {
 		err = fmt.Errorf("write: %w", err)
 		c.close(err)
 		return err
@@ -574,10 +592,7 @@ func (c *h2conn) writeData(st *stream, head, tail []byte, end bool) error {
 		flags = http2.FlagDataEndStream
 	}
 	putFrameHeader(head, payload, http2.FrameData, flags, st.id)
-	if err := c.writeOut(head); err != nil || len(tail) == 0 {
-		return err
-	}
-	return c.writeOut(tail)
+	return c.writeOut(head, tail)
 }
 
 func putFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) {

@@ -260,7 +260,8 @@ func (p *Pool) connect(ctx context.Context, key poolKey, t Target) (*h2conn, err
 	if !t.Source.IsZero() {
 		cert = sourceCert(t.Source, t.Cert)
 	}
-	tc := tls.Client(raw, trust.ClientConfig(p.opts.Bundle, cert, t.Expected))
+	batch := &recordBatcher{Conn: raw}
+	tc := tls.Client(batch, trust.ClientConfig(p.opts.Bundle, cert, t.Expected))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: TLS handshake with %s as %s: %w", t.Address, sourceName(t.Source), err)
@@ -271,7 +272,7 @@ func (p *Pool) connect(ctx context.Context, key poolKey, t Target) (*h2conn, err
 		return nil, fmt.Errorf("hbone: %s did not negotiate TLS 1.3 with ALPN h2 (ALPN %q)", t.Address, cs.NegotiatedProtocol)
 	}
 	log := p.log.With(zap.Stringer("address", t.Address), zap.String("source", sourceName(t.Source)))
-	c := newH2Conn(p.ctx, tc, true, &p.cfg, log)
+	c := newH2Conn(p.ctx, tc, batch, true, &p.cfg, log)
 	c.onUnusable = func() { p.removeConn(key, c) }
 	if err := c.start(); err != nil {
 		c.close(err)

@@ -271,7 +271,8 @@ func (s *Server) isClosed() bool {
 func (s *Server) serveConn(raw net.Conn) {
 	defer s.connWG.Done()
 	log := s.log.With(zap.Stringer("remote", raw.RemoteAddr()))
-	tc := tls.Server(raw, s.opts.TLS)
+	batch := &recordBatcher{Conn: raw}
+	tc := tls.Server(batch, s.opts.TLS)
 	raw.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	if err := tc.HandshakeContext(s.ctx); err != nil {
 		log.Debug("TLS handshake failed", zap.Error(err))
@@ -294,7 +295,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	}
 	log = log.With(zap.Stringer("peer", peer))
 	base := Request{Peer: peer, Local: addrPortOf(raw.LocalAddr()), Remote: addrPortOf(raw.RemoteAddr())}
-	c := newH2Conn(s.ctx, tc, false, &s.cfg, log)
+	c := newH2Conn(s.ctx, tc, batch, false, &s.cfg, log)
 	c.newStream = func(st *stream, mh *http2.MetaHeadersFrame) { s.onStream(log, &base, st, mh) }
 
 	s.mu.Lock()
