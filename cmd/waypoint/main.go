@@ -30,6 +30,7 @@ type options struct {
 	policyDir      string
 	policyPath     string
 	parseBody      bool
+	decisionCache  bool
 	drain          time.Duration
 }
 
@@ -44,6 +45,7 @@ func main() {
 	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (a git-sync checkout); required")
 	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies")
 	fs.BoolVar(&o.parseBody, "policy-parse-body", false, "give policies the request body (parsed_body) as OPA-Envoy does with with_request_body")
+	fs.BoolVar(&o.decisionCache, "policy-decision-cache", true, "reuse a policy's decision for requests that agree on every input value it reads (off for policies that read the whole input, call nondeterministic built-ins or print)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	fs.Parse(os.Args[1:])
 	if o.namespace == "" || o.name == "" || o.policyDir == "" {
@@ -76,7 +78,8 @@ func run(o *options) error {
 		return err
 	}
 	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, DecisionPath: o.policyPath, Logger: log.Named("policy"),
-		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody}})
+		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody},
+		NoDecisionCache: !o.decisionCache})
 	if err != nil {
 		return err
 	}

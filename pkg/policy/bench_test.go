@@ -18,7 +18,7 @@ X-Request-Id: 7d1c7ba1-5b9c-4c4f-9a8e-0e1c4e0e2c11
 
 `
 
-func benchRequest(b *testing.B) *Request {
+func benchRequest(b testing.TB) *Request {
 	p := newPeers(b)
 	return &Request{
 		HTTP:        readRequest(b, typicalRequest),
@@ -32,9 +32,17 @@ func benchRequest(b *testing.B) *Request {
 
 // BenchmarkDecide is the policy cost per request on the waypoint's path:
 // input construction, evaluation of the example policy (set lookup by
-// principal, object result) and result reading.
-func BenchmarkDecide(b *testing.B) {
-	e, _ := loadEngine(b, Options{Dir: "testdata/example"})
+// principal, object result) and result reading. The request repeats, so
+// after the first one the decision cache answers (as it does for a caller
+// repeating a call); BenchmarkDecideUncached evaluates every time.
+func BenchmarkDecide(b *testing.B) { benchmarkDecide(b, false) }
+
+// BenchmarkDecideUncached is BenchmarkDecide with the decision cache off:
+// the cost of a request the cache has not seen.
+func BenchmarkDecideUncached(b *testing.B) { benchmarkDecide(b, true) }
+
+func benchmarkDecide(b *testing.B, noCache bool) {
+	e, _ := loadEngine(b, Options{Dir: "testdata/example", NoDecisionCache: noCache})
 	req := benchRequest(b)
 	if d := e.Decide(context.Background(), req); !d.Allowed {
 		b.Fatalf("typical request denied: %s", d.Reason)
@@ -68,9 +76,10 @@ func BenchmarkBuildInput(b *testing.B) {
 	}
 }
 
-// BenchmarkEvaluate is evaluation and result reading alone (input prebuilt).
+// BenchmarkEvaluate is evaluation and result reading alone (input prebuilt,
+// decision cache off).
 func BenchmarkEvaluate(b *testing.B) {
-	e, _ := loadEngine(b, Options{Dir: "testdata/example"})
+	e, _ := loadEngine(b, Options{Dir: "testdata/example", NoDecisionCache: true})
 	in, err := BuildInput(benchRequest(b), InputOptions{})
 	if err != nil {
 		b.Fatal(err)

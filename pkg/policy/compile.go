@@ -87,6 +87,8 @@ type compiled struct {
 	files       []string
 	tests       int
 	activatedAt time.Time
+	cache       *decisionCache // nil: every decision is evaluated
+	cacheStatus DecisionCacheStatus
 }
 
 type compileConfig struct {
@@ -94,6 +96,8 @@ type compileConfig struct {
 	runTests    bool
 	testTimeout time.Duration
 	logger      *zap.Logger
+	// decisionCache reuses results where the policy allows it (decisioncache.go).
+	decisionCache bool
 }
 
 // parsedSet is the union of all sources, parsed.
@@ -291,14 +295,24 @@ func compileSet(ctx context.Context, ps *parsedSet, cfg compileConfig) (*compile
 	if err != nil {
 		return reject("prepare", err)
 	}
-	return &compiled{
+	c := &compiled{
 		revision:    ps.revision,
 		query:       pq,
 		path:        cfg.decision.String(),
 		files:       ps.files,
 		tests:       len(results),
 		activatedAt: time.Now(),
-	}, results, nil
+		cacheStatus: DecisionCacheStatus{Reason: "disabled by configuration"},
+	}
+	if cfg.decisionCache {
+		var reason string
+		if c.cache, reason = newDecisionCache(compiler.Modules); c.cache != nil {
+			c.cacheStatus = c.cache.status()
+		} else {
+			c.cacheStatus.Reason = reason
+		}
+	}
+	return c, results, nil
 }
 
 // decisionDefined reports whether a rule or a data document can produce the

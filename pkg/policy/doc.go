@@ -9,5 +9,7 @@
 // tests run and its decision query prepared off the request path; only then
 // is it swapped in atomically. A set that does not parse, compile or pass its
 // tests is rejected with a logged reason and the last good one stays active.
+// A set's results are reused for requests that agree on every input value
+// the set reads, when nothing else can change them (decisioncache.go).
 // Decisions are logged asynchronously with credentials masked.
 package policy

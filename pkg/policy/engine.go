@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,10 @@ type Options struct {
 	DecisionLog *DecisionLogger
 	// Registerer, if set, registers the engine's metrics.
 	Registerer prometheus.Registerer
+	// NoDecisionCache evaluates every request. By default a policy's result
+	// is reused for requests that agree on every input value the policy
+	// reads, when the policy allows it (see Status().DecisionCache).
+	NoDecisionCache bool
 }
 
 // Engine evaluates requests against the active policy set and replaces that
@@ -87,6 +92,8 @@ type Status struct {
 	Tests         int               `json:"tests_passed"`
 	Sources       map[string]string `json:"sources,omitempty"`
 	LastRejection *Rejection        `json:"last_rejection,omitempty"`
+	// DecisionCache is nil before a policy is active.
+	DecisionCache *DecisionCacheStatus `json:"decision_cache,omitempty"`
 }
 
 // NewEngine checks the options and builds an engine with no active policy:
@@ -250,6 +257,8 @@ func (e *Engine) build(ctx context.Context, set []*snapshot) (*compiled, error) 
 		runTests:    !e.opts.SkipTests,
 		testTimeout: e.opts.TestTimeout,
 		logger:      e.log,
+
+		decisionCache: !e.opts.NoDecisionCache,
 	})
 	return c, err
 }
@@ -297,6 +306,8 @@ func (e *Engine) Status() Status {
 		st.ActivatedAt = &at
 		st.Files = append([]string(nil), c.files...)
 		st.Tests = c.tests
+		cs := c.cacheStatus
+		st.DecisionCache = &cs
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -346,7 +357,7 @@ func (e *Engine) DecideInput(ctx context.Context, input ast.Value) Decision {
 func (e *Engine) decide(ctx context.Context, input ast.Value, start time.Time) Decision {
 	c := e.active.Load() // the whole evaluation uses this policy set
 	var result any
-	d := e.evaluate(ctx, c, input, &result)
+	d := e.evaluate(ctx, c, input, &result, start)
 	d.ID = newDecisionID()
 	if c != nil {
 		d.Revision = c.revision
@@ -365,7 +376,7 @@ func (e *Engine) decide(ctx context.Context, input ast.Value, start time.Time) D
 	return d
 }
 
-func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, result *any) (d Decision) {
+func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, result *any, now time.Time) (d Decision) {
 	if c == nil {
 		return deny(http.StatusInternalServerError, "no policy loaded")
 	}
@@ -376,6 +387,17 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, res
 			d = deny(http.StatusInternalServerError, fmt.Sprintf("policy evaluation panicked: %v", r))
 		}
 	}()
+	var key string
+	cacheable := false
+	if c.cache != nil {
+		if key, cacheable = c.cache.key(input); cacheable {
+			if rs, ok := c.cache.get(key, now); ok {
+				e.metrics.cacheHit.Inc()
+				return interpretInto(rs, result)
+			}
+			e.metrics.cacheMiss.Inc()
+		}
+	}
 	// Cancellation without OPA's per-evaluation goroutine: the caller's
 	// context and the evaluation timeout both trip one topdown.Cancel.
 	cancel := topdown.NewCancel()
@@ -387,10 +409,20 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, res
 		t := time.AfterFunc(e.opts.EvalTimeout, cancel.Cancel)
 		defer t.Stop()
 	}
-	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(cancel))
+	// OPA's per-evaluation metrics (timers) are never read: NoOp skips them.
+	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(cancel), rego.EvalMetrics(metrics.NoOp()))
 	if err != nil {
 		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
 	}
+	if cacheable {
+		c.cache.put(key, rs, now)
+	}
+	return interpretInto(rs, result)
+}
+
+// interpretInto reads the decision and hands the raw result to the
+// decision log.
+func interpretInto(rs rego.ResultSet, result *any) Decision {
 	if len(rs) == 1 && len(rs[0].Expressions) == 1 {
 		*result = rs[0].Expressions[0].Value
 	}

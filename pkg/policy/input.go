@@ -239,8 +239,8 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 
 	input := ast.NewObjectWithCapacity(9)
 	input.Insert(kAttributes, ast.NewTerm(attributes))
-	input.Insert(kParsedPath, ast.NewTerm(parsedPath))
-	input.Insert(kParsedQuery, ast.NewTerm(parsedQuery))
+	input.Insert(kParsedPath, parsedPath)
+	input.Insert(kParsedQuery, parsedQuery)
 	input.Insert(kVersion, versionTerm)
 	if opts.ParseBody {
 		parsedBody := ast.NullTerm()
@@ -419,7 +419,7 @@ func constTerm(s string) *ast.Term {
 // parsePathAndQuery splits :path as OPA-Envoy does: the path unescaped and
 // split into segments (without the leading "/"), the query as a map of
 // arrays. Bad escapes or a malformed query are a bad request.
-func parsePathAndQuery(path string) (*ast.Array, ast.Object, error) {
+func parsePathAndQuery(path string) (*ast.Term, *ast.Term, error) {
 	rawPath, rawQuery, _ := strings.Cut(path, "?")
 	decoded, err := url.PathUnescape(rawPath)
 	if err != nil {
@@ -430,18 +430,18 @@ func parsePathAndQuery(path string) (*ast.Array, ast.Object, error) {
 	for i, s := range segs {
 		terms[i] = ast.StringTerm(s)
 	}
-	query := ast.NewObject()
 	if rawQuery == "" {
-		return ast.NewArray(terms...), query, nil
+		return ast.ArrayTerm(terms...), emptyObjectTerm, nil
 	}
 	values, err := url.ParseQuery(rawQuery)
 	if err != nil {
 		return nil, nil, &BadRequestError{What: "query", Err: err}
 	}
+	query := ast.NewObjectWithCapacity(len(values))
 	for k, vs := range values {
 		query.Insert(ast.StringTerm(k), stringArray(vs))
 	}
-	return ast.NewArray(terms...), query, nil
+	return ast.ArrayTerm(terms...), ast.NewTerm(query), nil
 }
 
 func stringArray(vs []string) *ast.Term {

@@ -11,6 +11,7 @@ import (
 type engineMetrics struct {
 	allow, deny, errorDeny, badRequest prometheus.Counter
 	activated, rejected                prometheus.Counter
+	cacheHit, cacheMiss                prometheus.Counter
 }
 
 func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
@@ -22,8 +23,12 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		Name: "policy_loads_total",
 		Help: "Policy sets offered for activation, by result: activated or rejected.",
 	}, []string{"result"})
+	cache := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "policy_decision_cache_total",
+		Help: "Decisions looked up in the decision cache, by result: hit (result reused) or miss (evaluated).",
+	}, []string{"result"})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{decisions, loads} {
+		for _, c := range []prometheus.Collector{decisions, loads, cache} {
 			if err := register(reg, c); err != nil {
 				return nil, err
 			}
@@ -36,6 +41,8 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		badRequest: decisions.WithLabelValues("bad_request"),
 		activated:  loads.WithLabelValues("activated"),
 		rejected:   loads.WithLabelValues("rejected"),
+		cacheHit:   cache.WithLabelValues("hit"),
+		cacheMiss:  cache.WithLabelValues("miss"),
 	}, nil
 }
 

@@ -1,0 +1,224 @@
+package policy
+
+import (
+	"hash/maphash"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+// A decisionCache reuses a policy set's results for requests whose inputs
+// agree on everything the policy can read.
+//
+// Evaluating a compiled policy set is a function of its input, its data
+// (fixed per set: a new set gets a new cache) and the built-ins it calls.
+// Every read of the input goes through a reference rooted at input, so the
+// policy can only see the values at the constant prefixes of those
+// references (input.parsed_path[0], or input.attributes.request.http.headers
+// for headers[name]); two inputs with equal values there evaluate alike.
+// A set is not cached when that argument does not hold: a reference to
+// input as a whole (or one whose first step is not constant), a call of a
+// nondeterministic built-in (time.now_ns, http.send, rand.intn, ...) or of
+// one that reads the clock without being marked so (x509 verification),
+// or print (its output would only appear on misses). Entries also expire
+// after decisionCacheTTL, a bound on any time dependence missed anyway.
+//
+// The key is the exact Rego text of each read value, so only identical
+// values share a result (1 and 1.0 do not). Evaluation errors (timeouts
+// included) are never cached. The table is direct-mapped and fixed-size:
+// bounded memory, no locks; a collision just evaluates again.
+type decisionCache struct {
+	paths []ast.Ref // what the policy reads, relative to input, shortest prefixes only
+	seed  maphash.Seed
+	slots [decisionCacheSlots]atomic.Pointer[cachedResult]
+}
+
+type cachedResult struct {
+	key     string
+	rs      rego.ResultSet // read only: shared by every request that hits
+	expires int64          // unix nanoseconds
+}
+
+const (
+	decisionCacheSlots = 4096
+	decisionCacheTTL   = time.Second
+	// maxCacheKey bounds an entry: a policy that reads large parts of the
+	// input (all headers) is evaluated every time for requests with more.
+	maxCacheKey = 4096
+)
+
+// clockBuiltins read the current time but are not marked nondeterministic.
+var clockBuiltins = map[string]bool{
+	"crypto.x509.parse_and_verify_certificates":              true,
+	"crypto.x509.parse_and_verify_certificates_with_options": true,
+}
+
+// DecisionCacheStatus says whether the active policy's decisions are reused
+// (admin /config_dump "policies").
+type DecisionCacheStatus struct {
+	Enabled bool `json:"enabled"`
+	// Reason says why not, when disabled.
+	Reason string `json:"reason,omitempty"`
+	// InputPaths are the parts of the input a decision is keyed on.
+	InputPaths []string `json:"input_paths,omitempty"`
+}
+
+// newDecisionCache analyses the compiled modules of a set. It returns nil
+// and the reason when the set's results must not be reused.
+func newDecisionCache(modules map[string]*ast.Module) (*decisionCache, string) {
+	var paths []ast.Ref
+	reason := ""
+	var vis *ast.GenericVisitor
+	vis = ast.NewGenericVisitor(func(x any) bool {
+		if reason != "" {
+			return true
+		}
+		switch x := x.(type) {
+		case *ast.Import:
+			// Compiling resolved every use of an import to the full
+			// reference; the import itself reads nothing.
+			return true
+		case ast.Ref:
+			if !x.HasPrefix(ast.InputRootRef) {
+				return false
+			}
+			p := constantPrefix(x)
+			if len(p) == 1 {
+				reason = "the policy reads input as a whole (" + x.String() + ")"
+				return true
+			}
+			paths = append(paths, p[1:])
+			// Variable parts of the reference are read too: input.a[input.b].
+			for _, t := range x[1:] {
+				vis.Walk(t)
+			}
+			return true
+		case ast.Var:
+			if x.Equal(ast.InputRootDocument.Value) {
+				reason = "the policy uses input as a value"
+				return true
+			}
+		case *ast.Head:
+			// Rule references (p.q[x]) are not walked by the visitor.
+			for _, t := range x.Reference {
+				vis.Walk(t)
+			}
+		case *ast.Expr:
+			if x.IsCall() {
+				reason = callReason(x.Operator())
+			}
+		case ast.Call:
+			if op, ok := x[0].Value.(ast.Ref); ok {
+				reason = callReason(op)
+			}
+		}
+		return reason != ""
+	})
+	names := make([]string, 0, len(modules))
+	for name := range modules {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		vis.Walk(modules[name])
+		if reason != "" {
+			return nil, reason
+		}
+	}
+	// Shortest prefixes only: a value includes everything below it.
+	slices.SortFunc(paths, func(a, b ast.Ref) int { return a.Compare(b) })
+	kept := paths[:0]
+	for _, p := range paths {
+		if n := len(kept); n > 0 && p.HasPrefix(kept[n-1]) {
+			continue
+		}
+		kept = append(kept, p)
+	}
+	return &decisionCache{paths: kept, seed: maphash.MakeSeed()}, ""
+}
+
+// constantPrefix is the leading part of ref made of strings and numbers:
+// where the value the reference reads is fixed, whatever the variables.
+func constantPrefix(ref ast.Ref) ast.Ref {
+	for i := 1; i < len(ref); i++ {
+		switch ref[i].Value.(type) {
+		case ast.String, ast.Number:
+		default:
+			return ref[:i]
+		}
+	}
+	return ref
+}
+
+// callReason is why calling op rules the cache out, "" when it does not.
+func callReason(op ast.Ref) string {
+	name := op.String()
+	switch {
+	case name == "print" || name == "internal.print" || name == "trace":
+		return "the policy calls " + name
+	case clockBuiltins[name]:
+		return "the policy calls " + name + ", which reads the clock"
+	}
+	if b, ok := ast.BuiltinMap[name]; ok && b.Nondeterministic {
+		return "the policy calls the nondeterministic built-in " + name
+	}
+	return ""
+}
+
+func (c *decisionCache) status() DecisionCacheStatus {
+	st := DecisionCacheStatus{Enabled: true}
+	for _, p := range c.paths {
+		st.InputPaths = append(st.InputPaths, ast.InputRootRef.Concat(p).String())
+	}
+	return st
+}
+
+// key encodes each value the policy can read exactly: a string as "s",
+// its length, ":" and its bytes; anything else as "v" and its Rego text
+// (which quotes the strings inside); a missing value as "\x01"; each
+// followed by "\x00". False when the input is too large to cache.
+func (c *decisionCache) key(input ast.Value) (string, bool) {
+	var b strings.Builder
+	b.Grow(64 * len(c.paths))
+	for _, p := range c.paths {
+		v, err := input.Find(p)
+		switch s, isString := v.(ast.String); {
+		case err != nil:
+			b.WriteByte(1)
+		case isString:
+			b.WriteByte('s')
+			b.WriteString(strconv.Itoa(len(s)))
+			b.WriteByte(':')
+			b.WriteString(string(s))
+		default:
+			b.WriteByte('v')
+			b.WriteString(v.String())
+		}
+		b.WriteByte(0)
+		if b.Len() > maxCacheKey {
+			return "", false
+		}
+	}
+	return b.String(), true
+}
+
+func (c *decisionCache) slot(key string) *atomic.Pointer[cachedResult] {
+	return &c.slots[maphash.String(c.seed, key)%decisionCacheSlots]
+}
+
+func (c *decisionCache) get(key string, now time.Time) (rego.ResultSet, bool) {
+	e := c.slot(key).Load()
+	if e == nil || e.key != key || now.UnixNano() >= e.expires {
+		return nil, false
+	}
+	return e.rs, true
+}
+
+func (c *decisionCache) put(key string, rs rego.ResultSet, now time.Time) {
+	c.slot(key).Store(&cachedResult{key: key, rs: rs, expires: now.Add(decisionCacheTTL).UnixNano()})
+}
