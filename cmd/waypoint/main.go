@@ -73,7 +73,10 @@ func run(o *options) error {
 	ctx, stop := bootstrap.SignalContext()
 	defer stop()
 
-	decisions, err := policy.NewDecisionLogger(log.Named("decisions"), policy.DecisionLogOptions{Registerer: env.Metrics})
+	// A line per decision: no caller annotation (always the same line, and a
+	// stack walk each).
+	decisions, err := policy.NewDecisionLogger(log.Named("decisions").WithOptions(zap.WithCaller(false)),
+		policy.DecisionLogOptions{Registerer: env.Metrics})
 	if err != nil {
 		return err
 	}

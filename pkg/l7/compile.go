@@ -110,11 +110,12 @@ type routeMeta struct {
 	kind      string // "HTTPRoute" or "GRPCRoute"
 	namespace string
 	name      string
+	fullName  string // "{namespace}/{name}"
 	created   time.Time
 	hosts     hostnames
 }
 
-func (m *routeMeta) String() string { return m.namespace + "/" + m.name }
+func (m *routeMeta) String() string { return m.fullName }
 
 // compareAge orders routes by the spec's cross-route tie-breakers: the oldest
 // creation timestamp, then "{namespace}/{name}" alphabetically.
@@ -158,13 +159,14 @@ func (r *rule) routeName() string {
 type backend struct {
 	svc     ServiceRef
 	port    uint32
+	name    string // "{namespace}/{name}:{port}", for logs
 	weight  uint32
 	invalid string
 	filters []filter
 	proto   upstreamProto
 }
 
-func (b *backend) String() string { return fmt.Sprintf("%s:%d", b.svc, b.port) }
+func (b *backend) String() string { return b.name }
 
 // retryPolicy says when a failed attempt is tried again.
 type retryPolicy struct {
@@ -418,7 +420,7 @@ type compiledGRPCRoute struct {
 }
 
 func newRouteMeta(c *Config, kind, ns, name string, created time.Time, hs []string) (*routeMeta, bool) {
-	m := &routeMeta{kind: kind, namespace: ns, name: name, created: created}
+	m := &routeMeta{kind: kind, namespace: ns, name: name, fullName: ns + "/" + name, created: created}
 	if ns == "" || name == "" {
 		c.problem("%s %q: namespace and name are required", kind, m)
 		return nil, false
@@ -573,6 +575,7 @@ func (c *Config) resolveBackend(ref *meshv1.BackendRef, routeNS string) *backend
 		ns = routeNS
 	}
 	b := &backend{svc: ServiceRef{ns, ref.GetName()}, port: ref.GetPort(), invalid: ref.GetInvalidReason()}
+	b.name = fmt.Sprintf("%s:%d", b.svc, b.port)
 	if b.invalid != "" {
 		return b
 	}

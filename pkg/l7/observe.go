@@ -96,7 +96,7 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 			status = http.StatusOK
 		}
 	}
-	principal := x.info.Peer.String()
+	principal := x.info.principal
 	route := x.rec.route
 	switch {
 	case route != "":
@@ -110,10 +110,11 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 	e.metrics.duration.WithLabelValues(code, principal, x.rec.service, route).Observe(d.Seconds())
 
 	if ce := e.log.Check(zap.InfoLevel, "request"); ce != nil {
-		fields := []zap.Field{
-			zap.String("source", x.info.Source.String()),
+		fields := make([]zap.Field, 0, 21)
+		fields = append(fields,
+			zap.String("source", x.info.source),
 			zap.String("identity", principal),
-			zap.String("destination", x.info.Destination.String()),
+			zap.String("destination", x.info.destination),
 			zap.String("service", x.rec.service),
 			zap.String("method", x.orig.Method),
 			zap.String("path", x.orig.URL.EscapedPath()),
@@ -129,7 +130,7 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 			zap.Int64("bytes_sent", rw.bytes),
 			zap.Duration("duration", d),
 			zap.Int("attempts", x.rec.attempts),
-		}
+		)
 		if x.rec.decID != "" {
 			fields = append(fields, zap.String("decision_id", x.rec.decID))
 		}

@@ -59,7 +59,7 @@ func sanitizeIdentity(h http.Header) {
 // exchange is one request's journey through the engine.
 type exchange struct {
 	e     *Engine
-	info  *ConnInfo
+	info  *tunnel
 	snap  *snapshot
 	start time.Time
 	orig  *http.Request // as received, sanitized and normalized: what policy sees
@@ -96,7 +96,7 @@ func (x *exchange) bytesIn() int64 {
 type exchangeKey struct{}
 
 // serveHTTP handles one request on a tunnel.
-func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *ConnInfo) {
+func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel) {
 	x := &exchange{e: e, info: info, start: time.Now(), orig: r, rec: record{grpcCode: -1}}
 	rw := &responseRecorder{ResponseWriter: w}
 	completed := false
@@ -112,15 +112,12 @@ func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *ConnInf
 func (e *Engine) handle(x *exchange, w *responseRecorder) {
 	r := x.orig
 	sanitizeIdentity(r.Header)
-	r.RemoteAddr = x.info.Source.String()
+	r.RemoteAddr = x.info.source
 	if r.Body != nil && r.Body != http.NoBody {
 		x.in = &countingBody{ReadCloser: r.Body}
 		r.Body = x.in
 	}
-	x.rec.service = x.info.Service.String()
-	if x.info.Service.IsZero() {
-		x.rec.service = x.info.Destination.String()
-	}
+	x.rec.service = x.info.service
 
 	esc := r.URL.EscapedPath()
 	path, err := normalizePath(esc)
@@ -176,7 +173,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 			return
 		}
 		x.backend = b
-		x.rec.backend = b.String()
+		x.rec.backend = b.name
 		if b.invalid != "" {
 			x.reply(w, http.StatusInternalServerError, "invalid backend: "+b.invalid, nil)
 			return
@@ -753,17 +750,10 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		cancel()
 		return nil, err
 	}
-	var once sync.Once
-	release := func() {
-		once.Do(func() {
-			ep.outstanding.Add(-1)
-			cancel()
-		})
-	}
 	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-		resp.Body = &releaseRWBody{ReadWriteCloser: rwc, release: release}
+		resp.Body = &releaseRWBody{ReadWriteCloser: rwc, attemptDone: attemptDone{ep: ep, cancel: cancel}}
 	} else {
-		resp.Body = &releaseBody{ReadCloser: resp.Body, release: release}
+		resp.Body = &releaseBody{ReadCloser: resp.Body, attemptDone: attemptDone{ep: ep, cancel: cancel}}
 	}
 	return resp, nil
 }
@@ -773,11 +763,25 @@ func discard(body io.ReadCloser) {
 	_ = body.Close()
 }
 
-// releaseBody ends an attempt when the response body is closed: the
-// endpoint's outstanding count drops and the attempt's timer stops.
+// attemptDone ends an attempt once: the endpoint's outstanding count drops
+// and the attempt's timer stops.
+type attemptDone struct {
+	ep     *endpoint
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func (d *attemptDone) release() {
+	d.once.Do(func() {
+		d.ep.outstanding.Add(-1)
+		d.cancel()
+	})
+}
+
+// releaseBody ends an attempt when the response body is closed.
 type releaseBody struct {
 	io.ReadCloser
-	release func()
+	attemptDone
 }
 
 func (b *releaseBody) Close() error {
@@ -790,7 +794,7 @@ func (b *releaseBody) Close() error {
 // proxy writes to as well.
 type releaseRWBody struct {
 	io.ReadWriteCloser
-	release func()
+	attemptDone
 }
 
 func (b *releaseRWBody) Close() error {

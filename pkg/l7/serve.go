@@ -37,6 +37,25 @@ type ConnInfo struct {
 	Protocol Protocol
 }
 
+// tunnel is a served tunnel's ConnInfo with the strings every request's
+// log line, metrics and headers use, made once per tunnel.
+type tunnel struct {
+	ConnInfo
+	source      string // Source
+	destination string // Destination
+	principal   string // Peer: the identity or "unauthenticated"
+	service     string // "{namespace}/{name}", or Destination for a workload
+}
+
+func newTunnel(info ConnInfo) *tunnel {
+	t := &tunnel{ConnInfo: info, source: info.Source.String(), destination: info.Destination.String(), principal: info.Peer.String()}
+	t.service = info.Service.String()
+	if info.Service.IsZero() {
+		t.service = t.destination
+	}
+	return t
+}
+
 // h2Preface is what an HTTP/2 client with prior knowledge sends first.
 const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -58,7 +77,8 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.serveHTTP(w, r, &info) })
+	t := newTunnel(info)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.serveHTTP(w, r, t) })
 
 	if info.Protocol != ProtocolHTTP {
 		e.serveH2(ctx, conn, h)

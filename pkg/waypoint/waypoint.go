@@ -48,7 +48,8 @@ type Options struct {
 	Certificates Certificates
 	Policy       *policy.Engine
 	Logger       *zap.Logger
-	// AccessLog receives the per-request and per-connection lines (default: Logger).
+	// AccessLog receives the per-request and per-connection lines (default:
+	// Logger named "access", without caller annotations).
 	AccessLog *zap.Logger
 	Registry  prometheus.Registerer
 	// HBONEPort is where destination pods take HBONE (default 15008).
@@ -93,7 +94,9 @@ func New(o Options) (*Waypoint, error) {
 		o.Logger = zap.NewNop()
 	}
 	if o.AccessLog == nil {
-		o.AccessLog = o.Logger.Named("access")
+		// A line per request: the caller's file and line would be the same
+		// on every one, and finding them costs a stack walk each time.
+		o.AccessLog = o.Logger.Named("access").WithOptions(zap.WithCaller(false))
 	}
 	if o.Registry == nil {
 		o.Registry = prometheus.NewRegistry()
