@@ -43,8 +43,6 @@ func (e *Engine) Run(ctx context.Context) error {
 // symlink to publish a checkout, so besides the resolved tree the watcher
 // covers the directory holding every symlink on the configured path.
 func (e *Engine) watchDir(ctx context.Context) {
-	_ = e.Load(ctx) // a rejection is logged; the rescan and events retry
-
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		e.log.Warn("file notifications unavailable, relying on periodic rescan", zap.Error(err))
@@ -75,7 +73,10 @@ func (e *Engine) watchDir(ctx context.Context) {
 			watched[p] = true
 		}
 	}
+	// Watches are always in place before the directory is read, so a change
+	// made after a read is never missed: it raises an event.
 	syncWatches()
+	_ = e.Load(ctx) // a rejection is logged; the rescan and events retry
 
 	var events <-chan fsnotify.Event
 	var errs <-chan error
@@ -122,11 +123,11 @@ func (e *Engine) watchDir(ctx context.Context) {
 			e.log.Warn("policy watcher error", zap.Error(err))
 		case <-debounce.C:
 			pendingSince = time.Time{}
-			e.reloadDir(ctx)
 			syncWatches()
+			e.reloadDir(ctx)
 		case <-rescan:
-			e.reloadDir(ctx)
 			syncWatches()
+			e.reloadDir(ctx)
 		}
 	}
 }
