@@ -27,9 +27,12 @@ func TestPIDs(t *testing.T) {
 	if !ok || len(pids) != 1 {
 		t.Fatalf("PIDs() = %v, want one entry for nodeproxy-node-a", pids)
 	}
-	cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-	if err != nil {
-		t.Fatal(err)
+	// Right after exec the kernel may still show an empty command line.
+	var cmdline []byte
+	for deadline := time.Now().Add(5 * time.Second); len(cmdline) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cmdline, err = os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if !strings.HasPrefix(string(cmdline), sleep) {
 		t.Fatalf("pid %d runs %q, not %s", pid, cmdline, sleep)
