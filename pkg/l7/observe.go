@@ -53,6 +53,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
+// labelled are requests_total and request_duration_seconds for one label
+// set.
+type labelled struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// metricsKey is what varies between a tunnel's requests among the labels
+// (source_principal and destination_service are the tunnel's).
+type metricsKey struct {
+	code  int
+	route string
+}
+
+// requestMetrics returns the metrics for a request on t, looking the label
+// set up in the vectors (hashing four labels, twice) only the first time
+// the tunnel sees it.
+func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
+	k := metricsKey{code, route}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if l, ok := t.metrics[k]; ok {
+		return l
+	}
+	c := strconv.Itoa(code)
+	l := labelled{
+		requests: m.requests.WithLabelValues(c, t.principal, t.service, route),
+		duration: m.duration.WithLabelValues(c, t.principal, t.service, route),
+	}
+	if t.metrics == nil {
+		t.metrics = make(map[metricsKey]labelled)
+	}
+	t.metrics[k] = l
+	return l
+}
+
 // register registers c, or returns the collector already registered under
 // its name (several engines may share one registry).
 func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
@@ -105,9 +141,9 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 	default:
 		route = "none"
 	}
-	code := strconv.Itoa(status)
-	e.metrics.requests.WithLabelValues(code, principal, x.rec.service, route).Inc()
-	e.metrics.duration.WithLabelValues(code, principal, x.rec.service, route).Observe(d.Seconds())
+	m := x.info.requestMetrics(e.metrics, status, route)
+	m.requests.Inc()
+	m.duration.Observe(d.Seconds())
 
 	if ce := e.log.Check(zap.InfoLevel, "request"); ce != nil {
 		fields := make([]zap.Field, 0, 21)

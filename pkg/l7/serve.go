@@ -45,6 +45,11 @@ type tunnel struct {
 	destination string // Destination
 	principal   string // Peer: the identity or "unauthenticated"
 	service     string // "{namespace}/{name}", or Destination for a workload
+
+	// mu guards metrics: HTTP/2 streams finish concurrently. The map holds
+	// the label sets this tunnel's requests used; it goes with the tunnel.
+	mu      sync.Mutex
+	metrics map[metricsKey]labelled
 }
 
 func newTunnel(info ConnInfo) *tunnel {

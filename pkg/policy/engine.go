@@ -63,6 +63,7 @@ type Options struct {
 type Engine struct {
 	opts     Options
 	decision ast.Ref
+	path     string // decision, as logged
 	log      *zap.Logger
 	metrics  *engineMetrics
 	active   atomic.Pointer[compiled]
@@ -127,6 +128,7 @@ func NewEngine(opts Options) (*Engine, error) {
 	return &Engine{
 		opts:     opts,
 		decision: ref,
+		path:     ref.String(),
 		log:      logger.Named("policy"),
 		metrics:  m,
 		accepted: map[string]*snapshot{},
@@ -435,7 +437,7 @@ func (e *Engine) logDecision(d Decision, input ast.Value, result any, start time
 	}
 	e.opts.DecisionLog.Log(DecisionEvent{
 		Decision: d,
-		Path:     e.decision.String(),
+		Path:     e.path,
 		Input:    input,
 		Result:   result,
 		Time:     start,
