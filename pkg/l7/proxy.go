@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -434,13 +435,12 @@ func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
 // (after what earlier proxies wrote: that part is informational only), and
 // sets the identity header from the tunnel's peer, or removes it.
 func setForwarding(out http.Header, in http.Header, x *exchange) {
-	ip := x.info.Source.Addr().Unmap().String()
+	ip, fwd := x.info.forwardedFor, x.info.forwarded
 	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
 		out.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+ip)
 	} else {
 		out.Set("X-Forwarded-For", ip)
 	}
-	fwd := `for="` + forwardedNode(x) + `"`
 	if prior := in.Values("Forwarded"); len(prior) > 0 {
 		out.Set("Forwarded", strings.Join(prior, ", ")+", "+fwd)
 	} else {
@@ -463,12 +463,12 @@ func setIdentity(h http.Header, p trust.Peer) {
 	}
 }
 
-func forwardedNode(x *exchange) string {
-	a := x.info.Source
+// forwardedElement is the caller's Forwarded (RFC 7239) element.
+func forwardedElement(a netip.AddrPort) string {
 	if a.Addr().Unmap().Is6() {
-		return "[" + a.Addr().String() + "]:" + strconv.Itoa(int(a.Port()))
+		return `for="[` + a.Addr().String() + "]:" + strconv.Itoa(int(a.Port())) + `"`
 	}
-	return a.Addr().Unmap().String() + ":" + strconv.Itoa(int(a.Port()))
+	return `for="` + a.Addr().Unmap().String() + ":" + strconv.Itoa(int(a.Port())) + `"`
 }
 
 // rewrite is the ReverseProxy's request hook. The request it receives is

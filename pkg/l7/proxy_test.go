@@ -400,3 +400,15 @@ func TestLeastOutstandingPrefersIdle(t *testing.T) {
 		}
 	}
 }
+
+func TestForwardedElement(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.1.2.3:45678":          `for="10.1.2.3:45678"`,
+		"[::ffff:10.1.2.3]:45678": `for="10.1.2.3:45678"`,
+		"[2001:db8::1]:443":       `for="[2001:db8::1]:443"`,
+	} {
+		if got := forwardedElement(netip.MustParseAddrPort(in)); got != want {
+			t.Errorf("forwardedElement(%s) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -45,6 +45,9 @@ type tunnel struct {
 	destination string // Destination
 	principal   string // Peer: the identity or "unauthenticated"
 	service     string // "{namespace}/{name}", or Destination for a workload
+	// forwardedFor and forwarded are what the caller adds to
+	// X-Forwarded-For and Forwarded.
+	forwardedFor, forwarded string
 
 	// mu guards metrics: HTTP/2 streams finish concurrently. The map holds
 	// the label sets this tunnel's requests used; it goes with the tunnel.
@@ -53,7 +56,8 @@ type tunnel struct {
 }
 
 func newTunnel(info ConnInfo) *tunnel {
-	t := &tunnel{ConnInfo: info, source: info.Source.String(), destination: info.Destination.String(), principal: info.Peer.String()}
+	t := &tunnel{ConnInfo: info, source: info.Source.String(), destination: info.Destination.String(), principal: info.Peer.String(),
+		forwardedFor: info.Source.Addr().Unmap().String(), forwarded: forwardedElement(info.Source)}
 	t.service = info.Service.String()
 	if info.Service.IsZero() {
 		t.service = t.destination
