@@ -169,7 +169,15 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 		return nil, err
 	}
 
-	headers := headerObject(r)
+	// :path and :authority repeat http.path and http.host: one term each.
+	var pathTerm, hostTerm *ast.Term
+	if path != "" {
+		pathTerm = ast.StringTerm(path)
+	}
+	if r.Host != "" {
+		hostTerm = ast.StringTerm(r.Host)
+	}
+	headers := headerObject(r, pathTerm, hostTerm)
 
 	var body []byte
 	truncated := req.BodyTruncated
@@ -192,11 +200,11 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 	if r.Method != "" {
 		httpObj.Insert(kMethod, constTerm(r.Method))
 	}
-	if path != "" {
-		httpObj.Insert(kPath, ast.StringTerm(path))
+	if pathTerm != nil {
+		httpObj.Insert(kPath, pathTerm)
 	}
-	if r.Host != "" {
-		httpObj.Insert(kHost, ast.StringTerm(r.Host))
+	if hostTerm != nil {
+		httpObj.Insert(kHost, hostTerm)
 	}
 	httpObj.Insert(kScheme, constTerm(requestScheme(req)))
 	if p := protocolString(r); p != "" {
@@ -318,17 +326,18 @@ func requestSize(r *http.Request, body []byte) int64 {
 }
 
 // headerObject lower-cases header names, adds the pseudo-headers and joins
-// repeated values with ",", as Envoy's ext_authz filter does.
-func headerObject(r *http.Request) ast.Object {
+// repeated values with ",", as Envoy's ext_authz filter does. path and host
+// are the request's path and host terms (nil when empty).
+func headerObject(r *http.Request, path, host *ast.Term) ast.Object {
 	obj := ast.NewObjectWithCapacity(len(r.Header) + 5)
-	if r.Host != "" {
-		obj.Insert(kPseudoAuthority, ast.StringTerm(r.Host))
+	if host != nil {
+		obj.Insert(kPseudoAuthority, host)
 	}
 	if r.Method != "" {
 		obj.Insert(kPseudoMethod, constTerm(r.Method))
 	}
-	if p := requestPath(r); p != "" {
-		obj.Insert(kPseudoPath, ast.StringTerm(p))
+	if path != nil {
+		obj.Insert(kPseudoPath, path)
 	}
 	if r.Method != http.MethodConnect {
 		scheme := "http"
