@@ -7,11 +7,14 @@ import (
 	"net/netip"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
@@ -342,4 +345,33 @@ func TestDecisionCacheHitsGetTheirOwnDecision(t *testing.T) {
 	if third := e.Decide(context.Background(), req); third.Headers.Get("X-Authz-Policy") != "example" {
 		t.Errorf("a caller's change leaked into the cache: %v", third.Headers)
 	}
+}
+
+// Hits share one result between requests and the decision log: reading it
+// concurrently must be safe (run with -race).
+func TestDecisionCacheConcurrentHits(t *testing.T) {
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(discard{}), zapcore.InfoLevel)
+	dl, err := NewDecisionLogger(zap.New(core), DecisionLogOptions{Buffer: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var logDone sync.WaitGroup
+	logDone.Go(func() { dl.Run(ctx) })
+	e, _ := loadEngine(t, Options{Dir: "testdata/example", DecisionLog: dl})
+	req := benchRequest(t)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 200 {
+				if d := e.Decide(context.Background(), req); !d.Allowed || d.Headers.Get("X-Authz-Policy") != "example" {
+					t.Errorf("decision %+v", d)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	cancel()
+	logDone.Wait()
 }
