@@ -28,9 +28,9 @@ import (
 // or print (its output would only appear on misses). Entries also expire
 // after decisionCacheTTL, a bound on any time dependence missed anyway.
 //
-// The key is the exact Rego text of each read value, so only identical
-// values share a result (1 and 1.0 do not). Evaluation errors (timeouts
-// included) are never cached. The table is direct-mapped and fixed-size:
+// The key encodes each read value exactly, so only identical values share
+// a result (1 and 1.0 do not). Evaluation errors (timeouts included) are
+// never cached. The table is direct-mapped and fixed-size:
 // bounded memory, no locks; a collision just evaluates again.
 type decisionCache struct {
 	paths []ast.Ref // what the policy reads, relative to input, shortest prefixes only
