@@ -50,6 +50,9 @@ type Conn interface {
 	// Answer tells the workload the outcome. It must be called exactly once,
 	// before relaying (Connected) or before Close (any other outcome).
 	Answer(Outcome) error
+	// NetConn is the workload's own connection, to relay on once answered
+	// (so relays can use the socket's fast paths).
+	NetConn() net.Conn
 }
 
 // Handler takes captured connections; it owns and must close each one.

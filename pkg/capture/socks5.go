@@ -199,6 +199,9 @@ func (c *socksConn) Answer(o Outcome) error {
 	return writeReply(c.Conn, rep)
 }
 
+// NetConn is the client's TCP connection.
+func (c *socksConn) NetConn() net.Conn { return c.Conn }
+
 // CloseWrite half-closes the client connection when the transport allows it.
 func (c *socksConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {

@@ -409,7 +409,7 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	rec.sent, rec.received, err = p.join(ctx, c, upstream)
+	rec.sent, rec.received, err = p.join(ctx, c.NetConn(), upstream)
 	p.finish(rec, start, err)
 }
 
