@@ -247,34 +247,8 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 	}
 
 	attached := make(map[tableKey]*attachments)
-	sortedHTTP := slices.Clone(routes)
-	slices.SortFunc(sortedHTTP, func(a, b *meshv1.HTTPRoute) int {
-		return cmp.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
-	})
-	for _, r := range sortedHTTP {
-		cr := c.compileHTTPRoute(r)
-		if cr == nil {
-			continue
-		}
-		for _, k := range c.parentTables(cr.meta, r.GetParents()) {
-			a := attachedTo(attached, k)
-			a.http = append(a.http, cr)
-		}
-	}
-	sortedGRPC := slices.Clone(grpcRoutes)
-	slices.SortFunc(sortedGRPC, func(a, b *meshv1.GRPCRoute) int {
-		return cmp.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
-	})
-	for _, r := range sortedGRPC {
-		cr := c.compileGRPCRoute(r)
-		if cr == nil {
-			continue
-		}
-		for _, k := range c.parentTables(cr.meta, r.GetParents()) {
-			a := attachedTo(attached, k)
-			a.grpc = append(a.grpc, cr)
-		}
-	}
+	attach(c, attached, routes, c.compileHTTPRoute, func(a *attachments, cr *compiledHTTPRoute) { a.http = append(a.http, cr) })
+	attach(c, attached, grpcRoutes, c.compileGRPCRoute, func(a *attachments, cr *compiledGRPCRoute) { a.grpc = append(a.grpc, cr) })
 
 	for ref, si := range c.services {
 		for port, sp := range si.ports {
@@ -360,6 +334,33 @@ type attachments struct {
 	grpc []*compiledGRPCRoute
 }
 
+// route is what attach needs of an HTTPRoute or GRPCRoute.
+type route interface {
+	GetNamespace() string
+	GetName() string
+	GetParents() []*meshv1.ParentRef
+}
+
+// attach compiles routes in name order and adds each to the tables of the
+// service ports it attaches to.
+func attach[R route, C interface{ routeMeta() *routeMeta }](c *Config, attached map[tableKey]*attachments, routes []R,
+	compile func(R) C, add func(*attachments, C)) {
+	sorted := slices.Clone(routes)
+	slices.SortFunc(sorted, func(a, b R) int {
+		return cmp.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
+	})
+	for _, r := range sorted {
+		cr := compile(r)
+		meta := cr.routeMeta() // nil: the route could not be compiled
+		if meta == nil {
+			continue
+		}
+		for _, k := range c.parentTables(meta, r.GetParents()) {
+			add(attachedTo(attached, k), cr)
+		}
+	}
+}
+
 func attachedTo(m map[tableKey]*attachments, k tableKey) *attachments {
 	a := m[k]
 	if a == nil {
@@ -417,6 +418,20 @@ type compiledHTTPRoute struct {
 type compiledGRPCRoute struct {
 	meta    *routeMeta
 	entries []*grpcEntry
+}
+
+func (r *compiledHTTPRoute) routeMeta() *routeMeta {
+	if r == nil {
+		return nil
+	}
+	return r.meta
+}
+
+func (r *compiledGRPCRoute) routeMeta() *routeMeta {
+	if r == nil {
+		return nil
+	}
+	return r.meta
 }
 
 func newRouteMeta(c *Config, kind, ns, name string, created time.Time, hs []string) (*routeMeta, bool) {
