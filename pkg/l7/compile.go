@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -338,6 +339,8 @@ type attachments struct {
 type route interface {
 	GetNamespace() string
 	GetName() string
+	GetCreationTime() *timestamppb.Timestamp
+	GetHostnames() []string
 	GetParents() []*meshv1.ParentRef
 }
 
@@ -434,13 +437,18 @@ func (r *compiledGRPCRoute) routeMeta() *routeMeta {
 	return r.meta
 }
 
-func newRouteMeta(c *Config, kind, ns, name string, created time.Time, hs []string) (*routeMeta, bool) {
+func newRouteMeta(c *Config, kind string, r route) (*routeMeta, bool) {
+	var created time.Time
+	if r.GetCreationTime() != nil {
+		created = r.GetCreationTime().AsTime()
+	}
+	ns, name := r.GetNamespace(), r.GetName()
 	m := &routeMeta{kind: kind, namespace: ns, name: name, fullName: ns + "/" + name, created: created}
 	if ns == "" || name == "" {
 		c.problem("%s %q: namespace and name are required", kind, m)
 		return nil, false
 	}
-	h, err := compileHostnames(hs)
+	h, err := compileHostnames(r.GetHostnames())
 	if err != nil {
 		// Dropping a hostname would widen the route; dropping the route cannot.
 		c.problem("%s %s: %v; route ignored", kind, m, err)
@@ -451,11 +459,7 @@ func newRouteMeta(c *Config, kind, ns, name string, created time.Time, hs []stri
 }
 
 func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
-	var created time.Time
-	if r.GetCreationTime() != nil {
-		created = r.GetCreationTime().AsTime()
-	}
-	meta, ok := newRouteMeta(c, "HTTPRoute", r.GetNamespace(), r.GetName(), created, r.GetHostnames())
+	meta, ok := newRouteMeta(c, "HTTPRoute", r)
 	if !ok {
 		return nil
 	}
@@ -497,11 +501,7 @@ func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
 }
 
 func (c *Config) compileGRPCRoute(r *meshv1.GRPCRoute) *compiledGRPCRoute {
-	var created time.Time
-	if r.GetCreationTime() != nil {
-		created = r.GetCreationTime().AsTime()
-	}
-	meta, ok := newRouteMeta(c, "GRPCRoute", r.GetNamespace(), r.GetName(), created, r.GetHostnames())
+	meta, ok := newRouteMeta(c, "GRPCRoute", r)
 	if !ok {
 		return nil
 	}
