@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
