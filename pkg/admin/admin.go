@@ -60,19 +60,28 @@ func Handler(o Options) http.Handler {
 	return mux
 }
 
-// StatusHandler serves /healthz/ready (200 when ready returns nil, 503 with
-// the reason otherwise) and /metrics from reg.
-func StatusHandler(ready func() error, reg prometheus.Gatherer) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
+// StatusHandlers maps each address to its handler: /healthz/ready (200
+// when ready returns nil, 503 with the reason otherwise) on readinessAddr and
+// /metrics from reg on metricsAddr (DESIGN §2: 15021 and 15020). Equal
+// addresses share one handler, so a host short of ports can use one.
+func StatusHandlers(readinessAddr string, ready func() error, metricsAddr string, reg prometheus.Gatherer) map[string]http.Handler {
+	muxes := map[string]*http.ServeMux{readinessAddr: http.NewServeMux()}
+	if muxes[metricsAddr] == nil {
+		muxes[metricsAddr] = http.NewServeMux()
+	}
+	muxes[readinessAddr].HandleFunc("GET /healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	return mux
+	muxes[metricsAddr].Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	out := make(map[string]http.Handler, len(muxes))
+	for a, m := range muxes {
+		out[a] = m
+	}
+	return out
 }
 
 // Serve runs an HTTP server for h on addr until ctx ends. Listening errors

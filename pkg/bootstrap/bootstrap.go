@@ -29,7 +29,8 @@ type Flags struct {
 	RootCert             string
 	ControlPlaneIdentity string
 	Admin                string
-	Status               string
+	Readiness            string
+	Metrics              string
 	LogFormat, LogLevel  string
 }
 
@@ -41,7 +42,8 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.RootCert, "root-cert", "", "PEM file with the mesh root certificate(s)")
 	fs.StringVar(&f.ControlPlaneIdentity, "controlplane-identity", "", "identity the control plane must present (default: its identity in the trust domain)")
 	fs.StringVar(&f.Admin, "admin", "127.0.0.1:15000", "admin address (/config_dump, /logging, /debug/pprof/); keep it on localhost")
-	fs.StringVar(&f.Status, "status", "127.0.0.1:15021", "readiness (/healthz/ready) and metrics (/metrics) address")
+	fs.StringVar(&f.Readiness, "readiness", "127.0.0.1:15021", "readiness address (/healthz/ready)")
+	fs.StringVar(&f.Metrics, "metrics", "127.0.0.1:15020", "Prometheus metrics address (/metrics); may equal --readiness")
 	fs.StringVar(&f.LogFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 }
@@ -87,27 +89,36 @@ func (f *Flags) CAClient(env *Env) (*caclient.Client, error) {
 	return caclient.New(caclient.Options{Address: f.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token})
 }
 
-// ServeOps starts the admin server (on Flags.Admin) and the readiness and
-// metrics server (on Flags.Status) until ctx ends. The returned function
-// waits for both to stop.
+// ServeOps starts the admin server (on Flags.Admin), readiness (on
+// Flags.Readiness) and metrics (on Flags.Metrics) until ctx ends. The
+// returned function waits for all of them to stop.
 func (f *Flags) ServeOps(ctx context.Context, env *Env, dump func() (*admin.ConfigDump, error), ready func() error) (func(), error) {
 	log := env.Log.Logger
-	waitAdmin, err := admin.Serve(ctx, f.Admin, admin.Handler(admin.Options{Dump: dump, Logging: env.Log.Handler()}), log.Named("admin"))
-	if err != nil {
-		return nil, fmt.Errorf("admin: %w", err)
+	handlers := admin.StatusHandlers(f.Readiness, ready, f.Metrics, env.Metrics)
+	handlers[f.Admin] = admin.Handler(admin.Options{Dump: dump, Logging: env.Log.Handler()})
+	want := 3 // admin, readiness, metrics
+	if f.Readiness == f.Metrics {
+		want = 2
 	}
-	waitStatus, err := admin.Serve(ctx, f.Status, admin.StatusHandler(ready, env.Metrics), log.Named("status"))
-	if err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+	if len(handlers) < want {
+		return nil, fmt.Errorf("--admin %s must differ from --readiness and --metrics: it is for localhost only", f.Admin)
 	}
-	return func() {
-		if err := waitAdmin(); err != nil {
-			log.Warn("admin server", zap.Error(err))
+	var waits []func() error
+	waitAll := func() {
+		for _, wait := range waits {
+			if err := wait(); err != nil {
+				log.Warn("operator server", zap.Error(err))
+			}
 		}
-		if err := waitStatus(); err != nil {
-			log.Warn("status server", zap.Error(err))
+	}
+	for addr, h := range handlers {
+		wait, err := admin.Serve(ctx, addr, h, log.Named("ops"))
+		if err != nil {
+			return nil, err
 		}
-	}, nil
+		waits = append(waits, wait)
+	}
+	return waitAll, nil
 }
 
 // SignalContext is cancelled on SIGINT or SIGTERM.

@@ -112,13 +112,13 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	for _, n := range plan.Nodes {
 		proxies = append(proxies, job{name: "nodeproxy-" + n.Node, bin: "nodeproxy", ready: "http://" + n.Status + "/healthz/ready",
 			args: append([]string{"--node", n.Node, "--xds-address", cp.GRPC, "--token-file", tokenFile(o.StateDir, n.Token),
-				"--root-cert", root, "--admin", n.Admin, "--status", n.Status, "--socks5", n.SOCKS5}, common...)})
+				"--root-cert", root, "--admin", n.Admin, "--readiness", n.Status, "--metrics", n.Status, "--socks5", n.SOCKS5}, common...)})
 	}
 	for _, w := range plan.Waypoints {
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: "waypoint", ready: "http://" + w.Status + "/healthz/ready",
 			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
 				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root, "--policy-dir", o.PolicyDir,
-				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--status", w.Status}, common...)})
+				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, common...)})
 	}
 	if err := launch(proxies); err != nil {
 		return nil, err

@@ -1,0 +1,108 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/logging"
+)
+
+// freeAddr returns a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func serveOps(t *testing.T, f *Flags, ready func() error) {
+	t.Helper()
+	log, err := logging.New(logging.Options{Format: "json", Level: "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "ops_test_total"}))
+	ctx, cancel := context.WithCancel(context.Background())
+	wait, err := f.ServeOps(ctx, &Env{Log: log, Metrics: reg}, func() (*admin.ConfigDump, error) { return &admin.ConfigDump{}, nil }, ready)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); wait() })
+}
+
+// DESIGN §2: readiness on 15021 and metrics on 15020 are separate ports.
+func TestReadinessAndMetricsOnTheirOwnPorts(t *testing.T) {
+	f := &Flags{Admin: freeAddr(t), Readiness: freeAddr(t), Metrics: freeAddr(t)}
+	var synced atomic.Bool
+	serveOps(t, f, func() error {
+		if !synced.Load() {
+			return errors.New("xDS not synced")
+		}
+		return nil
+	})
+	if code, body := get(t, "http://"+f.Readiness+"/healthz/ready"); code != http.StatusServiceUnavailable || !strings.Contains(body, "xDS not synced") {
+		t.Fatalf("readiness before ready: %d %q", code, body)
+	}
+	synced.Store(true)
+	if code, _ := get(t, "http://"+f.Readiness+"/healthz/ready"); code != http.StatusOK {
+		t.Fatalf("readiness when ready: %d", code)
+	}
+	if code, body := get(t, "http://"+f.Metrics+"/metrics"); code != http.StatusOK || !strings.Contains(body, "ops_test_total 0") {
+		t.Fatalf("metrics: %d %q", code, body)
+	}
+	if code, _ := get(t, "http://"+f.Readiness+"/metrics"); code != http.StatusNotFound {
+		t.Fatalf("metrics on the readiness port: %d, want 404", code)
+	}
+	if code, _ := get(t, "http://"+f.Metrics+"/healthz/ready"); code != http.StatusNotFound {
+		t.Fatalf("readiness on the metrics port: %d, want 404", code)
+	}
+	if code, _ := get(t, "http://"+f.Admin+"/config_dump"); code != http.StatusOK {
+		t.Fatalf("admin config dump: %d", code)
+	}
+}
+
+func TestReadinessAndMetricsMayShareAPort(t *testing.T) {
+	addr := freeAddr(t)
+	f := &Flags{Admin: freeAddr(t), Readiness: addr, Metrics: addr}
+	serveOps(t, f, func() error { return nil })
+	for _, path := range []string{"/healthz/ready", "/metrics"} {
+		if code, _ := get(t, "http://"+addr+path); code != http.StatusOK {
+			t.Fatalf("%s: %d", path, code)
+		}
+	}
+}
+
+func TestAdminMustNotShareTheStatusPorts(t *testing.T) {
+	addr := freeAddr(t)
+	f := &Flags{Admin: addr, Readiness: addr, Metrics: freeAddr(t)}
+	log, _ := logging.New(logging.Options{Format: "json", Level: "error"})
+	_, err := f.ServeOps(context.Background(), &Env{Log: log, Metrics: prometheus.NewRegistry()}, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "must differ") {
+		t.Fatalf("admin on the readiness address: %v", err)
+	}
+}
