@@ -32,6 +32,7 @@ type options struct {
 	parseBody      bool
 	decisionCache  bool
 	drain          time.Duration
+	idleTimeout    time.Duration
 }
 
 func main() {
@@ -46,6 +47,7 @@ func main() {
 	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies")
 	fs.BoolVar(&o.parseBody, "policy-parse-body", false, "give policies the request body (parsed_body) as OPA-Envoy does with with_request_body")
 	fs.BoolVar(&o.decisionCache, "policy-decision-cache", true, "reuse a policy's decision for requests that agree on every input value it reads (off for policies that read the whole input, call nondeterministic built-ins or print)")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	fs.Parse(os.Args[1:])
 	if o.namespace == "" || o.name == "" || o.policyDir == "" {
@@ -95,8 +97,12 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
+	tcpIdle := o.idleTimeout
+	if tcpIdle == 0 {
+		tcpIdle = -1 // the option's "never"
+	}
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
-		Certificates: certs, Policy: engine, Logger: log, Registry: env.Metrics})
+		Certificates: certs, Policy: engine, Logger: log, Registry: env.Metrics, TCPIdleTimeout: tcpIdle})
 	if err != nil {
 		return err
 	}

@@ -56,6 +56,9 @@ type Options struct {
 	HBONEPort uint16
 	// ConnectTimeout bounds an upstream connect (default 5 s).
 	ConnectTimeout time.Duration
+	// TCPIdleTimeout closes a TCP-port tunnel on which nothing moved for
+	// this long (default 1 h; negative: never), as the node proxy does.
+	TCPIdleTimeout time.Duration
 	// Pool, Server and L7 options (required fields are filled in).
 	Pool   hbone.PoolOptions
 	Server hbone.ServerOptions
@@ -106,6 +109,11 @@ func New(o Options) (*Waypoint, error) {
 	}
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.TCPIdleTimeout == 0 {
+		o.TCPIdleTimeout = time.Hour
+	} else if o.TCPIdleTimeout < 0 {
+		o.TCPIdleTimeout = 0
 	}
 	w := &Waypoint{opts: o, self: &meshv1.Ref{Namespace: o.Namespace, Name: o.Name}, log: o.Logger, access: o.AccessLog}
 	o.Certificates.Prefetch(o.Identity)
@@ -285,7 +293,7 @@ func (w *Waypoint) openTCP(ctx context.Context, req *hbone.Request, info l7.Conn
 			continue
 		}
 		return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
-			sent, received, err := hbone.Join(ctx, tunnel, conn)
+			sent, received, err := hbone.JoinIdle(ctx, tunnel, conn, w.opts.TCPIdleTimeout)
 			result := "ok"
 			if err != nil {
 				result = err.Error()

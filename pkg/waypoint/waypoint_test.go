@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -49,7 +52,7 @@ type fixture struct {
 
 // start runs a waypoint shop/wp on 127.0.73.2 in front of plain backends
 // (pods outside the mesh, so no node proxy is needed behind it).
-func start(t *testing.T) *fixture {
+func start(t *testing.T, options ...func(*Options)) *fixture {
 	t.Helper()
 	ca := trusttest.NewCA(t, "cluster.local")
 	httpBackend := serveHTTP(t, "127.0.173.1:0")
@@ -76,7 +79,11 @@ func start(t *testing.T) *fixture {
 	t.Cleanup(func() { cancel(); <-done })
 
 	self := trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/wp")
-	w, err := New(Options{Namespace: "shop", Name: "wp", Identity: self, Bundle: ca.Bundle, Certificates: certs, Policy: engine})
+	o := Options{Namespace: "shop", Name: "wp", Identity: self, Bundle: ca.Bundle, Certificates: certs, Policy: engine}
+	for _, set := range options {
+		set(&o)
+	}
+	w, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +164,8 @@ func serveTCP(t *testing.T, addr string) netip.AddrPort {
 			if err != nil {
 				return
 			}
-			go func() { io.WriteString(c, "tcp backend\n"); c.Close() }()
+			// Greets, then holds the connection until the client's EOF.
+			go func() { io.WriteString(c, "tcp backend\n"); io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
 	return netip.MustParseAddrPort(ln.Addr().String())
@@ -247,6 +255,7 @@ func TestTCPPortConnectionPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.(interface{ CloseWrite() error }).CloseWrite()
 	out, _ := io.ReadAll(c)
 	c.Close()
 	if string(out) != "tcp backend\n" {
@@ -257,5 +266,34 @@ func TestTCPPortConnectionPolicy(t *testing.T) {
 		t.Fatal("unauthenticated TCP connection allowed")
 	} else if !strings.Contains(err.Error(), "401") {
 		t.Fatalf("unauthenticated TCP: %v, want 401", err)
+	}
+}
+
+func TestTCPTunnelIdleTimeout(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	f := start(t, func(o *Options) { o.TCPIdleTimeout = 300 * time.Millisecond; o.AccessLog = zap.New(core) })
+	c, err := f.tunnel(t, frontend, "127.0.74.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	out, err := io.ReadAll(c)
+	if string(out) != "tcp backend\n" || err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("idle tunnel: read %q, %v after %v; want the greeting, then an abort after the idle timeout", out, err, time.Since(start))
+	}
+	// The access log line is written after the tunnel is reset.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, e := range logs.FilterMessage("connection").All() {
+			if strings.Contains(fmt.Sprint(e.ContextMap()["result"]), "idle timeout") {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no access log line with an idle timeout: %v", logs.All())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
