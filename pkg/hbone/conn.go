@@ -137,11 +137,17 @@ type h2conn struct {
 	done         chan struct{}
 	writerDone   chan struct{}
 
-	// Write side. wmu is taken before mu when both are held.
+	// Write side. wmu is taken before mu when both are held; qmu is a leaf.
 	wmu  sync.Mutex
-	wbuf bytes.Buffer // framer output, sent with one Write
-	henc *hpack.Encoder
-	hbuf bytes.Buffer
+	qmu  sync.Mutex
+	dq   []*dataWrite // DATA frames waiting for the flushing writer
+	dqUp []*dataWrite // the flushing writer's spare queue
+	// flushing: a writer is sending the queue; others wait to be told.
+	flushing bool
+	wbuf     bytes.Buffer // framer output, sent with one Write
+	wout     [][]byte     // scratch: the pieces of one batched write
+	henc     *hpack.Encoder
+	hbuf     bytes.Buffer
 
 	mu       sync.Mutex
 	closed   bool
@@ -558,41 +564,116 @@ func (c *h2conn) writeOut(bs ...[]byte) error {
 	return nil
 }
 
+// dataWrite is one DATA frame handed to writeData.
+type dataWrite struct {
+	st         *stream
+	head, tail []byte
+	end        bool
+	err        error
+	done       chan error // the flushing writer's answer, or errLead
+}
+
+// errLead tells a waiting writer that it now flushes the queue.
+var errLead = errors.New("hbone: flush the write queue")
+
 // writeData sends one DATA frame: head starts with frameHeaderLen bytes of
 // room for the frame header, and its payload continues with tail (which may
 // be empty). The caller reserved flow control for the whole payload.
+//
+// Writers of many streams share one socket, and a small frame costs a
+// write syscall of its own. So writes group-commit: the first writer
+// flushes every frame queued meanwhile (one TLS batch, one syscall) and
+// answers their writers; while it is busy, new frames queue for the next
+// flush, led by the first of them. Nobody waits for more than the flush
+// in progress and its own.
 func (c *h2conn) writeData(st *stream, head, tail []byte, end bool) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := c.appendCtrlLocked(); err != nil {
-		return err
+	w := &st.dw // one writer per stream at a time (st.wmu)
+	w.st, w.head, w.tail, w.end, w.err = st, head, tail, end, nil
+	if w.done == nil {
+		w.done = make(chan error, 1)
 	}
-	if err := c.flushWbufLocked(); err != nil {
-		return err
-	}
-	payload := len(head) - frameHeaderLen + len(tail)
-	c.mu.Lock()
-	if st.err != nil || c.finishSent {
-		err := st.err
-		if err == nil {
-			err = errConnClosed
+	c.qmu.Lock()
+	c.dq = append(c.dq, w)
+	lead := !c.flushing
+	c.flushing = true
+	c.qmu.Unlock()
+	if !lead {
+		if err := <-w.done; err != errLead {
+			return err
 		}
-		// The stream died while we waited: give the flow control back.
-		c.sendWindow += int64(payload)
-		c.wakeSendersLocked()
-		c.mu.Unlock()
-		return err
 	}
-	if end {
-		st.sentEOF = true
+	c.wmu.Lock()
+	c.qmu.Lock()
+	batch := c.dq
+	c.dq = c.dqUp[:0]
+	c.qmu.Unlock()
+	c.writeBatchLocked(batch)
+	c.wmu.Unlock()
+	var mine error
+	for i, x := range batch {
+		if x == w {
+			mine = x.err
+		} else {
+			x.done <- x.err
+		}
+		batch[i] = nil
+	}
+	c.qmu.Lock()
+	c.dqUp = batch[:0]
+	if len(c.dq) == 0 {
+		c.flushing = false
+		c.qmu.Unlock()
+	} else {
+		next := c.dq[0]
+		c.qmu.Unlock()
+		next.done <- errLead
+	}
+	return mine
+}
+
+// writeBatchLocked sends the queued control frames and batch in one write,
+// setting each entry's err. wmu held.
+func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
+	if err := c.appendCtrlLocked(); err != nil {
+		for _, w := range batch {
+			w.err = err
+		}
+		return
+	}
+	out := append(c.wout[:0], c.wbuf.Bytes())
+	c.mu.Lock()
+	for _, w := range batch {
+		payload := len(w.head) - frameHeaderLen + len(w.tail)
+		if w.st.err != nil || c.finishSent {
+			w.err = w.st.err
+			if w.err == nil {
+				w.err = errConnClosed
+			}
+			// The stream died while we waited: give the flow control back.
+			c.sendWindow += int64(payload)
+			c.wakeSendersLocked()
+			continue
+		}
+		if w.end {
+			w.st.sentEOF = true
+		}
+		var flags http2.Flags
+		if w.end {
+			flags = http2.FlagDataEndStream
+		}
+		putFrameHeader(w.head, payload, http2.FrameData, flags, w.st.id)
+		out = append(out, w.head, w.tail)
 	}
 	c.mu.Unlock()
-	var flags http2.Flags
-	if end {
-		flags = http2.FlagDataEndStream
+	err := c.writeOut(out...)
+	c.wbuf.Reset()
+	clear(out)
+	c.wout = out[:0]
+	for _, w := range batch {
+		if w.err == nil {
+			w.err = err
+		}
 	}
-	putFrameHeader(head, payload, http2.FrameData, flags, st.id)
-	return c.writeOut(head, tail)
 }
 
 func putFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) {

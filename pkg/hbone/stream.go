@@ -46,6 +46,7 @@ type stream struct {
 	rdl, wdl deadline
 	rmu      sync.Mutex // one reader at a time
 	wmu      sync.Mutex // one writer at a time
+	dw       dataWrite  // that writer's frame in the connection's queue
 }
 
 var (

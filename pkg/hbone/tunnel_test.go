@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 )
@@ -283,4 +284,55 @@ func TestConcurrentMixedTunnels(t *testing.T) {
 	eventually(t, 30*time.Second, "all tunnels to close", func() bool {
 		return srv.Stats().Tunnels == 0 && p.Stats().Tunnels == 0
 	})
+}
+
+// Many streams of one connection writing small pieces at once share write
+// syscalls (writeData's group commit); every stream's bytes still arrive
+// whole and in order, and half-closes queued among data frames apply after
+// the data that was written before them.
+func TestConcurrentSmallWritesOnOneConnection(t *testing.T) {
+	const streams, pieces = 64, 300
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, nil)
+	tg := m.target(addr, up.String())
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := p.Dial(ctxTimeout(t, 30*time.Second), tg)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			var want bytes.Buffer
+			got := make(chan []byte, 1)
+			go func() { b, _ := io.ReadAll(c); got <- b }()
+			for j := range pieces {
+				piece := fmt.Appendf(nil, "stream %d piece %d;", i, j)
+				want.Write(piece)
+				if _, err := c.Write(piece); err != nil {
+					errs <- fmt.Errorf("stream %d write %d: %w", i, j, err)
+					return
+				}
+			}
+			c.(halfCloser).CloseWrite()
+			if b := <-got; !bytes.Equal(b, want.Bytes()) {
+				errs <- fmt.Errorf("stream %d: echoed %d bytes, want %d in order", i, len(b), want.Len())
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if s := p.Stats(); s.Connections != 1 {
+		t.Fatalf("pool %+v: want the streams on one connection", s)
+	}
 }
