@@ -52,8 +52,9 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	if err != nil {
 		return err
 	}
-	log := env.Log.Logger.With(zap.String("node", node))
-	defer log.Sync()
+	nodeField := zap.String("node", node)
+	log := env.Log.Logger.With(nodeField)
+	defer env.Log.Sync()
 	ctx, stop := bootstrap.SignalContext()
 	defer stop()
 
@@ -67,7 +68,7 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 		return err
 	}
 	proxy, err := nodeproxy.New(nodeproxy.Options{
-		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, Registry: env.Metrics,
+		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, AccessLog: env.Log.Buffered("access", nodeField), Registry: env.Metrics,
 		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext, IdleTimeout: idle,
 	})
 	if err != nil {

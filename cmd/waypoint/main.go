@@ -66,8 +66,9 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	log := env.Log.Logger.With(zap.String("waypoint", o.namespace+"/"+o.name))
-	defer log.Sync()
+	wpField := zap.String("waypoint", o.namespace+"/"+o.name)
+	log := env.Log.Logger.With(wpField)
+	defer env.Log.Sync()
 	self, err := trust.NewIdentity(o.common.TrustDomain, o.namespace, o.serviceAccount)
 	if err != nil {
 		return err
@@ -75,10 +76,7 @@ func run(o *options) error {
 	ctx, stop := bootstrap.SignalContext()
 	defer stop()
 
-	// A line per decision: no caller annotation (always the same line, and a
-	// stack walk each).
-	decisions, err := policy.NewDecisionLogger(log.Named("decisions").WithOptions(zap.WithCaller(false)),
-		policy.DecisionLogOptions{Registerer: env.Metrics})
+	decisions, err := policy.NewDecisionLogger(env.Log.Buffered("decisions", wpField), policy.DecisionLogOptions{Registerer: env.Metrics})
 	if err != nil {
 		return err
 	}
@@ -102,7 +100,7 @@ func run(o *options) error {
 		tcpIdle = -1 // the option's "never"
 	}
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
-		Certificates: certs, Policy: engine, Logger: log, Registry: env.Metrics, TCPIdleTimeout: tcpIdle})
+		Certificates: certs, Policy: engine, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle})
 	if err != nil {
 		return err
 	}

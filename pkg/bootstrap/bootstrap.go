@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -32,6 +33,7 @@ type Flags struct {
 	Readiness            string
 	Metrics              string
 	LogFormat, LogLevel  string
+	LogFlushInterval     time.Duration
 }
 
 // Register adds the common flags to fs.
@@ -46,6 +48,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Metrics, "metrics", "127.0.0.1:15020", "Prometheus metrics address (/metrics); may equal --readiness")
 	fs.StringVar(&f.LogFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.DurationVar(&f.LogFlushInterval, "log-flush-interval", time.Second, "longest time access and decision log lines wait in a buffer before they are written (0: written at once)")
 }
 
 // Env is a proxy's connection to the mesh.
@@ -59,7 +62,7 @@ type Env struct {
 
 // Setup validates the flags and builds the environment.
 func (f *Flags) Setup() (*Env, error) {
-	log, err := logging.New(logging.Options{Format: f.LogFormat, Level: f.LogLevel})
+	log, err := logging.New(logging.Options{Format: f.LogFormat, Level: f.LogLevel, FlushInterval: f.LogFlushInterval})
 	if err != nil {
 		return nil, err
 	}
