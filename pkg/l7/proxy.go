@@ -744,7 +744,7 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		areq.Body, areq.GetBody = x.stream, nil
 	}
 	ep.outstanding.Add(1)
-	resp, err := ep.roundTripper(x.proto).RoundTrip(areq)
+	resp, err := ep.roundTripper(x.proto, areq).RoundTrip(areq)
 	if err != nil {
 		ep.outstanding.Add(-1)
 		cancel()
@@ -883,7 +883,7 @@ func (e *Engine) mirror(m mirrorShot, hdr http.Header, body []byte, ep *endpoint
 		req.Body, req.ContentLength = nil, 0
 	}
 	req.Header, req.Host = hdr, m.host
-	resp, err := ep.roundTripper(proto).RoundTrip(req)
+	resp, err := ep.roundTripper(proto, req).RoundTrip(req)
 	if err != nil {
 		e.metrics.mirrors.WithLabelValues("failed").Inc()
 		e.log.Debug("mirror failed", zap.Error(err), zap.String("backend", m.backend.String()))

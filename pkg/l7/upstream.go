@@ -71,11 +71,13 @@ type endpoint struct {
 	ejectedTill atomic.Int64 // unix nanoseconds; connect failures eject for a while
 	failures    atomic.Int32 // consecutive connect failures
 
-	pool   *pools
-	h1once sync.Once
-	h1     atomic.Pointer[http.Transport]
-	h2once sync.Once
-	h2     atomic.Pointer[http2.Transport]
+	pool       *pools
+	h1once     sync.Once
+	h1         atomic.Pointer[http.Transport]
+	h2once     sync.Once
+	h2         atomic.Pointer[http2.Transport]
+	inlineOnce sync.Once
+	inline     atomic.Pointer[inlineH1]
 }
 
 // pools owns every endpoint's connection pools.
@@ -131,6 +133,9 @@ func (p *pools) closeAll() {
 }
 
 func (ep *endpoint) closeIdle() {
+	if c := ep.inlineH1(false); c != nil {
+		c.CloseIdleConnections()
+	}
 	if t := ep.h1T(false); t != nil {
 		t.CloseIdleConnections()
 	}
@@ -207,9 +212,24 @@ func (ep *endpoint) h2T(create bool) *http2.Transport {
 	return ep.h2.Load()
 }
 
-func (ep *endpoint) roundTripper(p upstreamProto) http.RoundTripper {
+// inlineH1 returns the endpoint's HTTP/1.1 client for requests without a
+// body, creating it when create is set.
+func (ep *endpoint) inlineH1(create bool) *inlineH1 {
+	if create {
+		ep.inlineOnce.Do(func() {
+			ep.inline.Store(&inlineH1{dial: ep.dial, idleTimeout: ep.pool.idleTimeout, maxHeader: ep.pool.maxHeader})
+		})
+	}
+	return ep.inline.Load()
+}
+
+// roundTripper returns what sends req to the endpoint in protocol p.
+func (ep *endpoint) roundTripper(p upstreamProto, req *http.Request) http.RoundTripper {
 	if p == upstreamH2 {
 		return ep.h2T(true)
+	}
+	if h1Plain(req) {
+		return ep.inlineH1(true)
 	}
 	return ep.h1T(true)
 }

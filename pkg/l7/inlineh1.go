@@ -1,0 +1,279 @@
+package l7
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"sync"
+	"time"
+)
+
+// inlineH1 sends replayable HTTP/1.1 requests without a body (see h1Plain)
+// over an endpoint's keep-alive connections (each over its own tunnel),
+// writing the request and reading the response in the caller's goroutine.
+// http.Transport hands each exchange to a writer and a reader goroutine per
+// connection, which cost the waypoint about a sixth of its CPU per request
+// (bench/README.md, "Waypoint"); it keeps the other requests, and its own
+// connections. Parsing and serialization are net/http's own
+// (Request.Write, ReadResponse).
+type inlineH1 struct {
+	dial        func(context.Context) (net.Conn, error)
+	idleTimeout time.Duration
+	maxHeader   int64
+
+	mu    sync.Mutex
+	idle  []*inlineConn // most recently used last
+	sweep *time.Timer
+}
+
+// maxIdleInline bounds the idle connections kept per endpoint (as
+// http.Transport's MaxIdleConnsPerHost in upstream.go).
+const maxIdleInline = 64
+
+// max1xx bounds the informational responses read before the final one.
+const max1xx = 5
+
+// errHeaderTooLarge: the upstream's response header exceeded maxHeader.
+var errHeaderTooLarge = errors.New("upstream response header too large")
+
+// inlineConn is one keep-alive connection.
+type inlineConn struct {
+	nc        net.Conn
+	lim       budgetReader
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+}
+
+// budgetReader reads from r while budget lasts; a negative budget is
+// unlimited. It bounds what a response header may take.
+type budgetReader struct {
+	r      io.Reader
+	budget int64
+}
+
+func (b *budgetReader) Read(p []byte) (int, error) {
+	if b.budget == 0 {
+		return 0, errHeaderTooLarge
+	}
+	if b.budget > 0 && int64(len(p)) > b.budget {
+		p = p[:b.budget]
+	}
+	n, err := b.r.Read(p)
+	if b.budget > 0 {
+		b.budget -= int64(n)
+	}
+	return n, err
+}
+
+// h1Plain reports whether an inlineH1 may send req: no body, no upgrade,
+// and replayable. Without a reader goroutine an idle connection that the
+// upstream closed is only found by using it; a replayable request then goes
+// again on a new connection, and the rest keep http.Transport, whose reader
+// notices such closes while the connection is idle.
+func h1Plain(req *http.Request) bool {
+	return (req.Body == nil || req.Body == http.NoBody) && req.ContentLength == 0 &&
+		req.Header.Get("Upgrade") == "" && len(req.TransferEncoding) == 0 && replayable(req)
+}
+
+// RoundTrip sends req on an idle connection or a new one. A reused
+// connection that the upstream had closed fails before any response byte;
+// a replayable request then goes once more on a new connection, as
+// http.Transport does.
+func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
+	for {
+		c := h.take()
+		reused := c != nil
+		if c == nil {
+			nc, err := h.dial(req.Context())
+			if err != nil {
+				return nil, err
+			}
+			c = &inlineConn{nc: nc}
+			c.lim.r = nc
+			c.br = bufio.NewReader(&c.lim)
+			c.bw = bufio.NewWriter(nc)
+		}
+		resp, err := h.exchange(c, req)
+		if err == nil {
+			return resp, nil
+		}
+		c.nc.Close()
+		var fresh *freshConnError
+		if reused && errors.As(err, &fresh) && replayable(req) && req.Context().Err() == nil {
+			continue
+		}
+		if errors.As(err, &fresh) {
+			err = fresh.err
+		}
+		return nil, err
+	}
+}
+
+// freshConnError is a failure before any response byte arrived.
+type freshConnError struct{ err error }
+
+func (e *freshConnError) Error() string { return e.err.Error() }
+func (e *freshConnError) Unwrap() error { return e.err }
+
+func replayable(req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
+// exchange writes req on c and reads the response header. The request's
+// context ending interrupts c until the body is done.
+func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			err = fmt.Errorf("%w (%v)", ctxErr, err)
+		}
+		return nil, err
+	}
+	if err := req.Write(c.bw); err != nil {
+		return fail(&freshConnError{fmt.Errorf("writing the request: %w", err)})
+	}
+	if err := c.bw.Flush(); err != nil {
+		return fail(&freshConnError{fmt.Errorf("writing the request: %w", err)})
+	}
+	c.lim.budget = h.maxHeader
+	if _, err := c.br.Peek(1); err != nil {
+		return fail(&freshConnError{fmt.Errorf("reading the response: %w", err)})
+	}
+	var resp *http.Response
+	for n := 0; ; n++ {
+		var err error
+		if resp, err = http.ReadResponse(c.br, req); err != nil {
+			return fail(fmt.Errorf("reading the response: %w", err))
+		}
+		code := resp.StatusCode
+		if code < 100 || code > 199 {
+			break
+		}
+		if code == http.StatusSwitchingProtocols || n == max1xx {
+			return fail(fmt.Errorf("upstream answered %s to a request that did not ask for it", resp.Status))
+		}
+		if trace := httptrace.ContextClientTrace(ctx); trace != nil && trace.Got1xxResponse != nil {
+			if err := trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
+				return fail(err)
+			}
+		}
+		c.lim.budget = h.maxHeader
+	}
+	c.lim.budget = -1
+	keep := !resp.Close && !req.Close
+	if resp.Body == http.NoBody {
+		h.release(c, stop, keep)
+		return resp, nil
+	}
+	resp.Body = &inlineBody{r: resp.Body, done: func(reuse bool) { h.release(c, stop, keep && reuse) }}
+	return resp, nil
+}
+
+// release ends an exchange on c: back to the idle list when the response
+// was read whole, the connection may stay open and the request's context
+// did not interrupt it; closed otherwise.
+func (h *inlineH1) release(c *inlineConn, stop func() bool, reuse bool) {
+	if !stop() {
+		reuse = false // the context ended: c's deadline is in the past
+	}
+	if !reuse || c.br.Buffered() > 0 {
+		c.nc.Close()
+		return
+	}
+	c.idleSince = time.Now()
+	h.mu.Lock()
+	if len(h.idle) >= maxIdleInline {
+		h.mu.Unlock()
+		c.nc.Close()
+		return
+	}
+	h.idle = append(h.idle, c)
+	if h.sweep == nil && h.idleTimeout > 0 {
+		h.sweep = time.AfterFunc(h.idleTimeout, h.closeExpired)
+	}
+	h.mu.Unlock()
+}
+
+// take returns the most recently used idle connection, closing expired ones.
+func (h *inlineH1) take() *inlineConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for len(h.idle) > 0 {
+		c := h.idle[len(h.idle)-1]
+		h.idle[len(h.idle)-1] = nil
+		h.idle = h.idle[:len(h.idle)-1]
+		if h.idleTimeout > 0 && time.Since(c.idleSince) >= h.idleTimeout {
+			c.nc.Close()
+			continue
+		}
+		return c
+	}
+	return nil
+}
+
+// closeExpired closes the connections idle for the idle timeout and runs
+// again while any are left.
+func (h *inlineH1) closeExpired() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sweep = nil
+	keep := h.idle[:0]
+	for _, c := range h.idle {
+		if time.Since(c.idleSince) >= h.idleTimeout {
+			c.nc.Close()
+		} else {
+			keep = append(keep, c)
+		}
+	}
+	clear(h.idle[len(keep):])
+	h.idle = keep
+	if len(h.idle) > 0 {
+		h.sweep = time.AfterFunc(h.idleTimeout-time.Since(h.idle[0].idleSince), h.closeExpired)
+	}
+}
+
+// CloseIdleConnections closes the idle connections. Exchanges in flight
+// finish; their connections then idle out.
+func (h *inlineH1) CloseIdleConnections() {
+	h.mu.Lock()
+	idle := h.idle
+	h.idle = nil
+	h.mu.Unlock()
+	for _, c := range idle {
+		c.nc.Close()
+	}
+}
+
+// inlineBody reports once how the response body ended: read to EOF (the
+// connection can be reused) or closed early or failed (it cannot).
+type inlineBody struct {
+	r    io.ReadCloser
+	done func(reuse bool)
+	once sync.Once
+}
+
+func (b *inlineBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil {
+		b.once.Do(func() { b.done(err == io.EOF) })
+	}
+	return n, err
+}
+
+func (b *inlineBody) Close() error {
+	b.once.Do(func() { b.done(false) })
+	return nil
+}

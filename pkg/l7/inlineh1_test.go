@@ -1,0 +1,285 @@
+package l7
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// rawUpstream serves each accepted connection with serve and counts them.
+type rawUpstream struct {
+	ln    net.Listener
+	conns atomic.Int32
+}
+
+func startRawUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			go func() {
+				defer c.Close()
+				serve(c, bufio.NewReader(c))
+			}()
+		}
+	}()
+	return u
+}
+
+func (u *rawUpstream) client(idle time.Duration) *inlineH1 {
+	return &inlineH1{
+		dial: func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", u.ln.Addr().String())
+		},
+		idleTimeout: idle,
+		maxHeader:   4 << 10,
+	}
+}
+
+// answer reads requests and answers each with respond's raw bytes until
+// respond returns "" or the client goes away.
+func answer(respond func(n int, req *http.Request) string) func(net.Conn, *bufio.Reader) {
+	return func(c net.Conn, br *bufio.Reader) {
+		for n := 0; ; n++ {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			out := respond(n, req)
+			if out == "" {
+				return
+			}
+			if _, err := io.WriteString(c, out); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func okResponse(body string) string {
+	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+func inlineGet(t *testing.T, h *inlineH1, ctx context.Context, method string) (*http.Response, string, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, "http://backend/x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.RoundTrip(req)
+	if err != nil {
+		return nil, "", err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b), err
+}
+
+func TestInlineH1ReusesKeepAliveConnections(t *testing.T) {
+	u := startRawUpstream(t, answer(func(n int, req *http.Request) string {
+		out := okResponse(fmt.Sprint(req.Method, " ", n))
+		if req.Method == "HEAD" {
+			out = out[:strings.Index(out, "\r\n\r\n")+4] // the header without the body
+		}
+		return out
+	}))
+	h := u.client(time.Minute)
+	for i, method := range []string{"GET", "HEAD", "DELETE", "GET"} {
+		resp, body, err := inlineGet(t, h, context.Background(), method)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %v %v", method, resp, err)
+		}
+		want := fmt.Sprint(method, " ", i)
+		if method == "HEAD" {
+			want = ""
+		}
+		if body != want {
+			t.Fatalf("%s: body %q, want %q", method, body, want)
+		}
+	}
+	if n := u.conns.Load(); n != 1 {
+		t.Fatalf("%d connections for four sequential requests, want one kept alive", n)
+	}
+}
+
+// The upstream closed an idle keep-alive connection: a GET goes once more
+// on a new connection; a POST, which may not be replayed, fails.
+func TestInlineH1StaleConnection(t *testing.T) {
+	u := startRawUpstream(t, answer(func(n int, req *http.Request) string {
+		if n == 1 {
+			return "" // close instead of answering the second request
+		}
+		return okResponse("fine")
+	}))
+	h := u.client(time.Minute)
+	if _, body, err := inlineGet(t, h, context.Background(), "GET"); err != nil || body != "fine" {
+		t.Fatalf("first GET: %q %v", body, err)
+	}
+	if _, body, err := inlineGet(t, h, context.Background(), "GET"); err != nil || body != "fine" {
+		t.Fatalf("GET on a connection the upstream closed: %q, %v; want it replayed on a new connection", body, err)
+	}
+	if n := u.conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2", n)
+	}
+	if _, _, err := inlineGet(t, h, context.Background(), "POST"); err == nil {
+		t.Fatal("a POST on a connection the upstream closed was replayed")
+	}
+}
+
+func TestInlineH1DoesNotReuseAfterAnUnreadBodyOrClose(t *testing.T) {
+	u := startRawUpstream(t, answer(func(n int, req *http.Request) string {
+		if req.URL.Query().Get("close") != "" {
+			return "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+		}
+		return okResponse(strings.Repeat("x", 1000))
+	}))
+	h := u.client(time.Minute)
+	req, _ := http.NewRequest("GET", "http://backend/big", nil)
+	resp, err := h.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // unread
+	req, _ = http.NewRequest("GET", "http://backend/x?close=1", nil)
+	resp, err = h.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if _, _, err := inlineGet(t, h, context.Background(), "GET"); err != nil {
+		t.Fatal(err)
+	}
+	if n := u.conns.Load(); n != 3 {
+		t.Fatalf("%d connections, want 3: none reused after an unread body or Connection: close", n)
+	}
+}
+
+func TestInlineH1ContextInterruptsAStalledUpstream(t *testing.T) {
+	u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		http.ReadRequest(br)
+		time.Sleep(10 * time.Second)
+	})
+	h := u.client(time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, _, err := inlineGet(t, h, ctx, "GET")
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+		t.Fatalf("stalled upstream: %v after %v; want the deadline error promptly", err, time.Since(start))
+	}
+	if h.take() != nil {
+		t.Fatal("the interrupted connection went back to the idle list")
+	}
+}
+
+func TestInlineH1BoundsTheResponseHeader(t *testing.T) {
+	u := startRawUpstream(t, answer(func(int, *http.Request) string {
+		return "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\nContent-Length: 0\r\n\r\n"
+	}))
+	if _, _, err := inlineGet(t, u.client(time.Minute), context.Background(), "GET"); !errors.Is(err, errHeaderTooLarge) {
+		t.Fatalf("8 KiB header with a 4 KiB limit: %v", err)
+	}
+}
+
+func TestInlineH1InformationalResponses(t *testing.T) {
+	u := startRawUpstream(t, answer(func(n int, req *http.Request) string {
+		if req.URL.Path == "/many" {
+			return strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n", max1xx+1) + okResponse("late")
+		}
+		if req.URL.Path == "/switch" {
+			return "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n"
+		}
+		return "HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n" + okResponse("final")
+	}))
+	h := u.client(time.Minute)
+	var hints []string
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
+			hints = append(hints, fmt.Sprint(code, " ", hdr.Get("Link")))
+			return nil
+		},
+	})
+	resp, body, err := inlineGet(t, h, ctx, "GET")
+	if err != nil || resp.StatusCode != 200 || body != "final" {
+		t.Fatalf("after a 103: %v %q %v", resp, body, err)
+	}
+	if len(hints) != 1 || hints[0] != "103 </style.css>" {
+		t.Fatalf("1xx seen by the trace: %q", hints)
+	}
+	for _, path := range []string{"/many", "/switch"} {
+		req, _ := http.NewRequest("GET", "http://backend"+path, nil)
+		if _, err := h.RoundTrip(req); err == nil {
+			t.Fatalf("%s: accepted", path)
+		}
+	}
+}
+
+func TestInlineH1IdleTimeout(t *testing.T) {
+	closed := make(chan struct{}, 1)
+	u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		answer(func(int, *http.Request) string { return okResponse("x") })(c, br)
+		closed <- struct{}{}
+	})
+	h := u.client(100 * time.Millisecond)
+	if _, _, err := inlineGet(t, h, context.Background(), "GET"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an idle connection outlived the idle timeout")
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.idle) != 0 {
+		t.Fatalf("%d connections still idle", len(h.idle))
+	}
+}
+
+func TestH1PlainTakesOnlyBodylessNonUpgradeRequests(t *testing.T) {
+	mk := func(method string, body io.Reader, hdr ...string) *http.Request {
+		r, _ := http.NewRequest(method, "http://backend/", body)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Header.Set(hdr[i], hdr[i+1])
+		}
+		return r
+	}
+	for _, c := range []struct {
+		req  *http.Request
+		want bool
+	}{
+		{mk("GET", nil), true},
+		{mk("HEAD", nil), true},
+		{mk("DELETE", nil), false},
+		{mk("DELETE", nil, "Idempotency-Key", "k1"), true},
+		{mk("POST", strings.NewReader("x")), false},
+		{mk("GET", nil, "Upgrade", "websocket", "Connection", "Upgrade"), false},
+	} {
+		if got := h1Plain(c.req); got != c.want {
+			t.Errorf("%s with %v: %v, want %v", c.req.Method, c.req.Header, got, c.want)
+		}
+	}
+}
