@@ -161,7 +161,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 	srvCtx, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
 
-	xdsServer, err := xds.NewServer(srvCtx, xds.ServerOptions{Authenticator: cp.auth, Logger: log, Registerer: cp.registry})
+	xdsServer, err := xds.NewServer(srvCtx, xds.ServerOptions{Authenticator: cp.auth, TrustedNodeAccounts: cp.opts.trustedNodeAccounts, Logger: log, Registerer: cp.registry})
 	if err != nil {
 		return err
 	}

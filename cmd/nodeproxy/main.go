@@ -76,7 +76,7 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	}
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
-		NodeID: "nodeproxy~" + node, Logger: log,
+		NodeID: xds.NodeProxyID(node), Logger: log,
 		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
 		OnChange: func(s *xds.State, _ []string) {
 			proxy.Update(nodeproxy.NewRegistry(node, values(s.Workloads), values(s.Services), values(s.Waypoints)))

@@ -106,7 +106,7 @@ func run(o *options) error {
 	}
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: o.common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
-		NodeID: "waypoint~" + o.namespace + "/" + o.name, Logger: log,
+		NodeID: xds.WaypointID(o.namespace, o.name), Logger: log,
 		Subscriptions: xds.WaypointSubscriptions(o.namespace, o.name),
 		OnChange:      func(s *xds.State, _ []string) { wp.Update(s) },
 	})

@@ -44,10 +44,25 @@ func NodeProxySubscriptions() []Subscription {
 	}
 }
 
+// Node id prefixes: the control plane checks an id of these forms against
+// the caller's credential (the node a token names, the namespace of the
+// account).
+const (
+	NodeProxyIDPrefix = "nodeproxy~"
+	WaypointIDPrefix  = "waypoint~"
+)
+
+// NodeProxyID is the node id of the node proxy of node.
+func NodeProxyID(node string) string { return NodeProxyIDPrefix + node }
+
+// WaypointID is the node id of the waypoint namespace/name.
+func WaypointID(namespace, name string) string { return WaypointIDPrefix + namespace + "/" + name }
+
 // WaypointSubscriptions is what the waypoint namespace/name follows: the
 // services, routes and workloads (endpoint identities) of its namespace and
-// its own Waypoint resource. Backends in other namespaces are added with
-// Subscribe when a route names them.
+// its own Waypoint resource. The control plane serves a waypoint nothing
+// beyond its namespace (backends in other namespaces would need a
+// ReferenceGrant check there first).
 func WaypointSubscriptions(namespace, name string) []Subscription {
 	ns := namespace + NamespaceWildcardSuffix
 	return []Subscription{

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -44,6 +46,11 @@ type ServerOptions struct {
 	// mesh certificate, as for the CA). Required: no stream is served to an
 	// unauthenticated caller.
 	Authenticator authn.Authenticator
+	// TrustedNodeAccounts may subscribe to every resource (node proxies
+	// route for every workload on their node). Every other caller may read
+	// only its own namespace, as istiod ties a proxy to its identity's
+	// namespace.
+	TrustedNodeAccounts []trust.Identity
 	// Logger (default: none).
 	Logger *zap.Logger
 	// Registerer receives the server's metrics (default: not registered).
@@ -62,6 +69,7 @@ type Server struct {
 	cache   *deltaCache
 	delta   delta.Server
 	auth    authn.Authenticator
+	trusted map[trust.Identity]bool
 	log     *zap.Logger
 	metrics *serverMetrics
 
@@ -89,8 +97,12 @@ func NewServer(ctx context.Context, o ServerOptions) (*Server, error) {
 	s := &Server{
 		cache:   newDeltaCache(),
 		auth:    o.Authenticator,
+		trusted: map[trust.Identity]bool{},
 		log:     o.Logger.Named("xds"),
 		streams: map[int64]*streamInfo{},
+	}
+	for _, a := range o.TrustedNodeAccounts {
+		s.trusted[a] = true
 	}
 	m, err := newServerMetrics(o.Registerer)
 	if err != nil {
@@ -193,6 +205,15 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 		info.nodeID = req.GetNode().GetId()
 	}
 	s.mu.Unlock()
+	if info == nil {
+		return status.Error(codes.Internal, "unknown stream")
+	}
+	if err := s.authorize(info.caller, info.nodeID, req); err != nil {
+		s.metrics.refusals.Inc()
+		s.log.Warn("xDS request refused", zap.Int64("stream", id), zap.Stringer("caller", info.caller),
+			zap.String("node_id", info.nodeID), zap.String("type", typeName(req.GetTypeUrl())), zap.Error(err))
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
 	if ed := req.GetErrorDetail(); ed != nil {
 		s.metrics.nacks.WithLabelValues(typeName(req.GetTypeUrl())).Inc()
 		fields := []zap.Field{
@@ -205,6 +226,28 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 			fields = append(fields, zap.String("node_id", info.nodeID), zap.Stringer("caller", info.caller))
 		}
 		s.log.Warn("xDS client rejected an update (NACK)", fields...)
+	}
+	return nil
+}
+
+// authorize checks a request against its caller: the node id must agree
+// with the caller's credential, and only trusted node accounts may
+// subscribe beyond their own namespace.
+func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDiscoveryRequest) error {
+	if node, ok := strings.CutPrefix(nodeID, NodeProxyIDPrefix); ok && c.Node != "" && node != c.Node {
+		return fmt.Errorf("node id %q names node %s, but the credential is for node %s", nodeID, node, c.Node)
+	}
+	if ref, ok := strings.CutPrefix(nodeID, WaypointIDPrefix); ok && !strings.HasPrefix(ref, c.Account.Namespace()+"/") {
+		return fmt.Errorf("node id %q names a waypoint outside the caller's namespace %s", nodeID, c.Account.Namespace())
+	}
+	if s.trusted[c.Account] {
+		return nil
+	}
+	own := c.Account.Namespace() + "/"
+	for _, name := range req.GetResourceNamesSubscribe() {
+		if !strings.HasPrefix(name, own) {
+			return fmt.Errorf("%s may subscribe only to resources of namespace %s, not %q", c.Account, c.Account.Namespace(), name)
+		}
 	}
 	return nil
 }
@@ -285,6 +328,7 @@ type serverMetrics struct {
 	clients   prometheus.Gauge
 	pushes    *prometheus.CounterVec
 	nacks     *prometheus.CounterVec
+	refusals  prometheus.Counter
 	resources *prometheus.GaugeVec
 }
 
@@ -299,6 +343,9 @@ func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "causeway_xds_nacks_total", Help: "xDS responses rejected by clients, by resource type.",
 		}, []string{"type"}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "causeway_xds_refused_requests_total", Help: "xDS requests refused: node id or subscriptions beyond what the caller may read.",
+		}),
 		resources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "causeway_xds_resources", Help: "Resources served, by type.",
 		}, []string{"type"}),
@@ -309,7 +356,7 @@ func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
 		m.resources.WithLabelValues(typeName(t))
 	}
 	if r != nil {
-		for _, c := range []prometheus.Collector{m.clients, m.pushes, m.nacks, m.resources} {
+		for _, c := range []prometheus.Collector{m.clients, m.pushes, m.nacks, m.refusals, m.resources} {
 			if err := r.Register(c); err != nil {
 				return nil, fmt.Errorf("xds metrics: %w", err)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -29,7 +30,7 @@ import (
 const (
 	td             = "cluster.local"
 	nodeProxyToken = "node-a-proxy-token-0123456789"
-	waypointToken  = "shop-waypoint-token-0123456789"
+	waypointToken  = "a-waypoint-token-0123456789ab"
 	// eventually waits this long: generous, the machine may be loaded.
 	patience = 10 * time.Second
 )
@@ -54,7 +55,7 @@ func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	ca := trusttest.NewCA(t, td)
 	tokens := filepath.Join(t.TempDir(), "tokens")
-	content := nodeProxyToken + " causeway-system/nodeproxy node-a\n" + waypointToken + " shop/waypoint\n"
+	content := nodeProxyToken + " causeway-system/nodeproxy node-a\n" + waypointToken + " a/waypoint\n"
 	if err := os.WriteFile(tokens, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,9 @@ func (e *testEnv) startCP(t *testing.T, addr string) *testCP {
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	ctx, cancel := context.WithCancel(context.Background())
-	srv, err := NewServer(ctx, ServerOptions{Authenticator: authn.Chain{tf, pc}, Logger: zap.New(core)})
+	srv, err := NewServer(ctx, ServerOptions{Authenticator: authn.Chain{tf, pc}, TrustedNodeAccounts: []trust.Identity{
+		trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy")}, // the node proxy token's account
+		Logger: zap.New(core)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,18 +252,19 @@ func TestClientsReceiveOnlyWhatTheySubscribedTo(t *testing.T) {
 		t.Fatal(err)
 	}
 	node := env.startClient(t, cp.addr, ClientOptions{
-		NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
+		NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
 		Subscriptions: NodeProxySubscriptions(),
 	})
+	// Across namespaces, which only a trusted node account may read.
 	wp := env.startClient(t, cp.addr, ClientOptions{
-		NodeID: "waypoint~shop", Token: caclient.StaticToken(waypointToken),
+		NodeID: "test~subscriptions", Token: caclient.StaticToken(nodeProxyToken),
 		Subscriptions: []Subscription{
 			{TypeURL: meshv1.ServiceTypeURL, Names: []string{"a/*", "b/s3"}},
 			{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{"a/r1", "a/later"}}, // a/later does not exist yet
 		},
 	})
 	nsWaypoint := env.startClient(t, cp.addr, ClientOptions{
-		NodeID: "waypoint~a", Token: caclient.StaticToken(waypointToken), Subscriptions: WaypointSubscriptions("a", "wp"),
+		NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken), Subscriptions: WaypointSubscriptions("a", "wp"),
 	})
 	waitReady(t, node)
 	waitReady(t, wp) // complete although a/later does not exist: the server says so
@@ -328,10 +332,10 @@ func TestNACKIsLoggedAndBlocksNoOne(t *testing.T) {
 	if err := cp.server.Update(resources(good, service("a", "s1", "127.0.20.1"))); err != nil {
 		t.Fatal(err)
 	}
-	wl := env.startClient(t, cp.addr, ClientOptions{NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
+	wl := env.startClient(t, cp.addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
 		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
-	sv := env.startClient(t, cp.addr, ClientOptions{NodeID: "waypoint~shop", Token: caclient.StaticToken(waypointToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.ServiceTypeURL}}})
+	sv := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.ServiceTypeURL, Names: []string{"a/*"}}}})
 	waitReady(t, wl)
 	waitReady(t, sv)
 
@@ -385,9 +389,10 @@ func TestCallersMustAuthenticate(t *testing.T) {
 		})
 	}
 	// A mesh client certificate is a credential too.
-	cert := env.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/waypoint"), 0)
+	cert := env.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/a/sa/waypoint"), 0)
 	withCert := env.startClient(t, cp.addr, ClientOptions{
-		ClientCertificate: func() (*tls.Certificate, error) { return cert, nil }, Subscriptions: subs,
+		ClientCertificate: func() (*tls.Certificate, error) { return cert, nil },
+		Subscriptions:     []Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*"}}},
 	})
 	waitReady(t, withCert)
 }
@@ -435,7 +440,7 @@ func TestRestartKeepsStateAndConverges(t *testing.T) {
 	if err := cp.server.Update(resources(w1, w2)); err != nil {
 		t.Fatal(err)
 	}
-	c := env.startClient(t, addr, ClientOptions{NodeID: "nodeproxy~node-a", Token: caclient.StaticToken(nodeProxyToken),
+	c := env.startClient(t, addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
 		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
 	waitReady(t, c)
 	eventually(t, "connected", c.Connected)
@@ -496,5 +501,56 @@ func TestClientOptionsChecked(t *testing.T) {
 		if _, err := NewClient(o); err == nil {
 			t.Errorf("%s: NewClient accepted bad options", name)
 		}
+	}
+}
+
+// Only trusted node accounts read beyond their own namespace, and a node id
+// must agree with the caller's credential.
+func TestSubscriptionsAreAuthorized(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	if err := cp.server.Update(resources(workload("a", "w1", "127.0.10.1"), workload("b", "w2", "127.0.10.2"),
+		service("b", "s1", "127.0.20.1"))); err != nil {
+		t.Fatal(err)
+	}
+	wpToken := caclient.StaticToken(waypointToken) // account a/waypoint
+	refused := map[string]*testClient{
+		"another namespace": env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: wpToken,
+			Subscriptions: []Subscription{{TypeURL: meshv1.ServiceTypeURL, Names: []string{"b/*"}}}}),
+		"everything": env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: wpToken,
+			Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}}),
+		"a waypoint of another namespace": env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("b", "wp"), Token: wpToken,
+			Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*"}}}}),
+		"another node": env.startClient(t, cp.addr, ClientOptions{NodeID: NodeProxyID("node-b"), Token: caclient.StaticToken(nodeProxyToken),
+			Subscriptions: NodeProxySubscriptions()}),
+	}
+	allowed := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: wpToken,
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*", "a/w9"}}}})
+	waitReady(t, allowed)
+	if got := names(allowed.State().Workloads); got != "a/w1" {
+		t.Errorf("own namespace: %s", got)
+	}
+	for name, c := range refused {
+		eventually(t, name+": the client sees PermissionDenied", func() bool {
+			for _, e := range c.logs.FilterMessage("xDS stream ended; keeping the last state and reconnecting").All() {
+				if err, ok := e.ContextMap()["error"].(string); ok && strings.Contains(err, "PermissionDenied") {
+					return true
+				}
+			}
+			return false
+		})
+		if c.Ready() || len(c.State().Workloads)+len(c.State().Services) != 0 {
+			t.Errorf("%s: the client got data", name)
+		}
+	}
+	for _, want := range []string{`not "b/*"`, `not "*"`, "names a waypoint outside the caller's namespace a", "names node node-b, but the credential is for node node-a"} {
+		eventually(t, "the server logs "+want, func() bool {
+			for _, e := range cp.logs.FilterMessage("xDS request refused").All() {
+				if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), want) {
+					return true
+				}
+			}
+			return false
+		})
 	}
 }
