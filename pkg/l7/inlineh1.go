@@ -12,6 +12,8 @@ import (
 	"net/textproto"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // inlineH1 sends replayable HTTP/1.1 requests without a body (see h1Plain)
@@ -87,6 +89,9 @@ func h1Plain(req *http.Request) bool {
 // a replayable request then goes once more on a new connection, as
 // http.Transport does.
 func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := validHeaders(req.Header); err != nil {
+		return nil, err
+	}
 	for {
 		c := h.take()
 		reused := c != nil
@@ -180,6 +185,23 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, e
 	}
 	resp.Body = &inlineBody{r: resp.Body, done: func(reuse bool) { h.release(c, stop, keep && reuse) }}
 	return resp, nil
+}
+
+// validHeaders refuses what http.Transport refuses to send: header names
+// and values that are not valid HTTP (Request.Write would silently drop or
+// rewrite them; filters and policy results add headers).
+func validHeaders(h http.Header) error {
+	for k, vv := range h {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return fmt.Errorf("invalid header field name %q", k)
+		}
+		for _, v := range vv {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return fmt.Errorf("invalid header field value for %q", k)
+			}
+		}
+	}
+	return nil
 }
 
 // release ends an exchange on c: back to the idle list when the response

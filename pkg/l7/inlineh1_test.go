@@ -283,3 +283,22 @@ func TestH1PlainTakesOnlyBodylessNonUpgradeRequests(t *testing.T) {
 		}
 	}
 }
+
+func TestInlineH1RefusesInvalidHeaders(t *testing.T) {
+	u := startRawUpstream(t, answer(func(int, *http.Request) string { return okResponse("x") }))
+	h := u.client(time.Minute)
+	for _, hdr := range []http.Header{
+		{"X-Bad Name": {"v"}},
+		{"X-Ok": {"line\r\nInjected: 1"}},
+	} {
+		req, _ := http.NewRequest("GET", "http://backend/", nil)
+		req.Header = hdr
+		if _, err := h.RoundTrip(req); err == nil || !strings.Contains(err.Error(), "invalid header field") {
+			t.Errorf("%v: %v", hdr, err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // an accept would have been counted by now
+	if n := u.conns.Load(); n != 0 {
+		t.Errorf("%d connections opened for refused requests", n)
+	}
+}
