@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,19 @@ Transfer-Encoding: chunked
 0
 
 `)
+	multipartBody := "--XyZ\r\n" +
+		"Content-Disposition: form-data; name=\"title\"\r\n\r\nreport\r\n" +
+		"--XyZ\r\n" +
+		"Content-Disposition: form-data; name=\"meta\"\r\nContent-Type: application/json\r\n\r\n{\"pages\":3,\"tags\":[\"q1\"]}\r\n" +
+		"--XyZ\r\n" +
+		"Content-Disposition: form-data; name=\"title\"\r\n\r\nsecond\r\n" +
+		"--XyZ\r\n" +
+		"Content-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\nContent-Type: text/plain\r\n\r\nhello\r\n" +
+		"--XyZ\r\n" +
+		"Content-Disposition: attachment\r\n\r\nno form name: skipped\r\n" +
+		"--XyZ--\r\n"
+	multipartReq := readRequest(t, "POST /upload HTTP/1.1\nHost: checkout\nContent-Type: multipart/form-data; boundary=XyZ\n"+
+		"Content-Length: "+strconv.Itoa(len(multipartBody))+"\n\n"+multipartBody)
 	src := netip.MustParseAddrPort("127.0.10.11:45678")
 	dst := netip.MustParseAddrPort("127.0.20.1:8080")
 	return map[string]struct {
@@ -119,6 +133,8 @@ Transfer-Encoding: chunked
 			Time: fixedTime.Truncate(time.Millisecond)}, opts: InputOptions{ParseBody: true}},
 		"truncated_body": {req: &Request{HTTP: truncated, Body: []byte(`{"a":`), BodyTruncated: true,
 			Source: p.tlsOnly, Time: fixedTime.Truncate(time.Second)}, opts: InputOptions{ParseBody: true}},
+		"multipart_form": {req: &Request{HTTP: multipartReq, Body: []byte(multipartBody), Source: p.frontend, Destination: p.checkout,
+			Time: fixedTime}, opts: InputOptions{ParseBody: true}},
 		"body_over_limit": {req: &Request{HTTP: postJSON, Body: []byte(`{"firstname":"Ada","roles":["a",1,true]}  `),
 			Source: p.frontend, Destination: p.checkout, Time: fixedTime},
 			opts: InputOptions{ParseBody: true, MaxBodyBytes: 10}},
@@ -254,6 +270,12 @@ func TestInputBadRequest(t *testing.T) {
 			body: `{}{}`, what: "body"},
 		"bad form": {raw: "POST /a HTTP/1.1\nHost: x\nContent-Type: application/x-www-form-urlencoded\nContent-Length: 4\n\na=%z",
 			body: "a=%z", what: "body"},
+		"multipart json part": {raw: "POST /a HTTP/1.1\nHost: x\nContent-Type: multipart/form-data; boundary=b\n\n",
+			body: "--b\r\nContent-Disposition: form-data; name=\"j\"\r\nContent-Type: application/json\r\n\r\n{]\r\n--b--\r\n", what: "body"},
+		"multipart cut short": {raw: "POST /a HTTP/1.1\nHost: x\nContent-Type: multipart/form-data; boundary=b\n\n",
+			body: "--b\r\nContent-Disposition: form-data; name=\"j\"\r\n\r\nno closing boundary", what: "body"},
+		"multipart bad content type": {raw: "POST /a HTTP/1.1\nHost: x\nContent-Type: multipart/form-data; boundary\n\n",
+			body: "--b--\r\n", what: "body"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -310,6 +332,7 @@ func TestSanitizeUTF8(t *testing.T) {
 func FuzzBuildInput(f *testing.F) {
 	f.Add("/a/b%20c?x=1&y=%zz", "application/json", []byte(`{"a":[1,2]}`))
 	f.Add("/%", "application/x-www-form-urlencoded", []byte("a=1;b"))
+	f.Add("/u", "multipart/form-data; boundary=b", []byte("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n--b--\r\n"))
 	f.Fuzz(func(t *testing.T, target, contentType string, body []byte) {
 		r := &http.Request{Method: "POST", Host: "h", RequestURI: target, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 			Header: http.Header{"Content-Type": {contentType}}, ContentLength: int64(len(body))}
