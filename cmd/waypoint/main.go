@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -104,15 +105,23 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
+	// Backends in other namespaces are subscribed to as routes name them.
+	var backends atomic.Pointer[xds.RouteBackends]
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: o.common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
 		NodeID: xds.WaypointID(o.namespace, o.name), Logger: log,
 		Subscriptions: xds.WaypointSubscriptions(o.namespace, o.name),
-		OnChange:      func(s *xds.State, _ []string) { wp.Update(s) },
+		OnChange: func(s *xds.State, _ []string) {
+			if err := backends.Load().Update(s); err != nil {
+				log.Error("following the routes' backends in other namespaces", zap.Error(err))
+			}
+			wp.Update(s)
+		},
 	})
 	if err != nil {
 		return err
 	}
+	backends.Store(xds.NewRouteBackends(xc, o.namespace))
 	ready := func() error {
 		if !xc.Ready() {
 			return fmt.Errorf("waiting for the first configuration from %s", o.common.XDSAddress)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -50,6 +51,7 @@ type deltaCache struct {
 	ready   bool
 	version uint64
 	types   map[string]map[string]*entry
+	grants  grants // what each namespace may read outside itself
 	watches map[uint64]*deltaWatch
 	nextID  uint64
 }
@@ -84,6 +86,7 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 			return nil, fmt.Errorf("unknown resource type %q", typeURL)
 		}
 	}
+	g := computeGrants(res)
 	// Marshal outside the lock: this is the expensive part.
 	next := make(map[string]map[string]*entry, len(meshv1.TypeURLs))
 	for _, typeURL := range meshv1.TypeURLs {
@@ -120,12 +123,22 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 		}
 		c.types[typeURL] = entries
 	}
+	answer := map[string]bool{}
+	for t := range changed {
+		answer[t] = true
+	}
+	if !reflect.DeepEqual(g, c.grants) {
+		// Who may read which Service and Workload changed: answer those
+		// watches again, even if the resources did not change.
+		answer[meshv1.ServiceTypeURL], answer[meshv1.WorkloadTypeURL] = true, true
+		c.grants = g
+	}
 	wasReady := c.ready
 	c.ready = true
-	if len(changed) > 0 || !wasReady {
+	if len(answer) > 0 || !wasReady {
 		c.version++
 		for id, w := range c.watches {
-			if _, ok := changed[w.typeURL]; !ok && wasReady {
+			if !answer[w.typeURL] && wasReady {
 				continue
 			}
 			if resp := c.respond(w); resp != nil {
@@ -172,6 +185,16 @@ func (c *deltaCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 // have at their current version, and removals. Must hold c.mu.
 func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 	resources := c.types[w.typeURL]
+	if r := readerOf(w.req); !r.trusted {
+		// What the reader may not read does not exist for it.
+		readable := make(map[string]*entry, len(resources))
+		for name, e := range resources {
+			if e.namespace == r.namespace || c.grants.allows(r.namespace, w.typeURL, name) {
+				readable[name] = e
+			}
+		}
+		resources = readable
+	}
 	returned := w.sub.ReturnedResources()
 	next := map[string]string{}
 	var updated, removed []string

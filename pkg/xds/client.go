@@ -60,9 +60,8 @@ func WaypointID(namespace, name string) string { return WaypointIDPrefix + names
 
 // WaypointSubscriptions is what the waypoint namespace/name follows: the
 // services, routes and workloads (endpoint identities) of its namespace and
-// its own Waypoint resource. The control plane serves a waypoint nothing
-// beyond its namespace (backends in other namespaces would need a
-// ReferenceGrant check there first).
+// its own Waypoint resource. Backends of its routes in other namespaces are
+// added by RouteBackends as the routes name them.
 func WaypointSubscriptions(namespace, name string) []Subscription {
 	ns := namespace + NamespaceWildcardSuffix
 	return []Subscription{

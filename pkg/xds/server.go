@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
@@ -79,9 +80,12 @@ type Server struct {
 
 type streamInfo struct {
 	caller authn.Caller
+	reader reader
 	remote string
 	nodeID string
 	opened time.Time
+	// stamped: a request of the stream carried the reader to the cache.
+	stamped bool
 }
 
 type callerKey struct{}
@@ -173,7 +177,8 @@ func (c *callerStream) Context() context.Context { return c.ctx }
 func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) error {
 	caller, _ := ctx.Value(callerKey{}).(authn.Caller)
 	s.mu.Lock()
-	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now()}
+	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now(),
+		reader: reader{trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()}}
 	s.mu.Unlock()
 	s.metrics.clients.Inc()
 	s.log.Info("xDS client connected", zap.Int64("stream", id), zap.Stringer("caller", caller), zap.String("remote", remoteAddr(ctx)))
@@ -203,6 +208,12 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 	info := s.streams[id]
 	if info != nil && info.nodeID == "" && req.GetNode().GetId() != "" {
 		info.nodeID = req.GetNode().GetId()
+	}
+	if info != nil && (req.GetNode() != nil || !info.stamped) {
+		// The delta server reuses the last node for requests without one,
+		// so the stamp reaches every request's watch in the cache.
+		stampReader(req, info.reader)
+		info.stamped = true
 	}
 	s.mu.Unlock()
 	if info == nil {
@@ -243,13 +254,49 @@ func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDi
 	if s.trusted[c.Account] {
 		return nil
 	}
-	own := c.Account.Namespace() + "/"
+	// Beyond its namespace a caller may name single resources, which the
+	// cache serves only while the namespace's routes send traffic to them
+	// (grants.go); whole collections it may not ask for.
+	own := c.Account.Namespace()
 	for _, name := range req.GetResourceNamesSubscribe() {
-		if !strings.HasPrefix(name, own) {
-			return fmt.Errorf("%s may subscribe only to resources of namespace %s, not %q", c.Account, c.Account.Namespace(), name)
+		if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); name == Wildcard || ok && ns != own {
+			return fmt.Errorf("%s may subscribe only to resources of namespace %s and single resources its routes use, not %q", c.Account, own, name)
 		}
 	}
 	return nil
+}
+
+// reader is what the cache needs to know about a stream's caller.
+type reader struct {
+	trusted   bool   // reads everything (node proxies)
+	namespace string // otherwise: its namespace, plus the namespace's grants
+}
+
+// Node metadata keys that carry the reader from the server's request
+// callback to the cache. Whatever a client sends under them is overwritten.
+const (
+	readerTrustedKey   = "causeway.reader.trusted"
+	readerNamespaceKey = "causeway.reader.namespace"
+)
+
+func stampReader(req *discovery.DeltaDiscoveryRequest, r reader) {
+	if req.Node == nil {
+		req.Node = &core.Node{}
+	}
+	if req.Node.Metadata == nil {
+		req.Node.Metadata = &structpb.Struct{}
+	}
+	if req.Node.Metadata.Fields == nil {
+		req.Node.Metadata.Fields = map[string]*structpb.Value{}
+	}
+	req.Node.Metadata.Fields[readerTrustedKey] = structpb.NewBoolValue(r.trusted)
+	req.Node.Metadata.Fields[readerNamespaceKey] = structpb.NewStringValue(r.namespace)
+}
+
+// readerOf reads the stamp; a request without one reads nothing.
+func readerOf(req *discovery.DeltaDiscoveryRequest) reader {
+	f := req.GetNode().GetMetadata().GetFields()
+	return reader{trusted: f[readerTrustedKey].GetBoolValue(), namespace: f[readerNamespaceKey].GetStringValue()}
 }
 
 // OnStreamDeltaResponse implements delta.Callbacks.

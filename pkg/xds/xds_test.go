@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,7 +132,11 @@ func (e *testEnv) startClient(t *testing.T, addr string, o ClientOptions) *testC
 	o.Logger = zap.New(core)
 	o.InitialBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
 	tc := &testClient{logs: logs, changes: make(chan []string, 100)}
-	o.OnChange = func(_ *State, types []string) {
+	onChange := o.OnChange
+	o.OnChange = func(s *State, types []string) {
+		if onChange != nil {
+			onChange(s, types)
+		}
 		select {
 		case tc.changes <- types:
 		default:
@@ -553,4 +558,87 @@ func TestSubscriptionsAreAuthorized(t *testing.T) {
 			return false
 		})
 	}
+}
+
+// routeTo is a route of namespace ns whose one rule sends to Service
+// backendNS/backend (invalid: the configuration source found no
+// ReferenceGrant for it) and mirrors to mirrorNS/mirror when given.
+func routeTo(ns, name, backendNS, backend, invalid string, mirror ...string) *meshv1.HTTPRoute {
+	r := route(ns, name)
+	rule := &meshv1.HTTPRouteRule{Backends: []*meshv1.HTTPBackendRef{{Weight: 1,
+		Backend: &meshv1.BackendRef{Namespace: backendNS, Name: backend, Port: 80, InvalidReason: invalid}}}}
+	if len(mirror) == 2 {
+		rule.Filters = []*meshv1.HTTPRouteFilter{{Filter: &meshv1.HTTPRouteFilter_RequestMirror{RequestMirror: &meshv1.RequestMirror{
+			Backend: &meshv1.BackendRef{Namespace: mirror[0], Name: mirror[1], Port: 80}}}}}
+	}
+	r.Rules = []*meshv1.HTTPRouteRule{rule}
+	return r
+}
+
+// A waypoint reads a Service of another namespace (and the workloads behind
+// it) exactly while a route of its namespace sends traffic there, also
+// across a control plane restart; nothing else of that namespace.
+func TestWaypointReadsTheBackendsItsRoutesUse(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	remote := service("b", "s1", "127.0.20.1")
+	remote.Endpoints = []*meshv1.Endpoint{{WorkloadUid: "b/w1", Address: "127.0.10.1", Ports: map[uint32]uint32{80: 8080}}}
+	mirrored := service("c", "m", "127.0.20.9")
+	base := []proto.Message{remote, mirrored, service("b", "s2", "127.0.20.2"), service("b", "private", "127.0.20.3"),
+		workload("b", "w1", "127.0.10.1"), workload("b", "w2", "127.0.10.2"), service("a", "front", "127.0.20.5")}
+	withRoutes := func(routes ...proto.Message) map[string]map[string]proto.Message {
+		return resources(append(append([]proto.Message{}, base...), routes...)...)
+	}
+	if err := cp.server.Update(withRoutes(routeTo("a", "r1", "b", "s1", "", "c", "m"),
+		routeTo("a", "r2", "b", "private", "reference from HTTPRoute in namespace a to Service b/private is not permitted by a ReferenceGrant"))); err != nil {
+		t.Fatal(err)
+	}
+	var follow atomic.Pointer[RouteBackends]
+	wp := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
+		Subscriptions: WaypointSubscriptions("a", "wp"),
+		OnChange: func(s *State, _ []string) {
+			if f := follow.Load(); f != nil {
+				if err := f.Update(s); err != nil {
+					t.Error(err)
+				}
+			}
+		}})
+	follow.Store(NewRouteBackends(wp.Client, "a"))
+	waitReady(t, wp)
+	follow.Load().Update(wp.State())
+	eventually(t, "the waypoint holds b/s1, its workload and the mirror c/m", func() bool {
+		s := wp.State()
+		return names(s.Services) == "a/front,b/s1,c/m" && names(s.Workloads) == "b/w1"
+	})
+	// Naming what no route uses gets nothing (and does not end the stream).
+	if err := wp.Subscribe(meshv1.ServiceTypeURL, "b/s2", "b/private"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.server.Update(withRoutes(routeTo("a", "r1", "b", "s1", "", "c", "m"), route("a", "r3"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the new route a/r3 arrives", func() bool { return wp.State().HTTPRoutes["a/r3"] != nil })
+	if got := names(wp.State().Services); got != "a/front,b/s1,c/m" {
+		t.Errorf("after asking for b/s2 and b/private the waypoint holds %s", got)
+	}
+
+	// A restarted control plane serves the same to the reconnecting client.
+	addr := cp.addr
+	cp.stop()
+	cp = env.startCP(t, addr)
+	if err := cp.server.Update(withRoutes(routeTo("a", "r1", "b", "s1", "", "c", "m"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "after the restart a/r3 is gone and b/s1 still held", func() bool {
+		s := wp.State()
+		return s.HTTPRoutes["a/r3"] == nil && names(s.Services) == "a/front,b/s1,c/m" && names(s.Workloads) == "b/w1"
+	})
+	// The route stops using b: the waypoint loses b's service and workload.
+	if err := cp.server.Update(withRoutes(routeTo("a", "r1", "a", "front", ""))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b/s1, b/w1 and c/m are dropped", func() bool {
+		s := wp.State()
+		return names(s.Services) == "a/front" && names(s.Workloads) == ""
+	})
 }

@@ -98,6 +98,7 @@ func startMesh(work string) (*localmesh.Mesh, error) {
 	copies := map[string]string{
 		filepath.Join(repoRoot, "examples/local/mesh.yaml"):                filepath.Join(cfg, "mesh.yaml"),
 		filepath.Join(wd, "testdata/direct.yaml"):                          filepath.Join(cfg, "direct.yaml"),
+		filepath.Join(wd, "testdata/crossns.yaml"):                         filepath.Join(cfg, "crossns.yaml"),
 		filepath.Join(repoRoot, "examples/local/policies/authz.rego"):      filepath.Join(policyDir, "authz.rego"),
 		filepath.Join(repoRoot, "examples/local/policies/authz_test.rego"): filepath.Join(policyDir, "authz_test.rego"),
 	}
@@ -216,6 +217,20 @@ func TestWaypointRoutesSplitAndHeaderMatch(t *testing.T) {
 	if got := r.echo.Headers["X-Causeway-Source-Principal"]; len(got) != 1 || got[0] != "spiffe://cluster.local/ns/web/sa/frontend" {
 		t.Fatalf("source principal header = %v", got)
 	}
+}
+
+// A route of shop sends /direct to a Service of namespace direct (granted
+// by a ReferenceGrant there): the shop waypoint routes to its pod, which it
+// reaches with its own identity.
+func TestRouteToAnotherNamespace(t *testing.T) {
+	r := do(t, "web/frontend", false, http.MethodGet, "http://reviews.shop/direct/item", nil)
+	if r.status != 200 || r.echo == nil || r.echo.Pod != "echo" || r.echo.Path != "/direct/item" {
+		t.Fatalf("GET reviews.shop/direct/item: %d %s", r.status, r.body)
+	}
+	if got := r.echo.Headers["X-Causeway-Source-Principal"]; len(got) != 1 || got[0] != "spiffe://cluster.local/ns/web/sa/frontend" {
+		t.Fatalf("the request did not come through the shop waypoint: %v", r.echo.Headers)
+	}
+	waitLog(t, "waypoint-shop-waypoint-0", `"path":"/direct/item"`, `"route":"shop/reviews-to-direct"`, `"backend":"direct/echo:80"`, `"status":200`)
 }
 
 func TestHTTP2AndGRPCThroughWaypoint(t *testing.T) {

@@ -1,0 +1,177 @@
+package xds
+
+import (
+	"sort"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// RouteReads lists what the routes of namespace ns send traffic to in other
+// namespaces: the Services of their valid backends and mirrors (the
+// configuration source already checked ReferenceGrants: a reference that
+// no grant permits carries an invalid_reason), and the Workloads behind
+// those Services as far as services knows them (by "<namespace>/<name>").
+// The control plane lets the namespace's waypoint read exactly these; the
+// waypoint subscribes to them (RouteBackends).
+func RouteReads(ns string, httpRoutes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, services map[string]*meshv1.Service) (serviceNames, workloadUIDs []string) {
+	svcs := map[string]bool{}
+	add := func(b *meshv1.BackendRef) {
+		if b != nil && b.GetInvalidReason() == "" && b.GetNamespace() != "" && b.GetNamespace() != ns {
+			svcs[b.GetNamespace()+"/"+b.GetName()] = true
+		}
+	}
+	addAll := func(filters []*meshv1.HTTPRouteFilter, backends []*meshv1.HTTPBackendRef) {
+		for _, f := range filters {
+			add(f.GetRequestMirror().GetBackend())
+		}
+		for _, b := range backends {
+			add(b.GetBackend())
+			for _, f := range b.GetFilters() {
+				add(f.GetRequestMirror().GetBackend())
+			}
+		}
+	}
+	for _, r := range httpRoutes {
+		if r.GetNamespace() == ns {
+			for _, rule := range r.GetRules() {
+				addAll(rule.GetFilters(), rule.GetBackends())
+			}
+		}
+	}
+	for _, r := range grpcRoutes {
+		if r.GetNamespace() == ns {
+			for _, rule := range r.GetRules() {
+				addAll(rule.GetFilters(), rule.GetBackends())
+			}
+		}
+	}
+	wls := map[string]bool{}
+	for name := range svcs {
+		serviceNames = append(serviceNames, name)
+		for _, ep := range services[name].GetEndpoints() {
+			if uid := ep.GetWorkloadUid(); uid != "" {
+				wls[uid] = true
+			}
+		}
+	}
+	for uid := range wls {
+		workloadUIDs = append(workloadUIDs, uid)
+	}
+	sort.Strings(serviceNames)
+	sort.Strings(workloadUIDs)
+	return serviceNames, workloadUIDs
+}
+
+// grants maps a namespace to the names outside it that its callers may
+// read: type URL -> name -> true (RouteReads of the namespace's routes).
+type grants map[string]map[string]map[string]bool
+
+func (g grants) allows(ns, typeURL, name string) bool { return g[ns][typeURL][name] }
+
+// computeGrants derives the grants of every namespace that has routes.
+func computeGrants(res map[string]map[string]proto.Message) grants {
+	services := map[string]*meshv1.Service{}
+	for name, m := range res[meshv1.ServiceTypeURL] {
+		if s, ok := m.(*meshv1.Service); ok {
+			services[name] = s
+		}
+	}
+	byNS := map[string]struct {
+		http []*meshv1.HTTPRoute
+		grpc []*meshv1.GRPCRoute
+	}{}
+	for _, m := range res[meshv1.HTTPRouteTypeURL] {
+		if r, ok := m.(*meshv1.HTTPRoute); ok {
+			e := byNS[r.GetNamespace()]
+			e.http = append(e.http, r)
+			byNS[r.GetNamespace()] = e
+		}
+	}
+	for _, m := range res[meshv1.GRPCRouteTypeURL] {
+		if r, ok := m.(*meshv1.GRPCRoute); ok {
+			e := byNS[r.GetNamespace()]
+			e.grpc = append(e.grpc, r)
+			byNS[r.GetNamespace()] = e
+		}
+	}
+	g := grants{}
+	for ns, routes := range byNS {
+		svcs, wls := RouteReads(ns, routes.http, routes.grpc, services)
+		if len(svcs) == 0 {
+			continue
+		}
+		g[ns] = map[string]map[string]bool{meshv1.ServiceTypeURL: {}, meshv1.WorkloadTypeURL: {}}
+		for _, n := range svcs {
+			g[ns][meshv1.ServiceTypeURL][n] = true
+		}
+		for _, n := range wls {
+			g[ns][meshv1.WorkloadTypeURL][n] = true
+		}
+	}
+	return g
+}
+
+// RouteBackends keeps a waypoint's client subscribed to what its
+// namespace's routes send traffic to in other namespaces (RouteReads):
+// call Update with every new state. A Service's workloads follow once the
+// Service itself has arrived.
+type RouteBackends struct {
+	client    *Client
+	namespace string
+
+	mu   sync.Mutex
+	have map[string]map[string]bool // type URL -> names subscribed
+}
+
+// NewRouteBackends follows the routes of namespace for client.
+func NewRouteBackends(client *Client, namespace string) *RouteBackends {
+	return &RouteBackends{client: client, namespace: namespace, have: map[string]map[string]bool{
+		meshv1.ServiceTypeURL: {}, meshv1.WorkloadTypeURL: {},
+	}}
+}
+
+// Update subscribes to newly referenced names and drops the rest.
+func (f *RouteBackends) Update(s *State) error {
+	svcs, wls := RouteReads(f.namespace, mapValues(s.HTTPRoutes), mapValues(s.GRPCRoutes), s.Services)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for typeURL, want := range map[string][]string{meshv1.ServiceTypeURL: svcs, meshv1.WorkloadTypeURL: wls} {
+		have := f.have[typeURL]
+		wanted := map[string]bool{}
+		var add, drop []string
+		for _, n := range want {
+			wanted[n] = true
+			if !have[n] {
+				add = append(add, n)
+			}
+		}
+		for n := range have {
+			if !wanted[n] {
+				drop = append(drop, n)
+			}
+		}
+		if len(add) > 0 {
+			if err := f.client.Subscribe(typeURL, add...); err != nil {
+				return err
+			}
+		}
+		if len(drop) > 0 {
+			if err := f.client.Unsubscribe(typeURL, drop...); err != nil {
+				return err
+			}
+		}
+		f.have[typeURL] = wanted
+	}
+	return nil
+}
+
+func mapValues[M any](m map[string]M) []M {
+	out := make([]M, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	return out
+}
