@@ -357,12 +357,13 @@ func run(o options) error {
 	defer ngx.stop()
 
 	local := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(loadgenIP)}, Timeout: 10 * time.Second}
-	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: bundle, DialContext: local.DialContext})
+	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: bundle})
 	if err != nil {
 		return fail(err)
 	}
 	defer pool.Close()
 	hboneTarget := hbone.Target{
+		LocalAddr: netip.MustParseAddr(loadgenIP),
 		Address:   netip.MustParseAddrPort(waypointIP + ":15008"),
 		Authority: serviceVIP + ":80",
 		Source:    loadgenID,

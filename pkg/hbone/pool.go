@@ -48,9 +48,10 @@ type PoolOptions struct {
 	DialTimeout time.Duration
 	// ResponseTimeout bounds the wait for the answer to CONNECT (default 30s).
 	ResponseTimeout time.Duration
-	// DialContext opens the TCP connection (default net.Dialer); a node
-	// proxy uses it to mark its own sockets so that capture skips them.
-	DialContext func(ctx context.Context, network, address string) (net.Conn, error)
+	// Dial opens the TCP connection to remote, from local when it is valid
+	// (default: net.Dialer); a node proxy may use it to mark its own
+	// sockets so that capture skips them.
+	Dial func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error)
 	Logger      *zap.Logger
 
 	MaxHeaderBytes  int    // response header list accepted; default 32 KiB
@@ -77,6 +78,11 @@ type Target struct {
 	Expected []trust.Identity
 	// Forwarded, when valid, is sent as Forwarded: for="ip:port".
 	Forwarded netip.AddrPort
+	// LocalAddr, when valid, is the source address of the connection: a
+	// node proxy dials from the source pod's IP, as ztunnel does from the
+	// pod's network namespace, so the next hop sees where traffic comes
+	// from. Connections are pooled per local address.
+	LocalAddr netip.Addr
 	// Baggage and Traceparent are sent as headers when not empty.
 	Baggage, Traceparent string
 }
@@ -85,6 +91,7 @@ type poolKey struct {
 	source   string
 	expected string // sorted, space separated
 	addr     netip.AddrPort
+	local    netip.Addr
 }
 
 type keyState struct {
@@ -127,9 +134,8 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 	if opts.MaxStreamsPerConn < 0 {
 		return nil, fmt.Errorf("hbone: MaxStreamsPerConn %d is negative", opts.MaxStreamsPerConn)
 	}
-	if opts.DialContext == nil {
-		var d net.Dialer
-		opts.DialContext = d.DialContext
+	if opts.Dial == nil {
+		opts.Dial = dialFrom
 	}
 	cfg, err := newConnConfig(opts.StreamWindow, opts.ConnWindow, opts.MaxFrameSize, opts.MaxHeaderBytes,
 		opts.ReadIdleTimeout, opts.PingTimeout, opts.WriteTimeout)
@@ -252,7 +258,7 @@ func (p *Pool) dial(key poolKey, ks *keyState, d *dialCall, t Target) {
 }
 
 func (p *Pool) connect(ctx context.Context, key poolKey, t Target) (*h2conn, error) {
-	raw, err := p.opts.DialContext(ctx, "tcp", t.Address.String())
+	raw, err := p.opts.Dial(ctx, t.LocalAddr, t.Address)
 	if err != nil {
 		return nil, fmt.Errorf("hbone: dial %s: %w", t.Address, err)
 	}
@@ -416,7 +422,16 @@ func (t *Target) key() poolKey {
 	}
 	slices.Sort(exp)
 	exp = slices.Compact(exp)
-	return poolKey{source: t.Source.String(), expected: strings.Join(exp, " "), addr: t.Address}
+	return poolKey{source: t.Source.String(), expected: strings.Join(exp, " "), addr: t.Address, local: t.LocalAddr}
+}
+
+// dialFrom is the default Dial.
+func dialFrom(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
+	var d net.Dialer
+	if local.IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))
+	}
+	return d.DialContext(ctx, "tcp", remote.String())
 }
 
 func (t *Target) headers() []hpack.HeaderField {

@@ -32,11 +32,10 @@ func serverConnStreams(s *Server) []int {
 }
 
 // countingDialer counts TCP connections the pool opens.
-func countingDialer(n *atomic.Int64) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+func countingDialer(n *atomic.Int64) func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
+	return func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
 		n.Add(1)
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
+		return dialFrom(ctx, local, remote)
 	}
 }
 
@@ -48,7 +47,7 @@ func TestThousandConcurrentTunnels(t *testing.T) {
 	up := upstream(t, echo)
 	srv, addr := startServer(t, m, &dialHandler{}, nil)
 	var dials atomic.Int64
-	p := newPool(t, m, func(o *PoolOptions) { o.DialContext = countingDialer(&dials) })
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
 	tg := m.target(addr, up.String())
 
 	var (
@@ -154,7 +153,7 @@ func TestOneDialPerKey(t *testing.T) {
 	up := upstream(t, echo)
 	_, addr := startServer(t, m, &dialHandler{}, nil)
 	var dials atomic.Int64
-	p := newPool(t, m, func(o *PoolOptions) { o.DialContext = countingDialer(&dials) })
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
 	tg := m.target(addr, up.String())
 	var wg sync.WaitGroup
 	for i := 0; i < 50; i++ {
@@ -196,7 +195,7 @@ func TestIdleTimeoutEvicts(t *testing.T) {
 	var dials atomic.Int64
 	p := newPool(t, m, func(o *PoolOptions) {
 		o.IdleTimeout = 200 * time.Millisecond
-		o.DialContext = countingDialer(&dials)
+		o.Dial = countingDialer(&dials)
 	})
 	tg := m.target(addr, up.String())
 	c, err := p.Dial(ctxTimeout(t, 30*time.Second), tg)
@@ -230,7 +229,7 @@ func TestGoAwayEvicts(t *testing.T) {
 	up := upstream(t, echo)
 	srv, addr := startServer(t, m, &dialHandler{}, nil)
 	var dials atomic.Int64
-	p := newPool(t, m, func(o *PoolOptions) { o.DialContext = countingDialer(&dials) })
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
 	tg := m.target(addr, up.String())
 	old := dialTunnel(t, p, tg)
 
@@ -313,7 +312,7 @@ func TestFailedPingEvicts(t *testing.T) {
 	p := newPool(t, m, func(o *PoolOptions) {
 		o.ReadIdleTimeout = 100 * time.Millisecond
 		o.PingTimeout = 200 * time.Millisecond
-		o.DialContext = countingDialer(&dials)
+		o.Dial = countingDialer(&dials)
 	})
 	tg := m.target(addrOf(proxy.ln), up.String())
 	c := dialTunnel(t, p, tg)
@@ -337,7 +336,7 @@ func TestPoolKeys(t *testing.T) {
 	up := upstream(t, echo)
 	_, addr := startServer(t, m, &dialHandler{}, nil)
 	var dials atomic.Int64
-	p := newPool(t, m, func(o *PoolOptions) { o.DialContext = countingDialer(&dials) })
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
 
 	base := m.target(addr, up.String())
 	tlsOnly := base
@@ -357,6 +356,32 @@ func TestPoolKeys(t *testing.T) {
 	// base, tlsOnly, {client,server}: three keys.
 	if d := dials.Load(); d != 3 {
 		t.Fatalf("dials = %d, want 3", d)
+	}
+}
+
+// A tunnel with a local address leaves from it (the server sees it as the
+// remote address) and is pooled apart from tunnels without one.
+func TestLocalAddress(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	h := &dialHandler{}
+	_, addr := startServer(t, m, h, nil)
+	var dials atomic.Int64
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
+	for _, local := range []string{"127.0.77.1", "127.0.77.2", "127.0.77.1"} {
+		tg := m.target(addr, up.String())
+		tg.LocalAddr = netip.MustParseAddr(local)
+		c, err := p.Dial(ctxTimeout(t, 30*time.Second), tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got := h.lastRequest().Remote.Addr().String(); got != local {
+			t.Fatalf("the server saw the tunnel from %s, want %s", got, local)
+		}
+	}
+	if d := dials.Load(); d != 2 {
+		t.Fatalf("dials = %d, want one connection per local address", d)
 	}
 }
 
@@ -422,7 +447,7 @@ func TestClosedConnEvicted(t *testing.T) {
 	addr := addrOf(ln)
 	srv := startServerOn(t, m, ln, &dialHandler{}, nil)
 	var dials atomic.Int64
-	p := newPool(t, m, func(o *PoolOptions) { o.DialContext = countingDialer(&dials) })
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
 	tg := m.target(addr, up.String())
 	dialTunnel(t, p, tg).Close()
 	srv.Close()

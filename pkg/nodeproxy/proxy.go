@@ -502,6 +502,9 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 		Cert:      func() (*tls.Certificate, error) { return cert, nil },
 		Expected:  []trust.Identity{hop.Expected},
 		Forwarded: from,
+		// From the pod's own IP, so the next hop (a waypoint's policy, the
+		// destination's access log) sees where the traffic comes from.
+		LocalAddr: from.Addr().Unmap(),
 	})
 }
 

@@ -258,6 +258,10 @@ func TestPodToPodAcrossNodes(t *testing.T) {
 		if out[0]["result"] != "ok" || in[0]["result"] != "ok" {
 			return fmt.Errorf("results: %v / %v", out[0]["result"], in[0]["result"])
 		}
+		// The tunnel left node proxy A from pod A's IP, as from its netns.
+		if src := fmt.Sprint(in[0]["src"]); !strings.HasPrefix(src, podA+":") {
+			return fmt.Errorf("node proxy B saw the tunnel come from %s, want pod A's IP %s", src, podA)
+		}
 		return nil
 	})
 }

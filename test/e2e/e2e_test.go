@@ -230,7 +230,10 @@ func TestRouteToAnotherNamespace(t *testing.T) {
 	if got := r.echo.Headers["X-Causeway-Source-Principal"]; len(got) != 1 || got[0] != "spiffe://cluster.local/ns/web/sa/frontend" {
 		t.Fatalf("the request did not come through the shop waypoint: %v", r.echo.Headers)
 	}
-	waitLog(t, "waypoint-shop-waypoint-0", `"path":"/direct/item"`, `"route":"shop/reviews-to-direct"`, `"backend":"direct/echo:80"`, `"status":200`)
+	// The tunnel came from the frontend pod's own IP (its node proxy dials
+	// from it), so that is the source the waypoint logs and policies see.
+	waitLog(t, "waypoint-shop-waypoint-0", `"source":"`+podIP(t, "web/frontend")+`:`, `"path":"/direct/item"`,
+		`"route":"shop/reviews-to-direct"`, `"backend":"direct/echo:80"`, `"status":200`)
 }
 
 func TestHTTP2AndGRPCThroughWaypoint(t *testing.T) {
