@@ -51,8 +51,8 @@ type PoolOptions struct {
 	// Dial opens the TCP connection to remote, from local when it is valid
 	// (default: net.Dialer); a node proxy may use it to mark its own
 	// sockets so that capture skips them.
-	Dial func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error)
-	Logger      *zap.Logger
+	Dial   func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error)
+	Logger *zap.Logger
 
 	MaxHeaderBytes  int    // response header list accepted; default 32 KiB
 	MaxFrameSize    uint32 // largest frame accepted; default 1 MiB
