@@ -168,15 +168,16 @@ func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
 	r := req.HTTP
 
 	path := requestPath(r)
-	parsedPath, parsedQuery, err := parsePathAndQuery(path)
-	if err != nil {
-		return nil, err
+	parts := pathTermsFor(path)
+	if parts.err != nil {
+		return nil, parts.err
 	}
+	parsedPath, parsedQuery := parts.parsedPath, parts.parsedQuery
 
 	// :path and :authority repeat http.path and http.host: one term each.
 	var pathTerm, hostTerm *ast.Term
 	if path != "" {
-		pathTerm = ast.StringTerm(path)
+		pathTerm = parts.path
 	}
 	if r.Host != "" {
 		hostTerm = ast.StringTerm(r.Host)

@@ -348,3 +348,29 @@ func FuzzBuildInput(f *testing.F) {
 		}
 	})
 }
+
+// Request targets are parsed once and their terms shared (pathTerms): the
+// same target gives equal parts every time, a bad one the same 400, and a
+// target too long to keep is still parsed.
+func TestPathTermsCached(t *testing.T) {
+	long := "/" + strings.Repeat("a/", maxCachedPath) + "end?x=1"
+	for _, target := range []string{"/api/v1/orders/42?expand=items&expand=x", "/caf%C3%A9/", long} {
+		first := pathTermsFor(target)
+		again := pathTermsFor(target)
+		if first.err != nil || again.err != nil {
+			t.Fatalf("%.40s: %v / %v", target, first.err, again.err)
+		}
+		p, q, err := parsePathAndQuery(target)
+		if err != nil || !again.parsedPath.Equal(p) || !again.parsedQuery.Equal(q) || string(again.path.Value.(ast.String)) != target {
+			t.Fatalf("%.40s: cached %v %v, parsed %v %v", target, again.parsedPath, again.parsedQuery, p, q)
+		}
+	}
+	if got := pathTermsFor("/caf%C3%A9/").parsedPath.String(); got != `["café", ""]` {
+		t.Errorf("parsed_path = %s", got)
+	}
+	for range 2 {
+		if err := pathTermsFor("/a?b=%zz").err; !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("bad query: %v, want a bad request every time", err)
+		}
+	}
+}

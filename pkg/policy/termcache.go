@@ -8,40 +8,69 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 )
 
-// termCache remembers recently built input terms (addresses, principals)
-// that recur across requests. It is direct-mapped and fixed-size: bounded
-// memory, no locks, and a miss just builds the term again. Sharing terms
-// between inputs is safe because evaluation never changes its input.
-type termCache[K comparable] struct {
+// termCache remembers recently built input terms (addresses, principals,
+// parsed paths) that recur across requests. It is direct-mapped and
+// fixed-size: bounded memory, no locks, and a miss just builds the term
+// again. Sharing terms between inputs is safe because evaluation never
+// changes its input.
+type termCache[K comparable, V any] struct {
 	seed  maphash.Seed
-	slots [256]atomic.Pointer[termEntry[K]]
-	build func(K) *ast.Term
+	slots [256]atomic.Pointer[termEntry[K, V]]
+	build func(K) V
 }
 
-type termEntry[K comparable] struct {
-	key  K
-	term *ast.Term
+type termEntry[K comparable, V any] struct {
+	key   K
+	value V
 }
 
-func newTermCache[K comparable](build func(K) *ast.Term) *termCache[K] {
-	return &termCache[K]{seed: maphash.MakeSeed(), build: build}
+func newTermCache[K comparable, V any](build func(K) V) *termCache[K, V] {
+	return &termCache[K, V]{seed: maphash.MakeSeed(), build: build}
 }
 
-func (c *termCache[K]) get(k K) *ast.Term {
+func (c *termCache[K, V]) get(k K) V {
 	slot := &c.slots[maphash.Comparable(c.seed, k)%uint64(len(c.slots))]
 	if e := slot.Load(); e != nil && e.key == k {
-		return e.term
+		return e.value
 	}
-	t := c.build(k)
-	slot.Store(&termEntry[K]{key: k, term: t})
-	return t
+	v := c.build(k)
+	slot.Store(&termEntry[K, V]{key: k, value: v})
+	return v
 }
 
 var (
 	addressTerms   = newTermCache(buildSocketAddress)
 	principalTerms = newTermCache(func(id string) *ast.Term { return ast.StringTerm(id) })
 	peerTerms      = newTermCache(buildPeer)
+	pathTerms      = newTermCache(buildPathTerms)
 )
+
+// maxCachedPath bounds the request targets pathTerms keeps: longer ones
+// are parsed every time rather than held.
+const maxCachedPath = 512
+
+// pathParts is a request target's :path term and its parsed_path and
+// parsed_query terms, or why it cannot be parsed.
+type pathParts struct {
+	path, parsedPath, parsedQuery *ast.Term
+	err                           error
+}
+
+func buildPathTerms(target string) pathParts {
+	parsedPath, parsedQuery, err := parsePathAndQuery(target)
+	if err != nil {
+		return pathParts{err: err}
+	}
+	return pathParts{path: ast.StringTerm(target), parsedPath: parsedPath, parsedQuery: parsedQuery}
+}
+
+// pathTermsFor returns the parts of target, from the cache when it is short.
+func pathTermsFor(target string) pathParts {
+	if len(target) > maxCachedPath {
+		return buildPathTerms(target)
+	}
+	return pathTerms.get(target)
+}
 
 // peerKey is what attributes.source or attributes.destination holds: an
 // address and, only when authenticated (source) or known (destination), a
