@@ -48,9 +48,9 @@ type ServerOptions struct {
 	// unauthenticated caller.
 	Authenticator authn.Authenticator
 	// TrustedNodeAccounts may subscribe to every resource (node proxies
-	// route for every workload on their node). Every other caller may read
-	// only its own namespace, as istiod ties a proxy to its identity's
-	// namespace.
+	// route for every workload on their node). Every other caller reads its
+	// own namespace, as istiod ties a proxy to its identity's namespace, and
+	// beyond it only what its namespace's routes send traffic to (grants.go).
 	TrustedNodeAccounts []trust.Identity
 	// Logger (default: none).
 	Logger *zap.Logger
@@ -243,7 +243,7 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 
 // authorize checks a request against its caller: the node id must agree
 // with the caller's credential, and only trusted node accounts may
-// subscribe beyond their own namespace.
+// subscribe to whole collections beyond their own namespace.
 func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDiscoveryRequest) error {
 	if node, ok := strings.CutPrefix(nodeID, NodeProxyIDPrefix); ok && c.Node != "" && node != c.Node {
 		return fmt.Errorf("node id %q names node %s, but the credential is for node %s", nodeID, node, c.Node)
