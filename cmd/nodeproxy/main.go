@@ -7,8 +7,10 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -79,7 +81,7 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 		NodeID: xds.NodeProxyID(node), Logger: log,
 		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
 		OnChange: func(s *xds.State, _ []string) {
-			proxy.Update(nodeproxy.NewRegistry(node, values(s.Workloads), values(s.Services), values(s.Waypoints)))
+			proxy.Update(nodeproxy.NewRegistry(node, slices.Collect(maps.Values(s.Workloads)), slices.Collect(maps.Values(s.Services)), slices.Collect(maps.Values(s.Waypoints))))
 		},
 	})
 	if err != nil {
@@ -117,12 +119,4 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	waitOps()
 	log.Info("node proxy stopped")
 	return firstErr
-}
-
-func values[M any](m map[string]M) []M {
-	out := make([]M, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }

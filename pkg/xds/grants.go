@@ -1,6 +1,8 @@
 package xds
 
 import (
+	"maps"
+	"slices"
 	"sort"
 	"sync"
 
@@ -135,7 +137,7 @@ func NewRouteBackends(client *Client, namespace string) *RouteBackends {
 
 // Update subscribes to newly referenced names and drops the rest.
 func (f *RouteBackends) Update(s *State) error {
-	svcs, wls := RouteReads(f.namespace, mapValues(s.HTTPRoutes), mapValues(s.GRPCRoutes), s.Services)
+	svcs, wls := RouteReads(f.namespace, slices.Collect(maps.Values(s.HTTPRoutes)), slices.Collect(maps.Values(s.GRPCRoutes)), s.Services)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for typeURL, want := range map[string][]string{meshv1.ServiceTypeURL: svcs, meshv1.WorkloadTypeURL: wls} {
@@ -166,12 +168,4 @@ func (f *RouteBackends) Update(s *State) error {
 		f.have[typeURL] = wanted
 	}
 	return nil
-}
-
-func mapValues[M any](m map[string]M) []M {
-	out := make([]M, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }
