@@ -185,15 +185,10 @@ func (c *deltaCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 // have at their current version, and removals. Must hold c.mu.
 func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 	resources := c.types[w.typeURL]
-	if r := readerOf(w.req); !r.trusted {
-		// What the reader may not read does not exist for it.
-		readable := make(map[string]*entry, len(resources))
-		for name, e := range resources {
-			if e.namespace == r.namespace || c.grants.allows(r.namespace, w.typeURL, name) {
-				readable[name] = e
-			}
-		}
-		resources = readable
+	// What the reader may not read does not exist for it.
+	r := readerOf(w.req)
+	readable := func(name string, e *entry) bool {
+		return r.trusted || e.namespace == r.namespace || c.grants.allows(r.namespace, w.typeURL, name)
 	}
 	returned := w.sub.ReturnedResources()
 	next := map[string]string{}
@@ -201,13 +196,16 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 
 	if w.sub.IsWildcard() {
 		for name, e := range resources {
+			if !readable(name, e) {
+				continue
+			}
 			next[name] = e.version
 			if v, ok := returned[name]; !ok || v != e.version {
 				updated = append(updated, name)
 			}
 		}
 		for name := range returned {
-			if _, ok := resources[name]; !ok {
+			if e, ok := resources[name]; !ok || !readable(name, e) {
 				removed = append(removed, name)
 			}
 		}
@@ -216,7 +214,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 		for name := range w.sub.SubscribedResources() {
 			if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); ok {
 				for rn, e := range resources {
-					if e.namespace == ns {
+					if e.namespace == ns && readable(rn, e) {
 						want[rn] = true
 					}
 				}
@@ -226,6 +224,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 		}
 		for name := range want {
 			e, exists := resources[name]
+			exists = exists && readable(name, e)
 			v, known := returned[name]
 			switch {
 			case exists:

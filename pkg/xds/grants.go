@@ -25,28 +25,29 @@ func RouteReads(ns string, httpRoutes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.
 			svcs[b.GetNamespace()+"/"+b.GetName()] = true
 		}
 	}
-	addAll := func(filters []*meshv1.HTTPRouteFilter, backends []*meshv1.HTTPBackendRef) {
-		for _, f := range filters {
-			add(f.GetRequestMirror().GetBackend())
-		}
-		for _, b := range backends {
-			add(b.GetBackend())
-			for _, f := range b.GetFilters() {
-				add(f.GetRequestMirror().GetBackend())
-			}
-		}
-	}
+	var rules []routeRule
 	for _, r := range httpRoutes {
 		if r.GetNamespace() == ns {
 			for _, rule := range r.GetRules() {
-				addAll(rule.GetFilters(), rule.GetBackends())
+				rules = append(rules, rule)
 			}
 		}
 	}
 	for _, r := range grpcRoutes {
 		if r.GetNamespace() == ns {
 			for _, rule := range r.GetRules() {
-				addAll(rule.GetFilters(), rule.GetBackends())
+				rules = append(rules, rule)
+			}
+		}
+	}
+	for _, rule := range rules {
+		for _, f := range rule.GetFilters() {
+			add(f.GetRequestMirror().GetBackend())
+		}
+		for _, b := range rule.GetBackends() {
+			add(b.GetBackend())
+			for _, f := range b.GetFilters() {
+				add(f.GetRequestMirror().GetBackend())
 			}
 		}
 	}
@@ -65,6 +66,13 @@ func RouteReads(ns string, httpRoutes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.
 	sort.Strings(serviceNames)
 	sort.Strings(workloadUIDs)
 	return serviceNames, workloadUIDs
+}
+
+// routeRule is what HTTPRouteRule and GRPCRouteRule share: where they
+// send traffic.
+type routeRule interface {
+	GetFilters() []*meshv1.HTTPRouteFilter
+	GetBackends() []*meshv1.HTTPBackendRef
 }
 
 // grants maps a namespace to the names outside it that its callers may
