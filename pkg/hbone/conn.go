@@ -654,11 +654,9 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 			c.wakeSendersLocked()
 			continue
 		}
-		if w.end {
-			w.st.sentEOF = true
-		}
 		var flags http2.Flags
 		if w.end {
+			w.st.sentEOF = true
 			flags = http2.FlagDataEndStream
 		}
 		putFrameHeader(w.head, payload, http2.FrameData, flags, w.st.id)
