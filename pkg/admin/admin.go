@@ -65,23 +65,20 @@ func Handler(o Options) http.Handler {
 // /metrics from reg on metricsAddr (DESIGN §2: 15021 and 15020). Equal
 // addresses share one handler, so a host short of ports can use one.
 func StatusHandlers(readinessAddr string, ready func() error, metricsAddr string, reg prometheus.Gatherer) map[string]http.Handler {
-	muxes := map[string]*http.ServeMux{readinessAddr: http.NewServeMux()}
-	if muxes[metricsAddr] == nil {
-		muxes[metricsAddr] = http.NewServeMux()
-	}
-	muxes[readinessAddr].HandleFunc("GET /healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
+	readiness := http.NewServeMux()
+	readiness.HandleFunc("GET /healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	muxes[metricsAddr].Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	out := make(map[string]http.Handler, len(muxes))
-	for a, m := range muxes {
-		out[a] = m
+	metrics := readiness
+	if metricsAddr != readinessAddr {
+		metrics = http.NewServeMux()
 	}
-	return out
+	metrics.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return map[string]http.Handler{readinessAddr: readiness, metricsAddr: metrics}
 }
 
 // Serve runs an HTTP server for h on addr until ctx ends. Listening errors

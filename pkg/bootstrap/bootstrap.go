@@ -97,15 +97,11 @@ func (f *Flags) CAClient(env *Env) (*caclient.Client, error) {
 // returned function waits for all of them to stop.
 func (f *Flags) ServeOps(ctx context.Context, env *Env, dump func() (*admin.ConfigDump, error), ready func() error) (func(), error) {
 	log := env.Log.Logger
-	handlers := admin.StatusHandlers(f.Readiness, ready, f.Metrics, env.Metrics)
-	handlers[f.Admin] = admin.Handler(admin.Options{Dump: dump, Logging: env.Log.Handler()})
-	want := 3 // admin, readiness, metrics
-	if f.Readiness == f.Metrics {
-		want = 2
-	}
-	if len(handlers) < want {
+	if f.Admin == f.Readiness || f.Admin == f.Metrics {
 		return nil, fmt.Errorf("--admin %s must differ from --readiness and --metrics: it is for localhost only", f.Admin)
 	}
+	handlers := admin.StatusHandlers(f.Readiness, ready, f.Metrics, env.Metrics)
+	handlers[f.Admin] = admin.Handler(admin.Options{Dump: dump, Logging: env.Log.Handler()})
 	var waits []func() error
 	waitAll := func() {
 		for _, wait := range waits {
