@@ -4,8 +4,10 @@
 package logging
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"sync"
@@ -60,10 +62,13 @@ func New(opts Options) (*Logger, error) {
 	case "", "json":
 		ec := zap.NewProductionEncoderConfig()
 		ec.EncodeTime = zapcore.RFC3339NanoTimeEncoder
+		ec.NewReflectedEncoder = newReflectedEncoder
 		enc = zapcore.NewJSONEncoder(ec)
 		zopt = []zap.Option{zap.AddStacktrace(zap.ErrorLevel)}
 	case "console":
-		enc = zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
+		ec := zap.NewDevelopmentEncoderConfig()
+		ec.NewReflectedEncoder = newReflectedEncoder
+		enc = zapcore.NewConsoleEncoder(ec)
 		zopt = []zap.Option{zap.AddStacktrace(zap.WarnLevel), zap.Development()}
 	default:
 		return nil, fmt.Errorf("log format %q: want json or console", opts.Format)
@@ -119,3 +124,33 @@ func (l *Logger) Sync() error {
 // Handler serves GET (current level) and PUT {"level":"debug"} for the
 // admin endpoint's /logging.
 func (l *Logger) Handler() http.Handler { return l.Level }
+
+// RawJSON is a value its producer has already encoded as JSON (the decision
+// log's inputs, written straight from OPA values). Log it with zap.Reflect:
+// loggers from New copy it verbatim; any other zap encoder goes through
+// encoding/json, which checks and compacts it.
+type RawJSON []byte
+
+// MarshalJSON returns r itself.
+func (r RawJSON) MarshalJSON() ([]byte, error) { return r, nil }
+
+// reflectedEncoder is zap's default for reflected values (encoding/json
+// without HTML escaping), except that RawJSON is copied as it is.
+type reflectedEncoder struct {
+	w    io.Writer
+	json *json.Encoder
+}
+
+func newReflectedEncoder(w io.Writer) zapcore.ReflectedEncoder {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return reflectedEncoder{w: w, json: enc}
+}
+
+func (e reflectedEncoder) Encode(v any) error {
+	if raw, ok := v.(RawJSON); ok {
+		_, err := e.w.Write(raw)
+		return err
+	}
+	return e.json.Encode(v)
+}

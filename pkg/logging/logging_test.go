@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // syncBuffer is a WriteSyncer the test can read while loggers write.
@@ -96,5 +97,37 @@ func TestBadOptions(t *testing.T) {
 		if _, err := New(o); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
+	}
+}
+
+// RawJSON is copied into the line as it is, in both formats and on
+// buffered loggers; other reflected values are still encoded.
+func TestRawJSONIsWrittenVerbatim(t *testing.T) {
+	raw := RawJSON(`{"b":[1,2.50,"x"],"a":{}}`)
+	for _, format := range []string{"json", "console"} {
+		var out syncBuffer
+		l, err := New(Options{Format: format, Output: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Info("m", zap.Reflect("raw", raw), zap.Reflect("other", map[string]int{"k": 1}))
+		l.Buffered("decisions").Info("m", zap.Reflect("raw", raw))
+		if err := l.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if got := out.String(); strings.Count(got, string(raw)) != 2 || !strings.Contains(got, `{"k":1}`) {
+			t.Errorf("%s: raw JSON not written verbatim:\n%s", format, got)
+		}
+	}
+}
+
+// Through any other zap encoder RawJSON is still JSON (encoding/json
+// compacts it), never base64 as a []byte would be.
+func TestRawJSONThroughAForeignEncoder(t *testing.T) {
+	var out syncBuffer
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), &out, zap.InfoLevel)
+	zap.New(core).Info("m", zap.Reflect("raw", RawJSON(`{"a": [1, 2]}`)))
+	if got := out.String(); !strings.Contains(got, `"raw":{"a":[1,2]}`) {
+		t.Errorf("raw JSON through zap's own encoder: %s", got)
 	}
 }

@@ -3,14 +3,17 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
+
+	"github.com/causeway-mesh/causeway/pkg/logging"
 )
 
 // DefaultMaskedHeaders are replaced by Masked in decision logs, in the input
@@ -151,13 +154,18 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 		zap.Time("timestamp", ev.Time),
 		zap.Duration("duration", ev.Duration),
 	)
+	// One buffer for both values; zap copies them while writing the line.
+	var buf []byte
 	if ev.Input != nil {
-		fields = append(fields, astField("input", ev.Input, l.inputRedaction))
+		buf = appendJSON(make([]byte, 0, 2048), ev.Input, l.inputRedaction)
+		fields = append(fields, zap.Reflect("input", logging.RawJSON(buf)))
 	}
 	switch res := ev.Result.(type) {
 	case nil:
 	case ast.Value:
-		fields = append(fields, astField("result", res, l.resultRedaction))
+		n := len(buf)
+		buf = appendJSON(buf, res, l.resultRedaction)
+		fields = append(fields, zap.Reflect("result", logging.RawJSON(buf[n:])))
 	default:
 		fields = append(fields, zap.Any("result", res))
 	}
@@ -210,75 +218,146 @@ func (r *redaction) field(name string) *redaction {
 	return r.fields[name]
 }
 
-// astField renders v as ast.JSON would (sets as arrays, non-string keys as
-// their JSON text), straight from the ast value into zap's encoder: no
-// intermediate Go maps and no reflection. Values that are not ground (never
-// produced by evaluation or BuildInput) are written as their Rego text.
-func astField(key string, v ast.Value, r *redaction) zap.Field {
-	switch v := v.(type) {
-	case ast.Object:
-		return zap.Object(key, astObject{v, r})
-	case *ast.Array, ast.Set:
-		return zap.Array(key, astArray{v, r})
-	}
-	return zap.Inline(astMember{key, v, r})
+// appendJSON appends v as ast.JSON would render it (sets as arrays,
+// non-string keys as their JSON text), applying r, straight from the ast
+// value: no intermediate Go maps, no reflection, no value per node. Values
+// that are not ground (never produced by evaluation or BuildInput) are
+// written as their Rego text.
+func appendJSON(b []byte, v ast.Value, r *redaction) []byte {
+	w := jsonWriter{b: b}
+	w.value(v, r)
+	return w.b
 }
 
-// astMember is one member of a JSON object.
-type astMember struct {
-	key string
-	v   ast.Value
-	r   *redaction
-}
+// jsonWriter holds the buffer by pointer so that the callbacks of ast
+// iteration can append to it without moving every call's buffer to the heap.
+type jsonWriter struct{ b []byte }
 
-func (m astMember) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	if m.r != nil && m.r.mask {
-		if _, null := m.v.(ast.Null); !null {
-			enc.AddString(m.key, Masked)
-			return nil
+func (w *jsonWriter) value(v ast.Value, r *redaction) {
+	if r != nil && r.mask {
+		if _, null := v.(ast.Null); !null {
+			w.b = appendJSONString(w.b, Masked)
+			return
 		}
 	}
-	switch v := m.v.(type) {
+	switch v := v.(type) {
 	case ast.String:
-		enc.AddString(m.key, string(v))
+		w.b = appendJSONString(w.b, string(v))
 	case ast.Boolean:
-		enc.AddBool(m.key, bool(v))
+		w.b = strconv.AppendBool(w.b, bool(v))
+	case ast.Null:
+		w.b = append(w.b, "null"...)
 	case ast.Number:
 		if i, ok := v.Int64(); ok {
-			enc.AddInt64(m.key, i)
+			w.b = strconv.AppendInt(w.b, i, 10)
+		} else if json.Valid([]byte(v)) {
+			w.b = append(w.b, v...)
 		} else {
-			return enc.AddReflected(m.key, json.Number(v))
+			w.b = appendJSONString(w.b, string(v))
 		}
-	case ast.Null:
-		return enc.AddReflected(m.key, nil)
 	case ast.Object:
-		return enc.AddObject(m.key, astObject{v, m.r})
-	case *ast.Array, ast.Set:
-		return enc.AddArray(m.key, astArray{v, m.r})
+		w.object(v, r)
+	case *ast.Array:
+		w.b = append(w.b, '[')
+		for i := range v.Len() {
+			if i > 0 {
+				w.b = append(w.b, ',')
+			}
+			w.value(v.Elem(i).Value, r)
+		}
+		w.b = append(w.b, ']')
+	case ast.Set:
+		w.b = append(w.b, '[')
+		first := true
+		v.Foreach(func(t *ast.Term) {
+			if !first {
+				w.b = append(w.b, ',')
+			}
+			first = false
+			w.value(t.Value, r)
+		})
+		w.b = append(w.b, ']')
 	default:
-		enc.AddString(m.key, v.String())
+		w.b = appendJSONString(w.b, v.String())
 	}
-	return nil
 }
 
-type astObject struct {
-	obj ast.Object
-	r   *redaction
-}
-
-func (o astObject) MarshalLogObject(enc zapcore.ObjectEncoder) error {
-	return o.obj.Iter(func(k, v *ast.Term) error {
+func (w *jsonWriter) object(obj ast.Object, r *redaction) {
+	w.b = append(w.b, '{')
+	first := true
+	obj.Foreach(func(k, val *ast.Term) {
 		name, ok := k.Value.(ast.String)
 		if !ok {
 			name = ast.String(jsonKey(k.Value))
 		}
-		m := astMember{key: string(name), v: v.Value, r: o.r.field(string(name))}
-		if o.r != nil && o.r.headers != nil && o.r.headers(string(name)) {
-			m.r = &redaction{mask: true}
+		if !first {
+			w.b = append(w.b, ',')
 		}
-		return m.MarshalLogObject(enc)
+		first = false
+		w.b = appendJSONString(w.b, string(name))
+		w.b = append(w.b, ':')
+		sub := r.field(string(name))
+		if r != nil && r.headers != nil && r.headers(string(name)) {
+			sub = maskValue
+		}
+		w.value(val.Value, sub)
 	})
+	w.b = append(w.b, '}')
 }
+
+// maskValue replaces a whole value (a masked header's).
+var maskValue = &redaction{mask: true}
+
+// appendJSONString appends s as a JSON string, escaped as zap escapes its
+// own strings: quote, backslash and control characters escaped, invalid
+// UTF-8 replaced by U+FFFD, everything else as it is.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if jsonPlain[c] {
+			i++
+			continue
+		}
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				b = append(b, s[start:i]...)
+				b = append(b, `\ufffd`...)
+				start = i + 1
+			}
+			i += size
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		i++
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// jsonPlain marks the ASCII bytes a JSON string holds as they are.
+var jsonPlain = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // jsonKey is the member name ast.JSON gives a non-string key: its JSON text.
 func jsonKey(k ast.Value) string {
@@ -288,46 +367,4 @@ func jsonKey(k ast.Value) string {
 		}
 	}
 	return k.String()
-}
-
-type astArray struct {
-	v ast.Value // *ast.Array or ast.Set
-	r *redaction
-}
-
-func (a astArray) MarshalLogArray(enc zapcore.ArrayEncoder) error {
-	appendElem := func(t *ast.Term) error {
-		switch v := t.Value.(type) {
-		case ast.String:
-			enc.AppendString(string(v))
-		case ast.Boolean:
-			enc.AppendBool(bool(v))
-		case ast.Number:
-			if i, ok := v.Int64(); ok {
-				enc.AppendInt64(i)
-			} else {
-				return enc.AppendReflected(json.Number(v))
-			}
-		case ast.Null:
-			return enc.AppendReflected(nil)
-		case ast.Object:
-			return enc.AppendObject(astObject{v, a.r})
-		case *ast.Array, ast.Set:
-			return enc.AppendArray(astArray{v, a.r})
-		default:
-			enc.AppendString(v.String())
-		}
-		return nil
-	}
-	switch v := a.v.(type) {
-	case *ast.Array:
-		for i := range v.Len() {
-			if err := appendElem(v.Elem(i)); err != nil {
-				return err
-			}
-		}
-	case ast.Set:
-		return v.Iter(appendElem)
-	}
-	return nil
 }

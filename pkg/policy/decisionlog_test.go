@@ -8,18 +8,21 @@ import (
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/causeway-mesh/causeway/pkg/logging"
 )
 
-// logLine writes ev through a DecisionLogger into a JSON encoder, as the
-// waypoint's logger does, and returns the line decoded with numbers kept
-// as written.
+// logLine writes ev through a DecisionLogger into the waypoint's JSON
+// logger, and returns the line decoded with numbers kept as written.
 func logLine(t *testing.T, opts DecisionLogOptions, ev DecisionEvent) map[string]any {
 	t.Helper()
 	var buf bytes.Buffer
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&buf), zapcore.InfoLevel)
-	dl, err := NewDecisionLogger(zap.New(core), opts)
+	log, err := logging.New(logging.Options{Output: zapcore.AddSync(&buf)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := NewDecisionLogger(log.Logger, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +78,32 @@ func TestDecisionLogRendersValuesAsASTJSON(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Any string, as a key or a value, is written as a JSON string that
+// decodes to what encoding/json makes of it (invalid UTF-8 included).
+func FuzzDecisionLogStrings(f *testing.F) {
+	for _, s := range []string{"", "plain", "q\"uote\\", "\x00\x1f\x7f\n\r\t", "é€😀", "\xff\xfe bad", "a\xe2\x82", "\u2028\u2029", "<&>"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v := ast.NewObject([2]*ast.Term{ast.StringTerm(s), ast.ArrayTerm(ast.StringTerm(s))})
+		got := appendJSON(nil, v, nil)
+		want, err := json.Marshal(map[string][]string{s: {s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var g, w any
+		if err := json.Unmarshal(got, &g); err != nil {
+			t.Fatalf("%q written as invalid JSON %s: %v", s, got, err)
+		}
+		if err := json.Unmarshal(want, &w); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Fatalf("%q written as %s, decodes to %#v, want %#v", s, got, g, w)
+		}
+	})
 }
 
 func TestDecisionLogRedaction(t *testing.T) {
@@ -149,8 +178,11 @@ func BenchmarkDecisionLogWrite(b *testing.B) {
 		b.Fatal(err)
 	}
 	res := ast.MustParseTerm(`{"allowed": true, "headers": {"x-authz-policy": "example"}}`).Value
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(discard{}), zapcore.InfoLevel)
-	dl, err := NewDecisionLogger(zap.New(core), DecisionLogOptions{})
+	log, err := logging.New(logging.Options{Output: zapcore.AddSync(discard{})})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dl, err := NewDecisionLogger(log.Buffered("decisions"), DecisionLogOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
