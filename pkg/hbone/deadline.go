@@ -8,34 +8,50 @@ import (
 // deadline is a settable point in time whose wait channel is closed once it
 // has passed. Waiters select on wait(); a nil channel (no deadline was ever
 // set) blocks forever, so tunnels that never use deadlines pay nothing.
+//
+// net/http moves a connection's read deadline several times per request,
+// so one timer is re-armed rather than a new one made each time; a firing
+// left over from an earlier setting finds the deadline moved and does
+// nothing.
 type deadline struct {
 	mu    sync.Mutex
-	timer *time.Timer
-	ch    chan struct{} // closed when the deadline has passed
+	at    time.Time   // zero: none
+	timer *time.Timer // calls expire; made on first use
+	ch    chan struct{}
 }
 
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.at = t
 	if d.timer != nil {
-		if !d.timer.Stop() {
-			// The timer fired or is firing: wait for it to close the channel.
-			<-d.ch
-		}
-		d.timer = nil
+		d.timer.Stop()
+	}
+	if d.ch != nil && isClosed(d.ch) {
+		d.ch = nil
 	}
 	if t.IsZero() {
-		if d.ch != nil && isClosed(d.ch) {
-			d.ch = make(chan struct{})
-		}
 		return
 	}
-	if d.ch == nil || isClosed(d.ch) {
+	if d.ch == nil {
 		d.ch = make(chan struct{})
 	}
-	if dur := time.Until(t); dur > 0 {
-		ch := d.ch
-		d.timer = time.AfterFunc(dur, func() { close(ch) })
+	dur := time.Until(t)
+	switch {
+	case dur <= 0:
+		close(d.ch)
+	case d.timer == nil:
+		d.timer = time.AfterFunc(dur, d.expire)
+	default:
+		d.timer.Reset(dur)
+	}
+}
+
+// expire closes the channel if the deadline it was armed for still holds.
+func (d *deadline) expire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.at.IsZero() || time.Now().Before(d.at) || d.ch == nil || isClosed(d.ch) {
 		return
 	}
 	close(d.ch)
