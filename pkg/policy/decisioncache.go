@@ -182,13 +182,13 @@ func (c *decisionCache) status() DecisionCacheStatus {
 // its length, ":" and its bytes; anything else as "v" and its Rego text
 // (which quotes the strings inside); a missing value as "\x01"; each
 // followed by "\x00". False when the input is too large to cache.
-func (c *decisionCache) key(input ast.Value) (string, bool) {
+func (c *decisionCache) key(input policyInput) (string, bool) {
 	var b strings.Builder
 	b.Grow(64 * len(c.paths))
 	for _, p := range c.paths {
-		v, err := input.Find(p)
+		v, found := input.find(p)
 		switch s, isString := v.(ast.String); {
-		case err != nil:
+		case !found:
 			b.WriteByte(1)
 		case isString:
 			b.WriteByte('s')

@@ -167,7 +167,7 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 		t.Fatal(reason)
 	}
 	key := func(src string) string {
-		k, ok := c.key(ast.MustParseTerm(src).Value)
+		k, ok := c.key(astInput{ast.MustParseTerm(src).Value})
 		if !ok {
 			t.Fatalf("%s: not cacheable", src)
 		}
@@ -200,7 +200,7 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 		t.Error("a value the policy cannot read changed the key")
 	}
 	big := fmt.Sprintf(`{"a": %q}`, strings.Repeat("x", maxCacheKey))
-	if _, ok := c.key(ast.MustParseTerm(big).Value); ok {
+	if _, ok := c.key(astInput{ast.MustParseTerm(big).Value}); ok {
 		t.Error("an oversized key was accepted")
 	}
 }

@@ -41,10 +41,12 @@ type DecisionLogOptions struct {
 type DecisionEvent struct {
 	Decision Decision
 	Path     string
-	Input    ast.Value // nil when the input could not be built
+	Input    ast.Value // nil when the input could not be built (or doc holds it)
 	Result   any       // the policy's result (an ast.Value from Engine), nil when undefined
 	Time     time.Time
 	Duration time.Duration
+
+	doc *inputDoc // a request's input, written without building its value
 }
 
 // DecisionLogger writes decisions as zap JSON lines from its own goroutine
@@ -156,7 +158,11 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 	)
 	// One buffer for both values; zap copies them while writing the line.
 	var buf []byte
-	if ev.Input != nil {
+	switch {
+	case ev.doc != nil:
+		buf = ev.doc.appendJSON(make([]byte, 0, 2048), l.inputRedaction)
+		fields = append(fields, zap.Reflect("input", logging.RawJSON(buf)))
+	case ev.Input != nil:
 		buf = appendJSON(make([]byte, 0, 2048), ev.Input, l.inputRedaction)
 		fields = append(fields, zap.Reflect("input", logging.RawJSON(buf)))
 	}
@@ -211,9 +217,13 @@ func (l *DecisionLogger) newRedactions() {
 	}}
 }
 
-func (r *redaction) field(name string) *redaction {
-	if r == nil || r.fields == nil {
+// member is the rule for the member name of an object r applies to.
+func (r *redaction) member(name string) *redaction {
+	if r == nil {
 		return nil
+	}
+	if r.headers != nil && r.headers(name) {
+		return maskValue
 	}
 	return r.fields[name]
 }
@@ -296,11 +306,7 @@ func (w *jsonWriter) object(obj ast.Object, r *redaction) {
 		first = false
 		w.b = appendJSONString(w.b, string(name))
 		w.b = append(w.b, ':')
-		sub := r.field(string(name))
-		if r != nil && r.headers != nil && r.headers(string(name)) {
-			sub = maskValue
-		}
-		w.value(val.Value, sub)
+		w.value(val.Value, r.member(string(name)))
 	})
 	w.b = append(w.b, '}')
 }

@@ -173,7 +173,7 @@ func TestDecisionLogRedaction(t *testing.T) {
 // BenchmarkDecisionLogWrite is the decision logger's work per decision
 // (encoding the benchmark request's input and an object result to JSON).
 func BenchmarkDecisionLogWrite(b *testing.B) {
-	in, err := BuildInput(benchRequest(b), InputOptions{})
+	doc, err := newInputDoc(benchRequest(b), InputOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func BenchmarkDecisionLogWrite(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ev := DecisionEvent{Decision: Decision{Allowed: true, Status: 200, ID: newDecisionID()}, Path: "data.envoy.authz.allow", Input: in, Result: res, Time: time.Now()}
+	ev := DecisionEvent{Decision: Decision{Allowed: true, Status: 200, ID: newDecisionID()}, Path: "data.envoy.authz.allow", doc: doc, Result: res, Time: time.Now()}
 	b.ReportAllocs()
 	for b.Loop() {
 		dl.write(ev)

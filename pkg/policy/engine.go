@@ -331,7 +331,7 @@ func (e *Engine) Status() Status {
 // an evaluation error gets 500, an undefined decision 403.
 func (e *Engine) Decide(ctx context.Context, req *Request) Decision {
 	start := time.Now()
-	input, err := BuildInput(req, e.opts.Input)
+	doc, err := newInputDoc(req, e.opts.Input)
 	if err != nil {
 		status := http.StatusInternalServerError
 		var bre *BadRequestError
@@ -347,16 +347,33 @@ func (e *Engine) Decide(ctx context.Context, req *Request) Decision {
 		e.logDecision(d, nil, nil, start)
 		return d
 	}
-	return e.decide(ctx, input, start)
+	return e.decide(ctx, doc, start)
 }
 
 // DecideInput evaluates an input document built elsewhere (meshctl policy
 // eval, tests).
 func (e *Engine) DecideInput(ctx context.Context, input ast.Value) Decision {
-	return e.decide(ctx, input, time.Now())
+	return e.decide(ctx, astInput{input}, time.Now())
 }
 
-func (e *Engine) decide(ctx context.Context, input ast.Value, start time.Time) Decision {
+// policyInput is an input the engine can key a decision on, evaluate and
+// log: a request's *inputDoc, or an ast value built elsewhere.
+type policyInput interface {
+	// find is value().Find(path), ok false where that fails.
+	find(path ast.Ref) (ast.Value, bool)
+	value() ast.Value
+}
+
+type astInput struct{ v ast.Value }
+
+func (in astInput) find(path ast.Ref) (ast.Value, bool) {
+	v, err := in.v.Find(path)
+	return v, err == nil
+}
+
+func (in astInput) value() ast.Value { return in.v }
+
+func (e *Engine) decide(ctx context.Context, input policyInput, start time.Time) Decision {
 	c := e.active.Load() // the whole evaluation uses this policy set
 	var result any
 	d := e.evaluate(ctx, c, input, &result, start)
@@ -378,7 +395,7 @@ func (e *Engine) decide(ctx context.Context, input ast.Value, start time.Time) D
 	return d
 }
 
-func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, result *any, now time.Time) (d Decision) {
+func (e *Engine) evaluate(ctx context.Context, c *compiled, in policyInput, result *any, now time.Time) (d Decision) {
 	if c == nil {
 		return deny(http.StatusInternalServerError, "no policy loaded")
 	}
@@ -392,7 +409,7 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, res
 	var key string
 	cacheable := false
 	if c.cache != nil {
-		if key, cacheable = c.cache.key(input); cacheable {
+		if key, cacheable = c.cache.key(in); cacheable {
 			if rs, ok := c.cache.get(key, now); ok {
 				e.metrics.cacheHit.Inc()
 				return interpretInto(rs, result)
@@ -412,7 +429,7 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, input ast.Value, res
 		defer t.Stop()
 	}
 	// OPA's per-evaluation metrics (timers) are never read: NoOp skips them.
-	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(cancel), rego.EvalMetrics(metrics.NoOp()))
+	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(in.value()), rego.EvalExternalCancel(cancel), rego.EvalMetrics(metrics.NoOp()))
 	if err != nil {
 		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
 	}
@@ -431,16 +448,22 @@ func interpretInto(rs rego.ResultSet, result *any) Decision {
 	return interpret(rs)
 }
 
-func (e *Engine) logDecision(d Decision, input ast.Value, result any, start time.Time) {
+func (e *Engine) logDecision(d Decision, input policyInput, result any, start time.Time) {
 	if e.opts.DecisionLog == nil {
 		return
 	}
-	e.opts.DecisionLog.Log(DecisionEvent{
+	ev := DecisionEvent{
 		Decision: d,
 		Path:     e.path,
-		Input:    input,
 		Result:   result,
 		Time:     start,
 		Duration: time.Since(start),
-	})
+	}
+	switch in := input.(type) {
+	case *inputDoc:
+		ev.doc = in // written without building its value
+	case astInput:
+		ev.Input = in.v
+	}
+	e.opts.DecisionLog.Log(ev)
 }

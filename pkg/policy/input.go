@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -162,121 +161,14 @@ const (
 // OPA-Envoy omits empty fields. A path, query or body that cannot be parsed
 // gives a *BadRequestError.
 func BuildInput(req *Request, opts InputOptions) (ast.Value, error) {
-	if req == nil || req.HTTP == nil {
-		return nil, errors.New("policy input: no HTTP request")
+	d, err := newInputDoc(req, opts)
+	if err != nil {
+		return nil, err
 	}
-	r := req.HTTP
-
-	path := requestPath(r)
-	parts := pathTermsFor(path)
-	if parts.err != nil {
-		return nil, parts.err
-	}
-	parsedPath, parsedQuery := parts.parsedPath, parts.parsedQuery
-
-	// :path and :authority repeat http.path and http.host: one term each.
-	var pathTerm, hostTerm *ast.Term
-	if path != "" {
-		pathTerm = parts.path
-	}
-	if r.Host != "" {
-		hostTerm = ast.StringTerm(r.Host)
-	}
-	headers := headerObject(r, pathTerm, hostTerm)
-
-	var body []byte
-	truncated := req.BodyTruncated
-	bodyPresent := false
-	if opts.ParseBody && (len(req.Body) > 0 || req.BodyTruncated) {
-		bodyPresent = true
-		body = req.Body
-		if limit := opts.BodyLimit(); len(body) > limit {
-			body = body[:limit]
-			truncated = true
-		}
-		// Envoy tells the authorizer whether the body it forwarded is partial.
-		headers.Insert(kPartialBody, constTerm(strconv.FormatBool(truncated)))
-	}
-
-	httpObj := ast.NewObjectWithCapacity(10)
-	if req.ID != "" {
-		httpObj.Insert(kID, ast.StringTerm(req.ID))
-	}
-	if r.Method != "" {
-		httpObj.Insert(kMethod, constTerm(r.Method))
-	}
-	if pathTerm != nil {
-		httpObj.Insert(kPath, pathTerm)
-	}
-	if hostTerm != nil {
-		httpObj.Insert(kHost, hostTerm)
-	}
-	httpObj.Insert(kScheme, constTerm(requestScheme(req)))
-	if p := protocolString(r); p != "" {
-		httpObj.Insert(kProtocol, constTerm(p))
-	}
-	httpObj.Insert(kHeaders, ast.NewTerm(headers))
-	if size := requestSize(r, req.Body); size != 0 {
-		httpObj.Insert(kSize, ast.InternedTerm(size))
-	}
-	if bodyPresent && len(body) > 0 {
-		httpObj.Insert(kBody, ast.StringTerm(sanitizeUTF8(body)))
-	}
-
-	t := req.Time
-	if t.IsZero() {
-		t = time.Now()
-	}
-	requestObj := ast.NewObject(
-		[2]*ast.Term{kHTTP, ast.NewTerm(httpObj)},
-		[2]*ast.Term{kTime, ast.StringTerm(protoTimestamp(t))},
-	)
-
-	var srcPrincipal, dstPrincipal string
-	if id, ok := req.Source.Identity(); ok {
-		srcPrincipal = id.String()
-	}
-	if !req.Destination.IsZero() {
-		dstPrincipal = req.Destination.String()
-	}
-	source := peerTerms.get(peerKey{addr: req.SourceAddr, principal: srcPrincipal})
-	destination := peerTerms.get(peerKey{addr: req.DestAddr, principal: dstPrincipal})
-
-	attributes := ast.NewObject(
-		[2]*ast.Term{kSource, source},
-		[2]*ast.Term{kDestination, destination},
-		[2]*ast.Term{kRequest, ast.NewTerm(requestObj)},
-		[2]*ast.Term{kMetadataContext, emptyObjectTerm},
-		[2]*ast.Term{kRouteMetadata, emptyObjectTerm},
-	)
-
-	input := ast.NewObjectWithCapacity(9)
-	input.Insert(kAttributes, ast.NewTerm(attributes))
-	input.Insert(kParsedPath, parsedPath)
-	input.Insert(kParsedQuery, parsedQuery)
-	input.Insert(kVersion, versionTerm)
-	if opts.ParseBody {
-		parsedBody := ast.NullTerm()
-		if !truncated && len(body) > 0 {
-			v, err := parseBody(r, body)
-			if err != nil {
-				return nil, err
-			}
-			if v != nil {
-				parsedBody = ast.NewTerm(v)
-			}
-		}
-		input.Insert(kParsedBody, parsedBody)
-		input.Insert(kTruncatedBody, ast.InternedTerm(truncated))
-	}
-	if srcPrincipal != "" {
-		input.Insert(kSourcePrincipal, principalTerms.get(srcPrincipal))
-	}
-	if dstPrincipal != "" {
-		input.Insert(kDestinationPrincipl, principalTerms.get(dstPrincipal))
-	}
-	return input, nil
+	return d.value(), nil
 }
+
+var errNoHTTPRequest = errors.New("policy input: no HTTP request")
 
 // requestPath is the :path Envoy would report: the request target as sent.
 func requestPath(r *http.Request) string {
@@ -328,60 +220,6 @@ func requestSize(r *http.Request, body []byte) int64 {
 		return r.ContentLength
 	}
 	return int64(len(body))
-}
-
-// headerObject lower-cases header names, adds the pseudo-headers and joins
-// repeated values with ",", as Envoy's ext_authz filter does. path and host
-// are the request's path and host terms (nil when empty).
-func headerObject(r *http.Request, path, host *ast.Term) ast.Object {
-	obj := ast.NewObjectWithCapacity(len(r.Header) + 5)
-	if host != nil {
-		obj.Insert(kPseudoAuthority, host)
-	}
-	if r.Method != "" {
-		obj.Insert(kPseudoMethod, constTerm(r.Method))
-	}
-	if path != nil {
-		obj.Insert(kPseudoPath, path)
-	}
-	if r.Method != http.MethodConnect {
-		scheme := "http"
-		if r.URL != nil && r.URL.Scheme != "" {
-			scheme = r.URL.Scheme
-		} else if r.TLS != nil {
-			scheme = "https"
-		}
-		obj.Insert(kPseudoScheme, constTerm(scheme))
-	}
-	for name, values := range r.Header {
-		if len(values) == 0 {
-			continue
-		}
-		k := headerKeyTerm(name)
-		key := string(k.Value.(ast.String))
-		if key == "" || key[0] == ':' || key == headerPartialBody || key == headerXFCC || key == "host" {
-			continue
-		}
-		value := values[0]
-		if len(values) > 1 {
-			value = strings.Join(values, ",")
-		}
-		// Two spellings of one name (only possible for non-canonical keys)
-		// merge like repeated values.
-		if prev := obj.Get(k); prev != nil {
-			if s, ok := prev.Value.(ast.String); ok {
-				value = string(s) + "," + value
-			}
-		}
-		obj.Insert(k, ast.StringTerm(value))
-	}
-	// net/http moves Transfer-Encoding out of the header map; Envoy keeps it.
-	if len(r.TransferEncoding) > 0 {
-		if obj.Get(kTransferEnc) == nil {
-			obj.Insert(kTransferEnc, ast.StringTerm(strings.Join(r.TransferEncoding, ",")))
-		}
-	}
-	return obj
 }
 
 // commonHeaders maps frequent canonical header names to shared lower-case

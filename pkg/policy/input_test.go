@@ -330,13 +330,16 @@ func TestSanitizeUTF8(t *testing.T) {
 }
 
 func FuzzBuildInput(f *testing.F) {
-	f.Add("/a/b%20c?x=1&y=%zz", "application/json", []byte(`{"a":[1,2]}`))
-	f.Add("/%", "application/x-www-form-urlencoded", []byte("a=1;b"))
-	f.Add("/u", "multipart/form-data; boundary=b", []byte("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n--b--\r\n"))
-	f.Fuzz(func(t *testing.T, target, contentType string, body []byte) {
+	f.Add("/a/b%20c?x=1&y=%zz", "application/json", []byte(`{"a":[1,2]}`), "v")
+	f.Add("/%", "application/x-www-form-urlencoded", []byte("a=1;b"), "\xff\x00\"")
+	f.Add("/u", "multipart/form-data; boundary=b", []byte("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n--b--\r\n"), "")
+	f.Fuzz(func(t *testing.T, target, contentType string, body []byte, header string) {
 		r := &http.Request{Method: "POST", Host: "h", RequestURI: target, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: http.Header{"Content-Type": {contentType}}, ContentLength: int64(len(body))}
-		v, err := BuildInput(&Request{HTTP: r, Body: body}, InputOptions{ParseBody: true, MaxBodyBytes: 256})
+			Header:        http.Header{"Content-Type": {contentType}, "X-Custom": {header}, "Accept": {header, header}, "X-Request-Id": {header}},
+			ContentLength: int64(len(body))}
+		req := &Request{HTTP: r, Body: body}
+		opts := InputOptions{ParseBody: true, MaxBodyBytes: 256}
+		v, err := BuildInput(req, opts)
 		if err != nil {
 			if !errors.Is(err, ErrBadRequest) {
 				t.Fatalf("non-400 error for a parse failure: %v", err)
@@ -346,6 +349,11 @@ func FuzzBuildInput(f *testing.F) {
 		if _, err := ast.JSON(v); err != nil {
 			t.Fatalf("input is not JSON: %v", err)
 		}
+		d, err := newInputDoc(req, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkDocAgrees(t, d)
 	})
 }
 

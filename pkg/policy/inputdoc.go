@@ -1,0 +1,381 @@
+package policy
+
+import (
+	"cmp"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// inputDoc is one request's policy input before it is an OPA value: what
+// the input holds, read from the request once. A decision cache hit needs
+// only the values the policy reads (find); a miss evaluates the whole value
+// (value); the decision log writes the document as JSON without building it
+// (appendJSON). All three walk one schema, inputSchema, whose leaves are the
+// only code that turns the document into values, so they cannot disagree
+// about what the input holds. The document holds no reference to the
+// request: the decision log may read it after the request has moved on.
+type inputDoc struct {
+	id, method, host, path, scheme, protocol, time string
+
+	size       int64
+	parts      pathParts     // :path, parsed_path and parsed_query terms
+	headers    []headerField // sorted by name, one per name
+	source     *ast.Term     // attributes.source
+	dest       *ast.Term     // attributes.destination
+	srcPrinc   string        // "" unless the tunnel was authenticated
+	dstPrinc   string
+	parseBody  bool
+	body       string    // http.body; "" leaves it out
+	parsedBody *ast.Term // parsed_body when parseBody
+	truncated  bool
+
+	headersTerm *ast.Term // built on first use
+}
+
+// headerField is one member of attributes.request.http.headers.
+type headerField struct {
+	name  *ast.Term // lower case
+	value string
+}
+
+// newInputDoc reads what the input of req holds. A path, query or body
+// that cannot be parsed gives a *BadRequestError.
+func newInputDoc(req *Request, opts InputOptions) (*inputDoc, error) {
+	if req == nil || req.HTTP == nil {
+		return nil, errNoHTTPRequest
+	}
+	r := req.HTTP
+	d := &inputDoc{
+		id:        req.ID,
+		method:    r.Method,
+		host:      r.Host,
+		path:      requestPath(r),
+		scheme:    requestScheme(req),
+		protocol:  protocolString(r),
+		size:      requestSize(r, req.Body),
+		parseBody: opts.ParseBody,
+	}
+	d.parts = pathTermsFor(d.path)
+	if d.parts.err != nil {
+		return nil, d.parts.err
+	}
+	t := req.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	d.time = protoTimestamp(t)
+	if id, ok := req.Source.Identity(); ok {
+		d.srcPrinc = id.String()
+	}
+	if !req.Destination.IsZero() {
+		d.dstPrinc = req.Destination.String()
+	}
+	d.source = peerTerms.get(peerKey{addr: req.SourceAddr, principal: d.srcPrinc})
+	d.dest = peerTerms.get(peerKey{addr: req.DestAddr, principal: d.dstPrinc})
+
+	var partial string // x-envoy-auth-partial-body, when a body is sent
+	if opts.ParseBody {
+		d.parsedBody = ast.NullTerm()
+		body, truncated := req.Body, req.BodyTruncated
+		if len(body) > 0 || truncated {
+			if limit := opts.BodyLimit(); len(body) > limit {
+				body, truncated = body[:limit], true
+			}
+			// Envoy tells the authorizer whether the body it forwarded is partial.
+			partial = strconv.FormatBool(truncated)
+			d.body = sanitizeUTF8(body)
+		}
+		d.truncated = truncated
+		if !truncated && len(body) > 0 {
+			v, err := parseBody(r, body)
+			if err != nil {
+				return nil, err
+			}
+			if v != nil {
+				d.parsedBody = ast.NewTerm(v)
+			}
+		}
+	}
+	d.headers = headerFields(r, d.host, d.path, partial)
+	return d, nil
+}
+
+// headerFields lower-cases header names, adds the pseudo-headers and joins
+// repeated values with ",", as Envoy's ext_authz filter does. A client's
+// x-envoy-auth-partial-body and x-forwarded-client-cert never get in;
+// partial is Envoy's own x-envoy-auth-partial-body ("" for none).
+func headerFields(r *http.Request, host, path, partial string) []headerField {
+	hs := make([]headerField, 0, len(r.Header)+6)
+	if host != "" {
+		hs = append(hs, headerField{kPseudoAuthority, host})
+	}
+	if r.Method != "" {
+		hs = append(hs, headerField{kPseudoMethod, r.Method})
+	}
+	if path != "" {
+		hs = append(hs, headerField{kPseudoPath, path})
+	}
+	if r.Method != http.MethodConnect {
+		scheme := "http"
+		if r.URL != nil && r.URL.Scheme != "" {
+			scheme = r.URL.Scheme
+		} else if r.TLS != nil {
+			scheme = "https"
+		}
+		hs = append(hs, headerField{kPseudoScheme, scheme})
+	}
+	if partial != "" {
+		hs = append(hs, headerField{kPartialBody, partial})
+	}
+	hasTE := false
+	for name, values := range r.Header {
+		if len(values) == 0 {
+			continue
+		}
+		k := headerKeyTerm(name)
+		key := string(k.Value.(ast.String))
+		if key == "" || key[0] == ':' || key == headerPartialBody || key == headerXFCC || key == "host" {
+			continue
+		}
+		hasTE = hasTE || key == "transfer-encoding"
+		value := values[0]
+		if len(values) > 1 {
+			value = strings.Join(values, ",")
+		}
+		hs = append(hs, headerField{k, value})
+	}
+	// net/http moves Transfer-Encoding out of the header map; Envoy keeps it.
+	if len(r.TransferEncoding) > 0 && !hasTE {
+		hs = append(hs, headerField{kTransferEnc, strings.Join(r.TransferEncoding, ",")})
+	}
+	slices.SortFunc(hs, func(a, b headerField) int {
+		return cmp.Or(a.name.Value.Compare(b.name.Value), strings.Compare(a.value, b.value))
+	})
+	// Two spellings of one name (only possible for non-canonical keys)
+	// merge like repeated values.
+	merged := hs[:0]
+	for _, h := range hs {
+		if n := len(merged); n > 0 && merged[n-1].name.Value.Compare(h.name.Value) == 0 {
+			merged[n-1].value += "," + h.value
+			continue
+		}
+		merged = append(merged, h)
+	}
+	return merged
+}
+
+func (d *inputDoc) headersValue() *ast.Term {
+	if d.headersTerm == nil {
+		obj := ast.NewObjectWithCapacity(len(d.headers))
+		for _, h := range d.headers {
+			obj.Insert(h.name, ast.StringTerm(h.value))
+		}
+		d.headersTerm = ast.NewTerm(obj)
+	}
+	return d.headersTerm
+}
+
+// writeHeaders writes the headers object as headersValue would render.
+func (d *inputDoc) writeHeaders(w *jsonWriter, r *redaction) {
+	w.b = append(w.b, '{')
+	for i, h := range d.headers {
+		if i > 0 {
+			w.b = append(w.b, ',')
+		}
+		name := string(h.name.Value.(ast.String))
+		w.b = appendJSONString(w.b, name)
+		w.b = append(w.b, ':')
+		if sub := r.member(name); sub != nil && sub.mask {
+			w.b = appendJSONString(w.b, Masked)
+		} else {
+			w.b = appendJSONString(w.b, h.value)
+		}
+	}
+	w.b = append(w.b, '}')
+}
+
+// inputField is a member of the input document: an object of fields, or a
+// leaf whose value is a string (str) or a term (term); a leaf with ok false
+// or a nil term is absent. write, when set, renders a term leaf's JSON
+// without building its term.
+type inputField struct {
+	key    *ast.Term
+	fields []inputField
+	str    func(*inputDoc) (s string, ok bool)
+	term   func(*inputDoc) *ast.Term
+	write  func(*inputDoc, *jsonWriter, *redaction)
+}
+
+// inputSchema is the OPA-Envoy (ext_authz v3) input document. Members are
+// in key order, the order in which ast objects list them.
+var inputSchema = sortedSchema(inputField{fields: []inputField{
+	{key: kAttributes, fields: []inputField{
+		{key: kSource, term: func(d *inputDoc) *ast.Term { return d.source }},
+		{key: kDestination, term: func(d *inputDoc) *ast.Term { return d.dest }},
+		{key: kRequest, fields: []inputField{
+			{key: kHTTP, fields: []inputField{
+				{key: kID, str: func(d *inputDoc) (string, bool) { return d.id, d.id != "" }},
+				{key: kMethod, str: func(d *inputDoc) (string, bool) { return d.method, d.method != "" }},
+				{key: kPath, term: func(d *inputDoc) *ast.Term {
+					if d.path == "" {
+						return nil
+					}
+					return d.parts.path
+				}},
+				{key: kHost, str: func(d *inputDoc) (string, bool) { return d.host, d.host != "" }},
+				{key: kScheme, str: func(d *inputDoc) (string, bool) { return d.scheme, true }},
+				{key: kProtocol, str: func(d *inputDoc) (string, bool) { return d.protocol, d.protocol != "" }},
+				{key: kHeaders, term: (*inputDoc).headersValue, write: (*inputDoc).writeHeaders},
+				{key: kSize, term: func(d *inputDoc) *ast.Term {
+					if d.size == 0 {
+						return nil
+					}
+					return ast.InternedTerm(d.size)
+				}},
+				{key: kBody, str: func(d *inputDoc) (string, bool) { return d.body, d.body != "" }},
+			}},
+			{key: kTime, str: func(d *inputDoc) (string, bool) { return d.time, true }},
+		}},
+		{key: kMetadataContext, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }},
+		{key: kRouteMetadata, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }},
+	}},
+	{key: kParsedPath, term: func(d *inputDoc) *ast.Term { return d.parts.parsedPath }},
+	{key: kParsedQuery, term: func(d *inputDoc) *ast.Term { return d.parts.parsedQuery }},
+	{key: kVersion, term: func(*inputDoc) *ast.Term { return versionTerm }},
+	{key: kParsedBody, term: func(d *inputDoc) *ast.Term { return d.parsedBody }},
+	{key: kTruncatedBody, term: func(d *inputDoc) *ast.Term {
+		if !d.parseBody {
+			return nil
+		}
+		return ast.InternedTerm(d.truncated)
+	}},
+	{key: kSourcePrincipal, term: func(d *inputDoc) *ast.Term { return principalTerm(d.srcPrinc) }},
+	{key: kDestinationPrincipl, term: func(d *inputDoc) *ast.Term { return principalTerm(d.dstPrinc) }},
+}})
+
+func sortedSchema(f inputField) inputField {
+	slices.SortFunc(f.fields, func(a, b inputField) int { return a.key.Value.Compare(b.key.Value) })
+	for i := range f.fields {
+		f.fields[i] = sortedSchema(f.fields[i])
+	}
+	return f
+}
+
+func principalTerm(p string) *ast.Term {
+	if p == "" {
+		return nil
+	}
+	return principalTerms.get(p)
+}
+
+// build returns the field's value in d, nil when absent. Objects are
+// always present.
+func (f *inputField) build(d *inputDoc) *ast.Term {
+	switch {
+	case f.str != nil:
+		if s, ok := f.str(d); ok {
+			return constTerm(s)
+		}
+		return nil
+	case f.term != nil:
+		return f.term(d)
+	}
+	obj := ast.NewObjectWithCapacity(len(f.fields))
+	for i := range f.fields {
+		if t := f.fields[i].build(d); t != nil {
+			obj.Insert(f.fields[i].key, t)
+		}
+	}
+	return ast.NewTerm(obj)
+}
+
+func (f *inputField) child(name ast.Value) *inputField {
+	for i := range f.fields {
+		if f.fields[i].key.Value.Compare(name) == 0 {
+			return &f.fields[i]
+		}
+	}
+	return nil
+}
+
+// value is the whole input document.
+func (d *inputDoc) value() ast.Value { return inputSchema.build(d).Value }
+
+// find is value().Find(path) without building more than the value at path.
+func (d *inputDoc) find(path ast.Ref) (ast.Value, bool) {
+	f := &inputSchema
+	for i, step := range path {
+		if f.fields == nil {
+			t := f.build(d)
+			if t == nil {
+				return nil, false
+			}
+			v, err := t.Value.Find(path[i:])
+			return v, err == nil
+		}
+		if f = f.child(step.Value); f == nil {
+			return nil, false
+		}
+	}
+	if t := f.build(d); t != nil {
+		return t.Value, true
+	}
+	return nil, false
+}
+
+// appendJSON appends the document as appendJSON(b, d.value(), r) would.
+func (d *inputDoc) appendJSON(b []byte, r *redaction) []byte {
+	w := jsonWriter{b: b}
+	inputSchema.writeJSON(d, &w, r)
+	return w.b
+}
+
+func (f *inputField) writeJSON(d *inputDoc, w *jsonWriter, r *redaction) {
+	masked := r != nil && r.mask
+	switch {
+	case f.str != nil && !masked:
+		s, _ := f.str(d)
+		w.b = appendJSONString(w.b, s)
+		return
+	case f.write != nil && !masked:
+		f.write(d, w, r)
+		return
+	case f.fields == nil:
+		w.value(f.build(d).Value, r)
+		return
+	}
+	w.b = append(w.b, '{')
+	n := 0
+	for i := range f.fields {
+		c := &f.fields[i]
+		if !c.present(d) {
+			continue
+		}
+		if n++; n > 1 {
+			w.b = append(w.b, ',')
+		}
+		name := string(c.key.Value.(ast.String))
+		w.b = appendJSONString(w.b, name)
+		w.b = append(w.b, ':')
+		c.writeJSON(d, w, r.member(name))
+	}
+	w.b = append(w.b, '}')
+}
+
+func (f *inputField) present(d *inputDoc) bool {
+	switch {
+	case f.str != nil:
+		_, ok := f.str(d)
+		return ok
+	case f.write != nil:
+		return true
+	case f.term != nil:
+		return f.term(d) != nil
+	}
+	return true
+}
