@@ -173,7 +173,11 @@ func (d *inputDoc) headersValue() *ast.Term {
 	if d.headersTerm == nil {
 		obj := ast.NewObjectWithCapacity(len(d.headers))
 		for _, h := range d.headers {
-			obj.Insert(h.name, ast.StringTerm(h.value))
+			v := d.parts.path // :path is http.path
+			if h.name != kPseudoPath {
+				v = constTerm(h.value) // :method, :scheme and the like recur
+			}
+			obj.Insert(h.name, v)
 		}
 		d.headersTerm = ast.NewTerm(obj)
 	}
