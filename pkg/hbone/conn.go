@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -586,6 +587,14 @@ var errLead = errors.New("hbone: flush the write queue")
 // answers their writers; while it is busy, new frames queue for the next
 // flush, led by the first of them. Nobody waits for more than the flush
 // in progress and its own.
+//
+// A writer that finds no flush in progress yields once before it flushes:
+// the goroutines already runnable (other streams' handlers under load) get
+// to queue their frames into the same write, where they would otherwise
+// find the socket idle and each pay a syscall. With nothing runnable the
+// yield returns at once. Under the waypoint benchmark this cut write
+// syscalls from 1.66 to 0.35 per proxied request (and its CPU per request
+// by a sixth); bulk transfer is unchanged (see bench/README.md).
 func (c *h2conn) writeData(st *stream, head, tail []byte, end bool) error {
 	w := &st.dw // one writer per stream at a time (st.wmu)
 	w.st, w.head, w.tail, w.end, w.err = st, head, tail, end, nil
@@ -601,6 +610,8 @@ func (c *h2conn) writeData(st *stream, head, tail []byte, end bool) error {
 		if err := <-w.done; err != errLead {
 			return err
 		}
+	} else {
+		runtime.Gosched() // let runnable writers join this flush
 	}
 	c.wmu.Lock()
 	c.qmu.Lock()
