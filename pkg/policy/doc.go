@@ -1,8 +1,9 @@
 // Package policy authorizes requests with OPA/Rego the way OPA-Envoy does,
 // without Envoy: the waypoint builds the ext_authz v3 input document
-// directly as an OPA value (BuildInput), the Engine evaluates a prepared
-// query against the active policy set (Decide) and reads the result as
-// OPA-Envoy does (boolean or {allowed, headers, ...}), failing closed.
+// directly as an OPA value (BuildInput; inputdoc.go builds only the values
+// a cached decision needs), the Engine evaluates a prepared query against
+// the active policy set (Decide) and reads the result as OPA-Envoy does
+// (boolean or {allowed, headers, ...}), failing closed.
 //
 // Policy sets come from a directory of Rego v1 files (a git-sync checkout)
 // and optionally an OPA bundle service. A set is compiled, its *_test.rego
