@@ -59,6 +59,7 @@ type DecisionLogger struct {
 	logBodies bool
 
 	inputRedaction, resultRedaction *redaction
+	termJSON                        termJSON // only touched by write (Run's goroutine)
 
 	dropped      atomic.Uint64
 	droppedTotal prometheus.Counter
@@ -100,6 +101,7 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 		ch:           make(chan DecisionEvent, opts.Buffer),
 		mask:         mask,
 		logBodies:    opts.LogBodies,
+		termJSON:     termJSON{},
 		droppedTotal: dropped,
 		written:      written,
 	}
@@ -160,7 +162,7 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 	var buf []byte
 	switch {
 	case ev.doc != nil:
-		buf = ev.doc.appendJSON(make([]byte, 0, 2048), l.inputRedaction)
+		buf = ev.doc.appendJSON(make([]byte, 0, 2048), l.inputRedaction, l.termJSON)
 		fields = append(fields, zap.Reflect("input", logging.RawJSON(buf)))
 	case ev.Input != nil:
 		buf = appendJSON(make([]byte, 0, 2048), ev.Input, l.inputRedaction)
@@ -241,7 +243,10 @@ func appendJSON(b []byte, v ast.Value, r *redaction) []byte {
 
 // jsonWriter holds the buffer by pointer so that the callbacks of ast
 // iteration can append to it without moving every call's buffer to the heap.
-type jsonWriter struct{ b []byte }
+type jsonWriter struct {
+	b    []byte
+	memo termJSON // nil: render every term
+}
 
 func (w *jsonWriter) value(v ast.Value, r *redaction) {
 	if r != nil && r.mask {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"cmp"
 	"net/http"
 	"slices"
@@ -213,14 +214,18 @@ type inputField struct {
 	str    func(*inputDoc) (s string, ok bool)
 	term   func(*inputDoc) *ast.Term
 	write  func(*inputDoc, *jsonWriter, *redaction)
+	// shared marks term leaves whose terms recur across requests (cached
+	// peers and parsed paths, constants): the decision log renders each
+	// such term once.
+	shared bool
 }
 
 // inputSchema is the OPA-Envoy (ext_authz v3) input document. Members are
 // in key order, the order in which ast objects list them.
 var inputSchema = sortedSchema(inputField{fields: []inputField{
 	{key: kAttributes, fields: []inputField{
-		{key: kSource, term: func(d *inputDoc) *ast.Term { return d.source }},
-		{key: kDestination, term: func(d *inputDoc) *ast.Term { return d.dest }},
+		{key: kSource, term: func(d *inputDoc) *ast.Term { return d.source }, shared: true},
+		{key: kDestination, term: func(d *inputDoc) *ast.Term { return d.dest }, shared: true},
 		{key: kRequest, fields: []inputField{
 			{key: kHTTP, fields: []inputField{
 				{key: kID, str: func(d *inputDoc) (string, bool) { return d.id, d.id != "" }},
@@ -245,12 +250,12 @@ var inputSchema = sortedSchema(inputField{fields: []inputField{
 			}},
 			{key: kTime, str: func(d *inputDoc) (string, bool) { return d.time, true }},
 		}},
-		{key: kMetadataContext, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }},
-		{key: kRouteMetadata, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }},
+		{key: kMetadataContext, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }, shared: true},
+		{key: kRouteMetadata, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }, shared: true},
 	}},
-	{key: kParsedPath, term: func(d *inputDoc) *ast.Term { return d.parts.parsedPath }},
-	{key: kParsedQuery, term: func(d *inputDoc) *ast.Term { return d.parts.parsedQuery }},
-	{key: kVersion, term: func(*inputDoc) *ast.Term { return versionTerm }},
+	{key: kParsedPath, term: func(d *inputDoc) *ast.Term { return d.parts.parsedPath }, shared: true},
+	{key: kParsedQuery, term: func(d *inputDoc) *ast.Term { return d.parts.parsedQuery }, shared: true},
+	{key: kVersion, term: func(*inputDoc) *ast.Term { return versionTerm }, shared: true},
 	{key: kParsedBody, term: func(d *inputDoc) *ast.Term { return d.parsedBody }},
 	{key: kTruncatedBody, term: func(d *inputDoc) *ast.Term {
 		if !d.parseBody {
@@ -332,9 +337,10 @@ func (d *inputDoc) find(path ast.Ref) (ast.Value, bool) {
 	return nil, false
 }
 
-// appendJSON appends the document as appendJSON(b, d.value(), r) would.
-func (d *inputDoc) appendJSON(b []byte, r *redaction) []byte {
-	w := jsonWriter{b: b}
+// appendJSON appends the document as appendJSON(b, d.value(), r) would,
+// taking the JSON of shared terms from memo when it is not nil.
+func (d *inputDoc) appendJSON(b []byte, r *redaction, memo termJSON) []byte {
+	w := jsonWriter{b: b, memo: memo}
 	inputSchema.writeJSON(d, &w, r)
 	return w.b
 }
@@ -350,7 +356,12 @@ func (f *inputField) writeJSON(d *inputDoc, w *jsonWriter, r *redaction) {
 		f.write(d, w, r)
 		return
 	case f.fields == nil:
-		w.value(f.build(d).Value, r)
+		t := f.build(d)
+		if f.shared && r == nil && w.memo != nil {
+			w.b = w.memo.append(w.b, t)
+			return
+		}
+		w.value(t.Value, r)
 		return
 	}
 	w.b = append(w.b, '{')
@@ -382,4 +393,24 @@ func (f *inputField) present(d *inputDoc) bool {
 		return f.term(d) != nil
 	}
 	return true
+}
+
+// termJSON remembers the JSON of terms: a term never changes, so neither
+// does its JSON. It holds at most maxTermJSON terms (emptied when full)
+// and belongs to one goroutine (the decision logger's).
+type termJSON map[*ast.Term][]byte
+
+const maxTermJSON = 1024
+
+func (m termJSON) append(b []byte, t *ast.Term) []byte {
+	if j, ok := m[t]; ok {
+		return append(b, j...)
+	}
+	start := len(b)
+	b = appendJSON(b, t.Value, nil)
+	if len(m) >= maxTermJSON {
+		clear(m)
+	}
+	m[t] = bytes.Clone(b[start:])
+	return b
 }

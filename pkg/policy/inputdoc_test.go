@@ -33,10 +33,13 @@ func checkDocAgrees(t testing.TB, d *inputDoc) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		direct := d.appendJSON(nil, l.inputRedaction)
 		built := appendJSON(nil, v, l.inputRedaction)
-		if !sameJSON(t, direct, built) {
-			t.Fatalf("logged input differs from the evaluated one:\n%s\nwant\n%s", direct, built)
+		memo := termJSON{}
+		for _, m := range []termJSON{nil, memo, memo} { // the second use of memo reads it
+			direct := d.appendJSON(nil, l.inputRedaction, m)
+			if !sameJSON(t, direct, built) {
+				t.Fatalf("logged input differs from the evaluated one (memo %v):\n%s\nwant\n%s", m != nil, direct, built)
+			}
 		}
 	}
 }
@@ -118,5 +121,22 @@ func TestInputDocAgrees(t *testing.T) {
 	headers, _ := d.find(ast.MustParseRef("input.attributes.request.http.headers")[1:])
 	if want := ast.MustParseTerm(`{":method": "CONNECT", "accept": "*/*", "transfer-encoding": "chunked", "x-custom": "b,a,c"}`).Value; headers.Compare(want) != 0 {
 		t.Errorf("headers = %v, want %v", headers, want)
+	}
+}
+
+// The decision log's term memo renders a term once, answers from memory
+// afterwards and never holds more than maxTermJSON terms.
+func TestTermJSONBounded(t *testing.T) {
+	m := termJSON{}
+	peer := ast.MustParseTerm(`{"address": {"socketAddress": {"address": "127.0.0.1", "portValue": 80}}}`)
+	first := string(m.append(nil, peer))
+	if again := string(m.append([]byte("x"), peer)); again != "x"+first || first != string(appendJSON(nil, peer.Value, nil)) {
+		t.Fatalf("memo gives %s then %s", first, again)
+	}
+	for i := range maxTermJSON + 10 {
+		m.append(nil, ast.InternedTerm(i+1000))
+		if len(m) > maxTermJSON {
+			t.Fatalf("memo holds %d terms", len(m))
+		}
 	}
 }
