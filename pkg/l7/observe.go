@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -146,8 +147,8 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 	m.duration.Observe(d.Seconds())
 
 	if ce := e.log.Check(zap.InfoLevel, "request"); ce != nil {
-		fields := make([]zap.Field, 0, 21)
-		fields = append(fields,
+		fp := accessFields.Get().(*[]zap.Field)
+		fields := append((*fp)[:0],
 			zap.String("source", x.info.source),
 			zap.String("identity", principal),
 			zap.String("destination", x.info.destination),
@@ -177,8 +178,19 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 			fields = append(fields, zap.Bool("aborted", true))
 		}
 		ce.Write(fields...)
+		clear(fields)
+		*fp = fields[:0]
+		accessFields.Put(fp)
 	}
 }
+
+// accessFields recycles the access log's field slices (one per request): a
+// zap core encodes or copies the fields during Write, so the slice is free
+// again once Write returns.
+var accessFields = sync.Pool{New: func() any {
+	s := make([]zap.Field, 0, 21)
+	return &s
+}}
 
 // responseRecorder notes the status and size of what the client is sent.
 // It exposes the underlying writer through Unwrap, so flushing, hijacking

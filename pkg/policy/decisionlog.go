@@ -59,7 +59,10 @@ type DecisionLogger struct {
 	logBodies bool
 
 	inputRedaction, resultRedaction *redaction
-	termJSON                        termJSON // only touched by write (Run's goroutine)
+	// Only touched by write (Run's goroutine):
+	termJSON termJSON
+	fields   []zap.Field
+	lineSize int
 
 	dropped      atomic.Uint64
 	droppedTotal prometheus.Counter
@@ -147,8 +150,7 @@ func (l *DecisionLogger) Run(ctx context.Context) {
 
 func (l *DecisionLogger) write(ev DecisionEvent) {
 	d := ev.Decision
-	fields := make([]zap.Field, 0, 10)
-	fields = append(fields,
+	fields := append(l.fields[:0],
 		zap.String("decision_id", d.ID),
 		zap.String("revision", d.Revision),
 		zap.String("path", ev.Path),
@@ -158,14 +160,16 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 		zap.Time("timestamp", ev.Time),
 		zap.Duration("duration", ev.Duration),
 	)
-	// One buffer for both values; zap copies them while writing the line.
-	var buf []byte
+	// One buffer for both values, sized after the last line. It is not
+	// reused: a core may keep the values (zaptest's observer does), while
+	// it copies the fields slice, which is.
+	buf := make([]byte, 0, l.lineSize)
 	switch {
 	case ev.doc != nil:
-		buf = ev.doc.appendJSON(make([]byte, 0, 2048), l.inputRedaction, l.termJSON)
+		buf = ev.doc.appendJSON(buf, l.inputRedaction, l.termJSON)
 		fields = append(fields, zap.Reflect("input", logging.RawJSON(buf)))
 	case ev.Input != nil:
-		buf = appendJSON(make([]byte, 0, 2048), ev.Input, l.inputRedaction)
+		buf = appendJSON(buf, ev.Input, l.inputRedaction)
 		fields = append(fields, zap.Reflect("input", logging.RawJSON(buf)))
 	}
 	switch res := ev.Result.(type) {
@@ -178,6 +182,9 @@ func (l *DecisionLogger) write(ev DecisionEvent) {
 		fields = append(fields, zap.Any("result", res))
 	}
 	l.log.Info("decision", fields...)
+	l.lineSize = min(max(len(buf)+len(buf)/8, 1024), 64<<10)
+	clear(fields)
+	l.fields = fields[:0]
 	l.written.Inc()
 }
 
