@@ -135,22 +135,26 @@ type RawJSON []byte
 func (r RawJSON) MarshalJSON() ([]byte, error) { return r, nil }
 
 // reflectedEncoder is zap's default for reflected values (encoding/json
-// without HTML escaping), except that RawJSON is copied as it is.
+// without HTML escaping), except that RawJSON is copied as it is. zap makes
+// one per line that has a reflected field, so the JSON encoder is only made
+// when a value needs it.
 type reflectedEncoder struct {
 	w    io.Writer
 	json *json.Encoder
 }
 
 func newReflectedEncoder(w io.Writer) zapcore.ReflectedEncoder {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return reflectedEncoder{w: w, json: enc}
+	return &reflectedEncoder{w: w}
 }
 
-func (e reflectedEncoder) Encode(v any) error {
+func (e *reflectedEncoder) Encode(v any) error {
 	if raw, ok := v.(RawJSON); ok {
 		_, err := e.w.Write(raw)
 		return err
+	}
+	if e.json == nil {
+		e.json = json.NewEncoder(e.w)
+		e.json.SetEscapeHTML(false)
 	}
 	return e.json.Encode(v)
 }
