@@ -459,6 +459,25 @@ func newRouteMeta(c *Config, kind string, r route) (*routeMeta, bool) {
 	return m, true
 }
 
+// compileMatches compiles rule i's matches for either route kind: a match
+// that does not compile is left out with a problem (the rule's other
+// matches still apply); a rule without matches matches everything (all).
+func compileMatches[P any, M any](c *Config, meta *routeMeta, i int, pms []P, compile func(P) (M, error), all M) []M {
+	if len(pms) == 0 {
+		return []M{all}
+	}
+	var matches []M
+	for j, pm := range pms {
+		m, err := compile(pm)
+		if err != nil {
+			c.problem("%s %s rule %d match %d: %v; match ignored", meta.kind, meta, i, j, err)
+			continue
+		}
+		matches = append(matches, m)
+	}
+	return matches
+}
+
 func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
 	meta, ok := newRouteMeta(c, "HTTPRoute", r)
 	if !ok {
@@ -467,18 +486,7 @@ func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
 	cr := &compiledHTTPRoute{meta: meta}
 	for i, pr := range r.GetRules() {
 		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry}
-		var matches []httpMatch
-		if len(pr.GetMatches()) == 0 {
-			matches = []httpMatch{{path: defaultPathMatch}}
-		}
-		for j, pm := range pr.GetMatches() {
-			m, err := compileHTTPMatch(pm)
-			if err != nil {
-				c.problem("HTTPRoute %s rule %d match %d: %v; match ignored", meta, i, j, err)
-				continue
-			}
-			matches = append(matches, m)
-		}
+		matches := compileMatches(c, meta, i, pr.GetMatches(), compileHTTPMatch, httpMatch{path: defaultPathMatch})
 		if len(pr.GetMatches()) == 0 || len(pr.GetMatches()) == 1 && len(matches) == 1 && matches[0].path.kind == pathPrefix {
 			ru.prefix, ru.hasPrefix = matches[0].path.value, true
 		}
@@ -509,18 +517,7 @@ func (c *Config) compileGRPCRoute(r *meshv1.GRPCRoute) *compiledGRPCRoute {
 	cr := &compiledGRPCRoute{meta: meta}
 	for i, pr := range r.GetRules() {
 		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry, grpc: true}
-		var matches []grpcMatch
-		if len(pr.GetMatches()) == 0 {
-			matches = []grpcMatch{{}}
-		}
-		for j, pm := range pr.GetMatches() {
-			m, err := compileGRPCMatch(pm)
-			if err != nil {
-				c.problem("GRPCRoute %s rule %d match %d: %v; match ignored", meta, i, j, err)
-				continue
-			}
-			matches = append(matches, m)
-		}
+		matches := compileMatches(c, meta, i, pr.GetMatches(), compileGRPCMatch, grpcMatch{})
 		ru.invalid = pr.GetInvalidReason()
 		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends(), true)
 		if len(matches) == 0 {
