@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"net/netip"
+	"strconv"
 	"testing"
 )
 
@@ -50,6 +51,27 @@ func benchmarkDecide(b *testing.B, noCache bool) {
 	b.ReportAllocs()
 	for b.Loop() {
 		e.Decide(context.Background(), req)
+	}
+}
+
+// BenchmarkDecideMiss is a request the decision cache has not seen (each
+// names another order), evaluated on the pruned input as the engine does by
+// default; BenchmarkDecideMissWholeInput is the same with the cache off, so
+// evaluated on the whole input.
+func BenchmarkDecideMiss(b *testing.B)           { benchmarkDecideMiss(b, false) }
+func BenchmarkDecideMissWholeInput(b *testing.B) { benchmarkDecideMiss(b, true) }
+
+func benchmarkDecideMiss(b *testing.B, noCache bool) {
+	e, _ := loadEngine(b, Options{Dir: "testdata/example", NoDecisionCache: noCache})
+	req := benchRequest(b)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		req.HTTP.RequestURI = "/api/v1/orders/" + strconv.Itoa(i) + "?expand=items"
+		if d := e.Decide(context.Background(), req); !d.Allowed {
+			b.Fatal(d.Reason)
+		}
 	}
 }
 

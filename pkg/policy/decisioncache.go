@@ -32,10 +32,15 @@ import (
 // a result (1 and 1.0 do not). Evaluation errors (timeouts included) are
 // never cached. The table is direct-mapped and fixed-size:
 // bounded memory, no locks; a collision just evaluates again.
+//
+// By the same argument a miss is evaluated on a pruned input that holds
+// only the values at those paths (prune): the policy cannot tell it from
+// the whole input, and it is much cheaper to build than the whole input.
 type decisionCache struct {
-	paths []ast.Ref // what the policy reads, relative to input, shortest prefixes only
-	seed  maphash.Seed
-	slots [decisionCacheSlots]atomic.Pointer[cachedResult]
+	paths  []ast.Ref // what the policy reads, relative to input, shortest prefixes only
+	pruned []ast.Ref // paths cut before their first step that is not a string
+	seed   maphash.Seed
+	slots  [decisionCacheSlots]atomic.Pointer[cachedResult]
 }
 
 type cachedResult struct {
@@ -130,7 +135,30 @@ func newDecisionCache(modules map[string]*ast.Module) (*decisionCache, string) {
 			return nil, reason
 		}
 	}
-	// Shortest prefixes only: a value includes everything below it.
+	kept := shortestPrefixes(paths)
+	// Pruning keeps arrays (and anything reached by a number) whole.
+	var cut []ast.Ref
+	for _, p := range kept {
+		n := 0
+		for n < len(p) {
+			if _, ok := p[n].Value.(ast.String); !ok {
+				break
+			}
+			n++
+		}
+		if n == 0 {
+			// input[0]: a number as the first step reads nothing a pruned
+			// input could hold; keep the whole input to be safe.
+			return &decisionCache{paths: kept, seed: maphash.MakeSeed()}, ""
+		}
+		cut = append(cut, p[:n].Copy())
+	}
+	return &decisionCache{paths: kept, pruned: shortestPrefixes(cut), seed: maphash.MakeSeed()}, ""
+}
+
+// shortestPrefixes sorts paths and drops those that extend another: a value
+// includes everything below it.
+func shortestPrefixes(paths []ast.Ref) []ast.Ref {
 	slices.SortFunc(paths, func(a, b ast.Ref) int { return a.Compare(b) })
 	kept := paths[:0]
 	for _, p := range paths {
@@ -139,7 +167,38 @@ func newDecisionCache(modules map[string]*ast.Module) (*decisionCache, string) {
 		}
 		kept = append(kept, p)
 	}
-	return &decisionCache{paths: kept, seed: maphash.MakeSeed()}, ""
+	return kept
+}
+
+// prune builds the input the policy is evaluated on after a miss: the value
+// of input at each pruned path, inside the objects that lead to it, and
+// nothing else. nil when the whole input must be used.
+func (c *decisionCache) prune(input policyInput) ast.Value {
+	if c.pruned == nil {
+		return nil
+	}
+	root := ast.NewObject()
+	for _, p := range c.pruned {
+		v, found := input.find(p)
+		if !found {
+			continue
+		}
+		obj := root
+		for _, step := range p[:len(p)-1] {
+			next := obj.Get(step)
+			if next == nil {
+				next = ast.NewTerm(ast.NewObject())
+				obj.Insert(step, next)
+			}
+			o, ok := next.Value.(ast.Object)
+			if !ok {
+				return nil // cannot happen with shortest prefixes; evaluate it all
+			}
+			obj = o
+		}
+		obj.Insert(p[len(p)-1], ast.NewTerm(v))
+	}
+	return root
 }
 
 // constantPrefix is the leading part of ref made of strings and numbers:

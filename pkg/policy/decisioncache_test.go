@@ -375,3 +375,41 @@ func TestDecisionCacheConcurrentHits(t *testing.T) {
 	cancel()
 	logDone.Wait()
 }
+
+// A miss is evaluated on only what the policy reads: the values at its
+// paths, arrays whole, inside the objects that lead to them.
+func TestDecisionCachePrunesTheInput(t *testing.T) {
+	c, reason := newDecisionCache(compiledModules(t, `package p
+
+allow if {
+	input.attributes.request.http.method == "GET"
+	input.attributes.request.http.headers["x-tenant"] == input.parsed_query.tenant[0]
+	input.parsed_path[1] == "orders"
+	not input.attributes.request.http.headers["x-blocked"]
+	input.missing.value
+}
+`))
+	if c == nil {
+		t.Fatal(reason)
+	}
+	input := ast.MustParseTerm(`{
+		"attributes": {"request": {"http": {"method": "GET", "path": "/api/orders?tenant=a",
+			"headers": {"x-tenant": "a", "accept": "*/*"}}}, "source": {"principal": "p"}},
+		"parsed_path": ["api", "orders"],
+		"parsed_query": {"tenant": ["a"], "other": ["b"]},
+		"version": {"ext_authz": "v3"}
+	}`).Value
+	want := ast.MustParseTerm(`{
+		"attributes": {"request": {"http": {"method": "GET", "headers": {"x-tenant": "a"}}}},
+		"parsed_path": ["api", "orders"],
+		"parsed_query": {"tenant": ["a"]}
+	}`).Value
+	if got := c.prune(astInput{input}); got.Compare(want) != 0 {
+		t.Fatalf("pruned input\n%v\nwant\n%v", got, want)
+	}
+
+	c, _ = newDecisionCache(compiledModules(t, "package p\n\nallow if input[0] == 1\n"))
+	if c == nil || c.prune(astInput{input}) != nil {
+		t.Fatal("a number as the first step must not prune")
+	}
+}

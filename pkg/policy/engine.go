@@ -51,9 +51,11 @@ type Options struct {
 	DecisionLog *DecisionLogger
 	// Registerer, if set, registers the engine's metrics.
 	Registerer prometheus.Registerer
-	// NoDecisionCache evaluates every request. By default a policy's result
-	// is reused for requests that agree on every input value the policy
-	// reads, when the policy allows it (see Status().DecisionCache).
+	// NoDecisionCache evaluates every request on the whole input. By
+	// default a policy's result is reused for requests that agree on every
+	// input value the policy reads, and other requests are evaluated on
+	// those values alone, when the policy allows it (see
+	// Status().DecisionCache).
 	NoDecisionCache bool
 }
 
@@ -429,7 +431,14 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, in policyInput, resu
 		defer t.Stop()
 	}
 	// OPA's per-evaluation metrics (timers) are never read: NoOp skips them.
-	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(in.value()), rego.EvalExternalCancel(cancel), rego.EvalMetrics(metrics.NoOp()))
+	var input ast.Value
+	if c.cache != nil {
+		input = c.cache.prune(in)
+	}
+	if input == nil {
+		input = in.value()
+	}
+	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(cancel), rego.EvalMetrics(metrics.NoOp()))
 	if err != nil {
 		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
 	}
