@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -91,6 +92,9 @@ type testDialer struct {
 	mu    sync.Mutex
 	dials map[netip.AddrPort]int
 	seen  []Target
+	// slow, when set, makes a dial take that long, as a tunnel handshake
+	// to a busy node can; cancelled, it fails as a handshake would.
+	slow time.Duration
 }
 
 func (d *testDialer) DialEndpoint(ctx context.Context, t Target) (net.Conn, error) {
@@ -100,7 +104,15 @@ func (d *testDialer) DialEndpoint(ctx context.Context, t Target) (net.Conn, erro
 	}
 	d.dials[t.Address]++
 	d.seen = append(d.seen, t)
+	slow := d.slow
 	d.mu.Unlock()
+	if slow > 0 {
+		select {
+		case <-time.After(slow):
+		case <-ctx.Done():
+			return nil, errors.New("tunnel handshake: connection closed")
+		}
+	}
 	var nd net.Dialer
 	return nd.DialContext(ctx, "tcp", t.Address.String())
 }

@@ -676,8 +676,17 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 }
 
+// attemptTimeout is an attempt ended by its backendRequest timeout.
+type attemptTimeout struct{ err error }
+
+func (e *attemptTimeout) Error() string { return "backendRequest timeout: " + e.err.Error() }
+func (e *attemptTimeout) Unwrap() error { return e.err }
+
 func classify(err error, connect bool) error {
+	var timeout *attemptTimeout
 	switch {
+	case errors.As(err, &timeout):
+		return &proxyErr{status: http.StatusGatewayTimeout, reason: "upstream (backendRequest) timeout", err: err}
 	case connect:
 		return &proxyErr{status: http.StatusServiceUnavailable, reason: "upstream connect error", err: err}
 	case errors.Is(err, context.DeadlineExceeded):
@@ -747,6 +756,11 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	resp, err := ep.roundTripper(x.proto, areq).RoundTrip(areq)
 	if err != nil {
 		ep.outstanding.Add(-1)
+		if ctx.Err() == context.DeadlineExceeded && req.Context().Err() == nil {
+			// The attempt's own timeout ended it, perhaps while the tunnel
+			// was still being dialed: a timeout, whatever the dial said.
+			err = &attemptTimeout{err}
+		}
 		cancel()
 		return nil, err
 	}

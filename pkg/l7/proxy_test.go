@@ -314,6 +314,31 @@ func TestTimeoutsAndRetries(t *testing.T) {
 	}
 }
 
+// An attempt whose backendRequest timeout ends it while its tunnel is
+// still being dialed timed out (504), like any other attempt that outlives
+// it; the endpoint is not ejected for it.
+func TestBackendTimeoutDuringDial(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	h.backend("v1", "http", false)
+	r := to("v1")
+	r.BackendRequestTimeout = dur(100 * time.Millisecond)
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, r)}, nil)
+	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+	h.dialer.mu.Lock()
+	h.dialer.slow = 2 * time.Second
+	h.dialer.mu.Unlock()
+	if res := get(t, c, "/", nil); res.status != http.StatusGatewayTimeout {
+		t.Fatalf("dial outlasting the backendRequest timeout: %d %q, want 504", res.status, res.body)
+	}
+	h.dialer.mu.Lock()
+	h.dialer.slow = 0
+	h.dialer.mu.Unlock()
+	if res := get(t, c, "/", nil); res.status != http.StatusOK {
+		t.Fatalf("after a timed-out dial: %d %q, want 200 (endpoint not ejected)", res.status, res.body)
+	}
+}
+
 func TestConfigUpdateWhileServing(t *testing.T) {
 	h := newHarness(t)
 	h.addService("web", "http")
