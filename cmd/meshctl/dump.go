@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -73,12 +74,9 @@ func loadDump(name string, args []string) (*dump, error) {
 	default:
 		return nil, errors.New("give --admin ADDR or --file DUMP")
 	}
-	data, err := io.ReadAll(io.LimitReader(r, maxDump+1))
+	data, err := readlimit.All(r, maxDump)
 	if err != nil {
 		return nil, fmt.Errorf("read config dump: %w", err)
-	}
-	if len(data) > maxDump {
-		return nil, fmt.Errorf("config dump larger than %d bytes", maxDump)
 	}
 	var d dump
 	if err := json.Unmarshal(data, &d); err != nil {

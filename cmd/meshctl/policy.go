@@ -16,6 +16,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/util"
 
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 func init() {
@@ -197,12 +198,9 @@ func readPolicyInput(name string) (ast.Value, error) {
 		defer f.Close()
 		r = f
 	}
-	b, err := io.ReadAll(io.LimitReader(r, maxPolicyInput+1))
+	b, err := readlimit.All(r, maxPolicyInput)
 	if err != nil {
 		return nil, fmt.Errorf("input: %w", err)
-	}
-	if len(b) > maxPolicyInput {
-		return nil, fmt.Errorf("input: larger than %d bytes", maxPolicyInput)
 	}
 	var x any
 	if err := util.UnmarshalJSON(b, &x); err != nil {

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 // Limits on what a configuration directory may hold; beyond them the
@@ -297,7 +298,7 @@ func (s *DirSource) read() ([]file, [sha256.Size]byte, error) {
 		if len(files) >= MaxFiles {
 			return fmt.Errorf("more than %d configuration files", MaxFiles)
 		}
-		data, err := readBounded(p, MaxFileBytes)
+		data, err := readlimit.File(p, MaxFileBytes)
 		if err != nil {
 			ps.add(p, "", "%v", err)
 			return nil
@@ -324,20 +325,4 @@ func (s *DirSource) read() ([]file, [sha256.Size]byte, error) {
 	var sum [sha256.Size]byte
 	copy(sum[:], h.Sum(nil))
 	return files, sum, nil
-}
-
-func readBounded(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, fmt.Errorf("file is larger than %d bytes", limit)
-	}
-	return data, nil
 }

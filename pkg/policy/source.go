@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/util"
 	"sigs.k8s.io/yaml"
+
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 // Limits bound what a policy source may hold, so a bad checkout or bundle
@@ -162,17 +163,9 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 }
 
 func readFileBounded(p string, max int64) ([]byte, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	b, err := readlimit.File(p, max)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", p, err)
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s: larger than %d bytes", p, max)
 	}
 	return b, nil
 }

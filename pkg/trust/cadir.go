@@ -7,7 +7,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 // The files of a plug-in CA directory, named as in Istio's "cacerts" secret
@@ -289,17 +290,9 @@ func writeNewFile(dir, name string, data []byte) error {
 }
 
 func readBounded(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxCAFileSize+1))
+	data, err := readlimit.File(path, maxCAFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(data) > maxCAFileSize {
-		return nil, fmt.Errorf("read %s: larger than %d bytes", path, maxCAFileSize)
 	}
 	return data, nil
 }

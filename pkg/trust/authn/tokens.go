@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -148,17 +148,9 @@ func NewTokenFile(path, trustDomain string, log *zap.Logger) (*TokenFile, error)
 }
 
 func (t *TokenFile) read() ([]TokenEntry, error) {
-	f, err := os.Open(t.path)
-	if err != nil {
-		return nil, fmt.Errorf("tokens file: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxTokensFileSize+1))
+	data, err := readlimit.File(t.path, maxTokensFileSize)
 	if err != nil {
 		return nil, fmt.Errorf("tokens file %s: %w", t.path, err)
-	}
-	if len(data) > maxTokensFileSize {
-		return nil, fmt.Errorf("tokens file %s: larger than %d bytes", t.path, maxTokensFileSize)
 	}
 	entries, err := ParseTokens(data, t.trustDomain)
 	if err != nil {

@@ -9,8 +9,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	securityapi "istio.io/api/security/v1alpha1"
 
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -49,17 +48,9 @@ func StaticToken(tok string) TokenSource {
 // local tokens file entry) is picked up.
 func TokenFromFile(path string) TokenSource {
 	return func(context.Context) (string, error) {
-		f, err := os.Open(path)
-		if err != nil {
-			return "", fmt.Errorf("token: %w", err)
-		}
-		defer f.Close()
-		data, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
+		data, err := readlimit.File(path, maxTokenFile)
 		if err != nil {
 			return "", fmt.Errorf("token %s: %w", path, err)
-		}
-		if len(data) > maxTokenFile {
-			return "", fmt.Errorf("token %s: larger than %d bytes", path, maxTokenFile)
 		}
 		tok := strings.TrimSpace(string(data))
 		if tok == "" {
