@@ -13,9 +13,10 @@ import (
 )
 
 // inputDoc is one request's policy input before it is an OPA value: what
-// the input holds, read from the request once. A decision cache hit needs
-// only the values the policy reads (find); a miss evaluates the whole value
-// (value); the decision log writes the document as JSON without building it
+// the input holds, read from the request once. The decision cache keys on,
+// and evaluates a miss with, only the values the policy reads (find); a
+// policy that may read anything is evaluated on the whole value (value);
+// the decision log writes the document as JSON without building it
 // (appendJSON). All three walk one schema, inputSchema, whose leaves are the
 // only code that turns the document into values, so they cannot disagree
 // about what the input holds. The document holds no reference to the
