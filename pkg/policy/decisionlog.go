@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,8 +24,33 @@ var DefaultMaskedHeaders = []string{"authorization", "proxy-authorization", "coo
 // Masked replaces masked values in decision logs.
 const Masked = "<masked>"
 
+// DecisionLogMode says which decisions are logged.
+type DecisionLogMode string
+
+const (
+	// LogAllDecisions logs every decision (the default).
+	LogAllDecisions DecisionLogMode = "all"
+	// LogDenials logs decisions that deny (policy denials, requests whose
+	// input cannot be built, evaluation errors); allowed requests are left
+	// to the access log, which names their decision id.
+	LogDenials DecisionLogMode = "denied"
+	// LogNoDecisions logs none.
+	LogNoDecisions DecisionLogMode = "none"
+)
+
+// ParseDecisionLogMode reads "all", "denied" or "none".
+func ParseDecisionLogMode(s string) (DecisionLogMode, error) {
+	switch m := DecisionLogMode(s); m {
+	case LogAllDecisions, LogDenials, LogNoDecisions:
+		return m, nil
+	}
+	return "", fmt.Errorf("decision log mode %q: want all, denied or none", s)
+}
+
 // DecisionLogOptions configures a DecisionLogger.
 type DecisionLogOptions struct {
+	// Mode says which decisions are logged ("": all).
+	Mode DecisionLogMode
 	// Buffer is how many decisions may wait to be written (default 1024);
 	// past that, decisions are dropped and counted, never waited for.
 	Buffer int
@@ -54,6 +80,7 @@ type DecisionEvent struct {
 // decision is dropped and counted.
 type DecisionLogger struct {
 	log       *zap.Logger
+	mode      DecisionLogMode
 	ch        chan DecisionEvent
 	mask      map[string]bool
 	logBodies bool
@@ -76,6 +103,12 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 	}
 	if opts.Buffer <= 0 {
 		opts.Buffer = 1024
+	}
+	if opts.Mode == "" {
+		opts.Mode = LogAllDecisions
+	}
+	if _, err := ParseDecisionLogMode(string(opts.Mode)); err != nil {
+		return nil, err
 	}
 	mask := map[string]bool{}
 	for _, h := range DefaultMaskedHeaders {
@@ -101,6 +134,7 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 	}
 	l := &DecisionLogger{
 		log:          log,
+		mode:         opts.Mode,
 		ch:           make(chan DecisionEvent, opts.Buffer),
 		mask:         mask,
 		logBodies:    opts.LogBodies,
@@ -110,6 +144,17 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 	}
 	l.newRedactions()
 	return l, nil
+}
+
+// wants reports whether decision d is logged in the logger's mode.
+func (l *DecisionLogger) wants(d Decision) bool {
+	switch l.mode {
+	case LogNoDecisions:
+		return false
+	case LogDenials:
+		return !d.Allowed
+	}
+	return true
 }
 
 // Log queues ev without blocking; it reports false when ev was dropped.

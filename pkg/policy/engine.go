@@ -458,7 +458,7 @@ func interpretInto(rs rego.ResultSet, result *any) Decision {
 }
 
 func (e *Engine) logDecision(d Decision, input policyInput, result any, start time.Time) {
-	if e.opts.DecisionLog == nil {
+	if e.opts.DecisionLog == nil || !e.opts.DecisionLog.wants(d) {
 		return
 	}
 	ev := DecisionEvent{

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -692,4 +693,45 @@ func dig(m map[string]any, keys ...string) map[string]any {
 		m = next
 	}
 	return m
+}
+
+// The decision log records all decisions, only denials, or none.
+func TestDecisionLogModes(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"authz.rego": goodPolicy})
+	get := &Request{HTTP: request(t, "GET / HTTP/1.1\nHost: x\n\n")}
+	del := &Request{HTTP: request(t, "DELETE / HTTP/1.1\nHost: x\n\n")}
+	bad := &Request{HTTP: request(t, "GET /a?b=%zz HTTP/1.1\nHost: x\n\n")}
+	for mode, want := range map[DecisionLogMode][]bool{
+		"":              {true, false, false}, // all: allowed, denied, bad request
+		LogAllDecisions: {true, false, false},
+		LogDenials:      {false, false},
+		LogNoDecisions:  {},
+	} {
+		core, logs := observer.New(zapcore.InfoLevel)
+		dl, err := NewDecisionLogger(zap.New(core), DecisionLogOptions{Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, _ := loadEngine(t, Options{Dir: dir, DecisionLog: dl})
+		if !e.Decide(context.Background(), get).Allowed || e.Decide(context.Background(), del).Allowed || e.Decide(context.Background(), bad).Allowed {
+			t.Fatal("policy decided unexpectedly")
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		dl.Run(ctx)
+		var got []bool
+		for _, entry := range logs.FilterMessage("decision").All() {
+			got = append(got, entry.ContextMap()["allowed"].(bool))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("mode %q logged allowed=%v, want %v", mode, got, want)
+		}
+	}
+	if _, err := NewDecisionLogger(nil, DecisionLogOptions{Mode: "some"}); err == nil {
+		t.Error("unknown mode accepted")
+	}
+	if _, err := ParseDecisionLogMode("denied"); err != nil {
+		t.Error(err)
+	}
 }
