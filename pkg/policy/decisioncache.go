@@ -46,7 +46,21 @@ type decisionCache struct {
 type cachedResult struct {
 	key     string
 	rs      rego.ResultSet // read only: shared by every request that hits
+	d       Decision       // rs read; each hit gets its own copy (decided)
 	expires int64          // unix nanoseconds
+}
+
+// decided is a copy of r's decision whose header maps and lists belong to
+// the caller.
+func (r *cachedResult) decided() Decision { return ownCopy(r.d) }
+
+// ownCopy is d with its own header maps and lists, so that neither the
+// cache nor a caller sees the other change them.
+func ownCopy(d Decision) Decision {
+	d.Headers = d.Headers.Clone()
+	d.ResponseHeadersToAdd = d.ResponseHeadersToAdd.Clone()
+	d.RequestHeadersToRemove = slices.Clone(d.RequestHeadersToRemove)
+	return d
 }
 
 const (
@@ -270,14 +284,15 @@ func (c *decisionCache) slot(key string) *atomic.Pointer[cachedResult] {
 	return &c.slots[maphash.String(c.seed, key)%decisionCacheSlots]
 }
 
-func (c *decisionCache) get(key string, now time.Time) (rego.ResultSet, bool) {
+func (c *decisionCache) get(key string, now time.Time) (*cachedResult, bool) {
 	e := c.slot(key).Load()
 	if e == nil || e.key != key || now.UnixNano() >= e.expires {
 		return nil, false
 	}
-	return e.rs, true
+	return e, true
 }
 
-func (c *decisionCache) put(key string, rs rego.ResultSet, now time.Time) {
-	c.slot(key).Store(&cachedResult{key: key, rs: rs, expires: now.Add(decisionCacheTTL).UnixNano()})
+// put keeps rs, and d as read from it, for key.
+func (c *decisionCache) put(key string, rs rego.ResultSet, d Decision, now time.Time) {
+	c.slot(key).Store(&cachedResult{key: key, rs: rs, d: ownCopy(d), expires: now.Add(decisionCacheTTL).UnixNano()})
 }

@@ -208,7 +208,7 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 func TestDecisionCacheExpires(t *testing.T) {
 	c, _ := newDecisionCache(compiledModules(t, "package p\n\nallow if input.a\n"))
 	now := time.Now()
-	c.put("k", nil, now)
+	c.put("k", nil, Decision{}, now)
 	if _, ok := c.get("k", now.Add(decisionCacheTTL-time.Nanosecond)); !ok {
 		t.Fatal("entry gone before its time")
 	}
@@ -340,7 +340,9 @@ func TestDecisionCacheHitsGetTheirOwnDecision(t *testing.T) {
 	if first.ID == second.ID {
 		t.Error("a reused decision kept the first decision's id")
 	}
-	// Callers may change what they get; the next hit must not see it.
+	// Callers may change what they get, the one that filled the cache as
+	// well as those it answered; the next hit must not see it.
+	first.Headers.Set("X-Authz-Policy", "changed by the first")
 	second.Headers.Set("X-Authz-Policy", "changed")
 	if third := e.Decide(context.Background(), req); third.Headers.Get("X-Authz-Policy") != "example" {
 		t.Errorf("a caller's change leaked into the cache: %v", third.Headers)

@@ -412,9 +412,10 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, in policyInput, resu
 	cacheable := false
 	if c.cache != nil {
 		if key, cacheable = c.cache.key(in); cacheable {
-			if rs, ok := c.cache.get(key, now); ok {
+			if hit, ok := c.cache.get(key, now); ok {
 				e.metrics.cacheHit.Inc()
-				return interpretInto(rs, result)
+				setResult(hit.rs, result)
+				return hit.decided()
 			}
 			e.metrics.cacheMiss.Inc()
 		}
@@ -442,19 +443,19 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, in policyInput, resu
 	if err != nil {
 		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
 	}
+	setResult(rs, result)
+	d = interpret(rs)
 	if cacheable {
-		c.cache.put(key, rs, now)
+		c.cache.put(key, rs, d, now)
 	}
-	return interpretInto(rs, result)
+	return d
 }
 
-// interpretInto reads the decision and hands the raw result to the
-// decision log.
-func interpretInto(rs rego.ResultSet, result *any) Decision {
+// setResult hands the raw result to the decision log.
+func setResult(rs rego.ResultSet, result *any) {
 	if len(rs) == 1 && len(rs[0].Expressions) == 1 {
 		*result = rs[0].Expressions[0].Value
 	}
-	return interpret(rs)
 }
 
 func (e *Engine) logDecision(d Decision, input policyInput, result any, start time.Time) {
