@@ -650,10 +650,10 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 			}
 			discard(resp.Body)
 		} else {
-			if ctx.Err() != nil {
-				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-					return nil, &proxyErr{status: http.StatusGatewayTimeout, reason: "request timeout", err: err}
-				}
+			switch {
+			case pastDeadline(ctx):
+				return nil, &proxyErr{status: http.StatusGatewayTimeout, reason: "request timeout", err: err}
+			case ctx.Err() != nil:
 				return nil, err
 			}
 			var ce *connectError
@@ -674,6 +674,17 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		}
 		ep = x.retryEndpoint(tried)
 	}
+}
+
+// pastDeadline reports whether ctx's deadline has passed. An I/O deadline
+// taken from ctx (a dial's, a connection's) can fire a moment before ctx's
+// own timer cancels it, so ctx.Err() alone may not know yet.
+func pastDeadline(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // attemptTimeout is an attempt ended by its backendRequest timeout.
@@ -756,7 +767,7 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	resp, err := ep.roundTripper(x.proto, areq).RoundTrip(areq)
 	if err != nil {
 		ep.outstanding.Add(-1)
-		if ctx.Err() == context.DeadlineExceeded && req.Context().Err() == nil {
+		if pastDeadline(ctx) && !pastDeadline(req.Context()) {
 			// The attempt's own timeout ended it, perhaps while the tunnel
 			// was still being dialed: a timeout, whatever the dial said.
 			err = &attemptTimeout{err}

@@ -311,6 +311,9 @@ func TestTimeoutsAndRetries(t *testing.T) {
 	slow.count.Store(0)
 	if res := get(t, c, "/all-slow", nil); res.status != 504 || slow.count.Load() < 2 {
 		t.Errorf("retries until the request timeout: %d after %d attempts", res.status, slow.count.Load())
+		for _, e := range h.logs.All() {
+			t.Logf("log: %s %v", e.Message, e.ContextMap())
+		}
 	}
 }
 
@@ -435,5 +438,43 @@ func TestForwardedElement(t *testing.T) {
 		if got := forwardedElement(netip.MustParseAddrPort(in)); got != want {
 			t.Errorf("forwardedElement(%s) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// deadlineOnly is a context whose deadline has passed but whose timer has
+// not fired yet: the moment a dial's own timeout can end it. (A real
+// context is only in that state for microseconds.)
+type deadlineOnly struct {
+	context.Context
+	at time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.at, true }
+
+// A dial cut short by our own deadline, even before the context knows, is
+// a timeout: it neither counts against the endpoint nor reads as a
+// connect failure.
+func TestDeadlinePassedBeforeTheContextKnows(t *testing.T) {
+	ctx := deadlineOnly{Context: context.Background(), at: time.Now().Add(-time.Millisecond)}
+	if ctx.Err() != nil || !pastDeadline(ctx) {
+		t.Fatal("pastDeadline must see a passed deadline before ctx.Err does")
+	}
+	if pastDeadline(context.Background()) {
+		t.Fatal("no deadline has not passed")
+	}
+	refused := netip.MustParseAddrPort("127.0.0.1:1") // nothing listens there
+	ep := &endpoint{pool: &pools{dialer: &testDialer{}, ejection: time.Minute}}
+	ep.target.Store(&Target{Address: refused})
+	if _, err := ep.dial(ctx); err == nil {
+		t.Fatal("dial to a closed port succeeded")
+	}
+	if !ep.healthy(time.Now().UnixNano()) {
+		t.Fatal("endpoint ejected for a dial our own deadline ended")
+	}
+	if _, err := ep.dial(context.Background()); err == nil {
+		t.Fatal("dial to a closed port succeeded")
+	}
+	if ep.healthy(time.Now().UnixNano()) {
+		t.Fatal("a refused connection did not eject the endpoint")
 	}
 }

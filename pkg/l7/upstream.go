@@ -149,8 +149,8 @@ func (ep *endpoint) dial(ctx context.Context) (net.Conn, error) {
 	t := ep.target.Load()
 	c, err := ep.pool.dialer.DialEndpoint(ctx, *t)
 	if err != nil {
-		if ctx.Err() == nil {
-			ep.markFailed()
+		if ctx.Err() == nil && !pastDeadline(ctx) {
+			ep.markFailed() // not when our own deadline cut the dial short
 		}
 		return nil, &connectError{target: t.Address, err: err}
 	}
