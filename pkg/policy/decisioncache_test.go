@@ -264,6 +264,23 @@ allow if {
 	not input.parsed_path[1] == "secret"
 }
 `,
+		"with, functions and object.get": `package envoy.authz
+
+is_get if input.attributes.request.http.method == "GET"
+
+tenant(h) := t if t := h["x-tenant-id"]
+
+tenant(h) := t if {
+	not h["x-tenant-id"]
+	t := object.get(input.parsed_query, "tenant", ["none"])[0]
+}
+
+allow if {
+	is_get with input.attributes.request.http.method as "GET"
+	tenant(input.attributes.request.http.headers) == "t1"
+	not input.attributes.request.http.headers["x-admin"]
+}
+`,
 		"dynamic path index": `package envoy.authz
 
 allow if {
