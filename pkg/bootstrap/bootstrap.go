@@ -34,6 +34,7 @@ type Flags struct {
 	Metrics              string
 	LogFormat, LogLevel  string
 	LogFlushInterval     time.Duration
+	GCPercent            int
 }
 
 // Register adds the common flags to fs.
@@ -49,6 +50,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.LogFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&f.LogFlushInterval, "log-flush-interval", time.Second, "longest time access and decision log lines wait in a buffer before they are written (0: written at once)")
+	fs.IntVar(&f.GCPercent, "gc-percent", DefaultGCPercent, "heap growth between garbage collections, as GOGC (which wins when set); a soft memory limit at 90% of the container's keeps it inside the pod's memory")
 }
 
 // Env is a proxy's connection to the mesh.
@@ -64,6 +66,9 @@ type Env struct {
 func (f *Flags) Setup() (*Env, error) {
 	log, err := logging.New(logging.Options{Format: f.LogFormat, Level: f.LogLevel, FlushInterval: f.LogFlushInterval})
 	if err != nil {
+		return nil, err
+	}
+	if err := tuneMemory(f.GCPercent, log.Logger); err != nil {
 		return nil, err
 	}
 	if f.RootCert == "" || f.TokenFile == "" {

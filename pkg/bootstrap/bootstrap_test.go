@@ -6,11 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
 	"github.com/causeway-mesh/causeway/pkg/logging"
@@ -104,5 +107,30 @@ func TestAdminMustNotShareTheStatusPorts(t *testing.T) {
 	_, err := f.ServeOps(context.Background(), &Env{Log: log, Metrics: prometheus.NewRegistry()}, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "must differ") {
 		t.Fatalf("admin on the readiness address: %v", err)
+	}
+}
+
+// The proxies' GC target applies unless GOGC says otherwise; a bad value
+// is refused.
+func TestTuneMemory(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(prev)
+	t.Setenv("GOGC", "")
+	os.Unsetenv("GOGC")
+	if err := tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != DefaultGCPercent {
+		t.Fatalf("GC percent %d, want %d", got, DefaultGCPercent)
+	}
+	t.Setenv("GOGC", "150")
+	if err := tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Fatalf("GOGC set: GC percent changed to %d", got)
+	}
+	if err := tuneMemory(0, zap.NewNop()); err == nil {
+		t.Fatal("--gc-percent 0 accepted")
 	}
 }
