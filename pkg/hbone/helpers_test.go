@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
@@ -59,11 +60,7 @@ func testLogger(t testing.TB) *zap.Logger {
 
 func listenLocal(t testing.TB) net.Listener {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
+	return testnet.Listen(t, "127.0.0.1:0")
 }
 
 func addrOf(ln net.Listener) netip.AddrPort {
@@ -154,27 +151,7 @@ func (h *dialHandler) lastRequest() *Request {
 func upstream(t testing.TB, fn func(c *net.TCPConn)) netip.AddrPort {
 	t.Helper()
 	ln := listenLocal(t)
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		ln.Close()
-		wg.Wait()
-	})
-	wg.Add(1) // the accept loop's count keeps Add legal while Cleanup waits
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				fn(c.(*net.TCPConn))
-			}()
-		}
-	}()
+	testnet.Serve(t, ln, func(c net.Conn) { fn(c.(*net.TCPConn)) })
 	return addrOf(ln)
 }
 

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/net/http2"
 
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -233,32 +234,10 @@ func (h *harness) update(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRo
 // every accepted connection is served with info.
 func (h *harness) front(info ConnInfo) string {
 	h.t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	var wg sync.WaitGroup
+	ln := testnet.Listen(h.t, "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(h.ctx)
-	h.t.Cleanup(func() {
-		cancel() // ends the tunnels being served
-		ln.Close()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_ = h.engine.ServeConn(ctx, c, info)
-			}()
-		}
-	}()
+	testnet.Serve(h.t, ln, func(c net.Conn) { _ = h.engine.ServeConn(ctx, c, info) })
+	h.t.Cleanup(cancel) // runs first: ends the tunnels being served
 	return ln.Addr().String()
 }
 

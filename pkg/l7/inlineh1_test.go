@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 )
 
 // rawUpstream serves each accepted connection with serve and counts them.
@@ -24,25 +26,11 @@ type rawUpstream struct {
 
 func startRawUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) *rawUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &rawUpstream{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u.conns.Add(1)
-			go func() {
-				defer c.Close()
-				serve(c, bufio.NewReader(c))
-			}()
-		}
-	}()
+	u := &rawUpstream{ln: testnet.Listen(t, "127.0.0.1:0")}
+	testnet.Serve(t, u.ln, func(c net.Conn) {
+		u.conns.Add(1)
+		serve(c, bufio.NewReader(c))
+	})
 	return u
 }
 
@@ -180,7 +168,7 @@ func TestInlineH1DoesNotReuseAfterAnUnreadBodyOrClose(t *testing.T) {
 func TestInlineH1ContextInterruptsAStalledUpstream(t *testing.T) {
 	u := startRawUpstream(t, func(c net.Conn, br *bufio.Reader) {
 		http.ReadRequest(br)
-		time.Sleep(10 * time.Second)
+		io.Copy(io.Discard, br) // never answers; waits for the connection to close
 	})
 	h := u.client(time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
@@ -66,26 +67,12 @@ func meshResources() ([]*meshv1.Workload, []*meshv1.Service, []*meshv1.Waypoint)
 // after the client half-closes; then it half-closes too.
 func startApp(t *testing.T, addr, name string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				data, _ := io.ReadAll(c)
-				c.Write(append([]byte(name+":"), data...))
-				c.(*net.TCPConn).CloseWrite()
-				io.Copy(io.Discard, c)
-			}()
-		}
-	}()
+	testnet.Serve(t, testnet.Listen(t, addr), func(c net.Conn) {
+		data, _ := io.ReadAll(c)
+		c.Write(append([]byte(name+":"), data...))
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, c)
+	})
 }
 
 type testMesh struct {

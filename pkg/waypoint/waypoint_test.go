@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
@@ -153,21 +154,9 @@ func serveHTTP(t *testing.T, addr string) netip.AddrPort {
 }
 
 func serveTCP(t *testing.T, addr string) netip.AddrPort {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// Greets, then holds the connection until the client's EOF.
-			go func() { io.WriteString(c, "tcp backend\n"); io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
+	ln := testnet.Listen(t, addr)
+	// Greets, then holds the connection until the client's EOF.
+	testnet.Serve(t, ln, func(c net.Conn) { io.WriteString(c, "tcp backend\n"); io.Copy(io.Discard, c) })
 	return netip.MustParseAddrPort(ln.Addr().String())
 }
 
