@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"cmp"
 	"net/http"
 	"slices"
@@ -190,12 +189,8 @@ func (d *inputDoc) headersValue() *ast.Term {
 func (d *inputDoc) writeHeaders(w *jsonWriter, r *redaction) {
 	w.b = append(w.b, '{')
 	for i, h := range d.headers {
-		if i > 0 {
-			w.b = append(w.b, ',')
-		}
 		name := string(h.name.Value.(ast.String))
-		w.b = appendJSONString(w.b, name)
-		w.b = append(w.b, ':')
+		w.key(i == 0, name)
 		if sub := r.member(name); sub != nil && sub.mask {
 			w.b = appendJSONString(w.b, Masked)
 		} else {
@@ -372,12 +367,9 @@ func (f *inputField) writeJSON(d *inputDoc, w *jsonWriter, r *redaction) {
 		if !c.present(d) {
 			continue
 		}
-		if n++; n > 1 {
-			w.b = append(w.b, ',')
-		}
 		name := string(c.key.Value.(ast.String))
-		w.b = appendJSONString(w.b, name)
-		w.b = append(w.b, ':')
+		w.key(n == 0, name)
+		n++
 		c.writeJSON(d, w, r.member(name))
 	}
 	w.b = append(w.b, '}')
@@ -394,24 +386,4 @@ func (f *inputField) present(d *inputDoc) bool {
 		return f.term(d) != nil
 	}
 	return true
-}
-
-// termJSON remembers the JSON of terms: a term never changes, so neither
-// does its JSON. It holds at most maxTermJSON terms (emptied when full)
-// and belongs to one goroutine (the decision logger's).
-type termJSON map[*ast.Term][]byte
-
-const maxTermJSON = 1024
-
-func (m termJSON) append(b []byte, t *ast.Term) []byte {
-	if j, ok := m[t]; ok {
-		return append(b, j...)
-	}
-	start := len(b)
-	b = appendJSON(b, t.Value, nil)
-	if len(m) >= maxTermJSON {
-		clear(m)
-	}
-	m[t] = bytes.Clone(b[start:])
-	return b
 }
