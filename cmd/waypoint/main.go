@@ -49,7 +49,7 @@ func main() {
 	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies")
 	fs.BoolVar(&o.parseBody, "policy-parse-body", false, "give policies the request body (parsed_body: JSON, URL-encoded and multipart forms) as OPA-Envoy does with with_request_body")
 	fs.BoolVar(&o.decisionCache, "policy-decision-cache", true, "reuse a policy's decision for requests that agree on every input value it reads, and evaluate other requests on those values alone (off for policies that read the whole input, call nondeterministic built-ins or print)")
-	fs.StringVar(&o.decisionLog, "decision-log", "all", "which decisions the decision log records with their (masked) input: all, denied or none (the access log names every request's decision id either way)")
+	fs.StringVar(&o.decisionLog, "decision-log", "denied", "which decisions the decision log records with their (masked) input: all, denied or none (the access log names every request's decision and its id either way)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	fs.Parse(os.Args[1:])

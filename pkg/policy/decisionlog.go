@@ -25,7 +25,8 @@ const Masked = "<masked>"
 type DecisionLogMode string
 
 const (
-	// LogAllDecisions logs every decision (the default).
+	// LogAllDecisions logs every decision (DecisionLogOptions' default; the
+	// waypoint command defaults to LogDenials).
 	LogAllDecisions DecisionLogMode = "all"
 	// LogDenials logs decisions that deny (policy denials, requests whose
 	// input cannot be built, evaluation errors); allowed requests are left

@@ -275,6 +275,8 @@ func TestPolicyAllowAndDeny(t *testing.T) {
 		t.Fatalf("admin POST: %d %s", r.status, r.body)
 	}
 	waitLog(t, "waypoint-shop-waypoint-0", `"identity":"spiffe://cluster.local/ns/web/sa/frontend"`, `"decision":"deny"`, `"status":403`)
+	// By default the decision log records denials, with their input.
+	waitLog(t, "waypoint-shop-waypoint-0", `"msg":"decision"`, `"allowed":false`, `"source_principal":"spiffe://cluster.local/ns/web/sa/frontend"`)
 }
 
 // A client outside the mesh hairpins through the waypoint with no
