@@ -18,6 +18,7 @@ func TestAuthorization(t *testing.T) {
 	r.Name = "all"
 	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch,
 		withFilters(to("v1", prefixM("/moved")), redirect(&meshv1.RequestRedirect{Hostname: "elsewhere.example"})),
+		withFilters(to("v1", prefixM("/filtered")), reqHeaders([]*meshv1.Header{hv("X-Secret", "from-filter")}, nil), rewrite("", false, "/rewritten")),
 		to("v1", exactM("/admin")),
 		r,
 	)}, nil)
@@ -89,6 +90,25 @@ func TestAuthorization(t *testing.T) {
 	get(t, c, "/y", nil)
 	if a := last(); a.Rule != "all" {
 		t.Errorf("rule name = %q", a.Rule)
+	}
+
+	// The policy sees the request as sent, not as route filters changed it.
+	res = get(t, c, "/filtered/a", map[string]string{"X-Secret": "as-sent"})
+	if res.status != 200 || res.echo.Path != "/rewritten/a" || res.echo.Header.Get("X-Secret") != "" {
+		t.Errorf("filtered request upstream: %d path %q headers %v", res.status, res.echo.Path, res.echo.Header)
+	}
+	if a := last(); a.Request.URL.Path != "/filtered/a" || a.Request.Header.Get("X-Secret") != "as-sent" {
+		t.Errorf("authorizer saw the filtered request: path %q headers %v", a.Request.URL.Path, a.Request.Header)
+	}
+
+	// A policy's header changes come last: a client's Connection header
+	// cannot strip them, they replace the forwarding headers (as Envoy's
+	// ext_authz does), and hop-by-hop ones are not sent.
+	decide(Decision{Allowed: true, Headers: http.Header{"X-Authz": {"checked"}, "Connection": {"X-Keep"}, "X-Forwarded-For": {"192.0.2.1"}}})
+	res = get(t, c, "/y", map[string]string{"Connection": "X-Authz, X-Drop", "X-Drop": "1", "X-Keep": "kept"})
+	if res.status != 200 || res.echo.Header.Get("X-Authz") != "checked" || res.echo.Header.Get("X-Forwarded-For") != "192.0.2.1" ||
+		res.echo.Header.Get("Connection") != "" || res.echo.Header.Get("X-Drop") != "" || res.echo.Header.Get("X-Keep") != "kept" {
+		t.Errorf("policy headers upstream: %d %v", res.status, res.echo.Header)
 	}
 
 	// Local answers reach no workload and are not authorized.

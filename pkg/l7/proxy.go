@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,9 +65,13 @@ type exchange struct {
 	snap  *snapshot
 	start time.Time
 	orig  *http.Request // as received, sanitized and normalized: what policy sees
-	out   *http.Request // what goes upstream, filters applied
-	view  *reqView
-	path  string // out's escaped path
+	// out is what goes upstream, filters applied. It shares orig's header
+	// map and URL until a filter changes them (ownOut): the proxy copies
+	// the request it sends anyway.
+	out      *http.Request
+	outOwned bool
+	view     *reqView
+	path     string // out's escaped path
 
 	rule      *rule
 	backend   *backend
@@ -82,6 +87,7 @@ type exchange struct {
 	deadline    time.Time // request timeout; zero: none
 	respMods    []*headerMod
 	respHeaders http.Header // CORS and policy headers for the response
+	policy      *Decision   // an allow that changes the request's headers
 	mirrors     []mirrorShot
 
 	rec record
@@ -162,7 +168,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		defer cancel()
 		x.orig = r.WithContext(ctx)
 	}
-	x.out = x.orig.Clone(context.WithValue(ctx, exchangeKey{}, x))
+	x.out = x.orig.WithContext(context.WithValue(ctx, exchangeKey{}, x))
 
 	if x.applyFilters(w, ru.filters) {
 		return
@@ -255,6 +261,7 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 		f := &fs[i]
 		switch f.kind {
 		case filterRequestHeaders:
+			x.ownOut()
 			f.headers.apply(x.out.Header)
 			if h, ok := x.out.Header["Host"]; ok {
 				x.out.Host = h[0]
@@ -265,6 +272,7 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 				x.out.Host = f.rewrite.hostname
 			}
 			if f.rewrite.path != nil {
+				x.ownOut()
 				p := f.rewrite.path.rewritten(x.path, x.rule.prefix)
 				if err := setEscapedPath(x.out.URL, p); err != nil {
 					x.reply(w, http.StatusInternalServerError, "path rewrite: "+err.Error(), nil)
@@ -296,6 +304,18 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 		}
 	}
 	return false
+}
+
+// ownOut gives the outgoing request its own header map and URL before a
+// filter changes them.
+func (x *exchange) ownOut() {
+	if x.outOwned {
+		return
+	}
+	x.outOwned = true
+	x.out.Header = x.out.Header.Clone()
+	u := *x.out.URL
+	x.out.URL = &u
 }
 
 func (x *exchange) addResponseHeaders(h http.Header, set bool) {
@@ -406,12 +426,8 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 		return false
 	}
 	x.rec.decision = "allow"
-	h := x.out.Header
-	for _, k := range d.RequestHeadersToRemove {
-		h.Del(k)
-	}
-	for k, vs := range d.Headers {
-		h[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
+	if len(d.RequestHeadersToRemove) > 0 || len(d.Headers) > 0 {
+		x.policy = &d // applied to the proxy's copy of the request (rewrite)
 	}
 	if len(d.ResponseHeadersToAdd) > 0 {
 		x.addResponseHeaders(d.ResponseHeadersToAdd, false)
@@ -432,8 +448,7 @@ func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
 }
 
 // setForwarding adds the caller's address to X-Forwarded-For and Forwarded
-// (after what earlier proxies wrote: that part is informational only), and
-// sets the identity header from the tunnel's peer, or removes it.
+// (after what earlier proxies wrote: that part is informational only).
 func setForwarding(out http.Header, in http.Header, x *exchange) {
 	ip, fwd := x.info.forwardedFor, x.info.forwarded
 	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
@@ -451,15 +466,31 @@ func setForwarding(out http.Header, in http.Header, x *exchange) {
 			out[k] = v
 		}
 	}
-	// Route filters and policy headers applied after sanitizing; identity
-	// claims must not survive them either.
-	sanitizeIdentity(out)
-	setIdentity(out, x.info.Peer)
 }
 
+// setIdentity sets the identity header from the tunnel's peer, or removes
+// it. Route filters and policy headers were applied after the request was
+// sanitized: identity claims must not survive them either.
 func setIdentity(h http.Header, p trust.Peer) {
+	sanitizeIdentity(h)
 	if id, ok := p.Identity(); ok {
 		h.Set(SourcePrincipalHeader, id.String())
+	}
+}
+
+// applyPolicyHeaders applies an allow's request header changes, last, as
+// Envoy applies ext_authz's after its own forwarding headers. Hop-by-hop
+// names are skipped: they describe the upstream connection, which is the
+// proxy's.
+func applyPolicyHeaders(h http.Header, d *Decision) {
+	for _, k := range d.RequestHeadersToRemove {
+		h.Del(k)
+	}
+	for k, vs := range d.Headers {
+		k = http.CanonicalHeaderKey(k)
+		if !slices.Contains(hopByHop, k) {
+			h[k] = append([]string(nil), vs...)
+		}
 	}
 }
 
@@ -472,14 +503,19 @@ func forwardedElement(a netip.AddrPort) string {
 }
 
 // rewrite is the ReverseProxy's request hook. The request it receives is
-// already the outgoing one; the proxy has stripped hop-by-hop and
-// forwarding headers from the copy.
+// already the outgoing one, a copy; the proxy has stripped hop-by-hop and
+// forwarding headers from it.
 func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
 	x, _ := pr.In.Context().Value(exchangeKey{}).(*exchange)
 	if x == nil {
 		return
 	}
-	setForwarding(pr.Out.Header, pr.In.Header, x)
+	h := pr.Out.Header
+	setForwarding(h, pr.In.Header, x)
+	if x.policy != nil {
+		applyPolicyHeaders(h, x.policy)
+	}
+	setIdentity(h, x.info.Peer)
 }
 
 func (e *Engine) modifyResponse(resp *http.Response) error {
@@ -887,6 +923,7 @@ func (x *exchange) fireMirrors() {
 		hdr := m.header
 		removeHopByHop(hdr)
 		setForwarding(hdr, x.orig.Header, x)
+		setIdentity(hdr, x.info.Peer)
 		x.e.wg.Add(1)
 		go x.e.mirror(m, hdr, x.body, ep, proto)
 	}
