@@ -21,7 +21,8 @@ import (
 // about what the input holds. The document holds no reference to the
 // request: the decision log may read it after the request has moved on.
 type inputDoc struct {
-	id, method, host, path, scheme, protocol, time string
+	id, method, host, path, scheme, protocol string
+	at                                       time.Time // attributes.request.time, formatted when read: few policies do
 
 	size       int64
 	parts      pathParts     // :path, parsed_path and parsed_query terms
@@ -65,11 +66,10 @@ func newInputDoc(req *Request, opts InputOptions) (*inputDoc, error) {
 	if d.parts.err != nil {
 		return nil, d.parts.err
 	}
-	t := req.Time
-	if t.IsZero() {
-		t = time.Now()
+	d.at = req.Time
+	if d.at.IsZero() {
+		d.at = time.Now()
 	}
-	d.time = protoTimestamp(t)
 	if id, ok := req.Source.Identity(); ok {
 		d.srcPrinc = id.String()
 	}
@@ -244,7 +244,7 @@ var inputSchema = sortedSchema(inputField{fields: []inputField{
 				}},
 				{key: kBody, str: func(d *inputDoc) (string, bool) { return d.body, d.body != "" }},
 			}},
-			{key: kTime, str: func(d *inputDoc) (string, bool) { return d.time, true }},
+			{key: kTime, str: func(d *inputDoc) (string, bool) { return protoTimestamp(d.at), true }},
 		}},
 		{key: kMetadataContext, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }, shared: true},
 		{key: kRouteMetadata, term: func(*inputDoc) *ast.Term { return emptyObjectTerm }, shared: true},
