@@ -19,7 +19,9 @@ import (
 
 // nginxConf is nginx doing what the waypoint does, without the policy:
 // mutual TLS 1.3 in, HTTP/1.1 routing to one upstream, mutual TLS 1.3 out
-// over pooled keep-alive connections, an access log line per request.
+// over pooled keep-alive connections, an access log line per request,
+// written in batches at the latest a second later, as the waypoint writes
+// its own.
 var nginxConf = template.Must(template.New("nginx").Parse(`# Written by bench/waypoint; nginx runs as its child.
 daemon off;
 master_process on;
@@ -32,7 +34,7 @@ events {
   worker_connections 4096;
 }
 http {
-  access_log {{.Dir}}/access.log;
+  access_log {{.Dir}}/access.log combined buffer=64k flush=1s;
   client_body_temp_path {{.Dir}}/client_body;
   proxy_temp_path {{.Dir}}/proxy;
   fastcgi_temp_path {{.Dir}}/fastcgi;
