@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
@@ -88,9 +88,14 @@ func measurePolicyCost(ctx context.Context, policyDir, logDir string, peer trust
 		return c, err
 	}
 	defer logFile.Close()
-	zl := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(logFile), zap.InfoLevel))
+	// The waypoint's decision logger with --decision-log=all: its encoder,
+	// buffered, flushed every second (Run syncs what is left as it ends).
+	lg, err := logging.New(logging.Options{Output: logFile, FlushInterval: time.Second})
+	if err != nil {
+		return c, err
+	}
 	// Room for every decision: none is dropped, each is written.
-	dl, err := policy.NewDecisionLogger(zl.Named("decisions"), policy.DecisionLogOptions{Buffer: n + 1})
+	dl, err := policy.NewDecisionLogger(lg.Buffered("decisions"), policy.DecisionLogOptions{Mode: policy.LogAllDecisions, Buffer: n + 1})
 	if err != nil {
 		return c, err
 	}
