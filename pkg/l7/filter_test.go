@@ -74,6 +74,12 @@ func TestHeaderModifiers(t *testing.T) {
 	if _, ok := res.echo.Header["X-Header-Remove"]; ok {
 		t.Error("X-Header-Remove reached the backend")
 	}
+	// A client's Connection header removes the fields it names from what it
+	// sent, not the ones a filter adds.
+	res = get(t, c, "/req", map[string]string{"Connection": "X-Header-Set, x-drop, keep-alive", "X-Drop": "1", "X-Header-Set": "set-val"})
+	if res.echo.Header.Get("X-Header-Set") != "set-overwrites-values" || res.echo.Header.Get("X-Drop") != "" || res.echo.Header.Get("Connection") != "" {
+		t.Errorf("Connection-nominated headers: %v", res.echo.Header)
+	}
 
 	res = get(t, c, "/resp", nil)
 	if res.header.Get("Content-Type") != "text/x-rewritten" || res.header.Get("X-Extra") != "1" || res.header.Get("X-Backend") != "" {

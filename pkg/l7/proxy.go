@@ -169,6 +169,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.orig = r.WithContext(ctx)
 	}
 	x.out = x.orig.WithContext(context.WithValue(ctx, exchangeKey{}, x))
+	x.dropConnectionOptions()
 
 	if x.applyFilters(w, ru.filters) {
 		return
@@ -304,6 +305,41 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 		}
 	}
 	return false
+}
+
+// dropConnectionOptions removes from the outgoing request the fields its
+// Connection header names (RFC 9110 section 7.6.1: they were meant for the
+// waypoint), and those names from the Connection header, keeping the
+// tokens the proxy acts on itself (close, upgrade, ...). It runs before route
+// filters: the proxy's own removal by Connection happens later, and a
+// client must not be able to strip the headers filters and policies add.
+func (x *exchange) dropConnectionOptions() {
+	var options, keep []string
+	for _, v := range x.out.Header["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok == "" {
+				continue
+			}
+			if k := http.CanonicalHeaderKey(tok); k == "Close" || slices.Contains(hopByHop, k) {
+				keep = append(keep, tok)
+			} else {
+				options = append(options, k)
+			}
+		}
+	}
+	if len(options) == 0 {
+		return
+	}
+	x.ownOut()
+	h := x.out.Header
+	for _, k := range options {
+		delete(h, k)
+	}
+	if len(keep) == 0 {
+		delete(h, "Connection")
+	} else {
+		h["Connection"] = []string{strings.Join(keep, ", ")}
+	}
 }
 
 // ownOut gives the outgoing request its own header map and URL before a
