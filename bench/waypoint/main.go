@@ -39,6 +39,7 @@ import (
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -215,6 +216,7 @@ type options struct {
 	nginxWorkers        int
 	policyN             int
 	skipDirect, keep    bool
+	profile             string
 }
 
 func main() {
@@ -231,6 +233,7 @@ func main() {
 	flag.IntVar(&o.policyN, "policy-decisions", 20000, "decisions timed in-process for the policy cost")
 	flag.BoolVar(&o.skipDirect, "skip-direct", false, "skip the reference run straight to the backend")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
+	flag.StringVar(&o.profile, "waypoint-profile", "", "write a CPU profile of the waypoint during its first measured window to this file (go tool pprof bin/waypoint FILE)")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "waypoint bench:", err)
@@ -395,10 +398,17 @@ func run(o options) error {
 		rig time.Duration // this process's: load generator and backend
 	}
 	results := map[string]best{}
+	wantProfile := o.profile != ""
+	var profiling chan error // the waypoint's CPU profile being taken
 	for range o.rounds {
 		for _, t := range targets {
 			var cpu0, cpu1, rig0, rig1 time.Duration
 			res, err := runLoad(ctx, t.dial, o.conns, o.warmup, o.window, func(start bool) error {
+				if start && t.name == "waypoint" && wantProfile {
+					wantProfile = false
+					profiling = make(chan error, 1)
+					go func() { profiling <- profileWaypoint(ctx, mesh.Plan.Waypoints[0].Admin, o.window, o.profile) }()
+				}
 				rig, err := benchmesh.CPUTime(os.Getpid())
 				if err != nil {
 					return err
@@ -418,6 +428,12 @@ func run(o options) error {
 			})
 			if err != nil {
 				return fail(fmt.Errorf("%s load: %w", t.name, err))
+			}
+			if profiling != nil {
+				err := <-profiling
+				if profiling = nil; err != nil {
+					return fail(err)
+				}
 			}
 			if res.errors > res.requests/1000 {
 				return fail(fmt.Errorf("%s: %d errors for %d requests, first: %v", t.name, res.errors, res.requests, res.firstErr))
@@ -482,6 +498,29 @@ func run(o options) error {
 	benchmesh.Report("waypoint_policy_cpu_ratio", us(pc.decide)/wpCPU, "x")
 	benchmesh.Report("waypoint_policy_logged_cpu_ratio", us(pc.decideLogged)/wpCPU, "x")
 	return nil
+}
+
+// profileWaypoint writes a CPU profile of the waypoint over d (whole
+// seconds), from its admin port's pprof handler, to path.
+func profileWaypoint(ctx context.Context, admin string, d time.Duration, path string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, max(1, int(d/time.Second)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("waypoint profile: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := readlimit.All(resp.Body, 64<<20)
+	if err != nil {
+		return fmt.Errorf("waypoint profile: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("waypoint profile: %s: %s", resp.Status, data)
+	}
+	return os.WriteFile(path, data, 0o644)
 }
 
 // probe makes one request on t.
