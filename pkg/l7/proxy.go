@@ -87,8 +87,11 @@ type exchange struct {
 	deadline    time.Time // request timeout; zero: none
 	respMods    []*headerMod
 	respHeaders http.Header // CORS and policy headers for the response
-	policy      *Decision   // an allow that changes the request's headers
-	mirrors     []mirrorShot
+	// An allow's request header changes, applied to the proxy's copy of
+	// the request (rewrite).
+	policyRemove []string
+	policySet    http.Header
+	mirrors      []mirrorShot
 
 	rec record
 }
@@ -320,7 +323,7 @@ func (x *exchange) dropConnectionOptions() {
 			if tok = strings.TrimSpace(tok); tok == "" {
 				continue
 			}
-			if k := http.CanonicalHeaderKey(tok); k == "Close" || slices.Contains(hopByHop, k) {
+			if k := http.CanonicalHeaderKey(tok); k == "Close" || isHopByHop(k) {
 				keep = append(keep, tok)
 			} else {
 				options = append(options, k)
@@ -462,9 +465,7 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 		return false
 	}
 	x.rec.decision = "allow"
-	if len(d.RequestHeadersToRemove) > 0 || len(d.Headers) > 0 {
-		x.policy = &d // applied to the proxy's copy of the request (rewrite)
-	}
+	x.policyRemove, x.policySet = d.RequestHeadersToRemove, d.Headers
 	if len(d.ResponseHeadersToAdd) > 0 {
 		x.addResponseHeaders(d.ResponseHeadersToAdd, false)
 	}
@@ -518,13 +519,13 @@ func setIdentity(h http.Header, p trust.Peer) {
 // Envoy applies ext_authz's after its own forwarding headers. Hop-by-hop
 // names are skipped: they describe the upstream connection, which is the
 // proxy's.
-func applyPolicyHeaders(h http.Header, d *Decision) {
-	for _, k := range d.RequestHeadersToRemove {
+func applyPolicyHeaders(h http.Header, remove []string, set http.Header) {
+	for _, k := range remove {
 		h.Del(k)
 	}
-	for k, vs := range d.Headers {
+	for k, vs := range set {
 		k = http.CanonicalHeaderKey(k)
-		if !slices.Contains(hopByHop, k) {
+		if !isHopByHop(k) {
 			h[k] = append([]string(nil), vs...)
 		}
 	}
@@ -548,9 +549,7 @@ func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
 	}
 	h := pr.Out.Header
 	setForwarding(h, pr.In.Header, x)
-	if x.policy != nil {
-		applyPolicyHeaders(h, x.policy)
-	}
+	applyPolicyHeaders(h, x.policyRemove, x.policySet)
 	setIdentity(h, x.info.Peer)
 }
 
@@ -993,6 +992,9 @@ func (e *Engine) mirror(m mirrorShot, hdr http.Header, body []byte, ep *endpoint
 
 // hopByHop are the headers that describe one connection (RFC 9110 section 7.6.1).
 var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// isHopByHop reports whether the canonical header name k is hop-by-hop.
+func isHopByHop(k string) bool { return slices.Contains(hopByHop, k) }
 
 func removeHopByHop(h http.Header) {
 	for _, f := range h["Connection"] {
