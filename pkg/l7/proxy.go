@@ -92,6 +92,7 @@ type exchange struct {
 	policyRemove []string
 	policySet    http.Header
 	mirrors      []mirrorShot
+	interimState
 
 	rec record
 }
@@ -206,7 +207,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+" has no endpoints", nil)
 		return
 	}
-	x.rec.endpoint = x.first.key.addr.String()
+	x.rec.endpoint = x.first.addr
 
 	if status, err := x.readBody(w); err != nil {
 		x.reply(w, status, err.Error(), nil)
@@ -216,7 +217,11 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		return
 	}
 	x.fireMirrors()
-	e.proxy.ServeHTTP(w, x.out)
+	if upgradeRequested(x.out.Header) {
+		e.proxy.ServeHTTP(w, x.out)
+		return
+	}
+	x.forward(w)
 }
 
 // workloadRule serves a workload-addressed destination: no routes, the
@@ -539,18 +544,15 @@ func forwardedElement(a netip.AddrPort) string {
 	return `for="` + a.Addr().Unmap().String() + ":" + strconv.Itoa(int(a.Port())) + `"`
 }
 
-// rewrite is the ReverseProxy's request hook. The request it receives is
-// already the outgoing one, a copy; the proxy has stripped hop-by-hop and
-// forwarding headers from it.
+// rewrite is the ReverseProxy's request hook (upgrades). The request it
+// receives is already the outgoing one, a copy; the proxy has stripped
+// hop-by-hop and forwarding headers from it.
 func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
 	x, _ := pr.In.Context().Value(exchangeKey{}).(*exchange)
 	if x == nil {
 		return
 	}
-	h := pr.Out.Header
-	setForwarding(h, pr.In.Header, x)
-	applyPolicyHeaders(h, x.policyRemove, x.policySet)
-	setIdentity(h, x.info.Peer)
+	x.setUpstreamHeaders(pr.Out.Header, pr.In.Header)
 }
 
 func (e *Engine) modifyResponse(resp *http.Response) error {
@@ -708,7 +710,7 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		}
 		tried = append(tried, ep)
 		x.rec.attempts++
-		x.rec.endpoint = ep.key.addr.String()
+		x.rec.endpoint = ep.addr
 		resp, err := x.attempt(req, ep)
 		last := attempt >= pol.retries
 		backoff := pol.backoffFor(attempt + 1)
@@ -821,7 +823,7 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	}
 	areq := req.WithContext(ctx)
 	u := *req.URL
-	u.Scheme, u.Host = "http", ep.key.addr.String()
+	u.Scheme, u.Host = "http", ep.addr
 	areq.URL = &u
 	switch {
 	case x.bodyDone && len(x.body) == 0:
@@ -970,7 +972,7 @@ func (e *Engine) mirror(m mirrorShot, hdr http.Header, body []byte, ep *endpoint
 	ctx, cancel := context.WithTimeout(e.ctx, e.opts.MirrorTimeout)
 	defer cancel()
 	u := m.url
-	u.Scheme, u.Host = "http", ep.key.addr.String()
+	u.Scheme, u.Host = "http", ep.addr
 	req, err := http.NewRequestWithContext(ctx, m.method, u.String(), bytes.NewReader(body))
 	if err != nil {
 		e.metrics.mirrors.WithLabelValues("failed").Inc()

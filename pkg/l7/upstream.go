@@ -66,6 +66,7 @@ type endpointKey struct {
 // request balancing), health, and the HTTP connection pools over tunnels.
 type endpoint struct {
 	key         endpointKey
+	addr        string // key.addr, for URLs and log lines
 	target      atomic.Pointer[Target]
 	outstanding atomic.Int64
 	ejectedTill atomic.Int64 // unix nanoseconds; connect failures eject for a while
@@ -102,7 +103,7 @@ func (p *pools) get(t Target) *endpoint {
 	defer p.mu.Unlock()
 	ep := p.endpoints[k]
 	if ep == nil {
-		ep = &endpoint{key: k, pool: p}
+		ep = &endpoint{key: k, addr: k.addr.String(), pool: p}
 		p.endpoints[k] = ep
 	}
 	tc := t

@@ -1,0 +1,220 @@
+package l7
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"mime"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
+)
+
+// forward sends the request upstream (upstreamTransport: endpoint, retries,
+// timeouts) and copies the response to the caller, as httputil.ReverseProxy
+// in its Rewrite mode would: same headers removed and added, 1xx responses
+// and trailers passed on, streamed responses flushed as they arrive. The
+// engine keeps ReverseProxy for upgrades (it hijacks the connection); every
+// other request comes here, which spares the proxy's request clone, its
+// header copies and passes, and its per-request flush and trace setup.
+func (x *exchange) forward(w *responseRecorder) {
+	out := x.outgoing(w)
+	resp, err := upstreamTransport{x.e}.RoundTrip(out)
+	x.interim.Lock()
+	x.interimDone = true
+	x.interim.Unlock()
+	if err != nil {
+		x.e.proxyError(w, out, err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		x.e.proxyError(w, out, fmt.Errorf("upstream switched protocols (%q) for a request that asked for no upgrade", resp.Header.Get("Upgrade")))
+		return
+	}
+	removeHopByHop(resp.Header)
+	x.applyResponseHeaders(resp.Header)
+	h := w.Header()
+	maps.Copy(h, resp.Header) // the response's slices are fresh and go no further
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		h["Trailer"] = []string{strings.Join(slices.Sorted(maps.Keys(resp.Trailer)), ", ")}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err := x.copyBody(w, resp); err != nil {
+		// Midway through a response all that is left is to abort it: the
+		// server resets the stream or closes the connection.
+		panic(http.ErrAbortHandler)
+	}
+	resp.Body.Close() // now: reading to the end filled resp.Trailer
+	if len(resp.Trailer) == 0 {
+		return
+	}
+	w.Flush() // chunked, so that trailers can follow
+	for k, vv := range resp.Trailer {
+		if announced != len(resp.Trailer) {
+			k = http.TrailerPrefix + k // trailers the header did not announce
+		}
+		h[k] = vv
+	}
+}
+
+// outgoing is the request sent upstream: x.out with its own header map,
+// without hop-by-hop fields and the caller's forwarding headers, with the
+// waypoint's forwarding, policy and identity headers, and reporting 1xx
+// responses to w.
+func (x *exchange) outgoing(w *responseRecorder) *http.Request {
+	in := x.out.Header
+	h := make(http.Header, len(in)+4)
+	for k, vv := range in {
+		if !isHopByHop(k) && !isForwarding(k) {
+			h[k] = vv // shared: headers are replaced, never appended to, from here on
+		}
+	}
+	// dropConnectionOptions removed what the client's Connection named; a
+	// route filter may have named more.
+	for _, v := range in["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				h.Del(tok)
+			}
+		}
+	}
+	// Tell the upstream trailers are welcome when the caller said so
+	// (ReverseProxy does the same).
+	if httpguts.HeaderValuesContainsToken(in["Te"], "trailers") {
+		h["Te"] = []string{"trailers"}
+	}
+	x.setUpstreamHeaders(h, in)
+	if _, ok := h["User-Agent"]; !ok {
+		h["User-Agent"] = []string{""} // and not Go's default
+	}
+
+	x.interimTo = w
+	x.trace.Got1xxResponse = x.got1xx
+	out := x.out.WithContext(httptrace.WithClientTrace(x.out.Context(), &x.trace))
+	out.Header = h
+	out.Close = false
+	if out.ContentLength == 0 {
+		out.Body = nil
+	}
+	if q := cleanQuery(out.URL.RawQuery); q != out.URL.RawQuery {
+		u := *out.URL
+		u.RawQuery = q
+		out.URL = &u
+	}
+	return out
+}
+
+// got1xx passes an informational response on to the caller, until the
+// final response has arrived.
+func (x *exchange) got1xx(code int, hdr textproto.MIMEHeader) error {
+	x.interim.Lock()
+	defer x.interim.Unlock()
+	if x.interimDone {
+		return nil
+	}
+	h := x.interimTo.Header()
+	maps.Copy(h, http.Header(hdr))
+	x.interimTo.WriteHeader(code)
+	clear(h) // a 1xx's headers are not the final response's
+	return nil
+}
+
+// copyBody copies the response body to w, flushing after each read when the
+// response is a stream (no length, or server-sent events).
+func (x *exchange) copyBody(w *responseRecorder, resp *http.Response) error {
+	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+			if flush {
+				w.Flush()
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return nil
+		case rerr != nil:
+			if x.orig.Context().Err() == nil {
+				x.rec.reason = "upstream error: reading the response body: " + rerr.Error()
+				x.e.log.Debug("response body copy failed", zap.Error(rerr))
+			}
+			return rerr
+		}
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
+	return ct == "text/event-stream"
+}
+
+// isForwarding reports whether the canonical header name k is one of the
+// forwarding headers the waypoint sets itself (setForwarding).
+func isForwarding(k string) bool {
+	switch k {
+	case "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		return true
+	}
+	return false
+}
+
+// setUpstreamHeaders adds the waypoint's headers to h, the upstream copy of
+// the headers in: forwarding, then an allow's changes, then the identity.
+func (x *exchange) setUpstreamHeaders(h, in http.Header) {
+	setForwarding(h, in, x)
+	applyPolicyHeaders(h, x.policyRemove, x.policySet)
+	setIdentity(h, x.info.Peer)
+}
+
+// cleanQuery returns a raw query unchanged when every parameter in it
+// parses, and otherwise re-encodes the ones that do (a ';' separator or a
+// bad %-escape), as ReverseProxy does: an upstream must not read parameters
+// differently from what routing and policy saw.
+func cleanQuery(q string) string {
+	for i := 0; i < len(q); i++ {
+		switch q[i] {
+		case ';':
+			return reencodeQuery(q)
+		case '%':
+			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
+				return reencodeQuery(q)
+			}
+			i += 2
+		}
+	}
+	return q
+}
+
+func reencodeQuery(q string) string {
+	v, _ := url.ParseQuery(q) // the parameters that parse, despite the error
+	return v.Encode()
+}
+
+// upgradeRequested reports whether h asks to switch protocols (Connection:
+// upgrade with an Upgrade protocol), which ReverseProxy serves.
+func upgradeRequested(h http.Header) bool {
+	return httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") && h.Get("Upgrade") != ""
+}
+
+// interimState is what got1xx needs: set per request in outgoing.
+type interimState struct {
+	interim     sync.Mutex
+	interimDone bool
+	interimTo   *responseRecorder
+	trace       httptrace.ClientTrace
+}

@@ -1,0 +1,219 @@
+package l7
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"testing"
+	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// TestForwardResponses covers what the waypoint does with an upstream's
+// response besides passing it on: informational responses, trailers,
+// streaming, hop-by-hop fields, a protocol switch nobody asked for, a body
+// cut short; and the request fields it normalizes on the way.
+func TestForwardResponses(t *testing.T) {
+	h := newHarness(t)
+	b := h.backend("web", "http", false)
+	release := make(chan struct{})
+	b.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		switch r.URL.Path {
+		case "/early":
+			w.Header().Set("Link", "</a.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Del("Link")
+			_, _ = io.WriteString(w, "final")
+		case "/trailers":
+			w.Header().Set("Trailer", "X-Checksum")
+			_, _ = io.WriteString(w, "body")
+			w.Header().Set("X-Checksum", "abc")
+			w.Header().Set(http.TrailerPrefix+"X-Late", "late")
+		case "/stream":
+			_, _ = io.WriteString(w, "first\n")
+			http.NewResponseController(w).Flush()
+			select { // the second part only once the client saw the first
+			case <-release:
+			case <-time.After(20 * time.Second):
+			}
+			_, _ = io.WriteString(w, "second\n")
+		case "/hop":
+			w.Header().Set("Connection", "X-Hop")
+			w.Header().Set("X-Hop", "1")
+			w.Header().Set("Keep-Alive", "timeout=5")
+			w.Header().Set("X-End", "kept")
+		case "/switch":
+			c, rw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return true
+			}
+			defer c.Close()
+			_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: surprise\r\n\r\n")
+			_ = rw.Flush()
+		case "/short":
+			w.Header().Set("Content-Length", "100")
+			_, _ = io.WriteString(w, "only ten..")
+			http.NewResponseController(w).Flush()
+			panic(http.ErrAbortHandler)
+		default:
+			return false
+		}
+		return true
+	})
+	h.update(nil, nil)
+	addr := h.front(webInfo(trust.Unauthenticated()))
+	c := h1Client(addr)
+
+	t.Run("1xx", func(t *testing.T) {
+		var got []string
+		trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
+			got = append(got, fmt.Sprintf("%d %s", code, hdr.Get("Link")))
+			return nil
+		}}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", "http://web/early", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if len(got) != 1 || got[0] != "103 </a.css>; rel=preload" || resp.StatusCode != 200 || string(body) != "final" || resp.Header.Get("Link") != "" {
+			t.Errorf("1xx %q, final %d %q, Link %q", got, resp.StatusCode, body, resp.Header.Get("Link"))
+		}
+	})
+
+	t.Run("trailers", func(t *testing.T) {
+		resp, err := c.Get("http://web/trailers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "body" || resp.Trailer.Get("X-Checksum") != "abc" || resp.Trailer.Get("X-Late") != "late" {
+			t.Errorf("body %q, trailers %v", body, resp.Trailer)
+		}
+	})
+
+	t.Run("streamed", func(t *testing.T) {
+		// Without a flush per chunk the head and first line would wait for
+		// the second line, which the backend holds back until they arrived.
+		type first struct {
+			br   *bufio.Reader
+			line string
+			err  error
+		}
+		got := make(chan first, 1)
+		go func() {
+			resp, err := c.Get("http://web/stream")
+			if err != nil {
+				got <- first{err: err}
+				return
+			}
+			t.Cleanup(func() { resp.Body.Close() })
+			br := bufio.NewReader(resp.Body)
+			line, err := br.ReadString('\n')
+			got <- first{br, line, err}
+		}()
+		var f first
+		select {
+		case f = <-got:
+		case <-time.After(5 * time.Second):
+			close(release)
+			t.Fatal("the first chunk was held back")
+		}
+		close(release)
+		if f.line != "first\n" {
+			t.Fatalf("first chunk %q, %v", f.line, f.err)
+		}
+		if line, err := f.br.ReadString('\n'); line != "second\n" {
+			t.Fatalf("second chunk %q, %v", line, err)
+		}
+	})
+
+	t.Run("hop-by-hop", func(t *testing.T) {
+		res := get(t, c, "/hop", nil)
+		for _, k := range []string{"X-Hop", "Keep-Alive"} {
+			if v := res.header.Get(k); v != "" {
+				t.Errorf("%s passed on: %q", k, v)
+			}
+		}
+		if res.header.Get("X-End") != "kept" {
+			t.Errorf("end-to-end field lost: %v", res.header)
+		}
+	})
+
+	t.Run("unrequested switch", func(t *testing.T) {
+		if res := get(t, c, "/switch", nil); res.status != http.StatusBadGateway {
+			t.Errorf("GET: %d", res.status)
+		}
+		// A request with a body goes through http.Transport instead.
+		if res := do(t, c, "POST", "/switch", []byte("x"), nil); res.status != http.StatusBadGateway {
+			t.Errorf("POST: %d", res.status)
+		}
+	})
+
+	t.Run("short body", func(t *testing.T) {
+		// The head and the first bytes may still be in the waypoint's
+		// buffer when it aborts: either way the client must see a failure.
+		if resp, err := c.Get("http://web/short"); err == nil {
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil {
+				t.Fatalf("a cut response read whole: %q", body)
+			}
+		}
+		waitFor(t, "the access log line", func() bool {
+			for _, e := range h.logs.FilterMessage("request").All() {
+				if e.ContextMap()["path"] == "/short" && e.ContextMap()["aborted"] == true {
+					return true
+				}
+			}
+			return false
+		})
+	})
+
+	t.Run("request normalized", func(t *testing.T) {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(conn)
+		send := func(target, extra string) echo {
+			t.Helper()
+			fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: web\r\n%s\r\n", target, extra)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var e echo
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		e := send("/plain", "Te: trailers, deflate\r\n")
+		if ua, ok := e.Header["User-Agent"]; ok {
+			t.Errorf("User-Agent added: %q", ua)
+		}
+		if te := e.Header.Get("Te"); te != "trailers" {
+			t.Errorf("Te %q, want trailers", te)
+		}
+		// Parameters that do not parse are dropped rather than read one
+		// way by policy and another by the upstream.
+		for target, want := range map[string]string{"/q?a=1&b=2": "a=1&b=2", "/q?a=1&b=2;c=3": "a=1", "/q?a=%zz&b=2": "b=2"} {
+			if e := send(target, ""); e.Query != want {
+				t.Errorf("%s: upstream query %q, want %q", target, e.Query, want)
+			}
+		}
+	})
+}
