@@ -2,6 +2,7 @@ package l7
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,7 +150,7 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, e
 		}
 		return nil, err
 	}
-	if err := req.Write(c.bw); err != nil {
+	if err := writeHead(c.bw, req); err != nil {
 		return fail(&freshConnError{fmt.Errorf("writing the request: %w", err)})
 	}
 	if err := c.bw.Flush(); err != nil {
@@ -185,6 +188,121 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, e
 	}
 	resp.Body = &inlineBody{r: resp.Body, done: func(reuse bool) { h.release(c, stop, keep && reuse) }}
 	return resp, nil
+}
+
+// writeHead writes the head of a request without a body exactly as
+// Request.Write does (Host, User-Agent, Connection: close, Content-Length
+// and the header in key order; FuzzWriteHead compares the two), without its
+// per-request transfer writer, formatted prints and sorted copy of the
+// header. Header fields must have passed validHeaders. Nothing in the
+// engine sets the write hooks of httptrace, which Request.Write would call.
+func writeHead(w *bufio.Writer, req *http.Request) error {
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	host, err := httpguts.PunycodeHostPort(host)
+	if err != nil {
+		return err
+	}
+	if !httpguts.ValidHostHeader(host) {
+		host = "" // Request.Write's choice when not talking to a proxy
+	}
+	host = removeZone(host)
+	method := cmp.Or(req.Method, http.MethodGet)
+	ruri := req.URL.RequestURI()
+	if method == http.MethodConnect && req.URL.Path == "" {
+		ruri = cmp.Or(req.URL.Opaque, host)
+	}
+	if containsCTL(ruri) {
+		return errors.New("can't write control character in the request target")
+	}
+	w.WriteString(method)
+	w.WriteByte(' ')
+	w.WriteString(ruri)
+	w.WriteString(" HTTP/1.1\r\nHost: ")
+	w.WriteString(host)
+	w.WriteString("\r\n")
+	ua := "Go-http-client/1.1" // Request.Write's default
+	if vv, ok := req.Header["User-Agent"]; ok {
+		ua = ""
+		if len(vv) > 0 {
+			ua = textproto.TrimString(vv[0])
+		}
+	}
+	if ua != "" {
+		w.WriteString("User-Agent: ")
+		w.WriteString(ua)
+		w.WriteString("\r\n")
+	}
+	if req.Close && !hasToken(req.Header.Get("Connection"), "close") {
+		w.WriteString("Connection: close\r\n")
+	}
+	switch method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+		w.WriteString("Content-Length: 0\r\n") // as Request.Write: servers expect one
+	}
+	var buf [32]string
+	keys := buf[:0]
+	for k := range req.Header {
+		switch k {
+		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+		default:
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		for _, v := range req.Header[k] {
+			w.WriteString(k)
+			w.WriteString(": ")
+			w.WriteString(textproto.TrimString(v))
+			w.WriteString("\r\n")
+		}
+	}
+	_, err = w.WriteString("\r\n")
+	return err
+}
+
+func containsCTL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// hasToken reports whether token appears in v as Request.Write looks for
+// "close" in a Connection header: case-insensitive, between spaces, tabs
+// or commas.
+func hasToken(v, token string) bool {
+	for i := 0; i+len(token) <= len(v); i++ {
+		end := i + len(token)
+		if strings.EqualFold(v[i:end], token) && (i == 0 || isTokenBoundary(v[i-1])) && (end == len(v) || isTokenBoundary(v[end])) {
+			return true
+		}
+	}
+	return false
+}
+
+func isTokenBoundary(b byte) bool { return b == ' ' || b == ',' || b == '\t' }
+
+// removeZone removes an IPv6 zone from a host ("[fe80::1%en0]:80"), which
+// means nothing to the peer.
+func removeZone(host string) string {
+	if !strings.HasPrefix(host, "[") {
+		return host
+	}
+	i := strings.LastIndex(host, "]")
+	if i < 0 {
+		return host
+	}
+	j := strings.LastIndex(host[:i], "%")
+	if j < 0 {
+		return host
+	}
+	return host[:j] + host[i:]
 }
 
 // validHeaders refuses what http.Transport refuses to send: header names

@@ -2,6 +2,7 @@ package l7
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -289,4 +291,66 @@ func TestInlineH1RefusesInvalidHeaders(t *testing.T) {
 	if n := u.conns.Load(); n != 0 {
 		t.Errorf("%d connections opened for refused requests", n)
 	}
+}
+
+// FuzzWriteHead checks that writeHead writes, byte for byte, what
+// Request.Write writes for a request without a body whose header fields
+// validHeaders accepts, and fails where it fails.
+func FuzzWriteHead(f *testing.F) {
+	f.Add("GET", "/a?b=c", "web", "X-A", "1", "2", "", false)
+	f.Add("POST", "/", "[fe80::1%25en0]:80", "User-Agent", "", "x", "", false)
+	f.Add("OPTIONS", "*", "bücher.example", "Connection", "keep-alive close", "", "", true)
+	f.Add("CONNECT", "", "backend:443", "Te", "trailers", "", "backend:443", false)
+	f.Add("HEAD", "/%zz", "bad host\x01", "Trailer", "X", "", "", true)
+	f.Fuzz(func(t *testing.T, method, target, host, key, v1, v2, opaque string, closeConn bool) {
+		u, err := url.ParseRequestURI(target)
+		if err != nil {
+			u = &url.URL{Path: target}
+		}
+		u.Opaque = opaque
+		req := &http.Request{Method: method, URL: u, Host: host, Header: http.Header{}, Close: closeConn}
+		if key != "" {
+			req.Header[textproto.CanonicalMIMEHeaderKey(key)] = []string{v1, v2}[:1+len(v2)%2]
+		}
+		if validHeaders(req.Header) != nil {
+			return
+		}
+		var want, got bytes.Buffer
+		werr := req.Write(&want)
+		bw := bufio.NewWriter(&got)
+		gerr := writeHead(bw, req)
+		_ = bw.Flush()
+		switch {
+		case werr != nil && gerr == nil:
+			t.Fatalf("Request.Write failed (%v), writeHead wrote %q", werr, got.String())
+		case werr == nil && gerr != nil:
+			t.Fatalf("writeHead failed (%v), Request.Write wrote %q", gerr, want.String())
+		case werr == nil && !bytes.Equal(want.Bytes(), got.Bytes()):
+			t.Fatalf("heads differ:\nRequest.Write %q\nwriteHead     %q", want.String(), got.String())
+		}
+	})
+}
+
+// BenchmarkWriteHead compares writeHead with Request.Write (the baseline)
+// on a request as the waypoint forwards it.
+func BenchmarkWriteHead(b *testing.B) {
+	req, _ := http.NewRequest("GET", "http://127.0.0.1:8080/bench/item?x=1", nil)
+	req.Host = "bench.svc"
+	for k, v := range map[string]string{"Accept": "*/*", "User-Agent": "load/1.0", "X-Request-Id": "abc",
+		"X-Forwarded-For": "10.0.0.1", "Forwarded": `for="10.0.0.1:1234"`, SourcePrincipalHeader: "spiffe://cluster.local/ns/a/sa/b"} {
+		req.Header.Set(k, v)
+	}
+	bw := bufio.NewWriter(io.Discard)
+	b.Run("Request.Write", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = req.Write(bw)
+		}
+	})
+	b.Run("writeHead", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = writeHead(bw, req)
+		}
+	})
 }
