@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"mime"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -26,17 +25,17 @@ import (
 // header copies and passes, and its per-request flush and trace setup.
 func (x *exchange) forward(w *responseRecorder) {
 	out := x.outgoing(w)
-	resp, err := upstreamTransport{x.e}.RoundTrip(out)
+	resp, err := x.roundTrip(out)
 	x.interim.Lock()
 	x.interimDone = true
 	x.interim.Unlock()
 	if err != nil {
-		x.e.proxyError(w, out, err)
+		x.upstreamFailed(w, err)
 		return
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		x.e.proxyError(w, out, fmt.Errorf("upstream switched protocols (%q) for a request that asked for no upgrade", resp.Header.Get("Upgrade")))
+		x.upstreamFailed(w, fmt.Errorf("upstream switched protocols (%q) for a request that asked for no upgrade", resp.Header.Get("Upgrade")))
 		return
 	}
 	removeHopByHop(resp.Header)
@@ -99,7 +98,7 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 
 	x.interimTo = w
 	x.trace.Got1xxResponse = x.got1xx
-	out := x.out.WithContext(httptrace.WithClientTrace(x.out.Context(), &x.trace))
+	out := x.out // last use: its header and URL may be shared with orig, not changed
 	out.Header = h
 	out.Close = false
 	if out.ContentLength == 0 {
@@ -149,7 +148,7 @@ func (x *exchange) copyBody(w *responseRecorder, resp *http.Response) error {
 		case rerr == io.EOF:
 			return nil
 		case rerr != nil:
-			if x.orig.Context().Err() == nil {
+			if x.ctx.Err() == nil {
 				x.rec.reason = "upstream error: reading the response body: " + rerr.Error()
 				x.e.log.Debug("response body copy failed", zap.Error(rerr))
 			}
@@ -159,8 +158,8 @@ func (x *exchange) copyBody(w *responseRecorder, resp *http.Response) error {
 }
 
 func isEventStream(h http.Header) bool {
-	ct, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
-	return ct == "text/event-stream"
+	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 
 // isForwarding reports whether the canonical header name k is one of the
@@ -176,9 +175,9 @@ func isForwarding(k string) bool {
 // setUpstreamHeaders adds the waypoint's headers to h, the upstream copy of
 // the headers in: forwarding, then an allow's changes, then the identity.
 func (x *exchange) setUpstreamHeaders(h, in http.Header) {
-	setForwarding(h, in, x)
+	setForwarding(h, in, x.info)
 	applyPolicyHeaders(h, x.policyRemove, x.policySet)
-	setIdentity(h, x.info.Peer)
+	setIdentity(h, x.info)
 }
 
 // cleanQuery returns a raw query unchanged when every parameter in it

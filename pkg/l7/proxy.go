@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
@@ -19,8 +20,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-
-	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
 // SourcePrincipalHeader carries the caller's authenticated identity to the
@@ -64,7 +63,8 @@ type exchange struct {
 	info  *tunnel
 	snap  *snapshot
 	start time.Time
-	orig  *http.Request // as received, sanitized and normalized: what policy sees
+	ctx   context.Context // the request's, with its timeout
+	orig  *http.Request   // as received, sanitized and normalized: what policy sees
 	// out is what goes upstream, filters applied. It shares orig's header
 	// map and URL until a filter changes them (ownOut): the proxy copies
 	// the request it sends anyway.
@@ -108,7 +108,7 @@ type exchangeKey struct{}
 
 // serveHTTP handles one request on a tunnel.
 func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel) {
-	x := &exchange{e: e, info: info, start: time.Now(), orig: r, rec: record{grpcCode: -1}}
+	x := &exchange{e: e, info: info, start: time.Now(), ctx: r.Context(), orig: r, rec: record{grpcCode: -1}}
 	rw := &responseRecorder{ResponseWriter: w}
 	completed := false
 	defer func() {
@@ -160,7 +160,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		return
 	}
 
-	ctx := r.Context()
+	ctx := x.ctx
 	timeout := ru.requestTimeout
 	if ru.requestTimeout == 0 && !ru.requestTimeoutSet {
 		timeout = e.opts.DefaultRequestTimeout
@@ -170,9 +170,10 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, x.deadline)
 		defer cancel()
-		x.orig = r.WithContext(ctx)
+		x.ctx = ctx
 	}
-	x.out = x.orig.WithContext(context.WithValue(ctx, exchangeKey{}, x))
+	// The trace reports 1xx responses to forward (forward.go sets its hook).
+	x.out = r.WithContext(httptrace.WithClientTrace(ctx, &x.trace))
 	x.dropConnectionOptions()
 
 	if x.applyFilters(w, ru.filters) {
@@ -218,7 +219,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 	}
 	x.fireMirrors()
 	if upgradeRequested(x.out.Header) {
-		e.proxy.ServeHTTP(w, x.out)
+		e.proxy.ServeHTTP(w, x.out.WithContext(context.WithValue(x.out.Context(), exchangeKey{}, x)))
 		return
 	}
 	x.forward(w)
@@ -453,7 +454,7 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 		Route:               x.rule.routeName(),
 		Rule:                x.rule.name,
 	}
-	d := x.e.decide(x.orig.Context(), req)
+	d := x.e.decide(x.ctx, req)
 	x.rec.decID = d.ID
 	x.rec.reason = d.Reason
 	if !d.Allowed {
@@ -491,17 +492,16 @@ func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
 
 // setForwarding adds the caller's address to X-Forwarded-For and Forwarded
 // (after what earlier proxies wrote: that part is informational only).
-func setForwarding(out http.Header, in http.Header, x *exchange) {
-	ip, fwd := x.info.forwardedFor, x.info.forwarded
+func setForwarding(out http.Header, in http.Header, t *tunnel) {
 	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
-		out.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+ip)
+		out["X-Forwarded-For"] = []string{strings.Join(prior, ", ") + ", " + t.forwardedFor}
 	} else {
-		out.Set("X-Forwarded-For", ip)
+		out["X-Forwarded-For"] = t.xffValues
 	}
 	if prior := in.Values("Forwarded"); len(prior) > 0 {
-		out.Set("Forwarded", strings.Join(prior, ", ")+", "+fwd)
+		out["Forwarded"] = []string{strings.Join(prior, ", ") + ", " + t.forwarded}
 	} else {
-		out.Set("Forwarded", fwd)
+		out["Forwarded"] = t.forwardValues
 	}
 	for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
 		if v, ok := in[k]; ok {
@@ -513,10 +513,10 @@ func setForwarding(out http.Header, in http.Header, x *exchange) {
 // setIdentity sets the identity header from the tunnel's peer, or removes
 // it. Route filters and policy headers were applied after the request was
 // sanitized: identity claims must not survive them either.
-func setIdentity(h http.Header, p trust.Peer) {
+func setIdentity(h http.Header, t *tunnel) {
 	sanitizeIdentity(h)
-	if id, ok := p.Identity(); ok {
-		h.Set(SourcePrincipalHeader, id.String())
+	if t.identityValues != nil {
+		h[SourcePrincipalHeader] = t.identityValues
 	}
 }
 
@@ -579,6 +579,7 @@ func (e *proxyErr) Error() string {
 
 func (e *proxyErr) Unwrap() error { return e.err }
 
+// proxyError is the ReverseProxy's error hook (upgrades).
 func (e *Engine) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	x, _ := r.Context().Value(exchangeKey{}).(*exchange)
 	rw, _ := w.(*responseRecorder)
@@ -586,13 +587,18 @@ func (e *Engine) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
+	x.upstreamFailed(rw, err)
+}
+
+// upstreamFailed answers a request whose upstream exchange failed.
+func (x *exchange) upstreamFailed(rw *responseRecorder, err error) {
 	var pe *proxyErr
 	switch {
 	case errors.As(err, &pe):
 		x.reply(rw, pe.status, pe.Error(), nil)
-	case x.orig.Context().Err() != nil && !x.deadline.IsZero() && !time.Now().Before(x.deadline):
+	case x.ctx.Err() != nil && !x.deadline.IsZero() && !time.Now().Before(x.deadline):
 		x.reply(rw, http.StatusGatewayTimeout, "request timeout", nil)
-	case x.orig.Context().Err() != nil:
+	case x.ctx.Err() != nil:
 		x.rec.localCode = 499 // the client went away; nothing can be sent
 		x.rec.reason = "client cancelled"
 	default:
@@ -700,6 +706,11 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if x == nil {
 		return nil, errors.New("l7: request without an exchange")
 	}
+	return x.roundTrip(req)
+}
+
+// roundTrip runs req's attempts (upstreamTransport).
+func (x *exchange) roundTrip(req *http.Request) (*http.Response, error) {
 	pol := x.rule.retry
 	ctx := req.Context()
 	tried := make([]*endpoint, 0, 2)
@@ -959,8 +970,8 @@ func (x *exchange) fireMirrors() {
 		}
 		hdr := m.header
 		removeHopByHop(hdr)
-		setForwarding(hdr, x.orig.Header, x)
-		setIdentity(hdr, x.info.Peer)
+		setForwarding(hdr, x.orig.Header, x.info)
+		setIdentity(hdr, x.info)
 		x.e.wg.Add(1)
 		go x.e.mirror(m, hdr, x.body, ep, proto)
 	}

@@ -46,8 +46,13 @@ type tunnel struct {
 	principal   string // Peer: the identity or "unauthenticated"
 	service     string // "{namespace}/{name}", or Destination for a workload
 	// forwardedFor and forwarded are what the caller adds to
-	// X-Forwarded-For and Forwarded.
-	forwardedFor, forwarded string
+	// X-Forwarded-For and Forwarded; the header values of a request that
+	// had none, and the identity header's, are made once per tunnel and
+	// shared by its requests (an upstream header value is never changed in
+	// place).
+	forwardedFor, forwarded  string
+	xffValues, forwardValues []string
+	identityValues           []string // nil: unauthenticated
 
 	// mu guards metrics: HTTP/2 streams finish concurrently. The map holds
 	// the label sets this tunnel's requests used; it goes with the tunnel.
@@ -58,6 +63,10 @@ type tunnel struct {
 func newTunnel(info ConnInfo) *tunnel {
 	t := &tunnel{ConnInfo: info, source: info.Source.String(), destination: info.Destination.String(), principal: info.Peer.String(),
 		forwardedFor: info.Source.Addr().Unmap().String(), forwarded: forwardedElement(info.Source)}
+	t.xffValues, t.forwardValues = []string{t.forwardedFor}, []string{t.forwarded}
+	if id, ok := info.Peer.Identity(); ok {
+		t.identityValues = []string{id.String()}
+	}
 	t.service = info.Service.String()
 	if info.Service.IsZero() {
 		t.service = t.destination
