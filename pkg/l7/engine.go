@@ -129,7 +129,7 @@ type Engine struct {
 	log     *zap.Logger
 	metrics *metrics
 	pools   *pools
-	proxy   *httputil.ReverseProxy
+	proxy   *httputil.ReverseProxy // upgrades; the rest goes through forward
 	h2      *http2.Server
 	snap    atomic.Pointer[snapshot]
 
