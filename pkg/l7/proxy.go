@@ -1011,13 +1011,13 @@ func isHopByHop(k string) bool { return slices.Contains(hopByHop, k) }
 
 func removeHopByHop(h http.Header) {
 	for _, f := range h["Connection"] {
-		for _, sf := range strings.Split(f, ",") {
+		for sf := range strings.SplitSeq(f, ",") {
 			if sf = strings.TrimSpace(sf); sf != "" {
 				h.Del(sf)
 			}
 		}
 	}
 	for _, k := range hopByHop {
-		h.Del(k)
+		delete(h, k) // canonical already
 	}
 }
