@@ -4,6 +4,10 @@
 //	load -> HBONE (mTLS) -> waypoint (HTTPRoute, OPA allow) -> HBONE (mTLS) -> backend
 //	load -> TLS (mTLS)   -> nginx    (proxy_pass)           -> TLS (mTLS)   -> backend
 //
+// and, as a reference for the waypoint's own HTTP cost, the same load
+// through its TCP port (the same tunnels, one authorization per connection,
+// bytes relayed).
+//
 // The waypoint is the real binary in a local mesh; nginx is Debian's, run
 // as a child with a configuration of its own. The backend is one Go HTTP
 // server in this process behind both fronts: an HBONE server presenting the
@@ -151,6 +155,10 @@ spec:
     port: 80
     targetPort: 8080
     appProtocol: http
+  - name: tcp
+    port: 81
+    targetPort: 8080
+    appProtocol: tcp
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -192,6 +200,14 @@ allowed_by contains "loadgen-read" if {
 	method in {"GET", "HEAD"}
 	input.parsed_path[0] == "bench"
 }
+
+# The TCP port (the L4 reference path): a connection has no request. (Not
+# "not input.attributes.request": reading the whole request, whose id is
+# new each time, would keep the decision cache from ever answering.)
+allowed_by contains "loadgen-connection" if {
+	principal == loadgen
+	not method
+}
 `
 
 const benchPolicyTest = `package envoy.authz_test
@@ -205,6 +221,14 @@ test_loadgen_reads if {
 test_others_denied if {
 	not authz.allow.allowed with input as {"attributes": {"source": {"principal": "spiffe://cluster.local/ns/load/sa/other"}, "request": {"http": {"method": "GET"}}}, "parsed_path": ["bench"]}
 }
+
+test_loadgen_connects if {
+	authz.allow.allowed with input as {"attributes": {"source": {"principal": "spiffe://cluster.local/ns/load/sa/loadgen"}}}
+}
+
+test_others_cannot_connect if {
+	not authz.allow.allowed with input as {"attributes": {"source": {"principal": "spiffe://cluster.local/ns/load/sa/other"}}}
+}
 `
 
 type options struct {
@@ -215,7 +239,8 @@ type options struct {
 	rounds              int
 	nginxWorkers        int
 	policyN             int
-	skipDirect, keep    bool
+	skipDirect, skipL4  bool
+	keep                bool
 	profile             string
 }
 
@@ -232,6 +257,7 @@ func main() {
 	flag.IntVar(&o.nginxWorkers, "nginx-workers", 0, "nginx worker_processes (default: the number of CPUs, as the waypoint's GOMAXPROCS)")
 	flag.IntVar(&o.policyN, "policy-decisions", 20000, "decisions timed in-process for the policy cost")
 	flag.BoolVar(&o.skipDirect, "skip-direct", false, "skip the reference run straight to the backend")
+	flag.BoolVar(&o.skipL4, "skip-l4", false, "skip the reference run through the waypoint's TCP port (tunnels and relay only)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.StringVar(&o.profile, "waypoint-profile", "", "write a CPU profile of the waypoint during its first measured window to this file (go tool pprof bin/waypoint FILE)")
 	flag.Parse()
@@ -378,10 +404,19 @@ func run(o options) error {
 			RootCAs: pk.pool, Certificates: []tls.Certificate{*certs["loadgen.bench"]}, NextProtos: []string{"http/1.1"}}}
 		return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
+	wpCPUTime := func() (time.Duration, error) { return benchmesh.CPUTime(wpPID) }
 	targets := []target{
-		{name: "waypoint", dial: func(ctx context.Context) (net.Conn, error) { return pool.Dial(ctx, hboneTarget) },
-			cpu: func() (time.Duration, error) { return benchmesh.CPUTime(wpPID) }},
+		{name: "waypoint", dial: func(ctx context.Context) (net.Conn, error) { return pool.Dial(ctx, hboneTarget) }, cpu: wpCPUTime},
 		{name: "nginx", dial: tlsDial(net.JoinHostPort(nginxIP, nginxPort), "nginx.bench"), cpu: ngx.cpu},
+	}
+	if !o.skipL4 {
+		// The same requests to the service's TCP port: the waypoint
+		// terminates and opens the same tunnels, authorizes each
+		// connection once and relays bytes, with no HTTP in between.
+		l4Target := hboneTarget
+		l4Target.Authority = serviceVIP + ":81"
+		targets = append(targets, target{name: "waypoint_l4",
+			dial: func(ctx context.Context) (net.Conn, error) { return pool.Dial(ctx, l4Target) }, cpu: wpCPUTime})
 	}
 	if !o.skipDirect {
 		targets = append(targets, target{name: "direct", dial: tlsDial(net.JoinHostPort(backendApp, backendTLS), "backend.bench")})
@@ -477,6 +512,13 @@ func run(o options) error {
 	benchmesh.Report("rig_cpu_us_per_req_waypoint_path", wpRig, "us")
 	benchmesh.Report("rig_cpu_us_per_req_nginx_path", nxRig, "us")
 	benchmesh.Report("waypoint_rps_ratio_at_nginx_cpu", (nxCPU+nxRig)/(nxCPU+wpRig), "x")
+	if l4, ok := results["waypoint_l4"]; ok {
+		l4CPU := usPerReq(l4)
+		benchmesh.Report("waypoint_l4_rps", l4.res.rps(), "req/s")
+		benchmesh.Report("waypoint_l4_cpu_us_per_req", l4CPU, "us")
+		benchmesh.Report("waypoint_l4_cpu_per_req_ratio", l4CPU/nxCPU, "x")
+		benchmesh.Report("waypoint_http_cpu_us_per_req", wpCPU-l4CPU, "us")
+	}
 
 	if dropped, err := scrapeCounter("http://"+mesh.Plan.Waypoints[0].Status+"/metrics", "policy_decision_logs_dropped_total"); err == nil {
 		benchmesh.Report("waypoint_decision_logs_dropped", dropped, "entries")
