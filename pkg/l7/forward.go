@@ -16,7 +16,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// forward sends the request upstream (upstreamTransport: endpoint, retries,
+// forward sends the request upstream (roundTrip: endpoint, retries,
 // timeouts) and copies the response to the caller, as httputil.ReverseProxy
 // in its Rewrite mode would: same headers removed and added, 1xx responses
 // and trailers passed on, streamed responses flushed as they arrive. The
@@ -93,12 +93,15 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	}
 	x.setUpstreamHeaders(h, in)
 	if _, ok := h["User-Agent"]; !ok {
-		h["User-Agent"] = []string{""} // and not Go's default
+		h["User-Agent"] = noUserAgent
 	}
 
 	x.interimTo = w
 	x.trace.Got1xxResponse = x.got1xx
-	out := x.out // last use: its header and URL may be shared with orig, not changed
+	// x.out is the exchange's own request, used no more after this; its
+	// header map and URL may still be orig's, so they are replaced, never
+	// changed.
+	out := x.out
 	out.Header = h
 	out.Close = false
 	if out.ContentLength == 0 {
@@ -111,6 +114,10 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	}
 	return out
 }
+
+// noUserAgent keeps an upstream request without a User-Agent without one
+// (Go would send its own).
+var noUserAgent = []string{""}
 
 // got1xx passes an informational response on to the caller, until the
 // final response has arrived.
