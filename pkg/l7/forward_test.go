@@ -217,3 +217,67 @@ func TestForwardResponses(t *testing.T) {
 		}
 	})
 }
+
+// TestClientGoneCancelsUpstream: a caller that goes away while its request
+// waits on the upstream cancels the upstream request (the upstream sees its
+// request end), and the access log says so (499), over HTTP/1.1 (the
+// connection closed) and HTTP/2 (the stream reset).
+func TestClientGoneCancelsUpstream(t *testing.T) {
+	h := newHarness(t)
+	b := h.backend("web", "http", true)
+	arrived := make(chan struct{}, 1)
+	ended := make(chan struct{}, 1)
+	b.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		arrived <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			ended <- struct{}{}
+		case <-time.After(20 * time.Second):
+		}
+		return true
+	})
+	h.update(nil, nil)
+	addr := h.front(webInfo(trust.Unauthenticated()))
+	wait := func(what string, ch chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: timed out", what)
+		}
+	}
+	logged := func(path string) {
+		t.Helper()
+		waitFor(t, path+"'s access log line", func() bool {
+			for _, e := range h.logs.FilterMessage("request").All() {
+				if m := e.ContextMap(); m["path"] == path && m["status"] == int64(499) && m["reason"] == "client cancelled" {
+					return true
+				}
+			}
+			return false
+		})
+	}
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(conn, "GET /h1-gone HTTP/1.1\r\nHost: web\r\n\r\n")
+	wait("HTTP/1.1 request upstream", arrived)
+	conn.Close()
+	wait("HTTP/1.1 upstream request cancelled", ended)
+	logged("/h1-gone")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		wait("HTTP/2 request upstream", arrived)
+		cancel()
+	}()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://web/h2-gone", nil)
+	if resp, err := h2cClient(addr).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("HTTP/2 request answered %d after its cancellation", resp.StatusCode)
+	}
+	wait("HTTP/2 upstream request cancelled", ended)
+	logged("/h2-gone")
+}
