@@ -44,6 +44,8 @@ func TestForwardResponses(t *testing.T) {
 			case <-time.After(20 * time.Second):
 			}
 			_, _ = io.WriteString(w, "second\n")
+		case "/head":
+			_, _ = io.WriteString(w, "same for HEAD and GET")
 		case "/hop":
 			w.Header().Set("Connection", "X-Hop")
 			w.Header().Set("X-Hop", "1")
@@ -177,6 +179,33 @@ func TestForwardResponses(t *testing.T) {
 			}
 			return false
 		})
+	})
+
+	t.Run("HEAD", func(t *testing.T) {
+		// The upstream's length comes back without a body, and the
+		// connection's next response is intact.
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		fmt.Fprint(conn, "HEAD /head HTTP/1.1\r\nHost: web\r\n\r\nGET /head HTTP/1.1\r\nHost: web\r\n\r\n")
+		br := bufio.NewReader(conn)
+		head, err := http.ReadResponse(br, &http.Request{Method: "HEAD"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		head.Body.Close()
+		get, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("the response after HEAD: %v", err)
+		}
+		body, err := io.ReadAll(get.Body)
+		get.Body.Close()
+		if err != nil || head.StatusCode != 200 || get.StatusCode != 200 || head.ContentLength != int64(len(body)) || len(body) == 0 {
+			t.Errorf("HEAD %d length %d; GET %d body %d bytes (%v)", head.StatusCode, head.ContentLength, get.StatusCode, len(body), err)
+		}
 	})
 
 	t.Run("request normalized", func(t *testing.T) {
