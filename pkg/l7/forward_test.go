@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -184,12 +183,7 @@ func TestForwardResponses(t *testing.T) {
 	t.Run("HEAD", func(t *testing.T) {
 		// The upstream's length comes back without a body, and the
 		// connection's next response is intact.
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		conn := dialFront(t, addr)
 		fmt.Fprint(conn, "HEAD /head HTTP/1.1\r\nHost: web\r\n\r\nGET /head HTTP/1.1\r\nHost: web\r\n\r\n")
 		br := bufio.NewReader(conn)
 		head, err := http.ReadResponse(br, &http.Request{Method: "HEAD"})
@@ -209,12 +203,7 @@ func TestForwardResponses(t *testing.T) {
 	})
 
 	t.Run("request normalized", func(t *testing.T) {
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		conn := dialFront(t, addr)
 		br := bufio.NewReader(conn)
 		send := func(target, extra string) echo {
 			t.Helper()
@@ -287,10 +276,7 @@ func TestClientGoneCancelsUpstream(t *testing.T) {
 		})
 	}
 
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := dialFront(t, addr)
 	fmt.Fprint(conn, "GET /h1-gone HTTP/1.1\r\nHost: web\r\n\r\n")
 	wait("HTTP/1.1 request upstream", arrived)
 	conn.Close()

@@ -248,6 +248,19 @@ func webInfo(peer trust.Peer) ConnInfo {
 		Service: ServiceRef{testNS, "web"}, Port: 80, Protocol: ProtocolHTTP}
 }
 
+// dialFront opens a raw connection to a front for hand-written requests;
+// it is closed when the test ends, and nothing on it waits past 20 s.
+func dialFront(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	return conn
+}
+
 func h1Client(addr string) *http.Client {
 	return &http.Client{
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

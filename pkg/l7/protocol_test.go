@@ -117,13 +117,8 @@ func TestHeaderLimits(t *testing.T) {
 	h2 := newHarness(t, func(o *Options) { o.ReadHeaderTimeout = 200 * time.Millisecond })
 	h2.backend("web", "http", false)
 	h2.update(nil, nil)
-	conn, err := net.Dial("tcp", h2.front(webInfo(trust.Unauthenticated())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialFront(t, h2.front(webInfo(trust.Unauthenticated())))
 	fmt.Fprint(conn, "GET / HTTP/1.1\r\nHost: web\r\n")
-	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	if _, err := io.ReadAll(bufio.NewReader(conn)); err != nil {
 		t.Fatalf("connection not closed after the header timeout: %v", err)
 	}
@@ -237,12 +232,7 @@ func TestUpgrade(t *testing.T) {
 		return true
 	})
 	h.update(nil, nil)
-	conn, err := net.Dial("tcp", h.front(webInfo(trust.Unauthenticated())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	conn := dialFront(t, h.front(webInfo(trust.Unauthenticated())))
 	fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: web\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
