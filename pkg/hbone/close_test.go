@@ -137,3 +137,78 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 	}
 	return a, b
 }
+
+// PeerDone ends only once a Read would not block: after the peer ended its
+// direction and what it sent was read, or when the peer reset the stream;
+// never while unread data is waiting or the peer is merely quiet.
+func TestPeerDone(t *testing.T) {
+	m := newMesh(t)
+	type served struct {
+		tunnel net.Conn
+		done   context.Context
+	}
+	got := make(chan served, 1)
+	release := make(chan struct{})
+	h := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
+		return StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+			got <- served{tunnel, tunnel.(interface{ PeerDone() context.Context }).PeerDone()}
+			<-release
+		}), nil
+	})
+	defer close(release)
+	_, addr := startServer(t, m, h, nil)
+	p := newPool(t, m, nil)
+	ended := func(ctx context.Context) bool {
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	}
+
+	t.Run("half-close after data", func(t *testing.T) {
+		c := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+		defer c.Close()
+		if _, err := io.WriteString(c, "request"); err != nil {
+			t.Fatal(err)
+		}
+		s := <-got
+		if ended(s.done) {
+			t.Fatal("done while the peer is still open")
+		}
+		if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		if ended(s.done) {
+			t.Fatal("done while sent data is still unread")
+		}
+		buf := make([]byte, 3)
+		if _, err := io.ReadFull(s.tunnel, buf); err != nil {
+			t.Fatal(err)
+		}
+		if ended(s.done) {
+			t.Fatal("done with 4 bytes still unread")
+		}
+		if _, err := io.ReadAll(s.tunnel); err != nil {
+			t.Fatal(err)
+		}
+		if !ended(s.done) {
+			t.Fatal("not done after everything was read and the peer ended its direction")
+		}
+	})
+	t.Run("reset", func(t *testing.T) {
+		c := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+		if _, err := io.WriteString(c, "x"); err != nil {
+			t.Fatal(err)
+		}
+		s := <-got
+		if ended(s.done) {
+			t.Fatal("done while the peer is still open")
+		}
+		c.Close() // the server has not ended its direction: a reset
+		if !ended(s.done) {
+			eventually(t, 5*time.Second, "PeerDone after a reset", func() bool { return s.done.Err() != nil })
+		}
+	})
+}

@@ -1031,6 +1031,7 @@ func (c *h2conn) readData(fh http2.FrameHeader) error {
 	if end && st.err == nil {
 		st.recvEOF = true
 		notify(st.rsig)
+		st.checkPeerDoneLocked()
 	}
 	c.mu.Unlock()
 	return nil
@@ -1268,6 +1269,7 @@ func (c *h2conn) trailersLocked(st *stream, f *http2.MetaHeadersFrame) error {
 	if st.err == nil {
 		st.recvEOF = true
 		notify(st.rsig)
+		st.checkPeerDoneLocked()
 	}
 	return nil
 }
@@ -1304,6 +1306,7 @@ func (c *h2conn) processResponseHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	if f.StreamEnded() {
 		st.recvEOF = true
+		st.checkPeerDoneLocked()
 	}
 	st.closeRespLocked()
 	notify(st.rsig)

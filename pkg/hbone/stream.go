@@ -43,6 +43,10 @@ type stream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
+	// peerDone (made on first use) ends once a Read would not block.
+	peerDone    context.Context
+	endPeerDone context.CancelFunc
+
 	rdl, wdl deadline
 	rmu      sync.Mutex // one reader at a time
 	wmu      sync.Mutex // one writer at a time
@@ -69,6 +73,29 @@ func (st *stream) failLocked(err error) {
 	notify(st.wsig)
 	if st.cancel != nil {
 		st.cancel()
+	}
+	st.checkPeerDoneLocked()
+}
+
+// PeerDone returns a context that ends once reading the tunnel would no
+// longer block: the peer ended its direction and everything it sent has
+// been read, or the stream failed or was closed. A server learns from it
+// that its client went away without keeping a read pending.
+func (st *stream) PeerDone() context.Context {
+	st.c.mu.Lock()
+	defer st.c.mu.Unlock()
+	if st.peerDone == nil {
+		st.peerDone, st.endPeerDone = context.WithCancel(context.Background())
+		st.checkPeerDoneLocked()
+	}
+	return st.peerDone
+}
+
+// checkPeerDoneLocked ends PeerDone's context when a Read would return at
+// once with io.EOF or an error.
+func (st *stream) checkPeerDoneLocked() {
+	if st.endPeerDone != nil && (st.released || st.err != nil || (st.recvEOF && st.recv.size == 0)) {
+		st.endPeerDone()
 	}
 }
 
@@ -148,6 +175,7 @@ func (st *stream) Read(p []byte) (int, error) {
 	defer st.c.mu.Unlock()
 	n := st.recv.read(p)
 	st.consumedLocked(n)
+	st.checkPeerDoneLocked()
 	return n, nil
 }
 
@@ -175,6 +203,7 @@ func (st *stream) WriteTo(w io.Writer) (int64, error) {
 			// (A released queue already returned these bytes' window.)
 			st.recv.consume(int(n))
 			st.consumedLocked(int(n))
+			st.checkPeerDoneLocked()
 		}
 		c.mu.Unlock()
 		total += n
@@ -383,6 +412,7 @@ func (st *stream) release() error {
 	if st.cancel != nil {
 		st.cancel()
 	}
+	st.checkPeerDoneLocked()
 	c.removeLocked(st)
 	c.mu.Unlock()
 	st.rdl.set(time.Time{})
