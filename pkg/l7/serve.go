@@ -81,7 +81,9 @@ const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // out, or ctx ends; it closes conn. ProtocolHTTP serves HTTP/1.1 but
 // switches to HTTP/2 when the client opens with the HTTP/2 preface;
 // ProtocolHTTP2 and ProtocolGRPC serve HTTP/2 with prior knowledge.
-// ProtocolTCP is not HTTP and is refused.
+// ProtocolTCP is not HTTP and is refused. HTTP/1.1 requests are cancelled
+// when their client goes away: an HBONE stream reports that itself
+// (PeerDone); any other connection is read one buffer ahead to learn it.
 func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) error {
 	defer conn.Close()
 	if info.Protocol == ProtocolTCP {
@@ -116,7 +118,18 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 		e.serveH2(ctx, pc, h)
 		return nil
 	}
-	return e.serveH1(ctx, pc, h)
+	var h1 net.Conn = pc
+	pd, ok := conn.(peerDoner)
+	if !ok {
+		ac := newAheadConn(pc)
+		h1, pd = ac, ac
+	}
+	serveH1(ctx, h1, pd.PeerDone(), h, h1Limits{
+		readHeaderTimeout: e.opts.ReadHeaderTimeout,
+		idleTimeout:       e.opts.IdleTimeout,
+		maxHeaderBytes:    e.opts.MaxHeaderBytes,
+	}, e.log)
+	return nil
 }
 
 func (e *Engine) serveH2(ctx context.Context, conn net.Conn, h http.Handler) {
@@ -125,23 +138,6 @@ func (e *Engine) serveH2(ctx context.Context, conn net.Conn, h http.Handler) {
 		Handler:    h,
 		BaseConfig: &http.Server{MaxHeaderBytes: e.opts.MaxHeaderBytes, ErrorLog: log.New(zapWriter{e.log}, "", 0)},
 	})
-}
-
-func (e *Engine) serveH1(ctx context.Context, conn net.Conn, h http.Handler) error {
-	ln := newConnListener(conn)
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: e.opts.ReadHeaderTimeout,
-		IdleTimeout:       e.opts.IdleTimeout,
-		MaxHeaderBytes:    e.opts.MaxHeaderBytes,
-		ErrorLog:          log.New(zapWriter{e.log}, "", 0),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
-	}
-	err := srv.Serve(ln)
-	if errors.Is(err, net.ErrClosed) {
-		return nil
-	}
-	return err
 }
 
 // sniffPreface reads until the bytes read stop being a prefix of the HTTP/2
@@ -176,65 +172,4 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
-}
-
-// connListener hands one connection to an http.Server, then reports closed
-// once that connection is closed (also after a hijack, when the hijacker
-// closes it), which ends Serve.
-type connListener struct {
-	mu       sync.Mutex
-	conn     net.Conn
-	done     chan struct{}
-	doneOnce sync.Once
-}
-
-func newConnListener(c net.Conn) *connListener {
-	l := &connListener{done: make(chan struct{})}
-	l.conn = &notifyConn{Conn: c, onClose: l.finish}
-	return l
-}
-
-func (l *connListener) finish() { l.doneOnce.Do(func() { close(l.done) }) }
-
-func (l *connListener) Accept() (net.Conn, error) {
-	l.mu.Lock()
-	c := l.conn
-	l.conn = nil
-	l.mu.Unlock()
-	if c != nil {
-		return c, nil
-	}
-	<-l.done
-	return nil, net.ErrClosed
-}
-
-func (l *connListener) Close() error {
-	l.mu.Lock()
-	c := l.conn
-	l.conn = nil
-	l.mu.Unlock()
-	if c != nil {
-		// Never accepted: nothing else will close it.
-		return c.Close()
-	}
-	return nil
-}
-
-func (l *connListener) Addr() net.Addr { return localAddr{} }
-
-type localAddr struct{}
-
-func (localAddr) Network() string { return "tunnel" }
-func (localAddr) String() string  { return "tunnel" }
-
-type notifyConn struct {
-	net.Conn
-	once    sync.Once
-	onClose func()
-}
-
-func (c *notifyConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.onClose)
-	return err
 }

@@ -49,6 +49,9 @@ type fixture struct {
 	ca   *trusttest.CA
 	addr netip.AddrPort
 	pool *hbone.Pool
+	// stalls receives "arrived PATH" for each backend request under
+	// /stall, then "cancelled PATH" once its caller went away.
+	stalls chan string
 }
 
 // start runs a waypoint shop/wp on 127.0.73.2 in front of plain backends
@@ -56,7 +59,8 @@ type fixture struct {
 func start(t *testing.T, options ...func(*Options)) *fixture {
 	t.Helper()
 	ca := trusttest.NewCA(t, "cluster.local")
-	httpBackend := serveHTTP(t, "127.0.173.1:0")
+	stalls := make(chan string, 4)
+	httpBackend := serveHTTP(t, "127.0.173.1:0", stalls)
 	tcpBackend := serveTCP(t, "127.0.173.1:0")
 
 	dir := t.TempDir()
@@ -125,7 +129,7 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	f := &fixture{ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool}
+	f := &fixture{ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool, stalls: stalls}
 	waitReady(t, w)
 	return f
 }
@@ -140,12 +144,21 @@ func waitReady(t *testing.T, w *Waypoint) {
 	}
 }
 
-func serveHTTP(t *testing.T, addr string) netip.AddrPort {
+func serveHTTP(t *testing.T, addr string, stalls chan<- string) netip.AddrPort {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/stall") {
+			stalls <- "arrived " + r.URL.Path
+			select {
+			case <-r.Context().Done():
+				stalls <- "cancelled " + r.URL.Path
+			case <-time.After(20 * time.Second):
+			}
+			return
+		}
 		fmt.Fprintf(w, "backend saw principal=%q xfcc=%q", r.Header.Get("X-Causeway-Source-Principal"), r.Header.Get("X-Forwarded-Client-Cert"))
 	})}
 	go srv.Serve(ln)
@@ -284,5 +297,39 @@ func TestTCPTunnelIdleTimeout(t *testing.T) {
 			t.Fatalf("no access log line with an idle timeout: %v", logs.All())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A caller that goes away while its request waits upstream, by resetting
+// its tunnel or by ending its direction of it, cancels the upstream
+// request: the HBONE stream tells the waypoint (PeerDone) without a read
+// kept pending.
+func TestCallerGoneCancelsUpstream(t *testing.T) {
+	f := start(t)
+	for _, how := range []string{"reset", "half-close"} {
+		c, err := f.tunnel(t, frontend, "127.0.74.1:80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET /stall/%s HTTP/1.1\r\nHost: web.shop\r\n\r\n", how)
+		expect := func(want string) {
+			t.Helper()
+			select {
+			case got := <-f.stalls:
+				if got != want {
+					t.Fatalf("backend: %s, want %s", got, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("backend: no %s", want)
+			}
+		}
+		expect("arrived /stall/" + how)
+		if how == "reset" {
+			c.Close()
+		} else {
+			c.(interface{ CloseWrite() error }).CloseWrite()
+		}
+		expect("cancelled /stall/" + how)
+		c.Close()
 	}
 }
