@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -196,3 +197,46 @@ func BenchmarkDecisionLogWrite(b *testing.B) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// The decision log writes a request's headers as they were when it was
+// decided, though it writes later, from its own goroutine: headers are read
+// from the request lazily, and before the log takes the input.
+func TestDecisionLogTakesHeadersAtDecision(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := logging.New(logging.Options{Output: zapcore.AddSync(&buf)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := NewDecisionLogger(log.Logger, DecisionLogOptions{Mode: LogAllDecisions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := loadEngine(t, Options{Dir: "testdata/example", DecisionLog: dl})
+	req := benchRequest(t)
+	req.HTTP.Header.Set("X-Before", "yes")
+	e.Decide(context.Background(), req)
+	req.HTTP.Header.Del("X-Before")
+	req.HTTP.Header.Set("X-After", "yes")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dl.Run(ctx) // writes what is queued
+	var line struct {
+		Input struct {
+			Attributes struct {
+				Request struct {
+					HTTP struct {
+						Headers map[string]string `json:"headers"`
+					} `json:"http"`
+				} `json:"request"`
+			} `json:"attributes"`
+		} `json:"input"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+		t.Fatalf("%v: %s", err, buf.String())
+	}
+	h := line.Input.Attributes.Request.HTTP.Headers
+	if h["x-before"] != "yes" || h["x-after"] != "" {
+		t.Fatalf("logged headers %v", h)
+	}
+}

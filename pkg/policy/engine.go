@@ -471,6 +471,7 @@ func (e *Engine) logDecision(d Decision, input policyInput, result any, start ti
 	}
 	switch in := input.(type) {
 	case *inputDoc:
+		in.detach()
 		ev.doc = in // written without building its value
 	case astInput:
 		ev.Input = in.v

@@ -18,15 +18,19 @@ import (
 // the decision log writes the document as JSON without building it
 // (appendJSON). All three walk one schema, inputSchema, whose leaves are the
 // only code that turns the document into values, so they cannot disagree
-// about what the input holds. The document holds no reference to the
-// request: the decision log may read it after the request has moved on.
+// about what the input holds. The document refers to the request only
+// until its headers are read (most policies never read them); detach reads
+// them before the decision log takes the document, which it may read after
+// the request has moved on.
 type inputDoc struct {
 	id, method, host, path, scheme, protocol string
 	at                                       time.Time // attributes.request.time, formatted when read: few policies do
 
 	size       int64
 	parts      pathParts     // :path, parsed_path and parsed_query terms
-	headers    []headerField // sorted by name, one per name
+	headers    []headerField // sorted by name, one per name (headerList)
+	req        *http.Request // until headers are read
+	partial    string        // Envoy's x-envoy-auth-partial-body, for headers
 	source     *ast.Term     // attributes.source
 	dest       *ast.Term     // attributes.destination
 	srcPrinc   string        // "" unless the tunnel was authenticated
@@ -102,9 +106,22 @@ func newInputDoc(req *Request, opts InputOptions) (*inputDoc, error) {
 			}
 		}
 	}
-	d.headers = headerFields(r, d.host, d.path, partial)
+	d.req, d.partial = r, partial
 	return d, nil
 }
+
+// headerList returns the headers, reading them from the request on first
+// use.
+func (d *inputDoc) headerList() []headerField {
+	if d.req != nil {
+		d.headers = headerFields(d.req, d.host, d.path, d.partial)
+		d.req = nil
+	}
+	return d.headers
+}
+
+// detach lets go of the request (see inputDoc).
+func (d *inputDoc) detach() { d.headerList() }
 
 // headerFields lower-cases header names, adds the pseudo-headers and joins
 // repeated values with ",", as Envoy's ext_authz filter does. A client's
@@ -172,8 +189,9 @@ func headerFields(r *http.Request, host, path, partial string) []headerField {
 
 func (d *inputDoc) headersValue() *ast.Term {
 	if d.headersTerm == nil {
-		obj := ast.NewObjectWithCapacity(len(d.headers))
-		for _, h := range d.headers {
+		hs := d.headerList()
+		obj := ast.NewObjectWithCapacity(len(hs))
+		for _, h := range hs {
 			v := d.parts.path // :path is http.path
 			if h.name != kPseudoPath {
 				v = constTerm(h.value) // :method, :scheme and the like recur
@@ -188,7 +206,7 @@ func (d *inputDoc) headersValue() *ast.Term {
 // writeHeaders writes the headers object as headersValue would render.
 func (d *inputDoc) writeHeaders(w *jsonWriter, r *redaction) {
 	w.b = append(w.b, '{')
-	for i, h := range d.headers {
+	for i, h := range d.headerList() {
 		name := string(h.name.Value.(ast.String))
 		w.key(i == 0, name)
 		if sub := r.member(name); sub != nil && sub.mask {
