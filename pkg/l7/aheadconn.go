@@ -37,7 +37,16 @@ func newAheadConn(c net.Conn) *aheadConn {
 
 func (a *aheadConn) PeerDone() context.Context { return a.done }
 
-// readAhead reads a buffer at a time, waiting for the last to be taken.
+// Close closes the connection and lets the background reader go, even
+// with data nobody will read.
+func (a *aheadConn) Close() error {
+	err := a.Conn.Close()
+	notify(a.room)
+	return err
+}
+
+// readAhead reads a buffer at a time, waiting for the last to be taken (or
+// Close).
 func (a *aheadConn) readAhead() {
 	buf := make([]byte, 4<<10)
 	for {

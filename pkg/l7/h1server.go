@@ -222,20 +222,10 @@ func (c *h1Conn) refuse(status int, why string) {
 		line += ": " + why
 		body = line
 	}
+	// An HBONE stream closed after this still delivers it: the reset that
+	// may follow comes after END_STREAM, and the peer keeps what it got.
 	c.bw.WriteString("HTTP/1.1 " + line + "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n" + body)
-	if c.bw.Flush() == nil {
-		c.closeWriteAndWait()
-	}
-}
-
-// closeWriteAndWait ends our direction and gives the client a moment to
-// read what was written before the connection closes, so that a reset does
-// not destroy it (net/http waits the same 500 ms).
-func (c *h1Conn) closeWriteAndWait() {
-	if cw, ok := c.conn.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-		time.Sleep(500 * time.Millisecond)
-	}
+	_ = c.bw.Flush()
 }
 
 func leadingCRLF(b []byte) int {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -526,4 +527,26 @@ func TestH1Connection(t *testing.T) {
 			t.Fatalf("hijacker read %q", b)
 		}
 	})
+}
+
+// aheadConn's reader ends with the connection, also when what it read
+// ahead is never taken.
+func TestAheadConnCloseEndsReader(t *testing.T) {
+	before := runtime.NumGoroutine()
+	for range 20 {
+		a, b := net.Pipe()
+		ac := newAheadConn(a)
+		go b.Write([]byte("never read"))
+		<-ac.ready // read ahead, waiting to be taken
+		ac.ready <- struct{}{}
+		ac.Close()
+		b.Close()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left, %d before", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -122,6 +122,7 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 	pd, ok := conn.(peerDoner)
 	if !ok {
 		ac := newAheadConn(pc)
+		defer ac.Close()
 		h1, pd = ac, ac
 	}
 	serveH1(ctx, h1, pd.PeerDone(), h, h1Limits{

@@ -333,3 +333,24 @@ func TestCallerGoneCancelsUpstream(t *testing.T) {
 		c.Close()
 	}
 }
+
+// A request the waypoint refuses to read is answered before the tunnel
+// closes: the client gets the 400 whole over HBONE.
+func TestBadRequestAnsweredOverHBONE(t *testing.T) {
+	f := start(t)
+	c, err := f.tunnel(t, frontend, "127.0.74.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprint(c, "GET / HTTP/1.1\r\nBad Name: x\r\nHost: web.shop\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || err != nil || !strings.Contains(string(body), "invalid header name") {
+		t.Fatalf("%d %q %v", resp.StatusCode, body, err)
+	}
+}
