@@ -419,12 +419,9 @@ func (w *h1Response) writeContinue() {
 // to guess a length: a response without Content-Length is chunked, or
 // ends with the connection for HTTP/1.0).
 func (w *h1Response) WriteHeader(code int) {
-	if w.hijacked {
-		return
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.wroteHeader {
+	if w.wroteHeader || w.hijacked {
 		return
 	}
 	if code < 100 || code > 999 {
@@ -617,8 +614,8 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	w.mu.Lock()
 	w.canContinue = false
-	w.mu.Unlock()
 	w.hijacked = true
+	w.mu.Unlock()
 	c := w.c
 	c.gone.disarm()
 	if err := c.bw.Flush(); err != nil {
