@@ -40,8 +40,7 @@ func (x *exchange) forward(w *responseRecorder) {
 	}
 	removeHopByHop(resp.Header)
 	x.applyResponseHeaders(resp.Header)
-	h := w.Header()
-	maps.Copy(h, resp.Header) // the response's slices are fresh and go no further
+	h := w.takeHeader(resp.Header)
 	announced := len(resp.Trailer)
 	if announced > 0 {
 		h["Trailer"] = []string{strings.Join(slices.Sorted(maps.Keys(resp.Trailer)), ", ")}

@@ -97,7 +97,7 @@ func (c *h1Conn) serveOne() bool {
 	// In place: the body fills in req.Trailer, on the request it was read
 	// with.
 	*req = *req.WithContext(ctx)
-	w := &h1Response{c: c, req: req, hdr: make(http.Header), contentLength: -1,
+	w := &h1Response{c: c, req: req, contentLength: -1,
 		wants10KeepAlive: req.ProtoMajor == 1 && req.ProtoMinor == 0 && hasToken(req.Header.Get("Connection"), "keep-alive"),
 		wantsClose:       req.Close || hasToken(req.Header.Get("Connection"), "close"),
 	}
@@ -402,7 +402,24 @@ var (
 	_ http.Hijacker       = (*h1Response)(nil)
 )
 
-func (w *h1Response) Header() http.Header { return w.hdr }
+func (w *h1Response) Header() http.Header {
+	if w.hdr == nil {
+		w.hdr = make(http.Header)
+	}
+	return w.hdr
+}
+
+// takeHeader uses h as the response's header, made by nobody else (see
+// responseRecorder.takeHeader), when none was set yet.
+func (w *h1Response) takeHeader(h http.Header) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.hdr) > 0 || w.wroteHeader {
+		return false
+	}
+	w.hdr = h
+	return true
+}
 
 func (w *h1Response) writeContinue() {
 	w.mu.Lock()
@@ -445,6 +462,9 @@ func (w *h1Response) WriteHeader(code int) {
 	w.wroteHeader = true
 	w.canContinue = false
 	w.status = code
+	if w.hdr == nil {
+		w.hdr = make(http.Header)
+	}
 	h := w.hdr
 
 	for _, v := range h["Trailer"] {

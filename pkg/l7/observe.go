@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"sync"
@@ -224,6 +225,18 @@ func (w *responseRecorder) Flush() {
 }
 
 func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// takeHeader makes h, an upstream response's header used no further, the
+// response's: taken as it is when the writer has none yet and can (the
+// HTTP/1.1 server's), copied otherwise. It returns the response's header.
+func (w *responseRecorder) takeHeader(h http.Header) http.Header {
+	if t, ok := w.ResponseWriter.(interface{ takeHeader(http.Header) bool }); ok && t.takeHeader(h) {
+		return h
+	}
+	dst := w.Header()
+	maps.Copy(dst, h)
+	return dst
+}
 
 // countingBody counts the request body bytes read from the client.
 type countingBody struct {
