@@ -88,8 +88,12 @@ func requestHost(h string) string {
 	if h == "" {
 		return ""
 	}
-	if host, _, err := net.SplitHostPort(h); err == nil {
-		h = host
+	// Only a colon after the last ']' can start a port (SplitHostPort
+	// fails, and allocates its error, on every other Host).
+	if strings.LastIndexByte(h, ':') > strings.LastIndexByte(h, ']') {
+		if host, _, err := net.SplitHostPort(h); err == nil {
+			h = host
+		}
 	} else if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
 		h = h[1 : len(h)-1]
 	}

@@ -483,3 +483,27 @@ func TestDump(t *testing.T) {
 		t.Errorf("second rule match = %q", got)
 	}
 }
+
+// The host routes match: port, brackets, case and a trailing dot go.
+func TestRequestHost(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                "",
+		"example.com":     "example.com",
+		"Example.COM.":    "example.com",
+		"example.com:80":  "example.com",
+		"Example.com.:80": "example.com",
+		"10.0.0.1:8080":   "10.0.0.1",
+		"[::1]:80":        "::1",
+		"[::1]":           "::1",
+		"[FE80::1]:443":   "fe80::1",
+		"::1":             "::1",   // not a host:port: kept
+		"a:b:c":           "a:b:c", // likewise
+	} {
+		if got := requestHost(in); got != want {
+			t.Errorf("requestHost(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { requestHost("backend.bench") }); n != 0 {
+		t.Errorf("%v allocations for a host without a port", n)
+	}
+}
