@@ -523,7 +523,8 @@ func setIdentity(h http.Header, t *tunnel) {
 // applyPolicyHeaders applies an allow's request header changes, last, as
 // Envoy applies ext_authz's after its own forwarding headers. Hop-by-hop
 // names are skipped: they describe the upstream connection, which is the
-// proxy's.
+// proxy's. The values are shared, not copied: upstream header values are
+// never changed in place (outgoing).
 func applyPolicyHeaders(h http.Header, remove []string, set http.Header) {
 	for _, k := range remove {
 		h.Del(k)
@@ -531,7 +532,7 @@ func applyPolicyHeaders(h http.Header, remove []string, set http.Header) {
 	for k, vs := range set {
 		k = http.CanonicalHeaderKey(k)
 		if !isHopByHop(k) {
-			h[k] = append([]string(nil), vs...)
+			h[k] = vs
 		}
 	}
 }
