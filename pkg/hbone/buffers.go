@@ -49,6 +49,7 @@ type chunk struct {
 // the garbage collector, so a buffer is never reused while still referenced.
 type recvQueue struct {
 	chunks  []chunk
+	inline  [2]chunk // chunks' backing array while it holds no more
 	off     int // read offset into chunks[0]
 	size    int // bytes buffered
 	filling bool
@@ -60,6 +61,9 @@ type recvQueue struct {
 // taking a new chunk when the tail is full, and marks the queue as filling.
 func (q *recvQueue) fillRegion(max int) []byte {
 	if len(q.chunks) == 0 || q.chunks[len(q.chunks)-1].n == len(*q.chunks[len(q.chunks)-1].buf) {
+		if cap(q.chunks) == 0 {
+			q.chunks = q.inline[:0]
+		}
 		q.chunks = append(q.chunks, chunk{buf: recvChunkPool.Get().(*[]byte)})
 	}
 	t := &q.chunks[len(q.chunks)-1]
@@ -144,7 +148,7 @@ func (q *recvQueue) consume(n int) {
 		q.off = 0
 	}
 	if len(q.chunks) == 0 {
-		q.chunks = nil
+		q.chunks = q.inline[:0] // no allocation for the next chunk
 	}
 }
 
