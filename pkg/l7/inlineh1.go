@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -186,7 +187,7 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, e
 		h.release(c, stop, keep)
 		return resp, nil
 	}
-	resp.Body = &inlineBody{r: resp.Body, done: func(reuse bool) { h.release(c, stop, keep && reuse) }}
+	resp.Body = &inlineBody{r: resp.Body, h: h, c: c, stop: stop, keep: keep}
 	return resp, nil
 }
 
@@ -397,23 +398,33 @@ func (h *inlineH1) CloseIdleConnections() {
 	}
 }
 
-// inlineBody reports once how the response body ended: read to EOF (the
-// connection can be reused) or closed early or failed (it cannot).
+// inlineBody releases its connection once the response body ended: read
+// to EOF (the connection can be reused) or closed early or failed (it
+// cannot).
 type inlineBody struct {
-	r    io.ReadCloser
-	done func(reuse bool)
-	once sync.Once
+	r     io.ReadCloser
+	h     *inlineH1
+	c     *inlineConn
+	stop  func() bool // the exchange's context hook
+	keep  bool        // the connection may stay open
+	ended atomic.Bool
 }
 
 func (b *inlineBody) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	if err != nil {
-		b.once.Do(func() { b.done(err == io.EOF) })
+		b.end(err == io.EOF)
 	}
 	return n, err
 }
 
 func (b *inlineBody) Close() error {
-	b.once.Do(func() { b.done(false) })
+	b.end(false)
 	return nil
+}
+
+func (b *inlineBody) end(reuse bool) {
+	if b.ended.CompareAndSwap(false, true) {
+		b.h.release(b.c, b.stop, b.keep && reuse)
+	}
 }

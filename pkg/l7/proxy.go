@@ -94,6 +94,7 @@ type exchange struct {
 	mirrors      []mirrorShot
 	interimState
 
+	rw  responseRecorder // the caller's writer
 	rec record
 }
 
@@ -109,7 +110,8 @@ type exchangeKey struct{}
 // serveHTTP handles one request on a tunnel.
 func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel) {
 	x := &exchange{e: e, info: info, start: time.Now(), ctx: r.Context(), orig: r, rec: record{grpcCode: -1}}
-	rw := &responseRecorder{ResponseWriter: w}
+	x.rw.ResponseWriter = w
+	rw := &x.rw
 	completed := false
 	defer func() {
 		// A response that fails midway is aborted with http.ErrAbortHandler
