@@ -50,8 +50,8 @@ type chunk struct {
 type recvQueue struct {
 	chunks  []chunk
 	inline  [2]chunk // chunks' backing array while it holds no more
-	off     int // read offset into chunks[0]
-	size    int // bytes buffered
+	off     int      // read offset into chunks[0]
+	size    int      // bytes buffered
 	filling bool
 	reading bool
 	dead    bool // released: nothing more is accepted
