@@ -26,8 +26,9 @@ import (
 // http.Transport hands each exchange to a writer and a reader goroutine per
 // connection, which cost the waypoint about a sixth of its CPU per request
 // (bench/README.md, "Waypoint"); it keeps the other requests, and its own
-// connections. Parsing and serialization are net/http's own
-// (Request.Write, ReadResponse).
+// connections. Responses are parsed by net/http (ReadResponse); request
+// heads are written by writeHead, byte for byte as Request.Write writes
+// them.
 type inlineH1 struct {
 	dial        func(context.Context) (net.Conn, error)
 	idleTimeout time.Duration
@@ -55,6 +56,7 @@ type inlineConn struct {
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
+	interrupt func() // ends what is blocked on nc; made once, run per exchange's context
 }
 
 // budgetReader reads from r while budget lasts; a negative budget is
@@ -105,6 +107,7 @@ func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, err
 			}
 			c = &inlineConn{nc: nc}
+			c.interrupt = func() { nc.SetDeadline(time.Unix(1, 0)) }
 			c.lim.r = nc
 			c.br = bufio.NewReader(&c.lim)
 			c.bw = bufio.NewWriter(nc)
@@ -143,7 +146,7 @@ func replayable(req *http.Request) bool {
 // context ending interrupts c until the body is done.
 func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
-	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
 		stop()
 		if ctxErr := ctx.Err(); ctxErr != nil {
