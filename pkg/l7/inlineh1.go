@@ -231,12 +231,12 @@ func writeHead(w *bufio.Writer, req *http.Request) error {
 	if vv, ok := req.Header["User-Agent"]; ok {
 		ua = ""
 		if len(vv) > 0 {
-			ua = textproto.TrimString(vv[0])
+			ua = vv[0]
 		}
 	}
-	if ua != "" {
+	if ua != "" { // tested before trimming, as Request.Write does
 		w.WriteString("User-Agent: ")
-		w.WriteString(ua)
+		w.WriteString(textproto.TrimString(ua))
 		w.WriteString("\r\n")
 	}
 	if req.Close && !hasToken(req.Header.Get("Connection"), "close") {
