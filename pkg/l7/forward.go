@@ -78,13 +78,7 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	}
 	// dropConnectionOptions removed what the client's Connection named; a
 	// route filter may have named more.
-	for _, v := range in["Connection"] {
-		for tok := range strings.SplitSeq(v, ",") {
-			if tok = strings.TrimSpace(tok); tok != "" {
-				h.Del(tok)
-			}
-		}
-	}
+	deleteConnectionNamed(h, in["Connection"])
 	// Tell the upstream trailers are welcome when the caller said so
 	// (ReverseProxy does the same).
 	if httpguts.HeaderValuesContainsToken(in["Te"], "trailers") {

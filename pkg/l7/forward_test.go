@@ -3,7 +3,6 @@ package l7
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -212,12 +211,7 @@ func TestForwardResponses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer resp.Body.Close()
-			var e echo
-			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
-				t.Fatal(err)
-			}
-			return e
+			return readResult(t, resp).echo
 		}
 		e := send("/plain", "Te: trailers, deflate\r\n")
 		if ua, ok := e.Header["User-Agent"]; ok {

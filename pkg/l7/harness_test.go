@@ -310,10 +310,16 @@ func do(t *testing.T, c *http.Client, method, target string, body []byte, hdr ma
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, target, err)
 	}
+	return readResult(t, resp)
+}
+
+// readResult reads resp whole, with what the backend echoed when it did.
+func readResult(t *testing.T, resp *http.Response) result {
+	t.Helper()
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: reading body: %v", method, target, err)
+		t.Fatalf("reading the body: %v", err)
 	}
 	res := result{status: resp.StatusCode, header: resp.Header, body: b}
 	if resp.Header.Get("Content-Type") == "application/json" {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -246,26 +245,18 @@ func writeHead(w *bufio.Writer, req *http.Request) error {
 	case http.MethodPost, http.MethodPut, http.MethodPatch:
 		w.WriteString("Content-Length: 0\r\n") // as Request.Write: servers expect one
 	}
-	var buf [32]string
-	keys := buf[:0]
-	for k := range req.Header {
-		switch k {
-		case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
-		default:
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		for _, v := range req.Header[k] {
-			w.WriteString(k)
-			w.WriteString(": ")
-			w.WriteString(textproto.TrimString(v))
-			w.WriteString("\r\n")
-		}
-	}
+	writeFields(w, req.Header, writtenAbove)
 	_, err = w.WriteString("\r\n")
 	return err
+}
+
+// writtenAbove: the fields writeHead writes itself, or not at all.
+func writtenAbove(k string) bool {
+	switch k {
+	case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+		return true
+	}
+	return false
 }
 
 func containsCTL(s string) bool {

@@ -1013,14 +1013,20 @@ var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-A
 func isHopByHop(k string) bool { return slices.Contains(hopByHop, k) }
 
 func removeHopByHop(h http.Header) {
-	for _, f := range h["Connection"] {
-		for sf := range strings.SplitSeq(f, ",") {
-			if sf = strings.TrimSpace(sf); sf != "" {
-				h.Del(sf)
-			}
-		}
-	}
+	deleteConnectionNamed(h, h["Connection"])
 	for _, k := range hopByHop {
 		delete(h, k) // canonical already
+	}
+}
+
+// deleteConnectionNamed deletes from h the fields that the Connection
+// header values conn name.
+func deleteConnectionNamed(h http.Header, conn []string) {
+	for _, v := range conn {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				h.Del(tok)
+			}
+		}
 	}
 }

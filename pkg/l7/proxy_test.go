@@ -3,7 +3,6 @@ package l7
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -97,11 +96,7 @@ func TestTrailersCannotClaimIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var e echo
-	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
-		t.Fatal(err)
-	}
+	e := readResult(t, resp).echo
 	if e.Body != "data" || e.Trailer.Get("X-Checksum") != "abc" {
 		t.Fatalf("body %q trailer %v", e.Body, e.Trailer)
 	}
