@@ -167,7 +167,7 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 		peek, _ := c.br.Peek(4)
 		_, _ = c.br.Discard(leadingCRLF(peek))
 	}
-	req, err := http.ReadRequest(c.br)
+	req, plain, err := c.nextRequest()
 	if err != nil {
 		switch {
 		case c.lr.n <= 0:
@@ -194,20 +194,32 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 	if !httpguts.ValidHostHeader(req.Host) {
 		return nil, http.StatusBadRequest, "malformed Host header"
 	}
-	for k, vv := range req.Header {
-		if !httpguts.ValidHeaderFieldName(k) {
+	if !plain { // plainRequest took only valid names and values
+		switch _, name, bad := invalidField(req.Header); {
+		case bad && name:
 			return nil, http.StatusBadRequest, "invalid header name"
-		}
-		for _, v := range vv {
-			if !httpguts.ValidHeaderFieldValue(v) {
-				return nil, http.StatusBadRequest, "invalid header value"
-			}
+		case bad:
+			return nil, http.StatusBadRequest, "invalid header value"
 		}
 	}
 	if req.ProtoAtLeast(1, 1) && req.Host == "" && req.Method != http.MethodConnect {
 		return nil, http.StatusBadRequest, "missing required Host header"
 	}
 	return req, 0, ""
+}
+
+// nextRequest reads the next request head: plainRequest's when it is
+// plain and came whole, else net/http's.
+func (c *h1Conn) nextRequest() (req *http.Request, plain bool, err error) {
+	if _, err := c.br.Peek(1); err != nil {
+		return nil, false, err // as http.ReadRequest returns it
+	}
+	if req, n := plainRequest(buffered(c.br)); req != nil {
+		_, _ = c.br.Discard(n)
+		return req, true, nil
+	}
+	req, err = http.ReadRequest(c.br)
+	return req, false, err
 }
 
 // refuse answers a request that is not served and ends the connection,

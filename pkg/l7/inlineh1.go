@@ -25,9 +25,9 @@ import (
 // http.Transport hands each exchange to a writer and a reader goroutine per
 // connection, which cost the waypoint about a sixth of its CPU per request
 // (bench/README.md, "Waypoint"); it keeps the other requests, and its own
-// connections. Responses are parsed by net/http (ReadResponse); request
-// heads are written by writeHead, byte for byte as Request.Write writes
-// them.
+// connections. Responses are parsed by net/http (ReadResponse) unless
+// plainResponse takes them; request heads are written by writeHead, byte
+// for byte as Request.Write writes them.
 type inlineH1 struct {
 	dial        func(context.Context) (net.Conn, error)
 	idleTimeout time.Duration
@@ -165,6 +165,11 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, e
 	}
 	var resp *http.Response
 	for n := 0; ; n++ {
+		var size int
+		if resp, size = plainResponse(buffered(c.br), c.br, req); resp != nil {
+			_, _ = c.br.Discard(size)
+			break // a final response
+		}
 		var err error
 		if resp, err = http.ReadResponse(c.br, req); err != nil {
 			return fail(fmt.Errorf("reading the response: %w", err))
@@ -304,17 +309,29 @@ func removeZone(host string) string {
 // and values that are not valid HTTP (Request.Write would silently drop or
 // rewrite them; filters and policy results add headers).
 func validHeaders(h http.Header) error {
+	switch k, name, bad := invalidField(h); {
+	case bad && name:
+		return fmt.Errorf("invalid header field name %q", k)
+	case bad:
+		return fmt.Errorf("invalid header field value for %q", k)
+	}
+	return nil
+}
+
+// invalidField finds a field of h whose name (name true) or one of whose
+// values is not valid HTTP.
+func invalidField(h http.Header) (key string, name, bad bool) {
 	for k, vv := range h {
 		if !httpguts.ValidHeaderFieldName(k) {
-			return fmt.Errorf("invalid header field name %q", k)
+			return k, true, true
 		}
 		for _, v := range vv {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return fmt.Errorf("invalid header field value for %q", k)
+				return k, false, true
 			}
 		}
 	}
-	return nil
+	return "", false, false
 }
 
 // release ends an exchange on c: back to the idle list when the response

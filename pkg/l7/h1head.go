@@ -1,0 +1,230 @@
+package l7
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// Fast paths for the common HTTP/1.1 message head. A head that is whole in
+// the read buffer and plain — CRLF line ends, no folded lines, token field
+// names, valid values, no Pragma (which net/http rewrites), no Trailer, no
+// Transfer-Encoding; on a request no CONNECT, a path target and no
+// Content-Length; on a response a final status and one Content-Length —
+// is turned here into the very request or response net/http builds from
+// it, with one string holding all its names and values instead of one per
+// value, and without net/http's line reader. Any other head goes to
+// http.ReadRequest or http.ReadResponse, from the same unread bytes, so
+// what is refused and how is net/http's. FuzzPlainHead holds both paths to
+// the same result.
+
+// maxPlainFields bounds the fields a plain head may have; more go to
+// net/http.
+const maxPlainFields = 64
+
+var endOfHead = []byte("\r\n\r\n")
+
+// plainHead parses the head at the start of buf: its start line and
+// fields, and its length through the blank line. h is nil when the head
+// is not whole in buf or not plain.
+func plainHead(buf []byte) (line string, h http.Header, n int) {
+	end := bytes.Index(buf, endOfHead)
+	if end < 0 {
+		return "", nil, 0
+	}
+	head := string(buf[:end+2]) // every line with its CRLF
+	line, rest, _ := strings.Cut(head, "\r\n")
+	fields := strings.Count(rest, "\r\n")
+	if fields > maxPlainFields {
+		return "", nil, 0
+	}
+	h = make(http.Header, fields)
+	values := make([]string, fields) // one backing array: most fields have one value
+	for rest != "" {
+		field, more, _ := strings.Cut(rest, "\r\n")
+		rest = more
+		name, value, ok := strings.Cut(field, ":")
+		// A name must be a token: this also refuses a folded line (it
+		// starts with a space or tab) and a space before the colon.
+		if !ok || !httpguts.ValidHeaderFieldName(name) || !plainValue(value) {
+			return "", nil, 0
+		}
+		value = strings.Trim(value, " \t")
+		name = canonicalKey(name)
+		if vv := h[name]; vv != nil {
+			h[name] = append(vv, value)
+			continue
+		}
+		values[0] = value
+		h[name], values = values[:1:1], values[1:]
+	}
+	return line, h, end + 4
+}
+
+// plainValue: every byte of v is one net/http accepts in a field value
+// (no control characters but tab; so no CR or LF either).
+func plainValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// canonicalKey is textproto.CanonicalMIMEHeaderKey for a token, which most
+// names already are as sent: then it returns name itself.
+func canonicalKey(name string) string {
+	upper := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			return http.CanonicalHeaderKey(name)
+		}
+		upper = c == '-'
+	}
+	return name
+}
+
+// buffered is what r holds, unread.
+func buffered(r *bufio.Reader) []byte {
+	b, _ := r.Peek(r.Buffered())
+	return b
+}
+
+// plainRequest parses the request at the start of buf as http.ReadRequest
+// would, if its head is plain and whole in buf; it returns the request and
+// the length of its head, or nil.
+func plainRequest(buf []byte) (*http.Request, int) {
+	line, h, n := plainHead(buf)
+	if h == nil {
+		return nil, 0
+	}
+	method, rest, ok1 := strings.Cut(line, " ")
+	target, proto, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 || method == http.MethodConnect || !httpguts.ValidHeaderFieldName(method) ||
+		!strings.HasPrefix(target, "/") {
+		return nil, 0
+	}
+	minor := httpMinor(proto)
+	if minor < 0 {
+		return nil, 0
+	}
+	if len(h["Host"]) > 1 || has(h, "Content-Length") || has(h, "Transfer-Encoding") || has(h, "Trailer") || has(h, "Pragma") {
+		return nil, 0
+	}
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return nil, 0
+	}
+	req := &http.Request{
+		Method: method, URL: u, Proto: proto, ProtoMajor: 1, ProtoMinor: minor,
+		Header: h, Body: http.NoBody, RequestURI: target,
+		Close: closes(minor, h),
+	}
+	if hosts := h["Host"]; len(hosts) > 0 {
+		req.Host = hosts[0]
+		delete(h, "Host") // as http.ReadRequest does
+	}
+	return req, n
+}
+
+// plainResponse parses the response to req at the start of buf as
+// http.ReadResponse would, if its head is plain and whole in buf, its
+// status is final (not 1xx), it has a body (not to HEAD, not 204 or 304)
+// and one Content-Length bounds it. The body reads from r, where buf's
+// bytes are buffered.
+func plainResponse(buf []byte, r io.Reader, req *http.Request) (*http.Response, int) {
+	line, h, n := plainHead(buf)
+	if h == nil || req.Method == http.MethodHead {
+		return nil, 0
+	}
+	proto, status, _ := strings.Cut(line, " ")
+	status = strings.TrimLeft(status, " ")
+	if proto != "HTTP/1.1" || !plainValue(status) || len(status) > 3 && status[3] != ' ' {
+		return nil, 0
+	}
+	code, err := strconv.Atoi(status[:min(3, len(status))])
+	if err != nil || code < 200 || code > 999 || code == http.StatusNoContent || code == http.StatusNotModified {
+		return nil, 0
+	}
+	if len(h["Content-Length"]) != 1 || has(h, "Transfer-Encoding") || has(h, "Trailer") || has(h, "Pragma") {
+		return nil, 0
+	}
+	length, err := strconv.ParseUint(h["Content-Length"][0], 10, 63)
+	if err != nil {
+		return nil, 0
+	}
+	resp := &http.Response{
+		Status: status, StatusCode: code, Proto: proto, ProtoMajor: 1, ProtoMinor: 1,
+		Header: h, Body: http.NoBody, ContentLength: int64(length), Request: req,
+	}
+	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
+		resp.Close = true
+		delete(h, "Connection") // as net/http does for a response
+	}
+	if length > 0 {
+		resp.Body = &lengthBody{r: r, n: int64(length)}
+	}
+	return resp, n
+}
+
+// httpMinor is the minor version of HTTP/1.1 or HTTP/1.0, else -1.
+func httpMinor(proto string) int {
+	switch proto {
+	case "HTTP/1.1":
+		return 1
+	case "HTTP/1.0":
+		return 0
+	}
+	return -1
+}
+
+// closes: the request asks to end the connection after it, as net/http
+// reads its Connection field.
+func closes(minor int, h http.Header) bool {
+	closing := httpguts.HeaderValuesContainsToken(h["Connection"], "close")
+	if minor == 0 {
+		return closing || !httpguts.HeaderValuesContainsToken(h["Connection"], "keep-alive")
+	}
+	return closing
+}
+
+func has(h http.Header, key string) bool {
+	_, ok := h[key]
+	return ok
+}
+
+// lengthBody is a body of n bytes read from r, ending as net/http's ends:
+// io.EOF with its last bytes, io.ErrUnexpectedEOF when r ends first.
+type lengthBody struct {
+	r io.Reader
+	n int64
+}
+
+func (b *lengthBody) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.r.Read(p)
+	b.n -= int64(n)
+	switch {
+	case b.n == 0:
+		return n, io.EOF
+	case err == io.EOF:
+		return n, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// Close does nothing: whoever closes a body early closes its connection.
+func (b *lengthBody) Close() error { return nil }

@@ -1,0 +1,131 @@
+package l7
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"reflect"
+	"slices"
+	"testing"
+)
+
+// Heads the fast path must take: if it declined them, the fuzz test below
+// would hold nothing.
+var plainRequests = []string{
+	"GET /bench/item HTTP/1.1\r\nHost: backend.bench\r\nUser-Agent: causeway-bench/1\r\nAccept: */*\r\n\r\n",
+	"GET /a/b?x=1&y=%20 HTTP/1.1\r\nhost: a:80\r\nx-lower: 1\r\nX-Multi: 1\r\nX-Multi:2\r\nX-Empty:\r\nX-Pad: \t v \t\r\n\r\n",
+	"DELETE /%41%2F HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+	"GET / HTTP/1.0\r\n\r\n",
+	"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\nGET /next HTTP/1.1\r\n",
+	"OPTIONS /x HTTP/1.1\r\nHost: a\r\nX: caf\xc3\xa9\r\n\r\n",
+	"GET / HTTP/1.1\r\n\r\n",
+	"GET / HTTP/1.1\r\nHost: \r\n\r\n",
+}
+
+var plainResponses = []string{
+	"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
+	"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nX: 1\r\nx: 2\r\n\r\n",
+	"HTTP/1.1 200\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+	"HTTP/1.1   503 Service Unavailable\r\nContent-Length:  2 \r\n\r\nno",
+	"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+}
+
+// Heads it must leave to net/http (some net/http refuses, some it accepts).
+var unplainHeads = []string{
+	"GET / HTTP/1.1\r\nHost: a\r\n",                                 // not whole
+	"GET / HTTP/1.1\nHost: a\n\n",                                   // bare LF
+	"GET / HTTP/1.1\r\nHost: a\r\nX: y\r\n folded\r\n\r\n",          // obs-fold
+	"GET / HTTP/1.1\r\nX : y\r\n\r\n",                               // space before colon
+	"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",                  // two hosts
+	"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi",     // request body
+	"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", // chunked
+	"GET / HTTP/1.1\r\nPragma: no-cache\r\n\r\n",                    // rewritten by net/http
+	"GET / HTTP/1.1\r\nTrailer: X\r\n\r\n",
+	"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n",
+	"GET http://a/ HTTP/1.1\r\nHost: b\r\n\r\n",
+	"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+	"GET / HTTP/2.0\r\nHost: a\r\n\r\n",
+	"GET /%zz HTTP/1.1\r\nHost: a\r\n\r\n",
+	"HTTP/1.1 100 Continue\r\n\r\n",
+	"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\n\r\nunbounded",
+	"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\na",
+	"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+	"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\na",
+	"HTTP/1.1 200\tOK\r\nContent-Length: 1\r\n\r\na",
+	"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
+}
+
+func TestPlainHeadTakesCommonHeads(t *testing.T) {
+	for _, s := range plainRequests {
+		if req, _ := plainRequest([]byte(s)); req == nil {
+			t.Errorf("plainRequest declined %q", s)
+		}
+	}
+	for _, s := range plainResponses {
+		if resp, _ := plainResponse([]byte(s), nil, &http.Request{Method: http.MethodGet}); resp == nil {
+			t.Errorf("plainResponse declined %q", s)
+		}
+	}
+	for _, s := range unplainHeads {
+		if req, _ := plainRequest([]byte(s)); req != nil {
+			t.Errorf("plainRequest took %q", s)
+		}
+		if resp, _ := plainResponse([]byte(s), nil, &http.Request{Method: http.MethodGet}); resp != nil {
+			t.Errorf("plainResponse took %q", s)
+		}
+	}
+	if resp, _ := plainResponse([]byte(plainResponses[0]), nil, &http.Request{Method: http.MethodHead}); resp != nil {
+		t.Error("plainResponse took the response to a HEAD request")
+	}
+}
+
+// FuzzPlainHead checks that whatever head the fast paths take, net/http
+// parses to the same request or response (and body), with the same length.
+func FuzzPlainHead(f *testing.F) {
+	for _, s := range slices.Concat(plainRequests, plainResponses, unplainHeads) {
+		f.Add([]byte(s), false)
+	}
+	f.Add([]byte(plainResponses[0]), true)
+	f.Fuzz(func(t *testing.T, data []byte, head bool) {
+		if req, n := plainRequest(data); req != nil {
+			br := bufio.NewReaderSize(bytes.NewReader(data), len(data)+16)
+			want, err := http.ReadRequest(br)
+			if err != nil {
+				t.Fatalf("plainRequest took %q; http.ReadRequest: %v", data, err)
+			}
+			if !reflect.DeepEqual(req, want) {
+				t.Fatalf("requests differ for %q:\nplain    %+v\nnet/http %+v", data, req, want)
+			}
+			if read := len(data) - br.Buffered(); read != n {
+				t.Fatalf("plainRequest's head of %q is %d bytes, http.ReadRequest read %d", data, n, read)
+			}
+		}
+		req := &http.Request{Method: http.MethodGet}
+		if head {
+			req.Method = http.MethodHead
+		}
+		br := bufio.NewReaderSize(bytes.NewReader(data), len(data)+16)
+		_, _ = br.Peek(len(data))
+		resp, n := plainResponse(buffered(br), br, req)
+		if resp == nil {
+			return
+		}
+		_, _ = br.Discard(n)
+		want, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(data)), req)
+		if err != nil {
+			t.Fatalf("plainResponse took %q; http.ReadResponse: %v", data, err)
+		}
+		gotBody, gotErr := io.ReadAll(resp.Body)
+		wantBody, wantErr := io.ReadAll(want.Body)
+		if !bytes.Equal(gotBody, wantBody) || gotErr != wantErr {
+			t.Fatalf("bodies of %q differ: plain %q (%v), net/http %q (%v)", data, gotBody, gotErr, wantBody, wantErr)
+		}
+		resp.Body, want.Body = nil, nil
+		if !reflect.DeepEqual(resp, want) {
+			t.Fatalf("responses differ for %q:\nplain    %+v\nnet/http %+v", data, resp, want)
+		}
+	})
+}
