@@ -129,3 +129,51 @@ func FuzzPlainHead(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkHead compares the fast paths with net/http on the benchmark's
+// request (bench/waypoint) and a typical response to it.
+func BenchmarkHead(b *testing.B) {
+	reqHead := []byte(plainRequests[0])
+	respHead := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nDate: Mon, 30 Nov 2026 04:00:00 GMT\r\nContent-Length: 5\r\n\r\nhello")
+	get := &http.Request{Method: http.MethodGet}
+	b.Run("request/plain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if req, _ := plainRequest(reqHead); req == nil {
+				b.Fatal("declined")
+			}
+		}
+	})
+	b.Run("request/net-http", func(b *testing.B) {
+		b.ReportAllocs()
+		r := bytes.NewReader(reqHead)
+		br := bufio.NewReader(r)
+		for b.Loop() {
+			r.Reset(reqHead)
+			br.Reset(r)
+			if _, err := http.ReadRequest(br); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("response/plain", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if resp, _ := plainResponse(respHead, nil, get); resp == nil {
+				b.Fatal("declined")
+			}
+		}
+	})
+	b.Run("response/net-http", func(b *testing.B) {
+		b.ReportAllocs()
+		r := bytes.NewReader(respHead)
+		br := bufio.NewReader(r)
+		for b.Loop() {
+			r.Reset(respHead)
+			br.Reset(r)
+			if _, err := http.ReadResponse(br, get); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
