@@ -33,6 +33,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -253,7 +254,7 @@ func main() {
 	flag.IntVar(&o.conns, "conns", 32, "concurrent client connections (closed loop, keep-alive)")
 	flag.DurationVar(&o.warmup, "warmup", time.Second, "load before each measured window")
 	flag.DurationVar(&o.window, "duration", 5*time.Second, "measured window per run")
-	flag.IntVar(&o.rounds, "rounds", 2, "rounds (waypoint, nginx, direct each); the best run of each is reported")
+	flag.IntVar(&o.rounds, "rounds", 2, "rounds (waypoint, nginx, direct each); the best run of each is reported, and the median of the rounds' waypoint/nginx ratios")
 	flag.IntVar(&o.nginxWorkers, "nginx-workers", 0, "nginx worker_processes (default: the number of CPUs, as the waypoint's GOMAXPROCS)")
 	flag.IntVar(&o.policyN, "policy-decisions", 20000, "decisions timed in-process for the policy cost")
 	flag.BoolVar(&o.skipDirect, "skip-direct", false, "skip the reference run straight to the backend")
@@ -433,9 +434,14 @@ func run(o options) error {
 		rig time.Duration // this process's: load generator and backend
 	}
 	results := map[string]best{}
+	// Each round's waypoint/nginx ratios: the two ran back to back, so a
+	// round's ratio is less at the mercy of a noisy host than the ratio of
+	// the best runs, which may come from different rounds.
+	var roundRPS, roundCPU []float64
 	wantProfile := o.profile != ""
 	var profiling chan error // the waypoint's CPU profile being taken
 	for range o.rounds {
+		round := map[string]best{}
 		for _, t := range targets {
 			var cpu0, cpu1, rig0, rig1 time.Duration
 			res, err := runLoad(ctx, t.dial, o.conns, o.warmup, o.window, func(start bool) error {
@@ -473,10 +479,15 @@ func run(o options) error {
 			if res.errors > res.requests/1000 {
 				return fail(fmt.Errorf("%s: %d errors for %d requests, first: %v", t.name, res.errors, res.requests, res.firstErr))
 			}
+			b := best{res: res, cpu: cpu1 - cpu0, rig: rig1 - rig0}
+			round[t.name] = b
 			if prev, ok := results[t.name]; !ok || res.rps() > prev.res.rps() {
-				results[t.name] = best{res: res, cpu: cpu1 - cpu0, rig: rig1 - rig0}
+				results[t.name] = b
 			}
 		}
+		wp, nx := round["waypoint"], round["nginx"]
+		roundRPS = append(roundRPS, wp.res.rps()/nx.res.rps())
+		roundCPU = append(roundCPU, cpuPerReq(wp.cpu, wp.res)/cpuPerReq(nx.cpu, nx.res))
 		select {
 		case died := <-mesh.Died:
 			return fail(fmt.Errorf("a mesh process died: %s", died))
@@ -485,13 +496,15 @@ func run(o options) error {
 	}
 
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	usPerReq := func(b best) float64 { return float64(b.cpu.Microseconds()) / float64(b.res.requests) }
+	usPerReq := func(b best) float64 { return cpuPerReq(b.cpu, b.res) }
 	rigPerReq := func(b best) float64 { return float64(b.rig.Microseconds()) / float64(b.res.requests) }
 	wp, nx := results["waypoint"], results["nginx"]
 	benchmesh.Report("waypoint_conns", float64(o.conns), "conns")
 	benchmesh.Report("waypoint_rps", wp.res.rps(), "req/s")
 	benchmesh.Report("nginx_rps", nx.res.rps(), "req/s")
 	benchmesh.Report("waypoint_rps_ratio", wp.res.rps()/nx.res.rps(), "x")
+	benchmesh.Report("waypoint_rps_ratio_round_median", median(roundRPS), "x")
+	benchmesh.Report("waypoint_cpu_per_req_ratio_round_median", median(roundCPU), "x")
 	benchmesh.Report("waypoint_p50_ms", ms(wp.res.percentile(0.50)), "ms")
 	benchmesh.Report("waypoint_p99_ms", ms(wp.res.percentile(0.99)), "ms")
 	benchmesh.Report("nginx_p50_ms", ms(nx.res.percentile(0.50)), "ms")
@@ -620,4 +633,19 @@ func scrapeCounter(url, name string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s: no %s", url, name)
+}
+
+// cpuPerReq is cpu in microseconds per request of res.
+func cpuPerReq(cpu time.Duration, res loadResult) float64 {
+	return float64(cpu.Microseconds()) / float64(res.requests)
+}
+
+// median of xs (the mean of the middle two for an even count).
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -25,6 +26,25 @@ func TestPercentile(t *testing.T) {
 	}
 	if got := r.percentile(1); got != 100*time.Millisecond {
 		t.Fatalf("p100 of 1..100 ms = %v", got)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{0.9, 0.5, 0.7}, 0.7},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		in := slices.Clone(c.in)
+		if got := median(in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+		if !slices.Equal(in, c.in) {
+			t.Errorf("median reordered its input: %v", in)
+		}
 	}
 }
 
