@@ -25,12 +25,12 @@ import (
 // net/http's own parser (http.ReadRequest), or by plainRequest into the
 // same request when the head is plain (h1head.go), and checked as
 // net/http's server checks them (one valid Host, valid field names and
-// values, Expect, the header size limit); the rest is ours: the response's framing, keep-alive
-// and noticing a client that went away. That spares each request the
-// server's goroutine and read-ahead, its context plumbing and its copies of
-// the response header (pkg/l7/DESIGN-NOTE.md has the measurements).
-// FuzzServeH1 holds it to net/http's server on what reaches the handler and
-// what is refused.
+// values, Expect, the header size limit); the rest is ours: the
+// response's framing, keep-alive and noticing a client that went away.
+// That spares each request the server's goroutine and read-ahead, its
+// context plumbing and its copies of the response header
+// (pkg/l7/DESIGN-NOTE.md has the measurements). FuzzServeH1 holds it to
+// net/http's server on what reaches the handler and what is refused.
 
 // h1Limits are the server's bounds (Options).
 type h1Limits struct {
