@@ -260,15 +260,10 @@ func (c *decisionCache) key(input policyInput) (string, bool) {
 	b.Grow(64 * len(c.paths))
 	for _, p := range c.paths {
 		v, found := input.find(p)
-		switch s, isString := v.(ast.String); {
+		switch {
 		case !found:
 			b.WriteByte(1)
-		case isString:
-			b.WriteByte('s')
-			b.WriteString(strconv.Itoa(len(s)))
-			b.WriteByte(':')
-			b.WriteString(string(s))
-		default:
+		case !appendKeyStrings(&b, v):
 			b.WriteByte('v')
 			b.WriteString(v.String())
 		}
@@ -278,6 +273,37 @@ func (c *decisionCache) key(input policyInput) (string, bool) {
 		}
 	}
 	return b.String(), true
+}
+
+// appendKeyStrings appends a string, or an array of strings (a parsed
+// path), each with its length, and reports whether v was one; other values
+// go in as their OPA text, after a different tag.
+func appendKeyStrings(b *strings.Builder, v ast.Value) bool {
+	appendString := func(s ast.String) {
+		b.WriteByte('s')
+		b.WriteString(strconv.Itoa(len(s)))
+		b.WriteByte(':')
+		b.WriteString(string(s))
+	}
+	switch v := v.(type) {
+	case ast.String:
+		appendString(v)
+		return true
+	case *ast.Array:
+		for i := range v.Len() {
+			if _, ok := v.Elem(i).Value.(ast.String); !ok {
+				return false
+			}
+		}
+		b.WriteByte('a')
+		b.WriteString(strconv.Itoa(v.Len()))
+		b.WriteByte(':')
+		for i := range v.Len() {
+			appendString(v.Elem(i).Value.(ast.String))
+		}
+		return true
+	}
+	return false
 }
 
 func (c *decisionCache) slot(key string) *atomic.Pointer[cachedResult] {

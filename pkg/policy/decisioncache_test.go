@@ -187,6 +187,18 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 		`{"a": "x\u0000y"}`,
 		`{"a": "x", "b": "y"}`,
 		`{"a": "x\u0000\"y\"", "b": ""}`,
+		`{"a": []}`,
+		`{"a": [""]}`,
+		`{"a": ["", ""]}`,
+		`{"a": ["x"]}`,
+		`{"a": ["x", "y"]}`,
+		`{"a": ["xy"]}`,
+		`{"a": ["x", 1]}`,
+		`{"a": ["x"], "b": ["y"]}`,
+		`{"a": ["x", "y"], "b": []}`,
+		`{"a": [["x"]]}`,
+		`{"a": ["x", "s:y"]}`,
+		`{"a": ["xs:", "y"]}`,
 	}
 	seen := map[string]string{}
 	for _, src := range distinct {
