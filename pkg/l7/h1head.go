@@ -151,7 +151,7 @@ func plainResponse(buf []byte, r io.Reader, req *http.Request) (*http.Response, 
 		return nil, 0
 	}
 	code, err := strconv.Atoi(status[:min(3, len(status))])
-	if err != nil || code < 200 || code > 999 || code == http.StatusNoContent || code == http.StatusNotModified {
+	if err != nil || code < 200 || code == http.StatusNoContent || code == http.StatusNotModified {
 		return nil, 0
 	}
 	if len(h["Content-Length"]) != 1 || has(h, "Transfer-Encoding") || has(h, "Trailer") || has(h, "Pragma") {
