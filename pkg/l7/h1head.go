@@ -170,7 +170,7 @@ func plainResponse(buf []byte, r io.Reader, req *http.Request) (*http.Response, 
 		delete(h, "Connection") // as net/http does for a response
 	}
 	if length > 0 {
-		resp.Body = &lengthBody{r: r, n: int64(length)}
+		resp.Body = &lengthBody{io.LimitedReader{R: r, N: int64(length)}}
 	}
 	return resp, n
 }
@@ -201,24 +201,14 @@ func has(h http.Header, key string) bool {
 	return ok
 }
 
-// lengthBody is a body of n bytes read from r, ending as net/http's ends:
-// io.EOF with its last bytes, io.ErrUnexpectedEOF when r ends first.
-type lengthBody struct {
-	r io.Reader
-	n int64
-}
+// lengthBody is a body of N bytes read from R, ending as net/http's ends:
+// io.EOF with its last bytes, io.ErrUnexpectedEOF when R ends first.
+type lengthBody struct{ io.LimitedReader }
 
 func (b *lengthBody) Read(p []byte) (int, error) {
-	if b.n <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > b.n {
-		p = p[:b.n]
-	}
-	n, err := b.r.Read(p)
-	b.n -= int64(n)
+	n, err := b.LimitedReader.Read(p)
 	switch {
-	case b.n == 0:
+	case b.N == 0:
 		return n, io.EOF
 	case err == io.EOF:
 		return n, io.ErrUnexpectedEOF

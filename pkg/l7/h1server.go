@@ -47,7 +47,7 @@ type h1Conn struct {
 	limits  h1Limits
 	log     *zap.Logger
 
-	lr    limitReader
+	lr    io.LimitedReader // bounds a request head: net/http's allowance, MaxHeaderBytes plus 4 KiB
 	br    *bufio.Reader
 	bw    *bufio.Writer
 	timer *time.Timer // the header and idle timeouts: closes conn
@@ -63,7 +63,7 @@ type h1Conn struct {
 // aheadConn for other connections).
 func serveH1(ctx context.Context, conn net.Conn, peerDone context.Context, h http.Handler, limits h1Limits, log *zap.Logger) {
 	c := &h1Conn{conn: conn, ctx: ctx, handler: h, limits: limits, log: log}
-	c.lr.r = conn
+	c.lr.R = conn
 	c.br = bufio.NewReaderSize(&c.lr, 4<<10)
 	c.bw = bufio.NewWriterSize(conn, 4<<10)
 	stop := context.AfterFunc(peerDone, c.gone.peerEnded)
@@ -163,7 +163,7 @@ func serverOptions(w http.ResponseWriter, r *http.Request) {
 // readRequest reads the next request head. A nil request with status 0
 // means the connection ended or timed out (nothing to answer).
 func (c *h1Conn) readRequest() (*http.Request, int, string) {
-	c.lr.n = int64(c.limits.maxHeaderBytes) + 4096 // net/http's allowance
+	c.lr.N = int64(c.limits.maxHeaderBytes) + 4096
 	if c.afterPost {
 		peek, _ := c.br.Peek(4)
 		_, _ = c.br.Discard(leadingCRLF(peek))
@@ -171,7 +171,7 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 	req, plain, err := c.nextRequest()
 	if err != nil {
 		switch {
-		case c.lr.n <= 0:
+		case c.lr.N <= 0: // the head read all it was allowed
 			return nil, http.StatusRequestHeaderFieldsTooLarge, ""
 		case strings.HasPrefix(err.Error(), "unsupported transfer encoding"):
 			// (net/http's error type for it is not exported.)
@@ -182,7 +182,7 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 		c.log.Debug("bad HTTP/1.1 request", zap.Error(err))
 		return nil, http.StatusBadRequest, ""
 	}
-	c.lr.n = math.MaxInt64
+	c.lr.N = math.MaxInt64
 	if req.ProtoMajor != 1 {
 		return nil, http.StatusHTTPVersionNotSupported, "unsupported protocol version"
 	}
@@ -260,25 +260,6 @@ func commonReadError(err error) bool {
 	var oe *net.OpError
 	return err == io.EOF || errors.Is(err, net.ErrClosed) || (errors.As(err, &ne) && ne.Timeout()) ||
 		(errors.As(err, &oe) && oe.Op == "read")
-}
-
-// limitReader bounds what a request head may read (net/http's allowance:
-// MaxHeaderBytes plus 4 KiB); n <= 0 after a failed read: it was exceeded.
-type limitReader struct {
-	r io.Reader
-	n int64
-}
-
-func (l *limitReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.r.Read(p)
-	l.n -= int64(n)
-	return n, err
 }
 
 // goneWatch cancels the request being served when its client goes away:
