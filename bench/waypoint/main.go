@@ -497,7 +497,7 @@ func run(o options) error {
 
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	usPerReq := func(b best) float64 { return cpuPerReq(b.cpu, b.res) }
-	rigPerReq := func(b best) float64 { return float64(b.rig.Microseconds()) / float64(b.res.requests) }
+	rigPerReq := func(b best) float64 { return cpuPerReq(b.rig, b.res) }
 	wp, nx := results["waypoint"], results["nginx"]
 	benchmesh.Report("waypoint_conns", float64(o.conns), "conns")
 	benchmesh.Report("waypoint_rps", wp.res.rps(), "req/s")
@@ -635,7 +635,7 @@ func scrapeCounter(url, name string) (float64, error) {
 	return 0, fmt.Errorf("%s: no %s", url, name)
 }
 
-// cpuPerReq is cpu in microseconds per request of res.
+// cpuPerReq is cpu (a process's CPU time) in microseconds per request of res.
 func cpuPerReq(cpu time.Duration, res loadResult) float64 {
 	return float64(cpu.Microseconds()) / float64(res.requests)
 }
