@@ -145,10 +145,12 @@ type h2conn struct {
 	dqUp []*dataWrite // the flushing writer's spare queue
 	// flushing: a writer is sending the queue; others wait to be told.
 	flushing bool
-	wbuf     bytes.Buffer // framer output, sent with one Write
-	wout     [][]byte     // scratch: the pieces of one batched write
-	henc     *hpack.Encoder
-	hbuf     bytes.Buffer
+	// writerLeads: the writer goroutine is to flush the queue.
+	writerLeads bool
+	wbuf        bytes.Buffer // framer output, sent with one Write
+	wout        [][]byte     // scratch: the pieces of one batched write
+	henc        *hpack.Encoder
+	hbuf        bytes.Buffer
 
 	mu       sync.Mutex
 	closed   bool
@@ -466,8 +468,10 @@ func (c *h2conn) writeLoop() {
 		select {
 		case <-c.ctrlSig:
 		case <-c.done:
+			c.takeLead(0) // the flush fails, answering its waiting writers
 			return
 		}
+		c.takeLead(maxLeadRounds)
 		c.wmu.Lock()
 		err := c.appendCtrlLocked()
 		if err == nil {
@@ -489,6 +493,18 @@ func (c *h2conn) writeLoop() {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// takeLead flushes the queue if a writer handed the lead to the writer
+// goroutine.
+func (c *h2conn) takeLead(rounds int) {
+	c.qmu.Lock()
+	lead := c.writerLeads
+	c.writerLeads = false
+	c.qmu.Unlock()
+	if lead {
+		c.flushQueue(nil, rounds)
 	}
 }
 
@@ -572,10 +588,19 @@ type dataWrite struct {
 	end        bool
 	err        error
 	done       chan error // the flushing writer's answer, or errLead
+	// behind: the writer did not wait; the frame owns buf (head's pooled
+	// buffer), which the flush returns.
+	behind bool
+	buf    *[]byte
 }
 
 // errLead tells a waiting writer that it now flushes the queue.
 var errLead = errors.New("hbone: flush the write queue")
+
+// maxLeadRounds bounds the flushes one writer makes for others before the
+// connection's writer goroutine takes over, so that its own stream is not
+// held up behind a steady queue.
+const maxLeadRounds = 4
 
 // writeData sends one DATA frame: head starts with frameHeaderLen bytes of
 // room for the frame header, and its payload continues with tail (which may
@@ -585,8 +610,15 @@ var errLead = errors.New("hbone: flush the write queue")
 // write syscall of its own. So writes group-commit: the first writer
 // flushes every frame queued meanwhile (one TLS batch, one syscall) and
 // answers their writers; while it is busy, new frames queue for the next
-// flush, led by the first of them. Nobody waits for more than the flush
-// in progress and its own.
+// flush. A waiting writer is not held for more than the flush in progress
+// and its own.
+//
+// A frame marked behind is not waited for: it was copied into a buffer the
+// frame owns, and the writer goes on as with a socket's send buffer (a
+// failed flush fails the connection, so the stream's next operation says
+// so). That saves the writer a park and a wake-up per frame, which under
+// the waypoint benchmark is most of its frames (a response, then a read of
+// the next request).
 //
 // A writer that finds no flush in progress yields once before it flushes:
 // the goroutines already runnable (other streams' handlers under load) get
@@ -595,51 +627,91 @@ var errLead = errors.New("hbone: flush the write queue")
 // yield returns at once. Under the waypoint benchmark this cut write
 // syscalls from 1.66 to 0.35 per proxied request (and its CPU per request
 // by a sixth); bulk transfer is unchanged (see bench/README.md).
-func (c *h2conn) writeData(st *stream, head, tail []byte, end bool) error {
-	w := &st.dw // one writer per stream at a time (st.wmu)
-	w.st, w.head, w.tail, w.end, w.err = st, head, tail, end, nil
-	if w.done == nil {
-		w.done = make(chan error, 1)
-	}
+func (c *h2conn) writeData(w *dataWrite) error {
 	c.qmu.Lock()
 	c.dq = append(c.dq, w)
 	lead := !c.flushing
 	c.flushing = true
 	c.qmu.Unlock()
 	if !lead {
+		if w.behind {
+			return nil
+		}
 		if err := <-w.done; err != errLead {
 			return err
 		}
 	} else {
 		runtime.Gosched() // let runnable writers join this flush
 	}
-	c.wmu.Lock()
-	c.qmu.Lock()
-	batch := c.dq
-	c.dq = c.dqUp[:0]
-	c.qmu.Unlock()
-	c.writeBatchLocked(batch)
-	c.wmu.Unlock()
-	var mine error
-	for i, x := range batch {
-		if x == w {
-			mine = x.err
-		} else {
-			x.done <- x.err
+	return c.flushQueue(w, maxLeadRounds)
+}
+
+// flushQueue sends the queue as the flushing writer until it is empty, and
+// returns the error of mine's frame (mine may be nil). After rounds
+// flushes (0: no limit) the lead passes to a waiting writer, or else to the
+// writer goroutine.
+func (c *h2conn) flushQueue(mine *dataWrite, rounds int) error {
+	var err error
+	for round := 1; ; round++ {
+		c.wmu.Lock()
+		c.qmu.Lock()
+		batch := c.dq
+		c.dq = c.dqUp[:0]
+		c.qmu.Unlock()
+		c.writeBatchLocked(batch)
+		c.wmu.Unlock()
+		for i, x := range batch {
+			if x == mine {
+				err = x.err
+			}
+			switch {
+			case x.behind:
+				x.recycle()
+			case x != mine:
+				x.done <- x.err
+			}
+			batch[i] = nil
 		}
-		batch[i] = nil
-	}
-	c.qmu.Lock()
-	c.dqUp = batch[:0]
-	if len(c.dq) == 0 {
-		c.flushing = false
+		c.qmu.Lock()
+		c.dqUp = batch[:0]
+		if len(c.dq) == 0 {
+			c.flushing = false
+			c.qmu.Unlock()
+			return err
+		}
+		if rounds == 0 || round < rounds {
+			c.qmu.Unlock()
+			continue
+		}
+		var next *dataWrite
+		for _, x := range c.dq {
+			if !x.behind {
+				next = x
+				break
+			}
+		}
+		if next == nil {
+			c.writerLeads = true
+		}
 		c.qmu.Unlock()
-	} else {
-		next := c.dq[0]
-		c.qmu.Unlock()
-		next.done <- errLead
+		if next != nil {
+			next.done <- errLead
+		} else {
+			c.mu.Lock()
+			c.signalWriterLocked()
+			c.mu.Unlock()
+		}
+		return err
 	}
-	return mine
+}
+
+// recycle returns a flushed behind frame's buffer and frees the stream's
+// behind slot (after which the stream may reuse w).
+func (w *dataWrite) recycle() {
+	smallFramePool.Put(w.buf)
+	st := w.st
+	w.st, w.head, w.tail, w.buf, w.err = nil, nil, nil, nil, nil
+	st.behindQueued.Store(false)
 }
 
 // writeBatchLocked sends the queued control frames and batch in one write,

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -51,6 +52,10 @@ type stream struct {
 	rmu      sync.Mutex // one reader at a time
 	wmu      sync.Mutex // one writer at a time
 	dw       dataWrite  // that writer's frame in the connection's queue
+	// bw is the stream's one frame sent behind its writer's back, queued
+	// while behindQueued (the flush clears it).
+	bw           dataWrite
+	behindQueued atomic.Bool
 }
 
 var (
@@ -253,6 +258,17 @@ func (st *stream) awaitSend(max int) (int, error) {
 	}
 }
 
+// waiting returns the stream's frame for a writer that waits for its flush
+// (st.wmu held).
+func (st *stream) waiting(head, tail []byte, end bool) *dataWrite {
+	w := &st.dw
+	w.st, w.head, w.tail, w.end, w.err = st, head, tail, end, nil
+	if w.done == nil {
+		w.done = make(chan error, 1)
+	}
+	return w
+}
+
 // Write sends p as DATA frames, waiting for flow control as needed.
 func (st *stream) Write(p []byte) (int, error) {
 	st.wmu.Lock()
@@ -269,8 +285,17 @@ func (st *stream) Write(p []byte) (int, error) {
 		buf := smallFramePool.Get().(*[]byte)
 		h := min(n, tlsRecordPayload-frameHeaderLen)
 		copy((*buf)[frameHeaderLen:], p[:h])
-		err = st.c.writeData(st, (*buf)[:frameHeaderLen+h], p[h:n], false)
-		smallFramePool.Put(buf)
+		if h == n && !st.behindQueued.Load() {
+			// The whole frame is in buf: it need not be waited for. One such
+			// frame per stream at a time bounds what a fast writer queues.
+			st.behindQueued.Store(true)
+			w := &st.bw
+			w.st, w.head, w.end, w.err, w.behind, w.buf = st, (*buf)[:frameHeaderLen+h], false, nil, true, buf
+			err = st.c.writeData(w)
+		} else {
+			err = st.c.writeData(st.waiting((*buf)[:frameHeaderLen+h], p[h:n], false))
+			smallFramePool.Put(buf)
+		}
 		if err != nil {
 			return written, err
 		}
@@ -289,7 +314,7 @@ func (st *stream) sendFramed(buf []byte, n int) error {
 		if err != nil {
 			return err
 		}
-		if err := st.c.writeData(st, buf[off-frameHeaderLen:off+m], nil, false); err != nil {
+		if err := st.c.writeData(st.waiting(buf[off-frameHeaderLen:off+m], nil, false)); err != nil {
 			return err
 		}
 		off += m
@@ -359,7 +384,7 @@ func (st *stream) CloseWrite() error {
 	}
 	c.mu.Unlock()
 	var frame [frameHeaderLen]byte
-	return c.writeData(st, frame[:], nil, true)
+	return c.writeData(st.waiting(frame[:], nil, true))
 }
 
 // Close releases the tunnel like closing a TCP socket: what was written is

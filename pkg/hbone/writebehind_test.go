@@ -1,0 +1,229 @@
+package hbone
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// gatedConn blocks Writes while its gate is shut, standing in for a peer
+// that stopped reading; pass lets single Writes through.
+type gatedConn struct {
+	net.Conn
+	mu      sync.Mutex
+	open    *sync.Cond
+	shut    bool
+	passes  int // Writes let through while shut
+	blocked int // Writes waiting at the gate
+}
+
+func newGatedConn(c net.Conn) *gatedConn {
+	g := &gatedConn{Conn: c}
+	g.open = sync.NewCond(&g.mu)
+	return g
+}
+
+func (g *gatedConn) Write(b []byte) (int, error) {
+	g.mu.Lock()
+	for g.shut && g.passes == 0 {
+		g.blocked++
+		g.open.Wait()
+		g.blocked--
+	}
+	if g.shut {
+		g.passes--
+	}
+	g.mu.Unlock()
+	return g.Conn.Write(b)
+}
+
+func (g *gatedConn) setShut(shut bool) {
+	g.mu.Lock()
+	g.shut = shut
+	g.mu.Unlock()
+	g.open.Broadcast()
+}
+
+func (g *gatedConn) pass() {
+	g.mu.Lock()
+	g.passes++
+	g.mu.Unlock()
+	g.open.Broadcast()
+}
+
+// waiting reports whether a Write is blocked at the gate with no pass
+// left for it.
+func (g *gatedConn) waiting() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.blocked == 1 && g.passes == 0
+}
+
+// gatedPool returns a pool whose connections are gated (the last one made
+// is *gate).
+func gatedPool(t *testing.T, m *mesh, gate **gatedConn) *Pool {
+	return newPool(t, m, func(o *PoolOptions) {
+		o.Dial = func(ctx context.Context, _ netip.Addr, remote netip.AddrPort) (net.Conn, error) {
+			c, err := new(net.Dialer).DialContext(ctx, "tcp", remote.String())
+			if err != nil {
+				return nil, err
+			}
+			*gate = newGatedConn(c)
+			return *gate, nil
+		}
+	})
+}
+
+// writeAsync writes s on c in the background.
+func writeAsync(c net.Conn, s string) chan error {
+	done := make(chan error, 1)
+	go func() { _, err := io.WriteString(c, s); done <- err }()
+	return done
+}
+
+// expectEchoes reads want from each tunnel.
+func expectEchoes(t *testing.T, want map[halfCloser]string) {
+	t.Helper()
+	for c, w := range want {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got := make([]byte, len(w))
+		if _, err := io.ReadFull(c, got); err != nil || string(got) != w {
+			t.Fatalf("echo %q, %v; want %q", got, err, w)
+		}
+	}
+}
+
+// A small Write returns once its frame is queued, not flushed; a stream
+// has at most one such frame queued, so a writer faster than the socket
+// waits from its second frame on; and everything arrives, in order, once
+// the socket drains.
+func TestWriteBehindIsBounded(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	var gate *gatedConn
+	p := gatedPool(t, m, &gate)
+	tg := m.target(addr, up.String())
+	a := dialTunnel(t, p, tg)
+	b := dialTunnel(t, p, tg)
+	if s := p.Stats(); s.Connections != 1 {
+		t.Fatalf("pool %+v: want both tunnels on one connection", s)
+	}
+
+	gate.setShut(true)
+	t.Cleanup(func() { gate.setShut(false) }) // before the tunnels close
+	aDone := writeAsync(a, "a1;")
+	eventually(t, 10*time.Second, "a flush blocked on the socket", gate.waiting)
+
+	select {
+	case err := <-writeAsync(b, "b1;"):
+		if err != nil {
+			t.Fatalf("first small write: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a small write waited for the blocked flush")
+	}
+	bDone := writeAsync(b, "b2;")
+	select {
+	case err := <-bDone:
+		t.Fatalf("a second small write returned (%v) while the first is still queued", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	gate.setShut(false)
+	for _, done := range []chan error{aDone, bDone} {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectEchoes(t, map[halfCloser]string{a: "a1;", b: "b1;b2;"})
+}
+
+// A writer flushes for others at most maxLeadRounds times; if frames are
+// still queued then, the connection's writer goroutine sends them and the
+// writer returns.
+func TestFlushLeadPassesToWriter(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	var gate *gatedConn
+	p := gatedPool(t, m, &gate)
+	tg := m.target(addr, up.String())
+	tunnels := make([]halfCloser, maxLeadRounds+1)
+	for i := range tunnels {
+		tunnels[i] = dialTunnel(t, p, tg)
+	}
+	if s := p.Stats(); s.Connections != 1 {
+		t.Fatalf("pool %+v: want the tunnels on one connection", s)
+	}
+
+	gate.setShut(true)
+	t.Cleanup(func() { gate.setShut(false) }) // before the tunnels close
+	lead := writeAsync(tunnels[0], "t0;")
+	for i := 1; i <= maxLeadRounds; i++ {
+		eventually(t, 10*time.Second, "a flush blocked on the socket", gate.waiting)
+		// Queued while the flush of round i is blocked: round i+1 sends it
+		// (the last, past the limit, is left to the writer goroutine).
+		if err := <-writeAsync(tunnels[i], fmt.Sprintf("t%d;", i)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-lead:
+			t.Fatalf("the leading writer returned (%v) before flushing round %d", err, i)
+		default:
+		}
+		gate.pass()
+	}
+	select {
+	case err := <-lead:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the leading writer is still flushing after %d rounds", maxLeadRounds)
+	}
+	gate.setShut(false)
+	want := map[halfCloser]string{}
+	for i, c := range tunnels {
+		want[c] = fmt.Sprintf("t%d;", i)
+	}
+	expectEchoes(t, want)
+}
+
+// Small writes followed by Close are all delivered before the stream ends,
+// as after a single large write (TestCloseDeliversWrittenData).
+func TestCloseDeliversSmallWrites(t *testing.T) {
+	m := newMesh(t)
+	const pieces = 2000
+	h := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
+		return StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+			for i := range pieces {
+				if _, err := io.WriteString(tunnel, strings.Repeat("x", i%64+1)+";"); err != nil {
+					return
+				}
+			}
+			tunnel.Close()
+		}), nil
+	})
+	_, addr := startServer(t, m, h, nil)
+	p := newPool(t, m, nil)
+	var want strings.Builder
+	for i := range pieces {
+		want.WriteString(strings.Repeat("x", i%64+1) + ";")
+	}
+	c := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("read after the server closed: %v (%d bytes)", err, len(got))
+	}
+	if string(got) != want.String() {
+		t.Fatalf("got %d bytes, want %d", len(got), want.Len())
+	}
+}
