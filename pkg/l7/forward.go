@@ -25,6 +25,7 @@ import (
 // header copies and passes, and its per-request flush and trace setup.
 func (x *exchange) forward(w *responseRecorder) {
 	out := x.outgoing(w)
+	x.wantRaw = len(x.respMods) == 0 && len(x.respHeaders) == 0 && w.canWriteRaw()
 	resp, err := x.roundTrip(out)
 	x.interim.Lock()
 	x.interimDone = true
@@ -34,6 +35,17 @@ func (x *exchange) forward(w *responseRecorder) {
 		return
 	}
 	defer resp.Body.Close()
+	if x.raw.ok {
+		// A final response with a Content-Length and nothing to change in
+		// its fields: written with them as they came.
+		if w.writeRaw(resp.StatusCode, resp.ContentLength, &x.raw) {
+			if err := x.copyBody(w, resp, x.raw.eventStream); err != nil {
+				panic(http.ErrAbortHandler)
+			}
+			return
+		}
+		resp.Header = x.raw.header()
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		x.upstreamFailed(w, fmt.Errorf("upstream switched protocols (%q) for a request that asked for no upgrade", resp.Header.Get("Upgrade")))
 		return
@@ -46,7 +58,7 @@ func (x *exchange) forward(w *responseRecorder) {
 		h["Trailer"] = []string{strings.Join(slices.Sorted(maps.Keys(resp.Trailer)), ", ")}
 	}
 	w.WriteHeader(resp.StatusCode)
-	if err := x.copyBody(w, resp); err != nil {
+	if err := x.copyBody(w, resp, resp.ContentLength == -1 || isEventStream(resp.Header)); err != nil {
 		// Midway through a response all that is left is to abort it: the
 		// server resets the stream or closes the connection.
 		panic(http.ErrAbortHandler)
@@ -127,10 +139,10 @@ func (x *exchange) got1xx(code int, hdr textproto.MIMEHeader) error {
 	return nil
 }
 
-// copyBody copies the response body to w, flushing after each read when the
-// response is a stream (no length, or server-sent events).
-func (x *exchange) copyBody(w *responseRecorder, resp *http.Response) error {
-	flush := resp.ContentLength == -1 || isEventStream(resp.Header)
+// copyBody copies the response body to w, flushing after each read when
+// flush is set (the response is a stream: no length, or server-sent
+// events).
+func (x *exchange) copyBody(w *responseRecorder, resp *http.Response, flush bool) error {
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
@@ -157,8 +169,10 @@ func (x *exchange) copyBody(w *responseRecorder, resp *http.Response) error {
 	}
 }
 
-func isEventStream(h http.Header) bool {
-	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+func isEventStream(h http.Header) bool { return isEventStreamType(h.Get("Content-Type")) }
+
+func isEventStreamType(contentType string) bool {
+	ct, _, _ := strings.Cut(contentType, ";")
 	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
 }
 

@@ -145,34 +145,146 @@ func plainResponse(buf []byte, r io.Reader, req *http.Request) (*http.Response, 
 	if h == nil || req.Method == http.MethodHead {
 		return nil, 0
 	}
-	proto, status, _ := strings.Cut(line, " ")
-	status = strings.TrimLeft(status, " ")
-	if proto != "HTTP/1.1" || !plainValue(status) || len(status) > 3 && status[3] != ' ' {
+	status, code := plainStatus(line)
+	if code == 0 || len(h["Content-Length"]) != 1 || has(h, "Transfer-Encoding") || has(h, "Trailer") || has(h, "Pragma") {
 		return nil, 0
 	}
-	code, err := strconv.Atoi(status[:min(3, len(status))])
-	if err != nil || code < 200 || code == http.StatusNoContent || code == http.StatusNotModified {
+	resp := lengthResponse(status, code, h["Content-Length"][0], r, req)
+	if resp == nil {
 		return nil, 0
 	}
-	if len(h["Content-Length"]) != 1 || has(h, "Transfer-Encoding") || has(h, "Trailer") || has(h, "Pragma") {
-		return nil, 0
-	}
-	length, err := strconv.ParseUint(h["Content-Length"][0], 10, 63)
-	if err != nil {
-		return nil, 0
-	}
-	resp := &http.Response{
-		Status: status, StatusCode: code, Proto: proto, ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: http.NoBody, ContentLength: int64(length), Request: req,
-	}
+	resp.Header = h
 	if httpguts.HeaderValuesContainsToken(h["Connection"], "close") {
 		resp.Close = true
 		delete(h, "Connection") // as net/http does for a response
 	}
+	return resp, n
+}
+
+// plainStatus parses an HTTP/1.1 status line of a final response with a
+// body (not 1xx, 204 or 304); code is 0 for any other line.
+func plainStatus(line string) (status string, code int) {
+	proto, status, _ := strings.Cut(line, " ")
+	status = strings.TrimLeft(status, " ")
+	if proto != "HTTP/1.1" || !plainValue(status) || len(status) > 3 && status[3] != ' ' {
+		return "", 0
+	}
+	code, err := strconv.Atoi(status[:min(3, len(status))])
+	if err != nil || code < 200 || code == http.StatusNoContent || code == http.StatusNotModified {
+		return "", 0
+	}
+	return status, code
+}
+
+// lengthResponse is the response (without header) whose body is the
+// Content-Length cl bytes read from r; nil if cl is not a length.
+func lengthResponse(status string, code int, cl string, r io.Reader, req *http.Request) *http.Response {
+	length, err := strconv.ParseUint(cl, 10, 63)
+	if err != nil {
+		return nil
+	}
+	resp := &http.Response{
+		Status: status, StatusCode: code, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Body: http.NoBody, ContentLength: int64(length), Request: req,
+	}
 	if length > 0 {
 		resp.Body = &lengthBody{io.LimitedReader{R: r, N: int64(length)}}
 	}
-	return resp, n
+	return resp
+}
+
+// rawFields are a response's field lines as the upstream sent them, to be
+// passed on as they are (h1Response.writeRaw): every line is "Name: value"
+// with a valid name (in the upstream's case: names are case-insensitive)
+// and a trimmed plain value, as writeFields would write it, and none is
+// hop-by-hop or one net/http would rewrite.
+// Passing them on spares a header map, its copy and its sorted writing.
+type rawFields struct {
+	ok          bool   // the last response read was raw
+	lines       string // each with its CRLF
+	date        bool   // a Date field is among them
+	eventStream bool   // Content-Type is text/event-stream
+}
+
+// rawResponse is plainResponse for a head whose fields can be passed on as
+// they are: the response, without a header map, and the length of its
+// head; the fields go to raw. A Connection field of just keep-alive or
+// close and a Keep-Alive field are left out of raw (hop-by-hop; close ends
+// the upstream connection, as with plainResponse); any other hop-by-hop
+// field, or a field not in raw form, and the answer is nil.
+func rawResponse(buf []byte, r io.Reader, req *http.Request, raw *rawFields) (*http.Response, int) {
+	end := bytes.Index(buf, endOfHead)
+	if end < 0 || req.Method == http.MethodHead {
+		return nil, 0
+	}
+	line, lines, _ := strings.Cut(string(buf[:end+2]), "\r\n")
+	status, code := plainStatus(line)
+	if code == 0 {
+		return nil, 0
+	}
+	var cl, contentType string
+	var kept []byte // lines without those left out, once one is
+	lengths, date, closes := 0, false, false
+	for off, n := 0, 0; off < len(lines); n++ {
+		next := off + strings.Index(lines[off:], "\r\n") + 2
+		name, value, ok := strings.Cut(lines[off:next-2], ": ")
+		if !ok || n == maxPlainFields || !httpguts.ValidHeaderFieldName(name) ||
+			!plainValue(value) || strings.Trim(value, " \t") != value {
+			return nil, 0
+		}
+		leave := false
+		switch key := canonicalKey(name); key {
+		case "Content-Length":
+			cl = value
+			lengths++
+		case "Date":
+			date = true
+		case "Content-Type":
+			if contentType == "" {
+				contentType = value // the first counts, as with Header.Get
+			}
+		case "Pragma":
+			return nil, 0 // net/http adds a Cache-Control for it
+		case "Connection":
+			c := strings.EqualFold(value, "close")
+			if !c && !strings.EqualFold(value, "keep-alive") {
+				return nil, 0
+			}
+			closes, leave = closes || c, true
+		case "Keep-Alive":
+			leave = true
+		default:
+			if isHopByHop(key) {
+				return nil, 0
+			}
+		}
+		switch {
+		case leave && kept == nil:
+			kept = []byte(lines[:off])
+		case !leave && kept != nil:
+			kept = append(kept, lines[off:next]...)
+		}
+		off = next
+	}
+	if lengths != 1 {
+		return nil, 0
+	}
+	resp := lengthResponse(status, code, cl, r, req)
+	if resp == nil {
+		return nil, 0
+	}
+	resp.Close = closes
+	if kept != nil {
+		lines = string(kept)
+	}
+	*raw = rawFields{ok: true, lines: lines, date: date, eventStream: isEventStreamType(contentType)}
+	return resp, end + 4
+}
+
+// header is the header map of the raw fields, as plainHead builds it.
+func (raw *rawFields) header() http.Header {
+	_, h, _ := plainHead([]byte("\r\n" + raw.lines + "\r\n"))
+	return h
 }
 
 // httpMinor is the minor version of HTTP/1.1 or HTTP/1.0, else -1.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 )
 
@@ -168,4 +169,136 @@ func benchParse(b *testing.B, head []byte, parse func(*bufio.Reader) bool) {
 			b.Fatalf("%q not parsed", head)
 		}
 	}
+}
+
+// Responses whose fields rawResponse passes on as they are.
+var rawResponses = []string{
+	"HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: text/plain; charset=utf-8\r\nDate: Mon, 30 Nov 2026 05:00:00 GMT\r\n\r\nhello, world\n",
+	"HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: Mon, 30 Nov 2026 05:00:00 GMT\r\nContent-Type: text/html\r\nContent-Length: 2\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nETag: \"x\"\r\n\r\nok",
+	"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+	"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nx-lower: 1\r\ndate: Mon, 30 Nov 2026 05:00:00 GMT\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 7\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\r\ndata: x",
+}
+
+// Plain responses whose fields are not in raw form.
+var unrawResponses = []string{
+	"HTTP/1.1 200 OK\r\nContent-Length:  0 \r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length:0\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: X-Private\r\nX-Private: 1\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nProxy-Authenticate: Basic\r\n\r\n",
+	"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nUpgrade: h2c\r\n\r\n",
+}
+
+func TestRawResponseTakesCommonHeads(t *testing.T) {
+	get := &http.Request{Method: http.MethodGet}
+	for _, s := range rawResponses {
+		var raw rawFields
+		if resp, _ := rawResponse([]byte(s), nil, get, &raw); resp == nil || !raw.ok {
+			t.Errorf("rawResponse declined %q", s)
+		}
+	}
+	for _, s := range slices.Concat(unrawResponses, unplainHeads) {
+		if resp, _ := rawResponse([]byte(s), nil, get, new(rawFields)); resp != nil {
+			t.Errorf("rawResponse took %q", s)
+		}
+	}
+	for _, s := range unrawResponses {
+		if resp, _ := plainResponse([]byte(s), nil, get); resp == nil {
+			t.Errorf("plainResponse declined %q: the case belongs elsewhere", s)
+		}
+	}
+	if resp, _ := rawResponse([]byte(rawResponses[0]), nil, &http.Request{Method: http.MethodHead}, new(rawFields)); resp != nil {
+		t.Error("rawResponse took the response to a HEAD request")
+	}
+}
+
+// FuzzWriteRaw holds the raw path to the map path: for any response head
+// rawResponse takes, plainResponse takes it too, and what the server
+// writes for it to the client — h1Response.writeRaw with the fields as
+// they came, or WriteHeader with forward's header map — parses to the same
+// response (fields in another order) and ends or keeps the connection
+// alike, for HTTP/1.0 and 1.1 clients asking to close or keep it.
+func FuzzWriteRaw(f *testing.F) {
+	for _, s := range slices.Concat(rawResponses, unrawResponses, plainResponses) {
+		f.Add([]byte(s), uint8(0))
+	}
+	f.Add([]byte(rawResponses[1]), uint8(3))
+	f.Add([]byte(rawResponses[2]), uint8(4))
+	f.Fuzz(func(t *testing.T, data []byte, client uint8) {
+		minor := int(client & 1)
+		h := http.Header{}
+		switch client >> 1 & 3 {
+		case 1:
+			h.Set("Connection", "close")
+		case 2:
+			h.Set("Connection", "keep-alive")
+		}
+		req := &http.Request{Method: http.MethodGet, Proto: "HTTP/1." + strconv.Itoa(minor), ProtoMajor: 1, ProtoMinor: minor,
+			Header: h, Close: closes(minor, h)}
+		reader := func() *bufio.Reader {
+			br := bufio.NewReaderSize(bytes.NewReader(data), len(data)+16)
+			_, _ = br.Peek(len(data))
+			return br
+		}
+		var raw rawFields
+		rbr := reader()
+		resp, n := rawResponse(buffered(rbr), rbr, req, &raw)
+		if resp == nil {
+			return
+		}
+		_, _ = rbr.Discard(n)
+		pbr := reader()
+		plain, pn := plainResponse(buffered(pbr), pbr, req)
+		if plain == nil || pn != n {
+			t.Fatalf("rawResponse took %q (%d bytes), plainResponse did not (%d)", data, n, pn)
+		}
+		_, _ = pbr.Discard(pn)
+		removeHopByHop(plain.Header) // as forward does
+		if got := raw.header(); !reflect.DeepEqual(got, plain.Header) {
+			t.Fatalf("fields of %q: raw %v, plain %v", data, got, plain.Header)
+		}
+		if resp.Close != plain.Close || resp.StatusCode != plain.StatusCode || resp.ContentLength != plain.ContentLength {
+			t.Fatalf("responses to %q differ: raw %+v, plain %+v", data, resp, plain)
+		}
+
+		var rawOut, mapOut bytes.Buffer
+		rc := &h1Conn{bw: bufio.NewWriter(&rawOut)}
+		rw := rc.newResponse(req)
+		if !rw.canWriteRaw() || !rw.writeRaw(resp.StatusCode, resp.ContentLength, &raw) {
+			t.Fatal("a fresh response could not be written raw")
+		}
+		rawErr := copyAll(rw, resp.Body)
+		rc.bw.Flush()
+		mc := &h1Conn{bw: bufio.NewWriter(&mapOut)}
+		mw := mc.newResponse(req)
+		mw.takeHeader(plain.Header)
+		mw.WriteHeader(plain.StatusCode)
+		mapErr := copyAll(mw, plain.Body)
+		mc.bw.Flush()
+		if (rawErr == nil) != (mapErr == nil) || rw.closeAfter != mw.closeAfter {
+			t.Fatalf("for %q (client %d): raw body %v, close %v; map body %v, close %v", data, client, rawErr, rw.closeAfter, mapErr, mw.closeAfter)
+		}
+
+		got, err1 := http.ReadResponse(bufio.NewReader(&rawOut), req)
+		want, err2 := http.ReadResponse(bufio.NewReader(&mapOut), req)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("reading what was written for %q: raw %v, map %v", data, err1, err2)
+		}
+		gotBody, _ := io.ReadAll(got.Body)
+		wantBody, _ := io.ReadAll(want.Body)
+		if !raw.date { // each wrote its own
+			got.Header.Del("Date")
+			want.Header.Del("Date")
+		}
+		got.Body, want.Body = nil, nil
+		if !bytes.Equal(gotBody, wantBody) || !reflect.DeepEqual(got, want) {
+			t.Fatalf("written for %q (client %d):\nraw %+v %q\nmap %+v %q", data, client, got, gotBody, want, wantBody)
+		}
+	})
+}
+
+// copyAll copies body to w as copyBody does, returning the first error.
+func copyAll(w io.Writer, body io.Reader) error {
+	_, err := io.Copy(w, body)
+	return err
 }

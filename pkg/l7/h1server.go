@@ -98,10 +98,7 @@ func (c *h1Conn) serveOne() bool {
 	// In place: the body fills in req.Trailer, on the request it was read
 	// with.
 	*req = *req.WithContext(ctx)
-	w := &h1Response{c: c, req: req, contentLength: -1,
-		wants10KeepAlive: req.ProtoMajor == 1 && req.ProtoMinor == 0 && hasToken(req.Header.Get("Connection"), "keep-alive"),
-		wantsClose:       req.Close || hasToken(req.Header.Get("Connection"), "close"),
-	}
+	w := c.newResponse(req)
 	expect := false
 	if hasToken(req.Header.Get("Expect"), "100-continue") {
 		expect = req.ProtoAtLeast(1, 1) && req.ContentLength != 0
@@ -127,6 +124,14 @@ func (c *h1Conn) serveOne() bool {
 	cancel() // before the body is drained: nothing may still be sending it
 	w.finish()
 	return w.reusable()
+}
+
+// newResponse is the response writer for req.
+func (c *h1Conn) newResponse(req *http.Request) *h1Response {
+	return &h1Response{c: c, req: req, contentLength: -1,
+		wants10KeepAlive: req.ProtoMajor == 1 && req.ProtoMinor == 0 && hasToken(req.Header.Get("Connection"), "keep-alive"),
+		wantsClose:       req.Close || hasToken(req.Header.Get("Connection"), "close"),
+	}
 }
 
 // serveRequest runs the handler; false when it hijacked the connection or
@@ -543,13 +548,70 @@ func (w *h1Response) WriteHeader(code int) {
 		writeFields(bw, h, nil)
 	}
 	if _, ok := h["Date"]; !ok {
-		var buf [64]byte
-		bw.WriteString("Date: ")
-		bw.Write(time.Now().UTC().AppendFormat(buf[:0], http.TimeFormat))
-		bw.WriteString("\r\n")
+		writeDate(bw)
 	}
 	_, err := bw.WriteString("\r\n")
 	w.note(err)
+}
+
+func writeDate(bw *bufio.Writer) {
+	var buf [64]byte
+	bw.WriteString("Date: ")
+	bw.Write(time.Now().UTC().AppendFormat(buf[:0], http.TimeFormat))
+	bw.WriteString("\r\n")
+}
+
+// canWriteRaw: no header was written or set yet, and the request is not
+// HEAD (whose response has no body to frame).
+func (w *h1Response) canWriteRaw() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.wroteHeader && !w.hijacked && len(w.hdr) == 0 && w.req.Method != http.MethodHead
+}
+
+// writeRaw writes the head of a final response (2xx-5xx, not 204 or 304)
+// with Content-Length cl whose fields are raw's lines, as WriteHeader would
+// write that response with those fields in a header map (for such a
+// response its cases come down to these: the length frames the body, and
+// the connection is kept alive or closed as the request asks), in the
+// upstream's field order rather than sorted. FuzzWriteRaw compares the two.
+func (w *h1Response) writeRaw(code int, cl int64, raw *rawFields) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.wroteHeader || w.hijacked || len(w.hdr) > 0 || w.req.Method == http.MethodHead {
+		return false
+	}
+	w.wroteHeader = true
+	w.canContinue = false
+	w.status = code
+	w.contentLength = cl
+	connection := ""
+	switch {
+	case w.wants10KeepAlive:
+		connection = "keep-alive"
+	case !w.req.ProtoAtLeast(1, 1) || w.wantsClose:
+		w.closeAfter = true
+	}
+	if b := w.body; b != nil && b.expect && !b.sawEOF.Load() {
+		w.closeAfter = true
+	}
+	if w.closeAfter {
+		connection = "close"
+	}
+	bw := w.c.bw
+	writeStatusLine(bw, w.req.ProtoAtLeast(1, 1), code)
+	bw.WriteString(raw.lines)
+	if connection != "" {
+		bw.WriteString("Connection: ")
+		bw.WriteString(connection)
+		bw.WriteString("\r\n")
+	}
+	if !raw.date {
+		writeDate(bw)
+	}
+	_, err := bw.WriteString("\r\n")
+	w.note(err)
+	return true
 }
 
 var (

@@ -94,6 +94,16 @@ func h1Plain(req *http.Request) bool {
 // a replayable request then goes once more on a new connection, as
 // http.Transport does.
 func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
+	return h.roundTrip(req, nil)
+}
+
+// roundTrip is RoundTrip; with raw set, a response whose fields can be
+// passed on as they are comes without a header map, its fields in raw
+// (rawResponse), for the engine's forward only.
+func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields) (*http.Response, error) {
+	if raw != nil {
+		raw.ok = false
+	}
 	if err := validHeaders(req.Header); err != nil {
 		return nil, err
 	}
@@ -111,7 +121,7 @@ func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
 			c.br = bufio.NewReader(&c.lim)
 			c.bw = bufio.NewWriter(nc)
 		}
-		resp, err := h.exchange(c, req)
+		resp, err := h.exchange(c, req, raw)
 		if err == nil {
 			return resp, nil
 		}
@@ -143,7 +153,7 @@ func replayable(req *http.Request) bool {
 
 // exchange writes req on c and reads the response header. The request's
 // context ending interrupts c until the body is done.
-func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, error) {
+func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields) (*http.Response, error) {
 	ctx := req.Context()
 	stop := context.AfterFunc(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
@@ -166,6 +176,12 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request) (*http.Response, e
 	var resp *http.Response
 	for n := 0; ; n++ {
 		var size int
+		if raw != nil {
+			if resp, size = rawResponse(buffered(c.br), c.br, req, raw); resp != nil {
+				_, _ = c.br.Discard(size)
+				break // a final response
+			}
+		}
 		if resp, size = plainResponse(buffered(c.br), c.br, req); resp != nil {
 			_, _ = c.br.Discard(size)
 			break // a final response

@@ -238,6 +238,24 @@ func (w *responseRecorder) takeHeader(h http.Header) http.Header {
 	return dst
 }
 
+// canWriteRaw reports whether writeRaw may work: the response goes to the
+// HTTP/1.1 server's writer, which has no header yet.
+func (w *responseRecorder) canWriteRaw() bool {
+	h, ok := w.ResponseWriter.(*h1Response)
+	return ok && h.canWriteRaw()
+}
+
+// writeRaw writes the head of a response with Content-Length cl and the
+// fields raw as they are, if the writer can (see h1Response.writeRaw).
+func (w *responseRecorder) writeRaw(code int, cl int64, raw *rawFields) bool {
+	h, ok := w.ResponseWriter.(*h1Response)
+	if !ok || !h.writeRaw(code, cl, raw) {
+		return false
+	}
+	w.status = code
+	return true
+}
+
 // countingBody counts the request body bytes read from the client.
 type countingBody struct {
 	io.ReadCloser

@@ -87,6 +87,10 @@ type exchange struct {
 	deadline    time.Time // request timeout; zero: none
 	respMods    []*headerMod
 	respHeaders http.Header // CORS and policy headers for the response
+	// wantRaw: forward can pass a response's fields on as they came
+	// (nothing changes them), so the inline transport leaves them in raw.
+	wantRaw bool
+	raw     rawFields
 	// An allow's request header changes, applied to the proxy's copy of
 	// the request (rewrite).
 	policyRemove []string
@@ -851,7 +855,15 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		areq.Body, areq.GetBody = x.stream, nil
 	}
 	ep.outstanding.Add(1)
-	resp, err := ep.roundTripper(x.proto, areq).RoundTrip(areq)
+	var resp *http.Response
+	var err error
+	rt := ep.roundTripper(x.proto, areq)
+	if h, ok := rt.(*inlineH1); ok && x.wantRaw {
+		resp, err = h.roundTrip(areq, &x.raw)
+	} else {
+		x.raw.ok = false
+		resp, err = rt.RoundTrip(areq)
+	}
 	if err != nil {
 		ep.outstanding.Add(-1)
 		if pastDeadline(ctx) && !pastDeadline(req.Context()) {
