@@ -48,13 +48,33 @@ var identityHeaders = map[string]bool{
 
 const reservedPrefix = "X-Causeway-"
 
-// sanitizeIdentity removes identity claims from a header map.
+// sanitizeIdentity removes identity claims from a header map: the identity
+// headers, the mesh's reserved ones, and any name that reads as one of
+// those, or as a forwarding or framing field, once its '_' are taken for
+// '-'. Upstreams that fold '_' into '-' (CGI, WSGI and Rack environments
+// make both HTTP_X_...) would take such a field for the real one, which
+// the waypoint sets or strips. Other names with '_' pass, as with Envoy's
+// default headers_with_underscores_action.
 func sanitizeIdentity(h http.Header) {
 	for k := range h {
-		if identityHeaders[k] || strings.HasPrefix(k, reservedPrefix) {
+		if claimsIdentity(k) {
 			delete(h, k)
 		}
 	}
+}
+
+// claimsIdentity reports whether the canonical header name k is one
+// sanitizeIdentity removes.
+func claimsIdentity(k string) bool {
+	if identityHeaders[k] || strings.HasPrefix(k, reservedPrefix) {
+		return true
+	}
+	if strings.IndexByte(k, '_') < 0 {
+		return false
+	}
+	d := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))
+	return identityHeaders[d] || strings.HasPrefix(d, reservedPrefix) || isForwarding(d) || isHopByHop(d) ||
+		d == "Content-Length" || d == "Host"
 }
 
 // exchange is one request's journey through the engine.

@@ -85,6 +85,54 @@ func TestForwardingAndIdentityHeaders(t *testing.T) {
 	}
 }
 
+// A field whose name reads as an identity, forwarding or framing field
+// once '_' is taken for '-' never reaches policy or the backend: a backend
+// that folds '_' into '-' (CGI, WSGI, Rack) would take it for the real one.
+// Other names with '_' pass.
+func TestUnderscoreNamesCannotClaimIdentity(t *testing.T) {
+	h := newHarness(t)
+	h.backend("web", "http", false)
+	h.update(nil, nil)
+	var seen *AuthzRequest
+	h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
+		seen = r
+		return Decision{Allowed: true}
+	}))
+	forged := "spiffe://cluster.local/ns/admin/sa/admin"
+	claims := map[string]string{
+		"X_Forwarded_Client_Cert":     "URI=" + forged,
+		"x-causeway-source_principal": forged,
+		"X_CAUSEWAY_ANYTHING":         "reserved",
+		"x_forwarded_for":             "192.0.2.1",
+		"Transfer_Encoding":           "chunked",
+		"Content_Length":              "5",
+		"X_Request_Tag":               "kept",
+	}
+	res := get(t, h1Client(h.front(webInfo(trust.Unauthenticated()))), "/x", claims)
+	if res.status != 200 {
+		t.Fatalf("got %d %q", res.status, res.body)
+	}
+	for k := range res.echo.Header {
+		if k != "X_request_tag" && strings.Contains(k, "_") {
+			t.Errorf("%s reached the backend: %q", k, res.echo.Header[k])
+		}
+	}
+	if v := res.echo.Header.Get("X_Request_Tag"); v != "kept" {
+		t.Errorf("an ordinary name with '_' was dropped: %q", v)
+	}
+	if v := res.echo.Header.Values(SourcePrincipalHeader); len(v) != 0 {
+		t.Errorf("%s = %q for a TLS-only tunnel", SourcePrincipalHeader, v)
+	}
+	if seen == nil {
+		t.Fatal("not authorized")
+	}
+	for k := range seen.Request.Header {
+		if k != "X_request_tag" && strings.Contains(k, "_") {
+			t.Errorf("the authorizer saw %s", k)
+		}
+	}
+}
+
 func TestTrailersCannotClaimIdentity(t *testing.T) {
 	h := newHarness(t)
 	h.backend("web", "http", false)
