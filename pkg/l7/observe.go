@@ -108,7 +108,6 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error)
 
 // record is what the access log and the metrics say about one request.
 type record struct {
-	service   string
 	route     string
 	rule      string
 	backend   string
@@ -134,7 +133,6 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 			status = http.StatusOK
 		}
 	}
-	principal := x.info.principal
 	route := x.rec.route
 	switch {
 	case route != "":
@@ -147,13 +145,9 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 	m.requests.Inc()
 	m.duration.Observe(d.Seconds())
 
-	if ce := e.log.Check(zap.InfoLevel, "request"); ce != nil {
+	if ce := x.info.accessLog.Check(zap.InfoLevel, "request"); ce != nil {
 		fp := accessFields.Get().(*[]zap.Field)
 		fields := append((*fp)[:0],
-			zap.String("source", x.info.source),
-			zap.String("identity", principal),
-			zap.String("destination", x.info.destination),
-			zap.String("service", x.rec.service),
 			zap.String("method", x.orig.Method),
 			zap.String("path", x.orig.URL.EscapedPath()),
 			zap.String("protocol", x.orig.Proto),
@@ -189,7 +183,7 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 // zap core encodes or copies the fields during Write, so the slice is free
 // again once Write returns.
 var accessFields = sync.Pool{New: func() any {
-	s := make([]zap.Field, 0, 21)
+	s := make([]zap.Field, 0, 17)
 	return &s
 }}
 

@@ -154,7 +154,6 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.in = &countingBody{ReadCloser: r.Body}
 		r.Body = x.in
 	}
-	x.rec.service = x.info.service
 
 	esc := r.URL.EscapedPath()
 	path, err := normalizePath(esc)

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"golang.org/x/net/http2"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -54,13 +56,18 @@ type tunnel struct {
 	xffValues, forwardValues []string
 	identityValues           []string // nil: unauthenticated
 
+	// accessLog is the engine's access logger with the tunnel's fields
+	// (source, identity, destination, service) encoded once, not per
+	// request.
+	accessLog *zap.Logger
+
 	// mu guards metrics: HTTP/2 streams finish concurrently. The map holds
 	// the label sets this tunnel's requests used; it goes with the tunnel.
 	mu      sync.Mutex
 	metrics map[metricsKey]labelled
 }
 
-func newTunnel(info ConnInfo) *tunnel {
+func newTunnel(info ConnInfo, log *zap.Logger) *tunnel {
 	t := &tunnel{ConnInfo: info, source: info.Source.String(), destination: info.Destination.String(), principal: info.Peer.String(),
 		forwardedFor: info.Source.Addr().Unmap().String(), forwarded: forwardedElement(info.Source)}
 	t.xffValues, t.forwardValues = []string{t.forwardedFor}, []string{t.forwarded}
@@ -71,6 +78,8 @@ func newTunnel(info ConnInfo) *tunnel {
 	if info.Service.IsZero() {
 		t.service = t.destination
 	}
+	t.accessLog = log.With(zap.String("source", t.source), zap.String("identity", t.principal),
+		zap.String("destination", t.destination), zap.String("service", t.service))
 	return t
 }
 
@@ -97,7 +106,7 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 	}
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	t := newTunnel(info)
+	t := newTunnel(info, e.log)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.serveHTTP(w, r, t) })
 
 	if info.Protocol != ProtocolHTTP {
