@@ -269,7 +269,10 @@ func (st *stream) waiting(head, tail []byte, end bool) *dataWrite {
 	return w
 }
 
-// Write sends p as DATA frames, waiting for flow control as needed.
+// Write sends p as DATA frames, waiting for flow control as needed. A
+// write that fits one small frame returns once the frame is queued, as a
+// socket's does once its data is in the send buffer (writeData); Close and
+// CloseWrite still deliver it first.
 func (st *stream) Write(p []byte) (int, error) {
 	st.wmu.Lock()
 	defer st.wmu.Unlock()
