@@ -43,10 +43,9 @@ type ConnInfo struct {
 // log line, metrics and headers use, made once per tunnel.
 type tunnel struct {
 	ConnInfo
-	source      string // Source
-	destination string // Destination
-	principal   string // Peer: the identity or "unauthenticated"
-	service     string // "{namespace}/{name}", or Destination for a workload
+	source    string // Source
+	principal string // Peer: the identity or "unauthenticated"
+	service   string // "{namespace}/{name}", or Destination for a workload
 	// forwardedFor and forwarded are what the caller adds to
 	// X-Forwarded-For and Forwarded; the header values of a request that
 	// had none, and the identity header's, are made once per tunnel and
@@ -68,18 +67,19 @@ type tunnel struct {
 }
 
 func newTunnel(info ConnInfo, log *zap.Logger) *tunnel {
-	t := &tunnel{ConnInfo: info, source: info.Source.String(), destination: info.Destination.String(), principal: info.Peer.String(),
+	t := &tunnel{ConnInfo: info, source: info.Source.String(), principal: info.Peer.String(),
 		forwardedFor: info.Source.Addr().Unmap().String(), forwarded: forwardedElement(info.Source)}
+	destination := info.Destination.String()
 	t.xffValues, t.forwardValues = []string{t.forwardedFor}, []string{t.forwarded}
 	if id, ok := info.Peer.Identity(); ok {
 		t.identityValues = []string{id.String()}
 	}
 	t.service = info.Service.String()
 	if info.Service.IsZero() {
-		t.service = t.destination
+		t.service = destination
 	}
 	t.accessLog = log.With(zap.String("source", t.source), zap.String("identity", t.principal),
-		zap.String("destination", t.destination), zap.String("service", t.service))
+		zap.String("destination", destination), zap.String("service", t.service))
 	return t
 }
 
