@@ -145,12 +145,13 @@ type h2conn struct {
 	dqUp []*dataWrite // the flushing writer's spare queue
 	// flushing: a writer is sending the queue; others wait to be told.
 	flushing bool
-	// writerLeads: the writer goroutine is to flush the queue.
-	writerLeads bool
-	wbuf        bytes.Buffer // framer output, sent with one Write
-	wout        [][]byte     // scratch: the pieces of one batched write
-	henc        *hpack.Encoder
-	hbuf        bytes.Buffer
+	// writerLeads: the writer goroutine is to flush the queue; writerGone:
+	// it has ended, so the lead stays with whoever holds it.
+	writerLeads, writerGone bool
+	wbuf                    bytes.Buffer // framer output, sent with one Write
+	wout                    [][]byte     // scratch: the pieces of one batched write
+	henc                    *hpack.Encoder
+	hbuf                    bytes.Buffer
 
 	mu       sync.Mutex
 	closed   bool
@@ -464,14 +465,16 @@ func (c *h2conn) signalWriterLocked() {
 
 func (c *h2conn) writeLoop() {
 	defer close(c.writerDone)
+	// However the loop ends, a lead handed to it is taken: the flush fails,
+	// answering its waiting writers.
+	defer c.takeLead(0, true)
 	for {
 		select {
 		case <-c.ctrlSig:
 		case <-c.done:
-			c.takeLead(0) // the flush fails, answering its waiting writers
 			return
 		}
-		c.takeLead(maxLeadRounds)
+		c.takeLead(maxLeadRounds, false)
 		c.wmu.Lock()
 		err := c.appendCtrlLocked()
 		if err == nil {
@@ -497,11 +500,12 @@ func (c *h2conn) writeLoop() {
 }
 
 // takeLead flushes the queue if a writer handed the lead to the writer
-// goroutine.
-func (c *h2conn) takeLead(rounds int) {
+// goroutine; last: the goroutine is ending and takes no lead after this.
+func (c *h2conn) takeLead(rounds int, last bool) {
 	c.qmu.Lock()
 	lead := c.writerLeads
 	c.writerLeads = false
+	c.writerGone = c.writerGone || last
 	c.qmu.Unlock()
 	if lead {
 		c.flushQueue(nil, rounds)
@@ -649,7 +653,7 @@ func (c *h2conn) writeData(w *dataWrite) error {
 // flushQueue sends the queue as the flushing writer until it is empty, and
 // returns the error of mine's frame (mine may be nil). After rounds
 // flushes (0: no limit) the lead passes to a waiting writer, or else to the
-// writer goroutine.
+// writer goroutine while it runs.
 func (c *h2conn) flushQueue(mine *dataWrite, rounds int) error {
 	var err error
 	for round := 1; ; round++ {
@@ -679,7 +683,7 @@ func (c *h2conn) flushQueue(mine *dataWrite, rounds int) error {
 			c.qmu.Unlock()
 			return err
 		}
-		if rounds == 0 || round < rounds {
+		if rounds == 0 || round < rounds || c.writerGone {
 			c.qmu.Unlock()
 			continue
 		}
