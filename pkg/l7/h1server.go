@@ -561,11 +561,16 @@ func writeDate(bw *bufio.Writer) {
 	bw.WriteString("\r\n")
 }
 
-// canWriteRaw: no header was written or set yet, and the request is not
-// HEAD (whose response has no body to frame).
+// canWriteRaw: writeRaw would write (rawWritableLocked).
 func (w *h1Response) canWriteRaw() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.rawWritableLocked()
+}
+
+// rawWritableLocked: no header was written or set yet, and the request is
+// not HEAD (whose response has no body to frame). w.mu held.
+func (w *h1Response) rawWritableLocked() bool {
 	return !w.wroteHeader && !w.hijacked && len(w.hdr) == 0 && w.req.Method != http.MethodHead
 }
 
@@ -578,7 +583,7 @@ func (w *h1Response) canWriteRaw() bool {
 func (w *h1Response) writeRaw(code int, cl int64, raw *rawFields) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.wroteHeader || w.hijacked || len(w.hdr) > 0 || w.req.Method == http.MethodHead {
+	if !w.rawWritableLocked() {
 		return false
 	}
 	w.wroteHeader = true
