@@ -33,6 +33,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,6 +244,7 @@ type options struct {
 	skipDirect, skipL4  bool
 	keep                bool
 	profile             string
+	rigProfile          string
 }
 
 func main() {
@@ -261,6 +263,7 @@ func main() {
 	flag.BoolVar(&o.skipL4, "skip-l4", false, "skip the reference run through the waypoint's TCP port (tunnels and relay only)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.StringVar(&o.profile, "waypoint-profile", "", "write a CPU profile of the waypoint during its first measured window to this file (go tool pprof bin/waypoint FILE)")
+	flag.StringVar(&o.rigProfile, "rig-profile", "", "write a CPU profile of this program (the HBONE load generator and backend) during the waypoint's first measured window to this file")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "waypoint bench:", err)
@@ -440,6 +443,8 @@ func run(o options) error {
 	var roundRPS, roundCPU []float64
 	wantProfile := o.profile != ""
 	var profiling chan error // the waypoint's CPU profile being taken
+	wantRigProfile := o.rigProfile != ""
+	var rigProfile *os.File // this program's, being taken
 	for range o.rounds {
 		round := map[string]best{}
 		for _, t := range targets {
@@ -449,6 +454,9 @@ func run(o options) error {
 					wantProfile = false
 					profiling = make(chan error, 1)
 					go func() { profiling <- profileWaypoint(ctx, mesh.Plan.Waypoints[0].Admin, o.window, o.profile) }()
+				}
+				if err := profileRig(t.name == "waypoint", start, &wantRigProfile, &rigProfile, o.rigProfile); err != nil {
+					return err
 				}
 				rig, err := benchmesh.CPUTime(os.Getpid())
 				if err != nil {
@@ -576,6 +584,30 @@ func profileWaypoint(ctx context.Context, admin string, d time.Duration, path st
 		return fmt.Errorf("waypoint profile: %s: %s", resp.Status, data)
 	}
 	return os.WriteFile(path, data, 0o644)
+}
+
+// profileRig starts this program's CPU profile at the start of the first
+// waypoint window (while *want) and stops it at its end.
+func profileRig(waypoint, start bool, want *bool, f **os.File, path string) error {
+	switch {
+	case waypoint && start && *want:
+		*want = false
+		out, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(out); err != nil {
+			out.Close()
+			return err
+		}
+		*f = out
+	case !start && *f != nil:
+		pprof.StopCPUProfile()
+		err := (*f).Close()
+		*f = nil
+		return err
+	}
+	return nil
 }
 
 // probe makes one request on t.
