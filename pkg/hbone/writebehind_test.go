@@ -65,19 +65,35 @@ func (g *gatedConn) waiting() bool {
 	return g.blocked == 1 && g.passes == 0
 }
 
-// gatedPool returns a pool whose connections are gated (the last one made
-// is *gate).
-func gatedPool(t *testing.T, m *mesh, gate **gatedConn) *Pool {
-	return newPool(t, m, func(o *PoolOptions) {
+// gatedTunnels opens n echo tunnels on one connection whose socket writes
+// pass a gate, and shuts the gate.
+func gatedTunnels(t *testing.T, n int) (*gatedConn, []halfCloser) {
+	t.Helper()
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	var gate *gatedConn
+	p := newPool(t, m, func(o *PoolOptions) {
 		o.Dial = func(ctx context.Context, _ netip.Addr, remote netip.AddrPort) (net.Conn, error) {
 			c, err := new(net.Dialer).DialContext(ctx, "tcp", remote.String())
 			if err != nil {
 				return nil, err
 			}
-			*gate = newGatedConn(c)
-			return *gate, nil
+			gate = newGatedConn(c)
+			return gate, nil
 		}
 	})
+	tg := m.target(addr, up.String())
+	tunnels := make([]halfCloser, n)
+	for i := range tunnels {
+		tunnels[i] = dialTunnel(t, p, tg)
+	}
+	if s := p.Stats(); s.Connections != 1 {
+		t.Fatalf("pool %+v: want the tunnels on one connection", s)
+	}
+	gate.setShut(true)
+	t.Cleanup(func() { gate.setShut(false) }) // before the tunnels close
+	return gate, tunnels
 }
 
 // writeAsync writes s on c in the background.
@@ -104,20 +120,8 @@ func expectEchoes(t *testing.T, want map[halfCloser]string) {
 // waits from its second frame on; and everything arrives, in order, once
 // the socket drains.
 func TestWriteBehindIsBounded(t *testing.T) {
-	m := newMesh(t)
-	up := upstream(t, echo)
-	_, addr := startServer(t, m, &dialHandler{}, nil)
-	var gate *gatedConn
-	p := gatedPool(t, m, &gate)
-	tg := m.target(addr, up.String())
-	a := dialTunnel(t, p, tg)
-	b := dialTunnel(t, p, tg)
-	if s := p.Stats(); s.Connections != 1 {
-		t.Fatalf("pool %+v: want both tunnels on one connection", s)
-	}
-
-	gate.setShut(true)
-	t.Cleanup(func() { gate.setShut(false) }) // before the tunnels close
+	gate, tunnels := gatedTunnels(t, 2)
+	a, b := tunnels[0], tunnels[1]
 	aDone := writeAsync(a, "a1;")
 	eventually(t, 10*time.Second, "a flush blocked on the socket", gate.waiting)
 
@@ -149,22 +153,7 @@ func TestWriteBehindIsBounded(t *testing.T) {
 // still queued then, the connection's writer goroutine sends them and the
 // writer returns.
 func TestFlushLeadPassesToWriter(t *testing.T) {
-	m := newMesh(t)
-	up := upstream(t, echo)
-	_, addr := startServer(t, m, &dialHandler{}, nil)
-	var gate *gatedConn
-	p := gatedPool(t, m, &gate)
-	tg := m.target(addr, up.String())
-	tunnels := make([]halfCloser, maxLeadRounds+1)
-	for i := range tunnels {
-		tunnels[i] = dialTunnel(t, p, tg)
-	}
-	if s := p.Stats(); s.Connections != 1 {
-		t.Fatalf("pool %+v: want the tunnels on one connection", s)
-	}
-
-	gate.setShut(true)
-	t.Cleanup(func() { gate.setShut(false) }) // before the tunnels close
+	gate, tunnels := gatedTunnels(t, maxLeadRounds+1)
 	lead := writeAsync(tunnels[0], "t0;")
 	for i := 1; i <= maxLeadRounds; i++ {
 		eventually(t, 10*time.Second, "a flush blocked on the socket", gate.waiting)
