@@ -19,15 +19,22 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
-func TestForwardingAndIdentityHeaders(t *testing.T) {
+// webHarness serves backend web with an authorizer that allows and keeps
+// in *seen the last request it saw.
+func webHarness(t *testing.T, seen **AuthzRequest) *harness {
 	h := newHarness(t)
 	h.backend("web", "http", false)
 	h.update(nil, nil)
-	var seen *AuthzRequest
 	h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
-		seen = r
+		*seen = r
 		return Decision{Allowed: true}
 	}))
+	return h
+}
+
+func TestForwardingAndIdentityHeaders(t *testing.T) {
+	var seen *AuthzRequest
+	h := webHarness(t, &seen)
 	ca := trusttest.NewCA(t, "cluster.local")
 	client := trusttest.Identity(t, "spiffe://cluster.local/ns/client/sa/app")
 	forged := "spiffe://cluster.local/ns/admin/sa/admin"
@@ -90,14 +97,8 @@ func TestForwardingAndIdentityHeaders(t *testing.T) {
 // that folds '_' into '-' (CGI, WSGI, Rack) would take it for the real one.
 // Other names with '_' pass.
 func TestUnderscoreNamesCannotClaimIdentity(t *testing.T) {
-	h := newHarness(t)
-	h.backend("web", "http", false)
-	h.update(nil, nil)
 	var seen *AuthzRequest
-	h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
-		seen = r
-		return Decision{Allowed: true}
-	}))
+	h := webHarness(t, &seen)
 	forged := "spiffe://cluster.local/ns/admin/sa/admin"
 	claims := map[string]string{
 		"X_Forwarded_Client_Cert":     "URI=" + forged,
