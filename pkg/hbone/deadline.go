@@ -2,12 +2,17 @@ package hbone
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // deadline is a settable point in time whose wait channel is closed once it
 // has passed. Waiters select on wait(); a nil channel (no deadline was ever
 // set) blocks forever, so tunnels that never use deadlines pay nothing.
+//
+// armed is set with the first deadline and stays set: until then exceeded
+// and wait answer without taking the lock. (Setting a deadline wakes the
+// stream's waiters, which then look again.)
 //
 // net/http moves a connection's read deadline several times per request,
 // so one timer is re-armed rather than a new one made each time; a firing
@@ -18,6 +23,7 @@ type deadline struct {
 	at    time.Time   // zero: none
 	timer *time.Timer // calls expire; made on first use
 	ch    chan struct{}
+	armed atomic.Bool
 }
 
 func (d *deadline) set(t time.Time) {
@@ -36,6 +42,7 @@ func (d *deadline) set(t time.Time) {
 	if d.ch == nil {
 		d.ch = make(chan struct{})
 	}
+	d.armed.Store(true)
 	dur := time.Until(t)
 	switch {
 	case dur <= 0:
@@ -58,6 +65,9 @@ func (d *deadline) expire() {
 }
 
 func (d *deadline) wait() <-chan struct{} {
+	if !d.armed.Load() {
+		return nil
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.ch
@@ -65,6 +75,9 @@ func (d *deadline) wait() <-chan struct{} {
 
 // exceeded reports whether the deadline has passed.
 func (d *deadline) exceeded() bool {
+	if !d.armed.Load() {
+		return false
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.ch != nil && isClosed(d.ch)

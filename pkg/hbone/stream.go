@@ -163,10 +163,21 @@ func (st *stream) lockReadable() error {
 			return err
 		}
 		c.mu.Unlock()
-		select {
-		case <-st.rsig:
-		case <-st.rdl.wait():
-		}
+		awaitSignal(st.rsig, st.rdl.wait())
+	}
+}
+
+// awaitSignal waits for sig or for the deadline channel dl to close; a
+// plain receive when there is no deadline (nil dl), which costs the
+// scheduler less than a select.
+func awaitSignal(sig <-chan struct{}, dl <-chan struct{}) {
+	if dl == nil {
+		<-sig
+		return
+	}
+	select {
+	case <-sig:
+	case <-dl:
 	}
 }
 
@@ -251,10 +262,7 @@ func (st *stream) awaitSend(max int) (int, error) {
 			c.sendWaiters = append(c.sendWaiters, st)
 		}
 		c.mu.Unlock()
-		select {
-		case <-st.wsig:
-		case <-st.wdl.wait():
-		}
+		awaitSignal(st.wsig, st.wdl.wait())
 	}
 }
 
