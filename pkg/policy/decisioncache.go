@@ -4,7 +4,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strconv"
-	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,10 +37,11 @@ import (
 // only the values at those paths (prune): the policy cannot tell it from
 // the whole input, and it is much cheaper to build than the whole input.
 type decisionCache struct {
-	paths  []ast.Ref // what the policy reads, relative to input, shortest prefixes only
-	pruned []ast.Ref // paths cut before their first step that is not a string
-	seed   maphash.Seed
-	slots  [decisionCacheSlots]atomic.Pointer[cachedResult]
+	paths   []ast.Ref     // what the policy reads, relative to input, shortest prefixes only
+	lookups []inputLookup // paths resolved against the input schema
+	pruned  []ast.Ref     // paths cut before their first step that is not a string
+	seed    maphash.Seed
+	slots   [decisionCacheSlots]atomic.Pointer[cachedResult]
 }
 
 type cachedResult struct {
@@ -163,11 +164,11 @@ func newDecisionCache(modules map[string]*ast.Module) (*decisionCache, string) {
 		if n == 0 {
 			// input[0]: a number as the first step reads nothing a pruned
 			// input could hold; keep the whole input to be safe.
-			return &decisionCache{paths: kept, seed: maphash.MakeSeed()}, ""
+			return &decisionCache{paths: kept, lookups: resolveAll(kept), seed: maphash.MakeSeed()}, ""
 		}
 		cut = append(cut, p[:n].Copy())
 	}
-	return &decisionCache{paths: kept, pruned: shortestPrefixes(cut), seed: maphash.MakeSeed()}, ""
+	return &decisionCache{paths: kept, lookups: resolveAll(kept), pruned: shortestPrefixes(cut), seed: maphash.MakeSeed()}, ""
 }
 
 // shortestPrefixes sorts paths and drops those that extend another: a value
@@ -251,74 +252,80 @@ func (c *decisionCache) status() DecisionCacheStatus {
 	return st
 }
 
-// key encodes each value the policy can read exactly: a string as "s",
-// its length, ":" and its bytes; anything else as "v" and its Rego text
-// (which quotes the strings inside); a missing value as "\x01"; each
-// followed by "\x00". False when the input is too large to cache.
-func (c *decisionCache) key(input policyInput) (string, bool) {
-	var b strings.Builder
-	b.Grow(64 * len(c.paths))
-	for _, p := range c.paths {
-		v, found := input.find(p)
-		switch {
-		case !found:
-			b.WriteByte(1)
-		case !appendKeyStrings(&b, v):
-			b.WriteByte('v')
-			b.WriteString(v.String())
-		}
-		b.WriteByte(0)
-		if b.Len() > maxCacheKey {
-			return "", false
+// key appends to b an exact encoding of each value the policy can read: a
+// string as "s", its length, ":" and its bytes; an array of strings (a
+// parsed path) as "a", its length, ":" and its strings so; anything else as
+// "v" and its Rego text (which quotes the strings inside); a missing value
+// as "\x01"; each followed by "\x00". False when the input is too large to
+// cache.
+func (c *decisionCache) key(b []byte, input policyInput) ([]byte, bool) {
+	for i := range c.lookups {
+		b = input.appendKey(b, &c.lookups[i])
+		b = append(b, 0)
+		if len(b) > maxCacheKey {
+			return b, false
 		}
 	}
-	return b.String(), true
+	return b, true
 }
 
-// appendKeyStrings appends a string, or an array of strings (a parsed
-// path), each with its length, and reports whether v was one; other values
-// go in as their OPA text, after a different tag.
-func appendKeyStrings(b *strings.Builder, v ast.Value) bool {
-	appendString := func(s ast.String) {
-		b.WriteByte('s')
-		b.WriteString(strconv.Itoa(len(s)))
-		b.WriteByte(':')
-		b.WriteString(string(s))
+// appendKeyValue appends the encoding of v (found false: missing).
+func appendKeyValue(b []byte, v ast.Value, found bool) []byte {
+	if !found {
+		return append(b, 1)
 	}
 	switch v := v.(type) {
 	case ast.String:
-		appendString(v)
-		return true
+		return appendKeyString(b, string(v))
 	case *ast.Array:
+		strs := true
 		for i := range v.Len() {
 			if _, ok := v.Elem(i).Value.(ast.String); !ok {
-				return false
+				strs = false
+				break
 			}
 		}
-		b.WriteByte('a')
-		b.WriteString(strconv.Itoa(v.Len()))
-		b.WriteByte(':')
-		for i := range v.Len() {
-			appendString(v.Elem(i).Value.(ast.String))
+		if strs {
+			b = append(b, 'a')
+			b = strconv.AppendInt(b, int64(v.Len()), 10)
+			b = append(b, ':')
+			for i := range v.Len() {
+				b = appendKeyString(b, string(v.Elem(i).Value.(ast.String)))
+			}
+			return b
 		}
-		return true
 	}
-	return false
+	b = append(b, 'v')
+	return append(b, v.String()...)
 }
 
-func (c *decisionCache) slot(key string) *atomic.Pointer[cachedResult] {
-	return &c.slots[maphash.String(c.seed, key)%decisionCacheSlots]
+func appendKeyString(b []byte, s string) []byte {
+	b = append(b, 's')
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
 }
 
-func (c *decisionCache) get(key string, now time.Time) (*cachedResult, bool) {
+// keyBufs recycles the buffers keys are built in: a hit only compares the
+// key, so only a miss makes it a string.
+var keyBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, 512)
+	return &b
+}}
+
+func (c *decisionCache) slot(key []byte) *atomic.Pointer[cachedResult] {
+	return &c.slots[maphash.Bytes(c.seed, key)%decisionCacheSlots]
+}
+
+func (c *decisionCache) get(key []byte, now time.Time) (*cachedResult, bool) {
 	e := c.slot(key).Load()
-	if e == nil || e.key != key || now.UnixNano() >= e.expires {
+	if e == nil || e.key != string(key) || now.UnixNano() >= e.expires {
 		return nil, false
 	}
 	return e, true
 }
 
 // put keeps rs, and d as read from it, for key.
-func (c *decisionCache) put(key string, rs rego.ResultSet, d Decision, now time.Time) {
-	c.slot(key).Store(&cachedResult{key: key, rs: rs, d: ownCopy(d), expires: now.Add(decisionCacheTTL).UnixNano()})
+func (c *decisionCache) put(key []byte, rs rego.ResultSet, d Decision, now time.Time) {
+	c.slot(key).Store(&cachedResult{key: string(key), rs: rs, d: ownCopy(d), expires: now.Add(decisionCacheTTL).UnixNano()})
 }

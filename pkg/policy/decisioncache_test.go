@@ -167,11 +167,11 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 		t.Fatal(reason)
 	}
 	key := func(src string) string {
-		k, ok := c.key(astInput{ast.MustParseTerm(src).Value})
+		k, ok := c.key(nil, astInput{ast.MustParseTerm(src).Value})
 		if !ok {
 			t.Fatalf("%s: not cacheable", src)
 		}
-		return k
+		return string(k)
 	}
 	distinct := []string{
 		`{}`,
@@ -212,7 +212,7 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 		t.Error("a value the policy cannot read changed the key")
 	}
 	big := fmt.Sprintf(`{"a": %q}`, strings.Repeat("x", maxCacheKey))
-	if _, ok := c.key(astInput{ast.MustParseTerm(big).Value}); ok {
+	if _, ok := c.key(nil, astInput{ast.MustParseTerm(big).Value}); ok {
 		t.Error("an oversized key was accepted")
 	}
 }
@@ -220,14 +220,14 @@ func TestDecisionCacheKeysOnlyIdenticalValues(t *testing.T) {
 func TestDecisionCacheExpires(t *testing.T) {
 	c, _ := newDecisionCache(compiledModules(t, "package p\n\nallow if input.a\n"))
 	now := time.Now()
-	c.put("k", nil, Decision{}, now)
-	if _, ok := c.get("k", now.Add(decisionCacheTTL-time.Nanosecond)); !ok {
+	c.put([]byte("k"), nil, Decision{}, now)
+	if _, ok := c.get([]byte("k"), now.Add(decisionCacheTTL-time.Nanosecond)); !ok {
 		t.Fatal("entry gone before its time")
 	}
-	if _, ok := c.get("k", now.Add(decisionCacheTTL)); ok {
+	if _, ok := c.get([]byte("k"), now.Add(decisionCacheTTL)); ok {
 		t.Fatal("entry outlived the TTL")
 	}
-	if _, ok := c.get("other", now); ok {
+	if _, ok := c.get([]byte("other"), now); ok {
 		t.Fatal("hit for a key never stored")
 	}
 }

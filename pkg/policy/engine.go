@@ -363,6 +363,9 @@ func (e *Engine) DecideInput(ctx context.Context, input ast.Value) Decision {
 type policyInput interface {
 	// find is value().Find(path), ok false where that fails.
 	find(path ast.Ref) (ast.Value, bool)
+	// appendKey appends the cache key encoding of the value at l.path
+	// (appendKeyValue of find).
+	appendKey(b []byte, l *inputLookup) []byte
 	value() ast.Value
 }
 
@@ -371,6 +374,11 @@ type astInput struct{ v ast.Value }
 func (in astInput) find(path ast.Ref) (ast.Value, bool) {
 	v, err := in.v.Find(path)
 	return v, err == nil
+}
+
+func (in astInput) appendKey(b []byte, l *inputLookup) []byte {
+	v, found := in.find(l.path)
+	return appendKeyValue(b, v, found)
 }
 
 func (in astInput) value() ast.Value { return in.v }
@@ -408,10 +416,17 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, in policyInput, resu
 			d = deny(http.StatusInternalServerError, fmt.Sprintf("policy evaluation panicked: %v", r))
 		}
 	}()
-	var key string
+	var key []byte
 	cacheable := false
 	if c.cache != nil {
-		if key, cacheable = c.cache.key(in); cacheable {
+		kb := keyBufs.Get().(*[]byte)
+		defer func() {
+			if cap(key) <= 2*maxCacheKey {
+				*kb = key[:0]
+				keyBufs.Put(kb)
+			}
+		}()
+		if key, cacheable = c.cache.key((*kb)[:0], in); cacheable {
 			if hit, ok := c.cache.get(key, now); ok {
 				e.metrics.cacheHit.Inc()
 				setResult(hit.rs, result)

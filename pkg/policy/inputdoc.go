@@ -331,24 +331,65 @@ func (d *inputDoc) value() ast.Value { return inputSchema.build(d).Value }
 
 // find is value().Find(path) without building more than the value at path.
 func (d *inputDoc) find(path ast.Ref) (ast.Value, bool) {
+	l := resolve(path)
+	return d.lookup(&l)
+}
+
+// An inputLookup is a path into the input resolved against inputSchema
+// once (decision cache paths), so that reading it from a request's
+// document does not search the schema step by step.
+type inputLookup struct {
+	path  ast.Ref     // relative to input
+	field *inputField // where the path leaves the schema, or ends in it; nil: nowhere (absent)
+	rest  ast.Ref     // path's steps below field, read from its built value
+}
+
+func resolve(path ast.Ref) inputLookup {
 	f := &inputSchema
 	for i, step := range path {
 		if f.fields == nil {
-			t := f.build(d)
-			if t == nil {
-				return nil, false
-			}
-			v, err := t.Value.Find(path[i:])
-			return v, err == nil
+			return inputLookup{path: path, field: f, rest: path[i:]}
 		}
 		if f = f.child(step.Value); f == nil {
-			return nil, false
+			return inputLookup{path: path}
 		}
 	}
-	if t := f.build(d); t != nil {
+	return inputLookup{path: path, field: f}
+}
+
+func resolveAll(paths []ast.Ref) []inputLookup {
+	ls := make([]inputLookup, len(paths))
+	for i, p := range paths {
+		ls[i] = resolve(p)
+	}
+	return ls
+}
+
+func (d *inputDoc) lookup(l *inputLookup) (ast.Value, bool) {
+	if l.field == nil {
+		return nil, false
+	}
+	t := l.field.build(d)
+	if t == nil {
+		return nil, false
+	}
+	if len(l.rest) == 0 {
 		return t.Value, true
 	}
-	return nil, false
+	v, err := t.Value.Find(l.rest)
+	return v, err == nil
+}
+
+func (d *inputDoc) appendKey(b []byte, l *inputLookup) []byte {
+	if f := l.field; f != nil && f.str != nil && len(l.rest) == 0 {
+		// A string field: its key without making it a term first.
+		if s, ok := f.str(d); ok {
+			return appendKeyString(b, s)
+		}
+		return appendKeyValue(b, nil, false)
+	}
+	v, found := d.lookup(l)
+	return appendKeyValue(b, v, found)
 }
 
 // appendJSON appends the document as appendJSON(b, d.value(), r) would,

@@ -27,6 +27,10 @@ func checkDocAgrees(t testing.TB, d *inputDoc) {
 		case found && got.Compare(want) != 0:
 			t.Fatalf("%v: find gives %v, the value holds %v", p, got, want)
 		}
+		l := resolve(p)
+		if key, want := d.appendKey(nil, &l), (astInput{v}).appendKey(nil, &l); !bytes.Equal(key, want) {
+			t.Fatalf("%v: key %q, the value's key %q", p, key, want)
+		}
 	}
 	for _, opts := range []DecisionLogOptions{{}, {LogBodies: true, MaskHeaders: []string{"Accept", "X-Custom"}}} {
 		l, err := NewDecisionLogger(zap.NewNop(), opts)
