@@ -76,7 +76,13 @@ func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
 	k := metricsKey{code, route}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// A tunnel's requests mostly repeat the previous one's labels: that
+	// needs no hashing of the route.
+	if t.lastSet.requests != nil && k == t.last {
+		return t.lastSet
+	}
 	if l, ok := t.metrics[k]; ok {
+		t.last, t.lastSet = k, l
 		return l
 	}
 	c := strconv.Itoa(code)
@@ -88,6 +94,7 @@ func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
 		t.metrics = make(map[metricsKey]labelled)
 	}
 	t.metrics[k] = l
+	t.last, t.lastSet = k, l
 	return l
 }
 
@@ -149,7 +156,7 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 		fp := accessFields.Get().(*[]zap.Field)
 		fields := append((*fp)[:0],
 			zap.String("method", x.orig.Method),
-			zap.String("path", x.orig.URL.EscapedPath()),
+			zap.String("path", x.origPath()),
 			zap.String("protocol", x.orig.Proto),
 			zap.String("route", route),
 			zap.String("rule", x.rec.rule),

@@ -89,9 +89,11 @@ type exchange struct {
 	// map and URL until a filter changes them (ownOut): the proxy copies
 	// the request it sends anyway.
 	out      *http.Request
+	outReq   http.Request // what out points to: one allocation with the exchange
 	outOwned bool
 	view     *reqView
 	path     string // out's escaped path
+	escPath  string // orig.URL.EscapedPath() when known, else ""
 
 	rule      *rule
 	backend   *backend
@@ -166,6 +168,8 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 			x.reply(w, http.StatusBadRequest, "bad request path: "+err.Error(), nil)
 			return
 		}
+	} else {
+		x.escPath = esc
 	}
 	x.path = path
 	x.view = newReqView(r, path)
@@ -198,7 +202,8 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.ctx = ctx
 	}
 	// The trace reports 1xx responses to forward (forward.go sets its hook).
-	x.out = r.WithContext(httptrace.WithClientTrace(ctx, &x.trace))
+	x.outReq = *r.WithContext(httptrace.WithClientTrace(ctx, &x.trace))
+	x.out = &x.outReq
 	x.dropConnectionOptions()
 
 	if x.applyFilters(w, ru.filters) {
@@ -248,6 +253,14 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		return
 	}
 	x.forward(w)
+}
+
+// origPath is the request's escaped path as received (normalized).
+func (x *exchange) origPath() string {
+	if x.escPath != "" {
+		return x.escPath
+	}
+	return x.orig.URL.EscapedPath()
 }
 
 // workloadRule serves a workload-addressed destination: no routes, the

@@ -64,6 +64,8 @@ type tunnel struct {
 	// the label sets this tunnel's requests used; it goes with the tunnel.
 	mu      sync.Mutex
 	metrics map[metricsKey]labelled
+	last    metricsKey // the key of the previous request's label set, held in lastSet
+	lastSet labelled
 }
 
 func newTunnel(info ConnInfo, log *zap.Logger) *tunnel {
