@@ -52,6 +52,7 @@ type h1Conn struct {
 	bw    *bufio.Writer
 	timer *time.Timer // the header and idle timeouts: closes conn
 	gone  goneWatch
+	hooks requestHooks
 	// afterPost: RFC 9112 §2.2 tolerance, as net/http: stray CRLF after a
 	// POST body are skipped.
 	afterPost bool
@@ -68,6 +69,8 @@ func serveH1(ctx context.Context, conn net.Conn, peerDone context.Context, h htt
 	c.bw = bufio.NewWriterSize(conn, 4<<10)
 	stop := context.AfterFunc(peerDone, c.gone.peerEnded)
 	defer stop()
+	stopHooks := context.AfterFunc(ctx, c.hooks.endCurrent)
+	defer stopHooks()
 	c.timer = time.AfterFunc(limits.readHeaderTimeout, func() { conn.Close() })
 	defer c.timer.Stop()
 	for c.serveOne() {
@@ -93,7 +96,12 @@ func (c *h1Conn) serveOne() bool {
 		}
 		return false
 	}
-	ctx, cancel := context.WithCancel(c.ctx)
+	ctx, cancelCtx := context.WithCancel(c.ctx)
+	gen := c.hooks.begin(ctx)
+	cancel := func() {
+		cancelCtx()
+		c.hooks.end(gen)
+	}
 	defer cancel()
 	// In place: the body fills in req.Trailer, on the request it was read
 	// with.
@@ -125,6 +133,10 @@ func (c *h1Conn) serveOne() bool {
 	w.finish()
 	return w.reusable()
 }
+
+// requestHooks lets the engine's upstream exchange watch the request's
+// context cheaply (see requestHooks).
+func (w *h1Response) requestHooks() *requestHooks { return &w.c.hooks }
 
 // newResponse is the response writer for req.
 func (c *h1Conn) newResponse(req *http.Request) *h1Response {

@@ -55,7 +55,8 @@ type inlineConn struct {
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
-	interrupt func() // ends what is blocked on nc; made once, run per exchange's context
+	interrupt func()   // ends what is blocked on nc; made once, run when an exchange's context ends
+	watch     ctxWatch // the exchange in flight's watch on its context
 }
 
 // budgetReader reads from r while budget lasts; a negative budget is
@@ -94,13 +95,19 @@ func h1Plain(req *http.Request) bool {
 // a replayable request then goes once more on a new connection, as
 // http.Transport does.
 func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
-	return h.roundTrip(req, nil)
+	var got1xx func(int, textproto.MIMEHeader) error
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil {
+		got1xx = trace.Got1xxResponse
+	}
+	return h.roundTrip(req, nil, nil, got1xx)
 }
 
-// roundTrip is RoundTrip; with raw set, a response whose fields can be
-// passed on as they are comes without a header map, its fields in raw
-// (rawResponse), for the engine's forward only.
-func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields) (*http.Response, error) {
+// roundTrip is RoundTrip for the engine's forward: with raw set, a response
+// whose fields can be passed on as they are comes without a header map,
+// its fields in raw (rawResponse); hooks (may be nil) watch the request's
+// context when it is the server's own; got1xx (may be nil) is given the
+// informational responses.
+func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, hooks *requestHooks, got1xx func(int, textproto.MIMEHeader) error) (*http.Response, error) {
 	if raw != nil {
 		raw.ok = false
 	}
@@ -121,7 +128,7 @@ func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields) (*http.Response,
 			c.br = bufio.NewReader(&c.lim)
 			c.bw = bufio.NewWriter(nc)
 		}
-		resp, err := h.exchange(c, req, raw)
+		resp, err := h.exchange(c, req, raw, hooks, got1xx)
 		if err == nil {
 			return resp, nil
 		}
@@ -153,11 +160,11 @@ func replayable(req *http.Request) bool {
 
 // exchange writes req on c and reads the response header. The request's
 // context ending interrupts c until the body is done.
-func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields) (*http.Response, error) {
+func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, hooks *requestHooks, got1xx func(int, textproto.MIMEHeader) error) (*http.Response, error) {
 	ctx := req.Context()
-	stop := context.AfterFunc(ctx, c.interrupt)
+	c.watch.start(ctx, hooks, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
-		stop()
+		c.watch.end()
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}
@@ -197,8 +204,8 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields) (*
 		if code == http.StatusSwitchingProtocols || n == max1xx {
 			return fail(fmt.Errorf("upstream answered %s to a request that did not ask for it", resp.Status))
 		}
-		if trace := httptrace.ContextClientTrace(ctx); trace != nil && trace.Got1xxResponse != nil {
-			if err := trace.Got1xxResponse(code, textproto.MIMEHeader(resp.Header)); err != nil {
+		if got1xx != nil {
+			if err := got1xx(code, textproto.MIMEHeader(resp.Header)); err != nil {
 				return fail(err)
 			}
 		}
@@ -207,10 +214,10 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields) (*
 	c.lim.budget = -1
 	keep := !resp.Close && !req.Close
 	if resp.Body == http.NoBody {
-		h.release(c, stop, keep)
+		h.release(c, keep)
 		return resp, nil
 	}
-	resp.Body = &inlineBody{r: resp.Body, h: h, c: c, stop: stop, keep: keep}
+	resp.Body = &inlineBody{r: resp.Body, h: h, c: c, keep: keep}
 	return resp, nil
 }
 
@@ -353,8 +360,8 @@ func invalidField(h http.Header) (key string, name, bad bool) {
 // release ends an exchange on c: back to the idle list when the response
 // was read whole, the connection may stay open and the request's context
 // did not interrupt it; closed otherwise.
-func (h *inlineH1) release(c *inlineConn, stop func() bool, reuse bool) {
-	if !stop() {
+func (h *inlineH1) release(c *inlineConn, reuse bool) {
+	if !c.watch.end() {
 		reuse = false // the context ended: c's deadline is in the past
 	}
 	if !reuse || c.br.Buffered() > 0 {
@@ -432,8 +439,7 @@ type inlineBody struct {
 	r     io.ReadCloser
 	h     *inlineH1
 	c     *inlineConn
-	stop  func() bool // the exchange's context hook
-	keep  bool        // the connection may stay open
+	keep  bool // the connection may stay open
 	ended atomic.Bool
 }
 
@@ -452,6 +458,6 @@ func (b *inlineBody) Close() error {
 
 func (b *inlineBody) end(reuse bool) {
 	if b.ended.CompareAndSwap(false, true) {
-		b.h.release(b.c, b.stop, b.keep && reuse)
+		b.h.release(b.c, b.keep && reuse)
 	}
 }

@@ -89,7 +89,8 @@ type exchange struct {
 	// map and URL until a filter changes them (ownOut): the proxy copies
 	// the request it sends anyway.
 	out      *http.Request
-	outReq   http.Request // what out points to: one allocation with the exchange
+	outReq   http.Request  // what out points to: one allocation with the exchange
+	hooks    *requestHooks // the HTTP/1.1 server's, for watching the request's context
 	outOwned bool
 	view     *reqView
 	path     string // out's escaped path
@@ -137,6 +138,9 @@ type exchangeKey struct{}
 func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel) {
 	x := &exchange{e: e, info: info, start: time.Now(), ctx: r.Context(), orig: r, rec: record{grpcCode: -1}}
 	x.rw.ResponseWriter = w
+	if hw, ok := w.(interface{ requestHooks() *requestHooks }); ok {
+		x.hooks = hw.requestHooks()
+	}
 	rw := &x.rw
 	completed := false
 	defer func() {
@@ -201,8 +205,9 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		defer cancel()
 		x.ctx = ctx
 	}
-	// The trace reports 1xx responses to forward (forward.go sets its hook).
-	x.outReq = *r.WithContext(httptrace.WithClientTrace(ctx, &x.trace))
+	// Same context as r unless a timeout was added: the upstream exchange
+	// can then watch it through x.hooks.
+	x.outReq = *r.WithContext(ctx)
 	x.out = &x.outReq
 	x.dropConnectionOptions()
 
@@ -891,10 +896,12 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	var err error
 	rt := ep.roundTripper(x.proto, areq)
 	if h, ok := rt.(*inlineH1); ok && x.wantRaw {
-		resp, err = h.roundTrip(areq, &x.raw)
+		resp, err = h.roundTrip(areq, &x.raw, x.hooks, x.trace.Got1xxResponse)
 	} else {
 		x.raw.ok = false
-		resp, err = rt.RoundTrip(areq)
+		// The trace reports 1xx responses to forward (forward.go sets its
+		// hook).
+		resp, err = rt.RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
 	}
 	if err != nil {
 		ep.outstanding.Add(-1)
