@@ -88,9 +88,18 @@ type exchange struct {
 	// out is what goes upstream, filters applied. It shares orig's header
 	// map and URL until a filter changes them (ownOut): the proxy copies
 	// the request it sends anyway.
-	out      *http.Request
-	outReq   http.Request  // what out points to: one allocation with the exchange
-	hooks    *requestHooks // the HTTP/1.1 server's, for watching the request's context
+	out    *http.Request
+	outReq http.Request  // what out points to: one allocation with the exchange
+	hooks  *requestHooks // the HTTP/1.1 server's, for watching the request's context
+	// try1 holds the first attempt's request, URL and body wrapper, made
+	// with the exchange; a retry makes its own (the first attempt's may
+	// still be referenced).
+	try1 struct {
+		used bool
+		req  http.Request
+		url  url.URL
+		body releaseBody
+	}
 	outOwned bool
 	view     *reqView
 	path     string // out's escaped path
@@ -876,10 +885,19 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	if x.rule.backendTimeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, x.rule.backendTimeout)
 	}
-	areq := req.WithContext(ctx)
-	u := *req.URL
+	var areq *http.Request
+	var u *url.URL
+	var rb *releaseBody
+	if x.try1.used {
+		areq, u, rb = new(http.Request), new(url.URL), new(releaseBody)
+	} else {
+		x.try1.used = true
+		areq, u, rb = &x.try1.req, &x.try1.url, &x.try1.body
+	}
+	*areq = *req.WithContext(ctx)
+	*u = *req.URL
 	u.Scheme, u.Host = "http", ep.addr
-	areq.URL = &u
+	areq.URL = u
 	switch {
 	case x.bodyDone && len(x.body) == 0:
 		areq.Body, areq.ContentLength, areq.GetBody = nil, 0, nil
@@ -916,7 +934,8 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
 		resp.Body = &releaseRWBody{ReadWriteCloser: rwc, attemptDone: attemptDone{ep: ep, cancel: cancel}}
 	} else {
-		resp.Body = &releaseBody{ReadCloser: resp.Body, attemptDone: attemptDone{ep: ep, cancel: cancel}}
+		rb.ReadCloser, rb.ep, rb.cancel = resp.Body, ep, cancel
+		resp.Body = rb
 	}
 	return resp, nil
 }
