@@ -150,6 +150,7 @@ type h2conn struct {
 	writerLeads, writerGone bool
 	wbuf                    bytes.Buffer // framer output, sent with one Write
 	wout                    [][]byte     // scratch: the pieces of one batched write
+	wpieces                 []batchPiece // scratch: where they are
 	henc                    *hpack.Encoder
 	hbuf                    bytes.Buffer
 
@@ -727,7 +728,13 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 		}
 		return
 	}
-	out := append(c.wout[:0], c.wbuf.Bytes())
+	// Small frames are copied behind the control frames in wbuf, so that a
+	// batch of them goes out as one TLS record instead of one record each
+	// (a seal here, an open and a read at the peer, per record). A larger
+	// frame keeps its pieces: a head that fills a record, and a tail
+	// written from the writer's own buffer.
+	pieces := c.wpieces[:0]
+	run := 0 // where the run of copied bytes not yet in pieces starts
 	c.mu.Lock()
 	for _, w := range batch {
 		payload := len(w.head) - frameHeaderLen + len(w.tail)
@@ -747,19 +754,58 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 			flags = http2.FlagDataEndStream
 		}
 		putFrameHeader(w.head, payload, http2.FrameData, flags, w.st.id)
-		out = append(out, w.head, w.tail)
+		if n := len(w.head) + len(w.tail); n <= coalesceMax && c.wbuf.Len()+n <= maxCoalesced {
+			c.wbuf.Write(w.head)
+			c.wbuf.Write(w.tail)
+			continue
+		}
+		if c.wbuf.Len() > run {
+			pieces = append(pieces, batchPiece{from: run, to: c.wbuf.Len()})
+			run = c.wbuf.Len()
+		}
+		pieces = append(pieces, batchPiece{direct: w.head})
+		if len(w.tail) > 0 {
+			pieces = append(pieces, batchPiece{direct: w.tail})
+		}
 	}
 	c.mu.Unlock()
+	if c.wbuf.Len() > run {
+		pieces = append(pieces, batchPiece{from: run, to: c.wbuf.Len()})
+	}
+	out := c.wout[:0]
+	copied := c.wbuf.Bytes()
+	for _, p := range pieces {
+		if p.direct != nil {
+			out = append(out, p.direct)
+		} else {
+			out = append(out, copied[p.from:p.to])
+		}
+	}
 	err := c.writeOut(out...)
 	c.wbuf.Reset()
 	clear(out)
-	c.wout = out[:0]
+	clear(pieces)
+	c.wout, c.wpieces = out[:0], pieces[:0]
 	for _, w := range batch {
 		if w.err == nil {
 			w.err = err
 		}
 	}
 }
+
+// batchPiece is one write of a batch: bytes from..to of wbuf, or direct.
+type batchPiece struct {
+	from, to int
+	direct   []byte
+}
+
+const (
+	// coalesceMax is the largest frame a batch copies into wbuf.
+	coalesceMax = 2 << 10
+	// maxCoalesced bounds what a batch copies into wbuf (and so what wbuf
+	// keeps between batches); later small frames go out as they are.
+	maxCoalesced = 64 << 10
+)
 
 func putFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) {
 	b[0], b[1], b[2] = byte(length>>16), byte(length>>8), byte(length)

@@ -21,6 +21,7 @@ type gatedConn struct {
 	shut    bool
 	passes  int // Writes let through while shut
 	blocked int // Writes waiting at the gate
+	sent    []byte
 }
 
 func newGatedConn(c net.Conn) *gatedConn {
@@ -39,8 +40,24 @@ func (g *gatedConn) Write(b []byte) (int, error) {
 	if g.shut {
 		g.passes--
 	}
+	g.sent = append(g.sent, b...)
 	g.mu.Unlock()
 	return g.Conn.Write(b)
+}
+
+// appDataRecords counts the TLS application data records written so far.
+func (g *gatedConn) appDataRecords() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	for b := g.sent; len(b) >= 5; {
+		size := 5 + (int(b[3])<<8 | int(b[4]))
+		if b[0] == 23 {
+			n++
+		}
+		b = b[min(size, len(b)):]
+	}
+	return n
 }
 
 func (g *gatedConn) setShut(shut bool) {
@@ -214,5 +231,30 @@ func TestCloseDeliversSmallWrites(t *testing.T) {
 	}
 	if string(got) != want.String() {
 		t.Fatalf("got %d bytes, want %d", len(got), want.Len())
+	}
+}
+
+// Small frames flushed together go out in one TLS record, not one each.
+func TestBatchedSmallFramesShareARecord(t *testing.T) {
+	gate, tunnels := gatedTunnels(t, 8)
+	before := gate.appDataRecords()
+	first := writeAsync(tunnels[0], "first")
+	eventually(t, 10*time.Second, "the first flush blocked on the socket", gate.waiting)
+	want := map[halfCloser]string{tunnels[0]: "first"}
+	for i, c := range tunnels[1:] {
+		msg := fmt.Sprintf("queued %d", i)
+		if err := <-writeAsync(c, msg); err != nil {
+			t.Fatal(err)
+		}
+		want[c] = msg
+	}
+	gate.setShut(false)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	expectEchoes(t, want)
+	// The first frame's own record, then the seven queued frames in one.
+	if n := gate.appDataRecords() - before; n != 2 {
+		t.Fatalf("%d records for 8 small frames in two flushes, want 2", n)
 	}
 }
