@@ -63,7 +63,7 @@ func New(opts Options) (*Logger, error) {
 		ec := zap.NewProductionEncoderConfig()
 		ec.EncodeTime = zapcore.RFC3339NanoTimeEncoder
 		ec.NewReflectedEncoder = newReflectedEncoder
-		enc = zapcore.NewJSONEncoder(ec)
+		enc = newFastJSON(ec)
 		zopt = []zap.Option{zap.AddStacktrace(zap.ErrorLevel)}
 	case "console":
 		ec := zap.NewDevelopmentEncoderConfig()
