@@ -101,8 +101,7 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 		h["User-Agent"] = noUserAgent
 	}
 
-	x.interimTo = w
-	x.trace.Got1xxResponse = x.got1xx
+	x.interimTo = w // attempt hands 1xx responses to got1xx
 	// x.out is the exchange's own request, used no more after this; its
 	// header map and URL may still be orig's, so they are replaced, never
 	// changed.
@@ -123,6 +122,16 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 // noUserAgent keeps an upstream request without a User-Agent without one
 // (Go would send its own).
 var noUserAgent = []string{""}
+
+// interimSink takes the informational (1xx) responses of an exchange.
+type interimSink interface {
+	got1xx(code int, hdr textproto.MIMEHeader) error
+}
+
+// got1xxFunc is an httptrace Got1xxResponse hook as an interimSink.
+type got1xxFunc func(int, textproto.MIMEHeader) error
+
+func (f got1xxFunc) got1xx(code int, hdr textproto.MIMEHeader) error { return f(code, hdr) }
 
 // got1xx passes an informational response on to the caller, until the
 // final response has arrived.

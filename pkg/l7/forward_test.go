@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,23 +72,31 @@ func TestForwardResponses(t *testing.T) {
 	addr := h.front(webInfo(trust.Unauthenticated()))
 	c := h1Client(addr)
 
-	t.Run("1xx", func(t *testing.T) {
-		var got []string
-		trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
-			got = append(got, fmt.Sprintf("%d %s", code, hdr.Get("Link")))
-			return nil
-		}}
-		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), "GET", "http://web/early", nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if len(got) != 1 || got[0] != "103 </a.css>; rel=preload" || resp.StatusCode != 200 || string(body) != "final" || resp.Header.Get("Link") != "" {
-			t.Errorf("1xx %q, final %d %q, Link %q", got, resp.StatusCode, body, resp.Header.Get("Link"))
-		}
-	})
+	// GET goes through the inline transport, a POST with a body through
+	// net/http's: both pass the 103 on.
+	for _, method := range []string{"GET", "POST"} {
+		t.Run("1xx "+method, func(t *testing.T) {
+			var got []string
+			trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, hdr textproto.MIMEHeader) error {
+				got = append(got, fmt.Sprintf("%d %s", code, hdr.Get("Link")))
+				return nil
+			}}
+			var body io.Reader
+			if method == "POST" {
+				body = strings.NewReader("payload")
+			}
+			req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), method, "http://web/early", body)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			final, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if len(got) != 1 || got[0] != "103 </a.css>; rel=preload" || resp.StatusCode != 200 || string(final) != "final" || resp.Header.Get("Link") != "" {
+				t.Errorf("1xx %q, final %d %q, Link %q", got, resp.StatusCode, final, resp.Header.Get("Link"))
+			}
+		})
+	}
 
 	t.Run("trailers", func(t *testing.T) {
 		resp, err := c.Get("http://web/trailers")

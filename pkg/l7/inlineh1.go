@@ -95,19 +95,19 @@ func h1Plain(req *http.Request) bool {
 // a replayable request then goes once more on a new connection, as
 // http.Transport does.
 func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
-	var got1xx func(int, textproto.MIMEHeader) error
-	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil {
-		got1xx = trace.Got1xxResponse
+	var interim interimSink
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
+		interim = got1xxFunc(trace.Got1xxResponse)
 	}
-	return h.roundTrip(req, nil, nil, got1xx)
+	return h.roundTrip(req, nil, nil, interim)
 }
 
 // roundTrip is RoundTrip for the engine's forward: with raw set, a response
 // whose fields can be passed on as they are comes without a header map,
 // its fields in raw (rawResponse); hooks (may be nil) watch the request's
-// context when it is the server's own; got1xx (may be nil) is given the
+// context when it is the server's own; interim (may be nil) is given the
 // informational responses.
-func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, hooks *requestHooks, got1xx func(int, textproto.MIMEHeader) error) (*http.Response, error) {
+func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, hooks *requestHooks, interim interimSink) (*http.Response, error) {
 	if raw != nil {
 		raw.ok = false
 	}
@@ -128,7 +128,7 @@ func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, hooks *requestHo
 			c.br = bufio.NewReader(&c.lim)
 			c.bw = bufio.NewWriter(nc)
 		}
-		resp, err := h.exchange(c, req, raw, hooks, got1xx)
+		resp, err := h.exchange(c, req, raw, hooks, interim)
 		if err == nil {
 			return resp, nil
 		}
@@ -160,7 +160,7 @@ func replayable(req *http.Request) bool {
 
 // exchange writes req on c and reads the response header. The request's
 // context ending interrupts c until the body is done.
-func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, hooks *requestHooks, got1xx func(int, textproto.MIMEHeader) error) (*http.Response, error) {
+func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, hooks *requestHooks, interim interimSink) (*http.Response, error) {
 	ctx := req.Context()
 	c.watch.start(ctx, hooks, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
@@ -204,8 +204,8 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, ho
 		if code == http.StatusSwitchingProtocols || n == max1xx {
 			return fail(fmt.Errorf("upstream answered %s to a request that did not ask for it", resp.Status))
 		}
-		if got1xx != nil {
-			if err := got1xx(code, textproto.MIMEHeader(resp.Header)); err != nil {
+		if interim != nil {
+			if err := interim.got1xx(code, textproto.MIMEHeader(resp.Header)); err != nil {
 				return fail(err)
 			}
 		}

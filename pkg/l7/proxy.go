@@ -913,12 +913,15 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	var resp *http.Response
 	var err error
 	rt := ep.roundTripper(x.proto, areq)
+	// forward's requests (interimTo set) pass 1xx responses on: directly
+	// from the inline transport, through the trace from the others.
 	if h, ok := rt.(*inlineH1); ok && x.wantRaw {
-		resp, err = h.roundTrip(areq, &x.raw, x.hooks, x.trace.Got1xxResponse)
+		resp, err = h.roundTrip(areq, &x.raw, x.hooks, x)
 	} else {
 		x.raw.ok = false
-		// The trace reports 1xx responses to forward (forward.go sets its
-		// hook).
+		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
+			x.trace.Got1xxResponse = x.got1xx
+		}
 		resp, err = rt.RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
 	}
 	if err != nil {
