@@ -782,7 +782,11 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 		}
 	}
 	err := c.writeOut(out...)
-	c.wbuf.Reset()
+	if c.wbuf.Cap() > maxKeptWbuf {
+		c.wbuf = bytes.Buffer{} // a burst's copies are not kept for the connection's life
+	} else {
+		c.wbuf.Reset()
+	}
 	clear(out)
 	clear(pieces)
 	c.wout, c.wpieces = out[:0], pieces[:0]
@@ -802,9 +806,11 @@ type batchPiece struct {
 const (
 	// coalesceMax is the largest frame a batch copies into wbuf.
 	coalesceMax = 2 << 10
-	// maxCoalesced bounds what a batch copies into wbuf (and so what wbuf
-	// keeps between batches); later small frames go out as they are.
+	// maxCoalesced bounds what a batch copies into wbuf; later small frames
+	// go out as they are.
 	maxCoalesced = 64 << 10
+	// maxKeptWbuf bounds the wbuf a connection keeps between batches.
+	maxKeptWbuf = 16 << 10
 )
 
 func putFrameHeader(b []byte, length int, t http2.FrameType, flags http2.Flags, id uint32) {

@@ -88,18 +88,8 @@ type exchange struct {
 	// out is what goes upstream, filters applied. It shares orig's header
 	// map and URL until a filter changes them (ownOut): the proxy copies
 	// the request it sends anyway.
-	out    *http.Request
-	outReq http.Request  // what out points to: one allocation with the exchange
-	hooks  *requestHooks // the HTTP/1.1 server's, for watching the request's context
-	// try1 holds the first attempt's request, URL and body wrapper, made
-	// with the exchange; a retry makes its own (the first attempt's may
-	// still be referenced).
-	try1 struct {
-		used bool
-		req  http.Request
-		url  url.URL
-		body releaseBody
-	}
+	out      *http.Request
+	outReq   http.Request // what out points to: one allocation with the exchange
 	outOwned bool
 	view     *reqView
 	path     string // out's escaped path
@@ -110,6 +100,16 @@ type exchange struct {
 	endpoints []*endpoint
 	first     *endpoint
 	proto     upstreamProto
+	hooks     *requestHooks // the HTTP/1.1 server's, for watching the request's context
+	// try1 holds the first attempt's request, URL and body wrapper, made
+	// with the exchange; a retry makes its own (the first attempt's may
+	// still be referenced).
+	try1 struct {
+		used bool
+		req  http.Request
+		url  url.URL
+		body releaseBody
+	}
 
 	in       *countingBody
 	body     []byte // buffered body (all of it when bodyDone)
