@@ -2,8 +2,10 @@
 # Compares the waypoint of two revisions under bench/waypoint: builds both,
 # then alternates single-round runs of each (A, B, A, B, ...) so that both
 # see the same host, and prints each run's waypoint/nginx ratios and their
-# means and medians per revision. On this kind of shared 2-core host single
-# runs swing by 20 % or more; use 8 pairs or more for a change under 10 %.
+# means and medians per revision, and per pair the ratio of the waypoint's
+# own CPU per request (B/A; it does not carry nginx's run-to-run swings).
+# On this kind of shared 2-core host single runs swing by 20 % or more; use
+# 8 pairs or more for a change under 10 %.
 #
 #   bench/waypoint-ab.sh REV_A [REV_B] [PAIRS]   (REV_B defaults to the work tree)
 #
@@ -12,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-	sed -n '2,11p' "$0" >&2
+	sed -n '2,13p' "$0" >&2
 	exit 2
 fi
 revA=$1
@@ -58,7 +60,7 @@ awk '
 		for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j-1] > a[j]; j--) { t = a[j]; a[j] = a[j-1]; a[j-1] = t }
 		return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2
 	}
-	{ n[$1]++; r[$1, n[$1]] = $2; c[$1, n[$1]] = $3; rs[$1] += $2; cs[$1] += $3 }
+	{ n[$1]++; r[$1, n[$1]] = $2; c[$1, n[$1]] = $3; w[$1, n[$1]] = $4; rs[$1] += $2; cs[$1] += $3; ws[$1] += $4 }
 	END {
 		for (v = 1; v <= 2; v++) {
 			k = v == 1 ? "A" : "B"
@@ -66,5 +68,14 @@ awk '
 			for (i = 1; i <= n[k]; i++) { ra[i] = r[k, i]; ca[i] = c[k, i] }
 			printf "bench: ab_%s_rps_ratio_mean %.3f x\nbench: ab_%s_rps_ratio_median %.3f x\n", k, rs[k]/n[k], k, median(ra, n[k])
 			printf "bench: ab_%s_cpu_per_req_ratio_mean %.3f x\nbench: ab_%s_cpu_per_req_ratio_median %.3f x\n", k, cs[k]/n[k], k, median(ca, n[k])
+			printf "bench: ab_%s_waypoint_cpu_us_per_req_mean %.2f us\n", k, ws[k]/n[k]
 		}
+		# Pairwise: run i of B against run i of A, which saw nearly the same
+		# host; the waypoint's own CPU per request does not carry nginx's
+		# run-to-run swings, unlike the ratios above.
+		if (n["A"] != n["B"] || !n["A"]) exit
+		won = 0
+		for (i = 1; i <= n["A"]; i++) { pw[i] = w["B", i] / w["A", i]; if (r["B", i] > r["A", i]) won++ }
+		printf "bench: ab_B_vs_A_waypoint_cpu_us_per_req_median %.3f x\n", median(pw, n["A"])
+		printf "bench: ab_B_won_rps_ratio_pairs %d of %d\n", won, n["A"]
 	}' "$dir/runs"
