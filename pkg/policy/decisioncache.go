@@ -37,9 +37,10 @@ import (
 // only the values at those paths (prune): the policy cannot tell it from
 // the whole input, and it is much cheaper to build than the whole input.
 type decisionCache struct {
-	paths   []ast.Ref     // what the policy reads, relative to input, shortest prefixes only
-	lookups []inputLookup // paths resolved against the input schema
-	pruned  []ast.Ref     // paths cut before their first step that is not a string
+	// what the policy reads, relative to input (shortest prefixes only),
+	// resolved against the input schema
+	lookups []inputLookup
+	pruned  []ast.Ref // paths cut before their first step that is not a string
 	seed    maphash.Seed
 	slots   [decisionCacheSlots]atomic.Pointer[cachedResult]
 }
@@ -164,11 +165,11 @@ func newDecisionCache(modules map[string]*ast.Module) (*decisionCache, string) {
 		if n == 0 {
 			// input[0]: a number as the first step reads nothing a pruned
 			// input could hold; keep the whole input to be safe.
-			return &decisionCache{paths: kept, lookups: resolveAll(kept), seed: maphash.MakeSeed()}, ""
+			return &decisionCache{lookups: resolveAll(kept), seed: maphash.MakeSeed()}, ""
 		}
 		cut = append(cut, p[:n].Copy())
 	}
-	return &decisionCache{paths: kept, lookups: resolveAll(kept), pruned: shortestPrefixes(cut), seed: maphash.MakeSeed()}, ""
+	return &decisionCache{lookups: resolveAll(kept), pruned: shortestPrefixes(cut), seed: maphash.MakeSeed()}, ""
 }
 
 // shortestPrefixes sorts paths and drops those that extend another: a value
@@ -246,8 +247,8 @@ func callReason(op ast.Ref) string {
 
 func (c *decisionCache) status() DecisionCacheStatus {
 	st := DecisionCacheStatus{Enabled: true}
-	for _, p := range c.paths {
-		st.InputPaths = append(st.InputPaths, ast.InputRootRef.Concat(p).String())
+	for _, l := range c.lookups {
+		st.InputPaths = append(st.InputPaths, ast.InputRootRef.Concat(l.path).String())
 	}
 	return st
 }
