@@ -98,32 +98,32 @@ func buffered(r *bufio.Reader) []byte {
 	return b
 }
 
-// plainRequest parses the request at the start of buf as http.ReadRequest
-// would, if its head is plain and whole in buf; it returns the request and
-// the length of its head, or nil.
-func plainRequest(buf []byte) (*http.Request, int) {
+// plainRequest parses the request at the start of buf into req as
+// http.ReadRequest would, if its head is plain and whole in buf, and
+// returns the length of its head; 0 (req untouched) otherwise.
+func plainRequest(buf []byte, req *http.Request) int {
 	line, h, n := plainHead(buf)
 	if h == nil {
-		return nil, 0
+		return 0
 	}
 	method, rest, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(rest, " ")
 	if !ok1 || !ok2 || method == http.MethodConnect || !httpguts.ValidHeaderFieldName(method) ||
 		!strings.HasPrefix(target, "/") {
-		return nil, 0
+		return 0
 	}
 	minor := httpMinor(proto)
 	if minor < 0 {
-		return nil, 0
+		return 0
 	}
 	if len(h["Host"]) > 1 || has(h, "Content-Length") || has(h, "Transfer-Encoding") || has(h, "Trailer") || has(h, "Pragma") {
-		return nil, 0
+		return 0
 	}
 	u, err := url.ParseRequestURI(target)
 	if err != nil {
-		return nil, 0
+		return 0
 	}
-	req := &http.Request{
+	*req = http.Request{
 		Method: method, URL: u, Proto: proto, ProtoMajor: 1, ProtoMinor: minor,
 		Header: h, Body: http.NoBody, RequestURI: target,
 		Close: closes(minor, h),
@@ -132,7 +132,7 @@ func plainRequest(buf []byte) (*http.Request, int) {
 		req.Host = hosts[0]
 		delete(h, "Host") // as http.ReadRequest does
 	}
-	return req, n
+	return n
 }
 
 // plainResponse parses the response to req at the start of buf as

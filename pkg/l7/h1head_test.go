@@ -61,7 +61,7 @@ var unplainHeads = []string{
 
 func TestPlainHeadTakesCommonHeads(t *testing.T) {
 	for _, s := range plainRequests {
-		if req, _ := plainRequest([]byte(s)); req == nil {
+		if plainRequest([]byte(s), new(http.Request)) == 0 {
 			t.Errorf("plainRequest declined %q", s)
 		}
 	}
@@ -71,7 +71,7 @@ func TestPlainHeadTakesCommonHeads(t *testing.T) {
 		}
 	}
 	for _, s := range unplainHeads {
-		if req, _ := plainRequest([]byte(s)); req != nil {
+		if plainRequest([]byte(s), new(http.Request)) != 0 {
 			t.Errorf("plainRequest took %q", s)
 		}
 		if resp, _ := plainResponse([]byte(s), nil, &http.Request{Method: http.MethodGet}); resp != nil {
@@ -91,14 +91,15 @@ func FuzzPlainHead(f *testing.F) {
 	}
 	f.Add([]byte(plainResponses[0]), true)
 	f.Fuzz(func(t *testing.T, data []byte, head bool) {
-		if req, n := plainRequest(data); req != nil {
+		got := new(http.Request)
+		if n := plainRequest(data, got); n != 0 {
 			br := bufio.NewReaderSize(bytes.NewReader(data), len(data)+16)
 			want, err := http.ReadRequest(br)
 			if err != nil {
 				t.Fatalf("plainRequest took %q; http.ReadRequest: %v", data, err)
 			}
-			if !reflect.DeepEqual(req, want) {
-				t.Fatalf("requests differ for %q:\nplain    %+v\nnet/http %+v", data, req, want)
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("requests differ for %q:\nplain    %+v\nnet/http %+v", data, got, want)
 			}
 			if read := len(data) - br.Buffered(); read != n {
 				t.Fatalf("plainRequest's head of %q is %d bytes, http.ReadRequest read %d", data, n, read)
@@ -138,7 +139,7 @@ func BenchmarkHead(b *testing.B) {
 	respHead := []byte("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nDate: Mon, 30 Nov 2026 04:00:00 GMT\r\nContent-Length: 5\r\n\r\nhello")
 	get := &http.Request{Method: http.MethodGet}
 	b.Run("request/plain", func(b *testing.B) {
-		benchParse(b, reqHead, func(br *bufio.Reader) bool { req, _ := plainRequest(peekAll(br)); return req != nil })
+		benchParse(b, reqHead, func(br *bufio.Reader) bool { return plainRequest(peekAll(br), new(http.Request)) != 0 })
 	})
 	b.Run("request/net-http", func(b *testing.B) {
 		benchParse(b, reqHead, func(br *bufio.Reader) bool { _, err := http.ReadRequest(br); return err == nil })

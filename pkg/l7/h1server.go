@@ -52,7 +52,10 @@ type h1Conn struct {
 	bw    *bufio.Writer
 	timer *time.Timer // the header and idle timeouts: closes conn
 	gone  goneWatch
-	hooks requestHooks
+	scope requestScope // the requests' contexts
+	// plain is filled by plainRequest; a request is its copy with the
+	// request's context (http.Request.WithContext copies anyway).
+	plain http.Request
 	// afterPost: RFC 9112 §2.2 tolerance, as net/http: stray CRLF after a
 	// POST body are skipped.
 	afterPost bool
@@ -64,13 +67,15 @@ type h1Conn struct {
 // aheadConn for other connections).
 func serveH1(ctx context.Context, conn net.Conn, peerDone context.Context, h http.Handler, limits h1Limits, log *zap.Logger) {
 	c := &h1Conn{conn: conn, ctx: ctx, handler: h, limits: limits, log: log}
+	c.scope.parent = ctx
+	c.gone.scope = &c.scope
 	c.lr.R = conn
 	c.br = bufio.NewReaderSize(&c.lr, 4<<10)
 	c.bw = bufio.NewWriterSize(conn, 4<<10)
 	stop := context.AfterFunc(peerDone, c.gone.peerEnded)
 	defer stop()
-	stopHooks := context.AfterFunc(ctx, c.hooks.endCurrent)
-	defer stopHooks()
+	stopScope := context.AfterFunc(ctx, c.scope.endCurrent)
+	defer stopScope()
 	c.timer = time.AfterFunc(limits.readHeaderTimeout, func() { conn.Close() })
 	defer c.timer.Stop()
 	for c.serveOne() {
@@ -96,16 +101,17 @@ func (c *h1Conn) serveOne() bool {
 		}
 		return false
 	}
-	ctx, cancelCtx := context.WithCancel(c.ctx)
-	gen := c.hooks.begin(ctx)
-	cancel := func() {
-		cancelCtx()
-		c.hooks.end(gen)
+	ctx := c.scope.begin()
+	gen := ctx.gen
+	defer c.scope.end(gen)
+	if req == &c.plain {
+		req = c.plain.WithContext(ctx)
+		c.plain = http.Request{}
+	} else {
+		// In place: the body fills in req.Trailer, on the request it was
+		// read with.
+		*req = *req.WithContext(ctx)
 	}
-	defer cancel()
-	// In place: the body fills in req.Trailer, on the request it was read
-	// with.
-	*req = *req.WithContext(ctx)
 	w := c.newResponse(req)
 	expect := false
 	if hasToken(req.Header.Get("Expect"), "100-continue") {
@@ -116,10 +122,10 @@ func (c *h1Conn) serveOne() bool {
 		return false
 	}
 	if req.Body == http.NoBody {
-		c.bodyDone(cancel)
+		c.bodyDone(gen)
 	} else {
 		// Kept apart from req.Body, which the handler may replace.
-		w.body = &h1Body{src: req.Body, w: w, cancel: cancel, expect: expect}
+		w.body = &h1Body{src: req.Body, w: w, gen: gen, expect: expect}
 		w.canContinue = expect
 		req.Body = w.body
 	}
@@ -129,14 +135,10 @@ func (c *h1Conn) serveOne() bool {
 		return false // hijacked, or the handler aborted the response
 	}
 	c.gone.disarm()
-	cancel() // before the body is drained: nothing may still be sending it
+	c.scope.end(gen) // before the body is drained: nothing may still be sending it
 	w.finish()
 	return w.reusable()
 }
-
-// requestHooks lets the engine's upstream exchange watch the request's
-// context cheaply (see requestHooks).
-func (w *h1Response) requestHooks() *requestHooks { return &w.c.hooks }
 
 // newResponse is the response writer for req.
 func (c *h1Conn) newResponse(req *http.Request) *h1Response {
@@ -232,9 +234,9 @@ func (c *h1Conn) nextRequest() (req *http.Request, plain bool, err error) {
 	if _, err := c.br.Peek(1); err != nil {
 		return nil, false, err // as http.ReadRequest returns it
 	}
-	if req, n := plainRequest(buffered(c.br)); req != nil {
+	if n := plainRequest(buffered(c.br), &c.plain); n > 0 {
 		_, _ = c.br.Discard(n)
-		return req, true, nil
+		return &c.plain, true, nil
 	}
 	req, err = http.ReadRequest(c.br)
 	return req, false, err
@@ -284,33 +286,34 @@ func commonReadError(err error) bool {
 // body was read and nothing more was sent. (net/http's server learns the
 // same by keeping a read pending on the connection.)
 type goneWatch struct {
-	mu     sync.Mutex
-	ended  bool
-	cancel context.CancelFunc // the current request's, once armed
+	scope *requestScope
+	mu    sync.Mutex
+	ended bool
+	gen   uint64 // the current request's generation, once armed; 0: none
 }
 
 func (g *goneWatch) peerEnded() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.ended = true
-	if g.cancel != nil {
-		g.cancel()
+	if g.gen != 0 {
+		g.scope.end(g.gen)
 	}
 }
 
-func (g *goneWatch) arm(cancel context.CancelFunc) {
+func (g *goneWatch) arm(gen uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ended {
-		cancel()
+		g.scope.end(gen)
 		return
 	}
-	g.cancel = cancel
+	g.gen = gen
 }
 
 func (g *goneWatch) disarm() {
 	g.mu.Lock()
-	g.cancel = nil
+	g.gen = 0
 	g.mu.Unlock()
 }
 
@@ -321,8 +324,8 @@ func (g *goneWatch) disarm() {
 // server before the next request, or the connection ends.
 type h1Body struct {
 	w      *h1Response
-	cancel context.CancelFunc
-	expect bool // 100-continue was asked for
+	gen    uint64 // the request's (requestScope)
+	expect bool   // 100-continue was asked for
 
 	// mu keeps a Read (on whichever goroutine sends the body upstream) from
 	// overlapping Close, the drain, or the next request's use of the
@@ -345,7 +348,7 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	n, err := b.src.Read(p)
 	if err == io.EOF && !b.sawEOF.Load() {
 		b.sawEOF.Store(true)
-		b.w.c.bodyDone(b.cancel)
+		b.w.c.bodyDone(b.gen)
 	}
 	return n, err
 }
@@ -375,9 +378,9 @@ func (b *h1Body) drain() bool {
 // bodyDone arms goneWatch once a request's body was read, unless the
 // client already sent more (pipelining): only then would a read not block
 // because the client went away.
-func (c *h1Conn) bodyDone(cancel context.CancelFunc) {
+func (c *h1Conn) bodyDone(gen uint64) {
 	if c.br.Buffered() == 0 {
-		c.gone.arm(cancel)
+		c.gone.arm(gen)
 	}
 }
 

@@ -99,15 +99,14 @@ func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
 	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
 		interim = got1xxFunc(trace.Got1xxResponse)
 	}
-	return h.roundTrip(req, nil, nil, interim)
+	return h.roundTrip(req, nil, interim)
 }
 
 // roundTrip is RoundTrip for the engine's forward: with raw set, a response
 // whose fields can be passed on as they are comes without a header map,
-// its fields in raw (rawResponse); hooks (may be nil) watch the request's
-// context when it is the server's own; interim (may be nil) is given the
+// its fields in raw (rawResponse); interim (may be nil) is given the
 // informational responses.
-func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, hooks *requestHooks, interim interimSink) (*http.Response, error) {
+func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, interim interimSink) (*http.Response, error) {
 	if raw != nil {
 		raw.ok = false
 	}
@@ -128,7 +127,7 @@ func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, hooks *requestHo
 			c.br = bufio.NewReader(&c.lim)
 			c.bw = bufio.NewWriter(nc)
 		}
-		resp, err := h.exchange(c, req, raw, hooks, interim)
+		resp, err := h.exchange(c, req, raw, interim)
 		if err == nil {
 			return resp, nil
 		}
@@ -160,9 +159,9 @@ func replayable(req *http.Request) bool {
 
 // exchange writes req on c and reads the response header. The request's
 // context ending interrupts c until the body is done.
-func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, hooks *requestHooks, interim interimSink) (*http.Response, error) {
+func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, interim interimSink) (*http.Response, error) {
 	ctx := req.Context()
-	c.watch.start(ctx, hooks, c.interrupt)
+	c.watch.start(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
 		c.watch.end()
 		if ctxErr := ctx.Err(); ctxErr != nil {

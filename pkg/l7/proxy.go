@@ -100,7 +100,6 @@ type exchange struct {
 	endpoints []*endpoint
 	first     *endpoint
 	proto     upstreamProto
-	hooks     *requestHooks // the HTTP/1.1 server's, for watching the request's context
 	// try1 holds the first attempt's request, URL and body wrapper, made
 	// with the exchange; a retry makes its own (the first attempt's may
 	// still be referenced).
@@ -147,9 +146,6 @@ type exchangeKey struct{}
 func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel) {
 	x := &exchange{e: e, info: info, start: time.Now(), ctx: r.Context(), orig: r, rec: record{grpcCode: -1}}
 	x.rw.ResponseWriter = w
-	if hw, ok := w.(interface{ requestHooks() *requestHooks }); ok {
-		x.hooks = hw.requestHooks()
-	}
 	rw := &x.rw
 	completed := false
 	defer func() {
@@ -215,7 +211,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.ctx = ctx
 	}
 	// Same context as r unless a timeout was added: the upstream exchange
-	// can then watch it through x.hooks.
+	// can then watch it cheaply (ctxWatch).
 	x.outReq = *r.WithContext(ctx)
 	x.out = &x.outReq
 	x.dropConnectionOptions()
@@ -916,7 +912,7 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	// forward's requests (interimTo set) pass 1xx responses on: directly
 	// from the inline transport, through the trace from the others.
 	if h, ok := rt.(*inlineH1); ok && x.wantRaw {
-		resp, err = h.roundTrip(areq, &x.raw, x.hooks, x)
+		resp, err = h.roundTrip(areq, &x.raw, x)
 	} else {
 		x.raw.ok = false
 		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
