@@ -71,8 +71,8 @@ awk '
 			printf "bench: ab_%s_waypoint_cpu_us_per_req_mean %.2f us\n", k, ws[k]/n[k]
 		}
 		# Pairwise: run i of B against run i of A, which saw nearly the same
-		# host; the waypoint's own CPU per request does not carry nginx's
-		# run-to-run swings, unlike the ratios above.
+		# host; the own CPU per request of the waypoint does not carry the
+		# run-to-run swings of nginx, unlike the ratios above.
 		if (n["A"] != n["B"] || !n["A"]) exit
 		won = 0
 		for (i = 1; i <= n["A"]; i++) { pw[i] = w["B", i] / w["A", i]; if (r["B", i] > r["A", i]) won++ }
