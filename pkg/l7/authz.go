@@ -50,7 +50,9 @@ type AuthzRequest struct {
 	Rule  string
 }
 
-// Decision is an authorization result, shaped after OPA-Envoy's.
+// Decision is an authorization result, shaped after OPA-Envoy's. The
+// engine only reads its maps and lists, so an Authorizer may share them
+// between decisions (pkg/policy's decision cache does).
 type Decision struct {
 	Allowed bool
 	// Status and Body answer a denied request; Status defaults to 403, and

@@ -3,6 +3,8 @@ package l7
 import (
 	"context"
 	"net/http"
+	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -26,7 +28,21 @@ func TestAuthorization(t *testing.T) {
 
 	var mu sync.Mutex
 	var calls []*AuthzRequest
+	// Every request gets the same Decision, as from a decision cache: the
+	// engine must leave its maps and lists as they were.
+	var current, was Decision
+	unchanged := func() {
+		if !reflect.DeepEqual(current.Headers, was.Headers) || !reflect.DeepEqual(current.ResponseHeadersToAdd, was.ResponseHeadersToAdd) ||
+			!reflect.DeepEqual(current.RequestHeadersToRemove, was.RequestHeadersToRemove) {
+			t.Errorf("serving requests changed the decision: now %+v, was %+v", current, was)
+		}
+	}
+	t.Cleanup(unchanged)
 	decide := func(d Decision) {
+		unchanged()
+		current = d
+		was = Decision{Headers: d.Headers.Clone(), ResponseHeadersToAdd: d.ResponseHeadersToAdd.Clone(),
+			RequestHeadersToRemove: slices.Clone(d.RequestHeadersToRemove)}
 		h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
 			mu.Lock()
 			calls = append(calls, r)
@@ -87,7 +103,10 @@ func TestAuthorization(t *testing.T) {
 	if a.Peer.Authenticated() || a.Source != callerAddr || a.Destination != h.backends["v1"].addr || a.DestinationIdentity.String() != "spiffe://cluster.local/ns/default/sa/v1" {
 		t.Errorf("authorizer addresses: %+v", a)
 	}
-	get(t, c, "/y", nil)
+	res = get(t, c, "/y", map[string]string{"X-Secret": "again"})
+	if res.echo.Header.Get("X-Authz") != "checked" || res.echo.Header.Get("X-Secret") != "" || res.header.Get("X-Decision") != "allowed" {
+		t.Errorf("allow headers, decision reused: request %v response %v", res.echo.Header, res.header)
+	}
 	if a := last(); a.Rule != "all" {
 		t.Errorf("rule name = %q", a.Rule)
 	}

@@ -13,6 +13,10 @@ import (
 )
 
 // Decision is the outcome of one authorization. A zero Decision denies.
+//
+// Its header maps and lists are read only: decisions the decision cache
+// reuses share them, so a caller that changed one would change the answer
+// of later requests.
 type Decision struct {
 	// Allowed lets the request through.
 	Allowed bool `json:"allowed"`

@@ -48,22 +48,14 @@ type decisionCache struct {
 type cachedResult struct {
 	key     string
 	rs      rego.ResultSet // read only: shared by every request that hits
-	d       Decision       // rs read; each hit gets its own copy (decided)
+	d       Decision       // rs read; its maps and lists are shared with every hit too
 	expires int64          // unix nanoseconds
 }
 
-// decided is a copy of r's decision whose header maps and lists belong to
-// the caller.
-func (r *cachedResult) decided() Decision { return ownCopy(r.d) }
-
-// ownCopy is d with its own header maps and lists, so that neither the
-// cache nor a caller sees the other change them.
-func ownCopy(d Decision) Decision {
-	d.Headers = d.Headers.Clone()
-	d.ResponseHeadersToAdd = d.ResponseHeadersToAdd.Clone()
-	d.RequestHeadersToRemove = slices.Clone(d.RequestHeadersToRemove)
-	return d
-}
+// decided is r's decision. Its header maps and lists are shared by every
+// hit (Decision says callers only read them): a copy per hit was ~2 % of
+// the waypoint's CPU.
+func (r *cachedResult) decided() Decision { return r.d }
 
 const (
 	decisionCacheSlots = 4096
@@ -328,5 +320,5 @@ func (c *decisionCache) get(key []byte, now time.Time) (*cachedResult, bool) {
 
 // put keeps rs, and d as read from it, for key.
 func (c *decisionCache) put(key []byte, rs rego.ResultSet, d Decision, now time.Time) {
-	c.slot(key).Store(&cachedResult{key: string(key), rs: rs, d: ownCopy(d), expires: now.Add(decisionCacheTTL).UnixNano()})
+	c.slot(key).Store(&cachedResult{key: string(key), rs: rs, d: d, expires: now.Add(decisionCacheTTL).UnixNano()})
 }
