@@ -76,40 +76,41 @@ func (x *exchange) forward(w *responseRecorder) {
 	}
 }
 
-// outgoing is the request sent upstream: x.out with its own header map,
-// without hop-by-hop fields and the caller's forwarding headers, with the
-// waypoint's forwarding, policy and identity headers, and reporting 1xx
-// responses to w.
+// outgoing is the request sent upstream: x.out with its header made by
+// the header rules (x.up, sorted): without hop-by-hop fields and the
+// caller's forwarding headers, with the waypoint's forwarding, policy and
+// identity headers. Its Header is that as a map, except when the inline
+// transport will send it (x.inlineUp): that writes x.up, and Header is nil.
+// 1xx responses are reported to w.
 func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	in := x.out.Header
-	h := make(http.Header, len(in)+4)
-	for k, vv := range in {
-		if !isHopByHop(k) && !isForwarding(k) {
-			h[k] = vv // shared: headers are replaced, never appended to, from here on
-		}
-	}
-	// dropConnectionOptions removed what the client's Connection named; a
-	// route filter may have named more.
-	deleteConnectionNamed(h, in["Connection"])
+	l := upstreamBase(in, x.upFields[:0])
 	// Tell the upstream trailers are welcome when the caller said so
 	// (ReverseProxy does the same).
 	if httpguts.HeaderValuesContainsToken(in["Te"], "trailers") {
-		h["Te"] = []string{"trailers"}
+		l.set("Te", teTrailers)
 	}
-	x.setUpstreamHeaders(h, in)
-	if _, ok := h["User-Agent"]; !ok {
-		h["User-Agent"] = noUserAgent
+	x.setUpstreamHeaders(&l, in)
+	if !l.has("User-Agent") {
+		l = append(l, field{"User-Agent", noUserAgent})
 	}
+	l.sort()
+	x.up = l
 
 	x.interimTo = w // attempt hands 1xx responses to got1xx
 	// x.out is the exchange's own request, used no more after this; its
 	// header map and URL may still be orig's, so they are replaced, never
 	// changed.
 	out := x.out
-	out.Header = h
 	out.Close = false
 	if out.ContentLength == 0 {
 		out.Body = nil
+	}
+	x.inlineUp = x.proto != upstreamH2 && h1Plain(out, l)
+	if x.inlineUp {
+		out.Header = nil
+	} else {
+		out.Header = l.header()
 	}
 	if q := cleanQuery(out.URL.RawQuery); q != out.URL.RawQuery {
 		u := *out.URL
@@ -118,6 +119,8 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	}
 	return out
 }
+
+var teTrailers = []string{"trailers"}
 
 // noUserAgent keeps an upstream request without a User-Agent without one
 // (Go would send its own).
@@ -195,12 +198,12 @@ func isForwarding(k string) bool {
 	return false
 }
 
-// setUpstreamHeaders adds the waypoint's headers to h, the upstream copy of
-// the headers in: forwarding, then an allow's changes, then the identity.
-func (x *exchange) setUpstreamHeaders(h, in http.Header) {
-	setForwarding(h, in, x.info)
-	applyPolicyHeaders(h, x.policyRemove, x.policySet)
-	setIdentity(h, x.info)
+// setUpstreamHeaders adds the waypoint's headers to l, the upstream fields
+// of the headers in: forwarding, then an allow's changes, then the identity.
+func (x *exchange) setUpstreamHeaders(l *fieldList, in http.Header) {
+	setForwarding(l, in, x.info)
+	applyPolicyHeaders(l, x.policyRemove, x.policySet)
+	setIdentity(l, x.info)
 }
 
 // cleanQuery returns a raw query unchanged when every parameter in it

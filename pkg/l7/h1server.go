@@ -215,7 +215,7 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 		return nil, http.StatusBadRequest, "malformed Host header"
 	}
 	if !plain { // plainRequest took only valid names and values
-		switch _, name, bad := invalidField(req.Header); {
+		switch _, name, bad := invalidField(fieldsOf(req.Header)); {
 		case bad && name:
 			return nil, http.StatusBadRequest, "invalid header name"
 		case bad:

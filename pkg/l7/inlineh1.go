@@ -80,14 +80,15 @@ func (b *budgetReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// h1Plain reports whether an inlineH1 may send req: no body, no upgrade,
-// and replayable. Without a reader goroutine an idle connection that the
-// upstream closed is only found by using it; a replayable request then goes
-// again on a new connection, and the rest keep http.Transport, whose reader
-// notices such closes while the connection is idle.
-func h1Plain(req *http.Request) bool {
+// h1Plain reports whether an inlineH1 may send req with the header
+// fields: no body, no upgrade, and replayable. Without a reader goroutine
+// an idle connection that the upstream closed is only found by using it; a
+// replayable request then goes again on a new connection, and the rest
+// keep http.Transport, whose reader notices such closes while the
+// connection is idle.
+func h1Plain(req *http.Request, fields fieldList) bool {
 	return (req.Body == nil || req.Body == http.NoBody) && req.ContentLength == 0 &&
-		req.Header.Get("Upgrade") == "" && len(req.TransferEncoding) == 0 && replayable(req)
+		fields.first("Upgrade") == "" && len(req.TransferEncoding) == 0 && replayable(req.Method, fields)
 }
 
 // RoundTrip sends req on an idle connection or a new one. A reused
@@ -99,18 +100,19 @@ func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
 	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
 		interim = got1xxFunc(trace.Got1xxResponse)
 	}
-	return h.roundTrip(req, nil, interim)
+	return h.roundTrip(req, fieldsOf(req.Header), nil, interim)
 }
 
-// roundTrip is RoundTrip for the engine's forward: with raw set, a response
-// whose fields can be passed on as they are comes without a header map,
-// its fields in raw (rawResponse); interim (may be nil) is given the
-// informational responses.
-func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, interim interimSink) (*http.Response, error) {
+// roundTrip is RoundTrip for the engine's forward, with the request's
+// header as fields (sorted; req.Header is not read): with raw set, a
+// response whose fields can be passed on as they are comes without a
+// header map, its fields in raw (rawResponse); interim (may be nil) is
+// given the informational responses.
+func (h *inlineH1) roundTrip(req *http.Request, fields fieldList, raw *rawFields, interim interimSink) (*http.Response, error) {
 	if raw != nil {
 		raw.ok = false
 	}
-	if err := validHeaders(req.Header); err != nil {
+	if err := validHeaders(fields); err != nil {
 		return nil, err
 	}
 	for {
@@ -127,13 +129,13 @@ func (h *inlineH1) roundTrip(req *http.Request, raw *rawFields, interim interimS
 			c.br = bufio.NewReader(&c.lim)
 			c.bw = bufio.NewWriter(nc)
 		}
-		resp, err := h.exchange(c, req, raw, interim)
+		resp, err := h.exchange(c, req, fields, raw, interim)
 		if err == nil {
 			return resp, nil
 		}
 		c.nc.Close()
 		var fresh *freshConnError
-		if reused && errors.As(err, &fresh) && replayable(req) && req.Context().Err() == nil {
+		if reused && errors.As(err, &fresh) && replayable(req.Method, fields) && req.Context().Err() == nil {
 			continue
 		}
 		if errors.As(err, &fresh) {
@@ -149,17 +151,17 @@ type freshConnError struct{ err error }
 func (e *freshConnError) Error() string { return e.err.Error() }
 func (e *freshConnError) Unwrap() error { return e.err }
 
-func replayable(req *http.Request) bool {
-	switch req.Method {
+func replayable(method string, fields fieldList) bool {
+	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
 	}
-	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+	return fields.first("Idempotency-Key") != "" || fields.first("X-Idempotency-Key") != ""
 }
 
 // exchange writes req on c and reads the response header. The request's
 // context ending interrupts c until the body is done.
-func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, interim interimSink) (*http.Response, error) {
+func (h *inlineH1) exchange(c *inlineConn, req *http.Request, fields fieldList, raw *rawFields, interim interimSink) (*http.Response, error) {
 	ctx := req.Context()
 	c.watch.start(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
@@ -169,7 +171,7 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, in
 		}
 		return nil, err
 	}
-	if err := writeHead(c.bw, req); err != nil {
+	if err := writeHead(c.bw, req, fields); err != nil {
 		return fail(&freshConnError{fmt.Errorf("writing the request: %w", err)})
 	}
 	if err := c.bw.Flush(); err != nil {
@@ -220,13 +222,14 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, raw *rawFields, in
 	return resp, nil
 }
 
-// writeHead writes the head of a request without a body exactly as
-// Request.Write does (Host, User-Agent, Connection: close, Content-Length
-// and the header in key order; FuzzWriteHead compares the two), without its
-// per-request transfer writer, formatted prints and sorted copy of the
-// header. Header fields must have passed validHeaders. Nothing in the
-// engine sets the write hooks of httptrace, which Request.Write would call.
-func writeHead(w *bufio.Writer, req *http.Request) error {
+// writeHead writes the head of a request without a body, whose header is
+// fields (sorted), exactly as Request.Write does (Host, User-Agent,
+// Connection: close, Content-Length and the header in key order;
+// FuzzWriteHead compares the two), without its per-request transfer
+// writer, formatted prints and sorted copy of the header. The fields must
+// have passed validHeaders. Nothing in the engine sets the write hooks of
+// httptrace, which Request.Write would call.
+func writeHead(w *bufio.Writer, req *http.Request, fields fieldList) error {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
@@ -254,7 +257,8 @@ func writeHead(w *bufio.Writer, req *http.Request) error {
 	w.WriteString(host)
 	w.WriteString("\r\n")
 	ua := "Go-http-client/1.1" // Request.Write's default
-	if vv, ok := req.Header["User-Agent"]; ok {
+	if i := fields.index("User-Agent"); i >= 0 {
+		vv := fields[i].values
 		ua = ""
 		if len(vv) > 0 {
 			ua = vv[0]
@@ -265,14 +269,18 @@ func writeHead(w *bufio.Writer, req *http.Request) error {
 		w.WriteString(textproto.TrimString(ua))
 		w.WriteString("\r\n")
 	}
-	if req.Close && !hasToken(req.Header.Get("Connection"), "close") {
+	if req.Close && !hasToken(fields.first("Connection"), "close") {
 		w.WriteString("Connection: close\r\n")
 	}
 	switch method {
 	case http.MethodPost, http.MethodPut, http.MethodPatch:
 		w.WriteString("Content-Length: 0\r\n") // as Request.Write: servers expect one
 	}
-	writeFields(w, req.Header, writtenAbove)
+	for _, f := range fields {
+		if !writtenAbove(f.name) {
+			writeField(w, f.name, f.values)
+		}
+	}
 	_, err = w.WriteString("\r\n")
 	return err
 }
@@ -330,8 +338,8 @@ func removeZone(host string) string {
 // validHeaders refuses what http.Transport refuses to send: header names
 // and values that are not valid HTTP (Request.Write would silently drop or
 // rewrite them; filters and policy results add headers).
-func validHeaders(h http.Header) error {
-	switch k, name, bad := invalidField(h); {
+func validHeaders(fields fieldList) error {
+	switch k, name, bad := invalidField(fields); {
 	case bad && name:
 		return fmt.Errorf("invalid header field name %q", k)
 	case bad:
@@ -340,16 +348,16 @@ func validHeaders(h http.Header) error {
 	return nil
 }
 
-// invalidField finds a field of h whose name (name true) or one of whose
-// values is not valid HTTP.
-func invalidField(h http.Header) (key string, name, bad bool) {
-	for k, vv := range h {
-		if !httpguts.ValidHeaderFieldName(k) {
-			return k, true, true
+// invalidField finds a field whose name (name true) or one of whose values
+// is not valid HTTP.
+func invalidField(fields fieldList) (key string, name, bad bool) {
+	for _, f := range fields {
+		if !httpguts.ValidHeaderFieldName(f.name) {
+			return f.name, true, true
 		}
-		for _, v := range vv {
+		for _, v := range f.values {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return k, false, true
+				return f.name, false, true
 			}
 		}
 	}

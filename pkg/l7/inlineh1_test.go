@@ -268,7 +268,7 @@ func TestH1PlainTakesOnlyBodylessNonUpgradeRequests(t *testing.T) {
 		{mk("POST", strings.NewReader("x")), false},
 		{mk("GET", nil, "Upgrade", "websocket", "Connection", "Upgrade"), false},
 	} {
-		if got := h1Plain(c.req); got != c.want {
+		if got := h1Plain(c.req, fieldsOf(c.req.Header)); got != c.want {
 			t.Errorf("%s with %v: %v, want %v", c.req.Method, c.req.Header, got, c.want)
 		}
 	}
@@ -308,17 +308,18 @@ func FuzzWriteHead(f *testing.F) {
 			u = &url.URL{Path: target}
 		}
 		u.Opaque = opaque
-		req := &http.Request{Method: method, URL: u, Host: host, Header: http.Header{}, Close: closeConn}
+		// More than one field, so that their order counts.
+		req := &http.Request{Method: method, URL: u, Host: host, Header: http.Header{"Accept": {"*/*"}, "X-Z": {"z"}}, Close: closeConn}
 		if key != "" {
 			req.Header[textproto.CanonicalMIMEHeaderKey(key)] = []string{v1, v2}[:1+len(v2)%2]
 		}
-		if validHeaders(req.Header) != nil {
+		if validHeaders(fieldsOf(req.Header)) != nil {
 			return
 		}
 		var want, got bytes.Buffer
 		werr := req.Write(&want)
 		bw := bufio.NewWriter(&got)
-		gerr := writeHead(bw, req)
+		gerr := writeHead(bw, req, fieldsOf(req.Header))
 		_ = bw.Flush()
 		switch {
 		case werr != nil && gerr == nil:
@@ -341,6 +342,7 @@ func BenchmarkWriteHead(b *testing.B) {
 		req.Header.Set(k, v)
 	}
 	bw := bufio.NewWriter(io.Discard)
+	fields := fieldsOf(req.Header)
 	b.Run("Request.Write", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -350,7 +352,7 @@ func BenchmarkWriteHead(b *testing.B) {
 	b.Run("writeHead", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = writeHead(bw, req)
+			_ = writeHead(bw, req, fields)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
@@ -122,6 +123,11 @@ type exchange struct {
 	// (nothing changes them), so the inline transport leaves them in raw.
 	wantRaw bool
 	raw     rawFields
+	// up is the upstream request's header (outgoing), in upFields while it
+	// fits; inlineUp: the inline transport sends it, from up.
+	up       fieldList
+	upFields [8]field
+	inlineUp bool
 	// An allow's request header changes, applied to the proxy's copy of
 	// the request (rewrite).
 	policyRemove []string
@@ -539,21 +545,22 @@ func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
 }
 
 // setForwarding adds the caller's address to X-Forwarded-For and Forwarded
-// (after what earlier proxies wrote: that part is informational only).
-func setForwarding(out http.Header, in http.Header, t *tunnel) {
+// (after what earlier proxies wrote: that part is informational only), and
+// passes X-Forwarded-Host and -Proto on from in.
+func setForwarding(out *fieldList, in http.Header, t *tunnel) {
 	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
-		out["X-Forwarded-For"] = []string{strings.Join(prior, ", ") + ", " + t.forwardedFor}
+		out.set("X-Forwarded-For", []string{strings.Join(prior, ", ") + ", " + t.forwardedFor})
 	} else {
-		out["X-Forwarded-For"] = t.xffValues
+		out.set("X-Forwarded-For", t.xffValues)
 	}
 	if prior := in.Values("Forwarded"); len(prior) > 0 {
-		out["Forwarded"] = []string{strings.Join(prior, ", ") + ", " + t.forwarded}
+		out.set("Forwarded", []string{strings.Join(prior, ", ") + ", " + t.forwarded})
 	} else {
-		out["Forwarded"] = t.forwardValues
+		out.set("Forwarded", t.forwardValues)
 	}
 	for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
 		if v, ok := in[k]; ok {
-			out[k] = v
+			out.set(k, v)
 		}
 	}
 }
@@ -561,26 +568,25 @@ func setForwarding(out http.Header, in http.Header, t *tunnel) {
 // setIdentity sets the identity header from the tunnel's peer, or removes
 // it. Route filters and policy headers were applied after the request was
 // sanitized: identity claims must not survive them either.
-func setIdentity(h http.Header, t *tunnel) {
-	sanitizeIdentity(h)
+func setIdentity(l *fieldList, t *tunnel) {
+	l.deleteFunc(claimsIdentity)
 	if t.identityValues != nil {
-		h[SourcePrincipalHeader] = t.identityValues
+		l.set(SourcePrincipalHeader, t.identityValues)
 	}
 }
 
 // applyPolicyHeaders applies an allow's request header changes, last, as
 // Envoy applies ext_authz's after its own forwarding headers. Hop-by-hop
 // names are skipped: they describe the upstream connection, which is the
-// proxy's. The values are shared, not copied: upstream header values are
-// never changed in place (outgoing).
-func applyPolicyHeaders(h http.Header, remove []string, set http.Header) {
+// proxy's. The values are shared, not copied (fieldList).
+func applyPolicyHeaders(l *fieldList, remove []string, set http.Header) {
 	for _, k := range remove {
-		h.Del(k)
+		l.del(http.CanonicalHeaderKey(k))
 	}
 	for k, vs := range set {
 		k = http.CanonicalHeaderKey(k)
 		if !isHopByHop(k) {
-			h[k] = vs
+			l.set(k, vs)
 		}
 	}
 }
@@ -601,7 +607,9 @@ func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
 	if x == nil {
 		return
 	}
-	x.setUpstreamHeaders(pr.Out.Header, pr.In.Header)
+	l := fieldsOf(pr.Out.Header)
+	x.setUpstreamHeaders(&l, pr.In.Header)
+	pr.Out.Header = l.header()
 }
 
 func (e *Engine) modifyResponse(resp *http.Response) error {
@@ -908,17 +916,20 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	ep.outstanding.Add(1)
 	var resp *http.Response
 	var err error
-	rt := ep.roundTripper(x.proto, areq)
-	// forward's requests (interimTo set) pass 1xx responses on: directly
-	// from the inline transport, through the trace from the others.
-	if h, ok := rt.(*inlineH1); ok && x.wantRaw {
-		resp, err = h.roundTrip(areq, &x.raw, x)
+	// 1xx responses are passed on: directly from the inline transport,
+	// through the trace from net/http's.
+	if x.inlineUp {
+		raw := &x.raw
+		if !x.wantRaw {
+			raw.ok, raw = false, nil
+		}
+		resp, err = ep.inlineH1(true).roundTrip(areq, x.up, raw, x)
 	} else {
 		x.raw.ok = false
-		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
+		if x.trace.Got1xxResponse == nil {
 			x.trace.Got1xxResponse = x.got1xx
 		}
-		resp, err = rt.RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
+		resp, err = ep.roundTripper(x.proto, false).RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
 	}
 	if err != nil {
 		ep.outstanding.Add(-1)
@@ -1040,16 +1051,15 @@ func (x *exchange) fireMirrors() {
 		if proto == upstreamAuto {
 			proto = x.proto
 		}
-		hdr := m.header
-		removeHopByHop(hdr)
-		setForwarding(hdr, x.orig.Header, x.info)
-		setIdentity(hdr, x.info)
+		l := upstreamBase(m.header, nil)
+		setForwarding(&l, m.header, x.info)
+		setIdentity(&l, x.info)
 		x.e.wg.Add(1)
-		go x.e.mirror(m, hdr, x.body, ep, proto)
+		go x.e.mirror(m, l, x.body, ep, proto)
 	}
 }
 
-func (e *Engine) mirror(m mirrorShot, hdr http.Header, body []byte, ep *endpoint, proto upstreamProto) {
+func (e *Engine) mirror(m mirrorShot, fields fieldList, body []byte, ep *endpoint, proto upstreamProto) {
 	defer e.wg.Done()
 	defer func() { <-e.mirrorSem }()
 	ctx, cancel := context.WithTimeout(e.ctx, e.opts.MirrorTimeout)
@@ -1064,8 +1074,8 @@ func (e *Engine) mirror(m mirrorShot, hdr http.Header, body []byte, ep *endpoint
 	if len(body) == 0 {
 		req.Body, req.ContentLength = nil, 0
 	}
-	req.Header, req.Host = hdr, m.host
-	resp, err := ep.roundTripper(proto, req).RoundTrip(req)
+	req.Header, req.Host = fields.header(), m.host
+	resp, err := ep.roundTripper(proto, h1Plain(req, fields)).RoundTrip(req)
 	if err != nil {
 		e.metrics.mirrors.WithLabelValues("failed").Inc()
 		e.log.Debug("mirror failed", zap.Error(err), zap.String("backend", m.backend.String()))
@@ -1082,20 +1092,39 @@ var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-A
 func isHopByHop(k string) bool { return slices.Contains(hopByHop, k) }
 
 func removeHopByHop(h http.Header) {
-	deleteConnectionNamed(h, h["Connection"])
+	for k := range connectionOptions(h["Connection"]) {
+		delete(h, k)
+	}
 	for _, k := range hopByHop {
 		delete(h, k) // canonical already
 	}
 }
 
-// deleteConnectionNamed deletes from h the fields that the Connection
-// header values conn name.
-func deleteConnectionNamed(h http.Header, conn []string) {
-	for _, v := range conn {
-		for tok := range strings.SplitSeq(v, ",") {
-			if tok = strings.TrimSpace(tok); tok != "" {
-				h.Del(tok)
+// connectionOptions are the canonical names of the fields that the
+// Connection header values conn name.
+func connectionOptions(conn []string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, v := range conn {
+			for tok := range strings.SplitSeq(v, ",") {
+				if tok = strings.TrimSpace(tok); tok != "" && !yield(http.CanonicalHeaderKey(tok)) {
+					return
+				}
 			}
 		}
 	}
+}
+
+// upstreamBase appends to l the fields of in that an upstream request
+// carries on: not hop-by-hop, not named by in's Connection header, not the
+// forwarding headers the waypoint sets itself.
+func upstreamBase(in http.Header, l fieldList) fieldList {
+	for k, vv := range in {
+		if !isHopByHop(k) && !isForwarding(k) {
+			l = append(l, field{k, vv})
+		}
+	}
+	for k := range connectionOptions(in["Connection"]) {
+		l.del(k)
+	}
+	return l
 }

@@ -224,12 +224,13 @@ func (ep *endpoint) inlineH1(create bool) *inlineH1 {
 	return ep.inline.Load()
 }
 
-// roundTripper returns what sends req to the endpoint in protocol p.
-func (ep *endpoint) roundTripper(p upstreamProto, req *http.Request) http.RoundTripper {
+// roundTripper returns what sends a request to the endpoint in protocol
+// p; plain: h1Plain holds for the request.
+func (ep *endpoint) roundTripper(p upstreamProto, plain bool) http.RoundTripper {
 	if p == upstreamH2 {
 		return ep.h2T(true)
 	}
-	if h1Plain(req) {
+	if plain {
 		return ep.inlineH1(true)
 	}
 	return ep.h1T(true)
