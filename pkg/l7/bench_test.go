@@ -29,7 +29,7 @@ func BenchmarkRouteMatch(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		p, _ := normalizePath(r.URL.EscapedPath())
-		if ru := t.route(newReqView(r, p)); ru == nil {
+		if v := newReqView(r, p); t.route(&v) == nil {
 			b.Fatal("no route")
 		}
 	}

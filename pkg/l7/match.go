@@ -25,8 +25,8 @@ type reqView struct {
 	queryParsed bool
 }
 
-func newReqView(r *http.Request, path string) *reqView {
-	v := &reqView{r: r, path: path, host: requestHost(r.Host), grpc: isGRPC(r)}
+func newReqView(r *http.Request, path string) reqView {
+	v := reqView{r: r, path: path, host: requestHost(r.Host), grpc: isGRPC(r)}
 	if v.grpc {
 		v.svc, v.method, _ = splitGRPCPath(path)
 	}

@@ -92,7 +92,8 @@ type exchange struct {
 	out      *http.Request
 	outReq   http.Request // what out points to: one allocation with the exchange
 	outOwned bool
-	view     *reqView
+	view     *reqView // &viewData once made
+	viewData reqView
 	path     string // out's escaped path
 	escPath  string // orig.URL.EscapedPath() when known, else ""
 
@@ -101,6 +102,7 @@ type exchange struct {
 	endpoints []*endpoint
 	first     *endpoint
 	proto     upstreamProto
+	authz     AuthzRequest // what the Authorizer is asked
 	// try1 holds the first attempt's request, URL and body wrapper, made
 	// with the exchange; a retry makes its own (the first attempt's may
 	// still be referenced).
@@ -187,7 +189,8 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.escPath = esc
 	}
 	x.path = path
-	x.view = newReqView(r, path)
+	x.viewData = newReqView(r, path)
+	x.view = &x.viewData
 
 	x.snap = e.snap.Load()
 	if x.snap == nil {
@@ -495,7 +498,7 @@ func (x *exchange) readBody(w *responseRecorder) (int, error) {
 // authorize asks the Authorizer and applies its decision.
 func (x *exchange) authorize(w *responseRecorder) bool {
 	t := x.first.target.Load()
-	req := &AuthzRequest{
+	x.authz = AuthzRequest{
 		Request:             x.orig,
 		Body:                x.body,
 		BodyTruncated:       !x.bodyDone,
@@ -508,7 +511,7 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 		Route:               x.rule.routeName(),
 		Rule:                x.rule.name,
 	}
-	d := x.e.decide(x.ctx, req)
+	d := x.e.decide(x.ctx, &x.authz)
 	x.rec.decID = d.ID
 	x.rec.reason = d.Reason
 	if !d.Allowed {

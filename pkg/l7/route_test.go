@@ -111,7 +111,8 @@ func routeOf(t *testing.T, c *Config, p probe) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ru := c.tables[tableKey{ServiceRef{testNS, "web"}, 80}].route(newReqView(r, path))
+	v := newReqView(r, path)
+	ru := c.tables[tableKey{ServiceRef{testNS, "web"}, 80}].route(&v)
 	if ru == nil {
 		return ""
 	}
@@ -448,7 +449,8 @@ func FuzzRouteMatch(f *testing.F) {
 		if err != nil {
 			return
 		}
-		ru := c.tables[tableKey{ServiceRef{testNS, "web"}, 80}].route(newReqView(r, p))
+		v := newReqView(r, p)
+		ru := c.tables[tableKey{ServiceRef{testNS, "web"}, 80}].route(&v)
 		// A prefix match that is valid must agree with the segment rule.
 		pm, err := compilePathMatch(&meshv1.PathMatch{Value: prefix})
 		if err != nil || ru == nil {
