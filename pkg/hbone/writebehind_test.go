@@ -258,3 +258,51 @@ func TestBatchedSmallFramesShareARecord(t *testing.T) {
 		t.Fatalf("%d records for 8 small frames in two flushes, want 2", n)
 	}
 }
+
+// While the flushing writer yields, the writer of the earlyFlushFrames-th
+// behind frame sends the queued behind frames itself, so a burst leaves in
+// parts; fewer stay queued for the leader.
+func TestBurstLeavesBeforeTheLeaderFlushes(t *testing.T) {
+	gate, tunnels := gatedTunnels(t, earlyFlushFrames+1)
+	gate.setShut(false)
+	c := tunnels[0].(*stream).c
+	// A leader that has not flushed yet, as one yielding in writeData.
+	c.qmu.Lock()
+	c.flushing = true
+	c.qmu.Unlock()
+	released := false
+	release := func() {
+		if released {
+			return
+		}
+		released = true
+		c.qmu.Lock()
+		c.flushing = true // still: flushQueue ends it
+		c.qmu.Unlock()
+		c.flushQueue(nil, 0)
+	}
+	t.Cleanup(release)
+
+	want := map[halfCloser]string{}
+	for i, tc := range tunnels[:earlyFlushFrames] {
+		msg := fmt.Sprintf("burst %d", i)
+		if err := <-writeAsync(tc, msg); err != nil {
+			t.Fatal(err)
+		}
+		want[tc] = msg
+	}
+	expectEchoes(t, want) // sent without the leader
+
+	last := tunnels[earlyFlushFrames]
+	if err := <-writeAsync(last, "after"); err != nil {
+		t.Fatal(err)
+	}
+	c.qmu.Lock()
+	queued := len(c.dq)
+	c.qmu.Unlock()
+	if queued != 1 {
+		t.Fatalf("%d frames queued after the early flush, want the one written since", queued)
+	}
+	release()
+	expectEchoes(t, map[halfCloser]string{last: "after"})
+}
