@@ -222,6 +222,9 @@ func TestUpgrade(t *testing.T) {
 			return true
 		}
 		defer c.Close()
+		// An informational response first: the upgrade path passes it on
+		// too (ReverseProxy's trace, not forward's).
+		_, _ = rw.WriteString("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n")
 		_, _ = rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
 		_ = rw.Flush()
 		line, err := rw.ReadString('\n')
@@ -236,6 +239,10 @@ func TestUpgrade(t *testing.T) {
 	fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: web\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusEarlyHints || resp.Header.Get("Link") != "</a.css>; rel=preload" {
+		t.Fatalf("informational response: %v %v", resp, err)
+	}
+	resp, err = http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("upgrade response: %v %v", resp, err)
 	}

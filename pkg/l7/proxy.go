@@ -919,8 +919,9 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	ep.outstanding.Add(1)
 	var resp *http.Response
 	var err error
-	// 1xx responses are passed on: directly from the inline transport,
-	// through the trace from net/http's.
+	// forward's requests (interimTo set) pass 1xx responses on: directly
+	// from the inline transport, through the trace from net/http's. The
+	// upgrade path's (ReverseProxy's) come here without either.
 	if x.inlineUp {
 		raw := &x.raw
 		if !x.wantRaw {
@@ -929,7 +930,7 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		resp, err = ep.inlineH1(true).roundTrip(areq, x.up, raw, x)
 	} else {
 		x.raw.ok = false
-		if x.trace.Got1xxResponse == nil {
+		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
 			x.trace.Got1xxResponse = x.got1xx
 		}
 		resp, err = ep.roundTripper(x.proto, false).RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
