@@ -922,14 +922,14 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	// forward's requests (interimTo set) pass 1xx responses on: directly
 	// from the inline transport, through the trace from net/http's. The
 	// upgrade path's (ReverseProxy's) come here without either.
+	x.raw.ok = false // set by the inline transport when it takes the response raw
 	if x.inlineUp {
-		raw := &x.raw
-		if !x.wantRaw {
-			raw.ok, raw = false, nil
+		var raw *rawFields
+		if x.wantRaw {
+			raw = &x.raw
 		}
 		resp, err = ep.inlineH1(true).roundTrip(areq, x.up, raw, x)
 	} else {
-		x.raw.ok = false
 		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
 			x.trace.Got1xxResponse = x.got1xx
 		}
