@@ -31,6 +31,7 @@ type meshFlags struct {
 	policies string
 	bin      string
 	basePort int
+	noApps   bool
 }
 
 func (m *meshFlags) register(fs *flag.FlagSet) {
@@ -38,6 +39,7 @@ func (m *meshFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.policies, "policies", "", "Rego policy directory for the waypoints (default DIR/policies)")
 	fs.StringVar(&m.bin, "bin", "", "directory holding controlplane, nodeproxy, waypoint and echo (default: meshctl's own)")
 	fs.IntVar(&m.basePort, "base-port", 16000, "first of the 127.0.0.1 ports given to admin, status and SOCKS5 listeners")
+	fs.BoolVar(&m.noApps, "no-apps", false, "start no app, not even for pods annotated "+config.AnnotationLocalApp+" (run your own on their app addresses)")
 }
 
 // startMesh plans and starts the mesh of dir.
@@ -49,6 +51,9 @@ func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh,
 	plan, err := localmesh.NewPlan(snap, m.basePort)
 	if err != nil {
 		return nil, err
+	}
+	if m.noApps {
+		plan.Apps = nil
 	}
 	if m.bin == "" {
 		self, err := os.Executable()
@@ -97,7 +102,11 @@ func runUp(args []string) error {
 	}
 	defer mesh.Stop()
 	printPlan(os.Stdout, mesh)
-	fmt.Printf("\nTry: meshctl exec --state %s web/frontend -- curl -s http://reviews.shop/\nCtrl-C stops the mesh.\n", m.state)
+	fmt.Println()
+	if try := tryLine(mesh.Plan, m.state); try != "" {
+		fmt.Println(try)
+	}
+	fmt.Println("Ctrl-C stops the mesh.")
 	select {
 	case <-ctx.Done():
 		fmt.Println("\nstopping the mesh")
@@ -105,6 +114,14 @@ func runUp(args []string) error {
 	case died := <-mesh.Died:
 		return errors.New(died)
 	}
+}
+
+// tryLine suggests the plan's example request, "" when it has none.
+func tryLine(p *localmesh.Plan, state string) string {
+	if p.Example == nil {
+		return ""
+	}
+	return fmt.Sprintf("Try: meshctl exec --state %s %s -- curl -s %s", state, p.Example.Client, p.Example.URL)
 }
 
 func printPlan(w io.Writer, mesh *localmesh.Mesh) {
@@ -119,7 +136,7 @@ func printPlan(w io.Writer, mesh *localmesh.Mesh) {
 		fmt.Fprintf(tw, "waypoint %s/%s\t%s (HBONE)\t%s\t%s\t-\n", wp.Namespace, wp.Name, wp.HBONE, wp.Admin, wp.Status)
 	}
 	for _, a := range p.Apps {
-		fmt.Fprintf(tw, "app %s/%s\t%v\t-\t-\t-\n", a.Namespace, a.Name, a.Listen)
+		fmt.Fprintf(tw, "app %s/%s (%s)\t%v\t-\t-\t-\n", a.Namespace, a.Name, a.Command, a.Listen)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nState and logs: %s\n", mesh.Opts.StateDir)
@@ -159,10 +176,7 @@ func runExec(args []string) error {
 	}
 	cmd := exec.Command(cmdArgs[0], cmdArgs[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), "CAUSEWAY_POD="+pod.Namespace+"/"+pod.Name, "CAUSEWAY_POD_IP="+pod.IP)
-	if pod.SOCKS5 != "" {
-		cmd.Env = append(cmd.Env, "CAUSEWAY_SOCKS5="+pod.SOCKS5, "ALL_PROXY=socks5h://"+pod.SOCKS5)
-	}
+	cmd.Env = append(os.Environ(), pod.Env()...)
 	err = cmd.Run()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

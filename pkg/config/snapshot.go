@@ -23,6 +23,7 @@ const (
 	LabelDataplaneMode        = "causeway.dev/dataplane-mode"
 	LabelWaypointFor          = "causeway.dev/waypoint-for"
 	AnnotationAppAddress      = "causeway.dev/app-address"
+	AnnotationLocalApp        = "causeway.dev/local-app"
 	LabelGatewayName          = "gateway.networking.k8s.io/gateway-name"
 	LabelServiceName          = "kubernetes.io/service-name"
 
@@ -66,6 +67,9 @@ type Snapshot struct {
 	Waypoints  map[string]*meshv1.Waypoint
 	HTTPRoutes map[string]*meshv1.HTTPRoute
 	GRPCRoutes map[string]*meshv1.GRPCRoute
+	// LocalApps are the applications local mode starts for pods (annotation
+	// causeway.dev/local-app), by workload uid. No proxy reads them.
+	LocalApps map[string]string
 
 	// nodeIdentities: node -> identities of captured workloads on that node.
 	nodeIdentities map[string]map[string]struct{}
@@ -78,6 +82,7 @@ func newSnapshot() *Snapshot {
 		Waypoints:      map[string]*meshv1.Waypoint{},
 		HTTPRoutes:     map[string]*meshv1.HTTPRoute{},
 		GRPCRoutes:     map[string]*meshv1.GRPCRoute{},
+		LocalApps:      map[string]string{},
 		nodeIdentities: map[string]map[string]struct{}{},
 	}
 }

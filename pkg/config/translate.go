@@ -675,6 +675,17 @@ func (t *translator) translateWorkloads() {
 			}
 			w.AppAddress = addr
 		}
+		if app, ok := p.pod.Annotations[AnnotationLocalApp]; ok {
+			switch {
+			case strings.TrimSpace(app) == "":
+				t.problem(p.origin, obj, "annotation %s: empty (name echo or a command line)", AnnotationLocalApp)
+				continue
+			case p.waypoint != nil:
+				t.problem(p.origin, obj, "annotation %s: a waypoint's pod runs the waypoint, not an app", AnnotationLocalApp)
+				continue
+			}
+			t.out.LocalApps[p.uid] = app
+		}
 		for port := range p.serving {
 			w.ServingPorts = append(w.ServingPorts, port)
 		}

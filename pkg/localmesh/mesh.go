@@ -58,6 +58,15 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	if err := checkPortsFree(plan); err != nil {
 		return nil, err
 	}
+	if len(plan.Waypoints) > 0 {
+		// A waypoint waits for its policy directory to appear (a Git
+		// checkout may come later); here nothing would make it appear.
+		if st, err := os.Stat(o.PolicyDir); err != nil {
+			return nil, fmt.Errorf("waypoints' policy directory: %w", err)
+		} else if !st.IsDir() {
+			return nil, fmt.Errorf("waypoints' policy directory %s: not a directory", o.PolicyDir)
+		}
+	}
 	tokens, err := writeTokens(plan, o.StateDir)
 	if err != nil {
 		return nil, err
@@ -74,15 +83,10 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	root := filepath.Join(caDir, "root-cert.pem")
 	common := []string{"--log-format", o.LogFormat}
 
-	type job struct {
-		name, bin string
-		args      []string
-		ready     string // readiness URL, "" when none
-	}
 	launch := func(jobs []job) error {
 		var procs []*process
 		for _, j := range jobs {
-			p, err := startProcess(j.name, filepath.Join(o.BinDir, j.bin), j.args, logDir)
+			p, err := startProcess(j.name, j.bin, j.args, j.env, logDir)
 			if err != nil {
 				return err
 			}
@@ -103,19 +107,19 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	}
 
 	cp := plan.ControlPlane
-	if err := launch([]job{{name: "controlplane", bin: "controlplane", ready: "http://" + cp.Status + "/healthz/ready",
+	if err := launch([]job{{name: "controlplane", bin: filepath.Join(o.BinDir, "controlplane"), ready: "http://" + cp.Status + "/healthz/ready",
 		args: append([]string{"--listen", cp.GRPC, "--readiness", cp.Status, "--metrics", cp.Status, "--config-dir", o.ConfigDir, "--ca-dir", caDir,
 			"--tokens-file", tokens, "--trusted-node-accounts", NodeAccount}, common...)}}); err != nil {
 		return nil, err
 	}
 	var proxies []job
 	for _, n := range plan.Nodes {
-		proxies = append(proxies, job{name: "nodeproxy-" + n.Node, bin: "nodeproxy", ready: "http://" + n.Status + "/healthz/ready",
+		proxies = append(proxies, job{name: "nodeproxy-" + n.Node, bin: filepath.Join(o.BinDir, "nodeproxy"), ready: "http://" + n.Status + "/healthz/ready",
 			args: append([]string{"--node", n.Node, "--xds-address", cp.GRPC, "--token-file", tokenFile(o.StateDir, n.Token),
 				"--root-cert", root, "--admin", n.Admin, "--readiness", n.Status, "--metrics", n.Status, "--socks5", n.SOCKS5}, common...)})
 	}
 	for _, w := range plan.Waypoints {
-		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: "waypoint", ready: "http://" + w.Status + "/healthz/ready",
+		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",
 			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
 				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root, "--policy-dir", o.PolicyDir,
 				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, common...)})
@@ -125,11 +129,11 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	}
 	var apps []job
 	for _, a := range plan.Apps {
-		args := []string{"--pod", a.Name, "--namespace", a.Namespace}
-		for _, l := range a.Listen {
-			args = append(args, "--listen", l)
+		j, err := appJob(plan, a, o.BinDir)
+		if err != nil {
+			return nil, err
 		}
-		apps = append(apps, job{name: "app-" + a.Namespace + "-" + a.Name, bin: "echo", args: args})
+		apps = append(apps, j)
 	}
 	if err := launch(apps); err != nil {
 		return nil, err
@@ -140,6 +144,35 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	go m.watch()
 	ok = true
 	return m, nil
+}
+
+// job is one process to start.
+type job struct {
+	name, bin string
+	args, env []string
+	ready     string // readiness URL, "" when none
+}
+
+// appJob runs a pod's local app: the echo backend on its listen addresses,
+// or the command line through /bin/sh with the pod's environment (PodEnv)
+// and where to listen (CAUSEWAY_APP_LISTEN, space-separated host:port).
+func appJob(plan *Plan, a AppPlan, binDir string) (job, error) {
+	ref := a.Namespace + "/" + a.Name
+	pod, err := plan.Pod(ref)
+	if err != nil {
+		return job{}, err
+	}
+	j := job{name: "app-" + a.Namespace + "-" + a.Name, env: pod.Env()}
+	if a.Command == EchoApp {
+		j.bin, j.args = filepath.Join(binDir, "echo"), []string{"--pod", a.Name, "--namespace", a.Namespace}
+		for _, l := range a.Listen {
+			j.args = append(j.args, "--listen", l)
+		}
+		return j, nil
+	}
+	j.bin, j.args = "/bin/sh", []string{"-c", a.Command}
+	j.env = append(j.env, "CAUSEWAY_APP_LISTEN="+strings.Join(a.Listen, " "), "CAUSEWAY_BIN="+binDir)
+	return j, nil
 }
 
 // watch reports the first process that exits on its own while the mesh runs.

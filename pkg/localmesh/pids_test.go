@@ -15,7 +15,7 @@ func TestPIDs(t *testing.T) {
 		t.Skip("no /bin/sleep")
 	}
 	m := &Mesh{}
-	p, err := startProcess("nodeproxy-node-a", sleep, []string{"60"}, t.TempDir())
+	p, err := startProcess("nodeproxy-node-a", sleep, []string{"60"}, nil, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

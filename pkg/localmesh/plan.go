@@ -23,6 +23,15 @@ type Plan struct {
 	Waypoints    []WaypointPlan
 	Apps         []AppPlan
 	Pods         []PodPlan
+	// Example is a request to try by hand, nil when the configuration has
+	// no HTTP service with a mesh pod to call it from.
+	Example *ExampleRequest `json:",omitempty"`
+}
+
+// ExampleRequest is a request one pod of the mesh can make: Client
+// ("namespace/name") GETs URL.
+type ExampleRequest struct {
+	Client, URL string
 }
 
 // PodPlan says where a pod's traffic comes from: its IP, and for mesh pods
@@ -33,6 +42,17 @@ type PodPlan struct {
 	Node            string
 	SOCKS5          string // empty for pods outside the mesh
 	Ports           []uint32
+}
+
+// Env is the environment of a command acting as the pod (meshctl exec,
+// local apps): CAUSEWAY_POD ("namespace/name"), CAUSEWAY_POD_IP, and for mesh
+// pods CAUSEWAY_SOCKS5 and ALL_PROXY (socks5h://, so the mesh resolves names).
+func (p PodPlan) Env() []string {
+	env := []string{"CAUSEWAY_POD=" + p.Namespace + "/" + p.Name, "CAUSEWAY_POD_IP=" + p.IP}
+	if p.SOCKS5 != "" {
+		env = append(env, "CAUSEWAY_SOCKS5="+p.SOCKS5, "ALL_PROXY=socks5h://"+p.SOCKS5)
+	}
+	return env
 }
 
 // ControlPlanePlan is where the control plane listens.
@@ -61,11 +81,20 @@ type WaypointPlan struct {
 	ServiceAccount  string
 }
 
-// AppPlan is one sample application pod served by the echo backend.
+// AppPlan is the application local mode runs for a pod whose
+// causeway.dev/local-app annotation asks for one.
 type AppPlan struct {
 	Namespace, Name string
-	Listen          []string
+	// Listen are the addresses the app serves: its app address (mesh pods)
+	// or pod IP with each serving port.
+	Listen []string
+	// Command is the annotation: EchoApp, or a command line run by /bin/sh.
+	Command string
 }
+
+// EchoApp, as causeway.dev/local-app, runs Causeway's echo backend on
+// every serving port of the pod.
+const EchoApp = "echo"
 
 // Ports: base+0 xDS, base+1 control plane status; nodes from base+10 in
 // steps of 10 (admin, status, SOCKS5); waypoints from base+500 (admin, status).
@@ -126,24 +155,107 @@ func NewPlan(s *config.Snapshot, basePort int) (*Plan, error) {
 			continue
 		}
 		// Mesh pods' apps listen on their app address (the node proxy owns
-		// the pod IP); pods outside the mesh keep their pod IP.
+		// the pod IP and delivers there), whoever runs them.
+		if w.GetHbone() && w.GetAppAddress() == "" {
+			return nil, fmt.Errorf("mesh pod %s/%s serves ports but has no %s annotation", w.GetNamespace(), w.GetName(), config.AnnotationAppAddress)
+		}
+	}
+	for _, w := range workloads {
+		command, ok := s.LocalApps[w.GetUid()]
+		if !ok || len(w.GetAddresses()) == 0 {
+			continue
+		}
+		app := AppPlan{Namespace: w.GetNamespace(), Name: w.GetName(), Command: command}
+		if command == EchoApp && len(w.GetServingPorts()) == 0 {
+			return nil, fmt.Errorf("pod %s/%s: %s %s needs container ports to serve", w.GetNamespace(), w.GetName(), config.AnnotationLocalApp, EchoApp)
+		}
 		host := w.GetAddresses()[0]
-		if w.GetHbone() {
-			if w.GetAppAddress() == "" {
-				return nil, fmt.Errorf("mesh pod %s/%s serves ports but has no causeway.dev/app-address annotation", w.GetNamespace(), w.GetName())
-			}
+		if w.GetHbone() && w.GetAppAddress() != "" {
 			host = w.GetAppAddress()
 		}
 		if _, err := netip.ParseAddr(host); err != nil {
 			return nil, fmt.Errorf("pod %s/%s address %q: %w", w.GetNamespace(), w.GetName(), host, err)
 		}
-		app := AppPlan{Namespace: w.GetNamespace(), Name: w.GetName()}
 		for _, sp := range w.GetServingPorts() {
 			app.Listen = append(app.Listen, net.JoinHostPort(host, strconv.Itoa(int(sp))))
 		}
 		p.Apps = append(p.Apps, app)
 	}
+	p.Example = exampleRequest(s, p)
 	return p, nil
+}
+
+// exampleRequest picks a request to suggest: a GET of the first HTTP
+// service (by namespace and name) that has an endpoint running a local app,
+// else of the first HTTP service with endpoints, from the first mesh pod
+// that serves nothing (a client), else from any other mesh pod.
+func exampleRequest(s *config.Snapshot, p *Plan) *ExampleRequest {
+	type target struct {
+		svc  *meshv1.Service
+		port uint32
+		apps bool // an endpoint runs a local app
+	}
+	var best *target
+	for _, key := range sortedKeys(s.Services) {
+		svc := s.Services[key]
+		port, ok := httpPort(svc)
+		if !ok || len(svc.GetEndpoints()) == 0 {
+			continue
+		}
+		t := &target{svc: svc, port: port}
+		for _, ep := range svc.GetEndpoints() {
+			if _, ok := s.LocalApps[ep.GetWorkloadUid()]; ok {
+				t.apps = true
+			}
+		}
+		if best == nil || t.apps && !best.apps {
+			best = t
+		}
+		if best.apps {
+			break
+		}
+	}
+	if best == nil {
+		return nil
+	}
+	endpoint := map[string]bool{}
+	for _, ep := range best.svc.GetEndpoints() {
+		endpoint[ep.GetWorkloadUid()] = true
+	}
+	var client, server string // first mesh pod serving nothing, first other one
+	for _, w := range sortedWorkloads(s) {
+		if _, onNode := p.Node(w.GetNode()); !onNode || !w.GetHbone() || endpoint[w.GetUid()] || len(w.GetAddresses()) == 0 {
+			continue
+		}
+		ref := w.GetNamespace() + "/" + w.GetName()
+		switch {
+		case len(w.GetServingPorts()) == 0 && client == "":
+			client = ref
+		case server == "":
+			server = ref
+		}
+	}
+	if client == "" {
+		client = server
+	}
+	if client == "" {
+		return nil
+	}
+	url := "http://" + best.svc.GetName() + "." + best.svc.GetNamespace()
+	if best.port != 80 {
+		url += ":" + strconv.Itoa(int(best.port))
+	}
+	return &ExampleRequest{Client: client, URL: url + "/"}
+}
+
+// httpPort is the service's first port speaking HTTP/1.1 (what curl sends).
+func httpPort(svc *meshv1.Service) (uint32, bool) {
+	for _, sp := range svc.GetPorts() {
+		if sp.GetAppProtocol() == "http" {
+			return sp.GetPort(), true
+		}
+	}
+	return 0, false
 }
 
 // Pod finds a pod by "namespace/name", or by name when that is unique.
@@ -186,7 +298,7 @@ func sortedWorkloads(s *config.Snapshot) []*meshv1.Workload {
 	return out
 }
 
-func sortedKeys(m map[string]bool) []string {
+func sortedKeys[V any](m map[string]V) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)

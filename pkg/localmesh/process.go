@@ -28,16 +28,17 @@ type process struct {
 	stopping atomic.Bool
 }
 
-// startProcess runs bin with args, its stdout and stderr appended to
-// <logDir>/<name>.log. The child gets its own process group so that a stop
-// reaches everything it started.
-func startProcess(name, bin string, args []string, logDir string) (*process, error) {
+// startProcess runs bin with args and, besides meshctl's environment, env;
+// its stdout and stderr are appended to <logDir>/<name>.log. The child gets
+// its own process group so that a stop reaches everything it started.
+func startProcess(name, bin string, args, env []string, logDir string) (*process, error) {
 	logPath := filepath.Join(logDir, strings.ReplaceAll(name, "/", "_")+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("%s: log file: %w", name, err)
 	}
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout = f
 	cmd.Stderr = f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
@@ -133,12 +134,13 @@ func waitReady(ctx context.Context, p *process, url string) error {
 	for {
 		resp, err := client.Get(url)
 		if err == nil {
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+			// The body of a 503 says why (admin.StatusHandlers).
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
-			err = fmt.Errorf("%s answered %s", url, resp.Status)
+			err = fmt.Errorf("%s answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 		}
 		last = err
 		select {

@@ -76,7 +76,7 @@ func TestBundleSource(t *testing.T) {
 		Bundle:       &BundleOptions{Name: "authz", Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second},
 	})
 	startEngine(t, e)
-	waitFor(t, "bundle activation", e.Ready)
+	waitFor(t, "bundle activation", func() bool { return e.Ready() == nil })
 	get := &Request{HTTP: request(t, "GET / HTTP/1.1\nHost: x\n\n")}
 	post := &Request{HTTP: request(t, "POST / HTTP/1.1\nHost: x\n\n")}
 	if d := e.Decide(context.Background(), get); !d.Allowed {

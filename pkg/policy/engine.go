@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,19 @@ type Rejection struct {
 	Reason      string    `json:"reason"`
 	FailedTests []string  `json:"failed_tests,omitempty"`
 	At          time.Time `json:"at"`
+}
+
+// summary is the rejection in one line.
+func (r *Rejection) summary() string {
+	s := r.Source
+	if r.Revision != "" {
+		s += " revision " + r.Revision
+	}
+	s += " rejected at " + r.Stage + ": " + r.Reason
+	if len(r.FailedTests) > 0 {
+		s += " (failing: " + strings.Join(r.FailedTests, ", ") + ")"
+	}
+	return s
 }
 
 // Status describes the active policy for admin dumps (/config_dump "policies").
@@ -290,8 +304,20 @@ func (e *Engine) recordRejection(r *Rejection, count bool) {
 	e.log.Error("policy rejected, keeping the active policy", fields...)
 }
 
-// Ready reports whether a policy set is active.
-func (e *Engine) Ready() bool { return e.active.Load() != nil }
+// Ready returns nil when a policy set is active, otherwise why none is:
+// the last rejection (a missing directory, a compile error, failing tests).
+func (e *Engine) Ready() error {
+	if e.active.Load() != nil {
+		return nil
+	}
+	e.mu.Lock()
+	r := e.lastError
+	e.mu.Unlock()
+	if r == nil {
+		return errors.New("no policy loaded yet")
+	}
+	return fmt.Errorf("no policy active: %s", r.summary())
+}
 
 // Revision returns the active policy's revision, "" when none.
 func (e *Engine) Revision() string {

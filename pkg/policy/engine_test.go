@@ -315,7 +315,7 @@ func TestNoPolicyDenies(t *testing.T) {
 		t.Fatal("empty directory activated")
 	}
 	d := e.Decide(context.Background(), &Request{HTTP: request(t, "GET / HTTP/1.1\nHost: x\n\n")})
-	if d.Allowed || d.Status != 500 || e.Ready() {
+	if d.Allowed || d.Status != 500 || e.Ready() == nil {
 		t.Fatalf("no policy: %+v ready=%v", d, e.Ready())
 	}
 }
@@ -443,8 +443,8 @@ func TestFailingTestsBlockActivation(t *testing.T) {
 		!strings.Contains(re.FailedTests[0], "envoy.authz_test.test_post_allowed") {
 		t.Fatalf("Load = %#v, want test rejection naming test_post_allowed", err)
 	}
-	if e.Ready() {
-		t.Fatal("engine ready with failing tests")
+	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "test_post_allowed") {
+		t.Fatalf("engine with failing tests: ready = %v, want the failing test named", err)
 	}
 	entries := logs.FilterMessage("policy rejected, keeping the active policy").All()
 	if len(entries) == 0 || !strings.Contains(fmt.Sprint(entries[len(entries)-1].ContextMap()["failed_tests"]), "test_post_allowed") {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,7 +70,7 @@ func TestHotReloadUnderLoad(t *testing.T) {
 
 	e, logs := newTestEngine(t, Options{Dir: link, Debounce: 20 * time.Millisecond, RescanInterval: -1})
 	startEngine(t, e)
-	waitFor(t, "first activation", e.Ready)
+	waitFor(t, "first activation", func() bool { return e.Ready() == nil })
 	revA := e.Revision()
 
 	var (
@@ -148,7 +149,7 @@ func TestRescanFallback(t *testing.T) {
 	writeFiles(t, dir, map[string]string{"authz.rego": revisionPolicy("a")})
 	e, _ := newTestEngine(t, Options{Dir: dir, Debounce: time.Hour, RescanInterval: 50 * time.Millisecond})
 	startEngine(t, e)
-	waitFor(t, "first activation", e.Ready)
+	waitFor(t, "first activation", func() bool { return e.Ready() == nil })
 	rev := e.Revision()
 	writeFiles(t, dir, map[string]string{"authz.rego": revisionPolicy("b")})
 	waitFor(t, "rescan", func() bool { return e.Revision() != rev })
@@ -162,12 +163,12 @@ func TestDirectoryAppearsLater(t *testing.T) {
 	e, _ := newTestEngine(t, Options{Dir: link, Debounce: 20 * time.Millisecond, RescanInterval: time.Second})
 	startEngine(t, e)
 	time.Sleep(50 * time.Millisecond)
-	if e.Ready() {
-		t.Fatal("ready without a directory")
+	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "no such file or directory") {
+		t.Fatalf("without a directory: ready = %v, want the missing directory named", err)
 	}
 	writeFiles(t, filepath.Join(root, "rev1"), map[string]string{"authz.rego": revisionPolicy("a")})
 	swapLink(t, filepath.Join(root, "rev1"), link)
-	waitFor(t, "activation after the checkout appeared", e.Ready)
+	waitFor(t, "activation after the checkout appeared", func() bool { return e.Ready() == nil })
 }
 
 func TestWatchTargets(t *testing.T) {

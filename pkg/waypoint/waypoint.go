@@ -208,8 +208,8 @@ func (w *Waypoint) Ready() error {
 	if !w.synced.Load() {
 		return errors.New("waiting for the first configuration")
 	}
-	if !w.opts.Policy.Ready() {
-		return errors.New("no policy active yet")
+	if err := w.opts.Policy.Ready(); err != nil {
+		return err
 	}
 	for _, c := range w.opts.Certificates.Snapshot() {
 		if c.Identity == w.opts.Identity.String() {
