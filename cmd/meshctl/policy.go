@@ -32,8 +32,11 @@ const policyUsage = `usage:
   meshctl policy check [--path P] DIR
       compile DIR and run its tests as a waypoint does before activating it
   meshctl policy eval --input FILE [--path P] DIR
-      evaluate the decision P (default envoy/authz/allow) for the OPA-Envoy
-      input document in FILE (- for stdin) and print it as JSON`
+      evaluate the decision for the OPA-Envoy input document in FILE (- for
+      stdin) and print it as JSON
+
+The decision is DIR's causeway-policy.yaml decisionPath, else P (default
+envoy/authz/allow), as for a waypoint.`
 
 func runPolicy(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -140,7 +143,7 @@ func policyTest(ctx context.Context, args []string, out io.Writer) error {
 
 func policyCheck(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
-	path := fs.String("path", policy.DefaultDecisionPath, "decision path")
+	path := fs.String("path", policy.DefaultDecisionPath, "decision path unless DIR's "+policy.SettingsFile+" sets one")
 	dir, err := parsePolicyFlags(fs, args)
 	if err != nil {
 		return err
@@ -161,7 +164,7 @@ func policyCheck(ctx context.Context, args []string, out io.Writer) error {
 func policyEval(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("policy eval", flag.ContinueOnError)
 	inputFile := fs.String("input", "", "OPA-Envoy input document (JSON; - for stdin)")
-	path := fs.String("path", policy.DefaultDecisionPath, "decision path")
+	path := fs.String("path", policy.DefaultDecisionPath, "decision path unless DIR's "+policy.SettingsFile+" sets one")
 	dir, err := parsePolicyFlags(fs, args)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/causeway-mesh/causeway/pkg/bootstrap"
+	"github.com/causeway-mesh/causeway/pkg/l7"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
@@ -31,6 +32,7 @@ type options struct {
 	policyDir      string
 	policyPath     string
 	parseBody      bool
+	maxBodyBytes   int
 	decisionCache  bool
 	decisionLog    string
 	drain          time.Duration
@@ -46,10 +48,13 @@ func main() {
 	fs.StringVar(&o.serviceAccount, "service-account", "", "service account of the waypoint's pods (default: the Gateway name)")
 	fs.StringVar(&o.listen, "listen", "0.0.0.0:15008", "HBONE listen address (the waypoint pod's IP and 15008)")
 	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (a git-sync checkout); required")
-	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies")
-	fs.BoolVar(&o.parseBody, "policy-parse-body", false, "give policies the request body (parsed_body: JSON, URL-encoded and multipart forms) as OPA-Envoy does with with_request_body")
+	// The policy settings are defaults: a policy directory's
+	// causeway-policy.yaml overrides them for its policy.
+	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies (default for policies whose "+policy.SettingsFile+" does not set decisionPath)")
+	fs.BoolVar(&o.parseBody, "policy-parse-body", false, "give policies the request body (parsed_body: JSON, URL-encoded and multipart forms) as OPA-Envoy does with with_request_body (default for parseBody)")
+	fs.IntVar(&o.maxBodyBytes, "policy-max-body-bytes", policy.DefaultMaxBodyBytes, fmt.Sprintf("body bytes placed in the input when bodies are parsed, at most %d; longer bodies are truncated and not parsed (default for maxBodyBytes)", policy.MaxBodyLimit))
 	fs.BoolVar(&o.decisionCache, "policy-decision-cache", true, "reuse a policy's decision for requests that agree on every input value it reads, and evaluate other requests on those values alone (off for policies that read the whole input, call nondeterministic built-ins or print)")
-	fs.StringVar(&o.decisionLog, "decision-log", "denied", "which decisions the decision log records with their (masked) input: all, denied or none (the access log names every request's decision and its id either way)")
+	fs.StringVar(&o.decisionLog, "decision-log", "denied", "which decisions the decision log records with their (masked) input: all, denied or none (the access log names every request's decision and its id either way; default for decisionLog)")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	fs.Parse(os.Args[1:])
@@ -88,7 +93,7 @@ func run(o *options) error {
 		return err
 	}
 	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, DecisionPath: o.policyPath, Logger: log.Named("policy"),
-		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody},
+		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody, MaxBodyBytes: o.maxBodyBytes},
 		NoDecisionCache: !o.decisionCache})
 	if err != nil {
 		return err
@@ -107,7 +112,8 @@ func run(o *options) error {
 		tcpIdle = -1 // the option's "never"
 	}
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
-		Certificates: certs, Policy: engine, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle})
+		Certificates: certs, Policy: engine, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
+		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit}}) // a policy's body limit is at most this
 	if err != nil {
 		return err
 	}

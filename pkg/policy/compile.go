@@ -89,6 +89,7 @@ type compiled struct {
 	activatedAt time.Time
 	cache       *decisionCache // nil: every decision is evaluated
 	cacheStatus DecisionCacheStatus
+	settings    *settings // how requests are put to it (set by Engine.build)
 }
 
 type compileConfig struct {

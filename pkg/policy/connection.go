@@ -53,5 +53,5 @@ func BuildConnectionInput(req *ConnectionRequest) ast.Value {
 // DecideConnection evaluates the active policy for a TCP connection. As
 // with Decide, anything but an explicit allow denies.
 func (e *Engine) DecideConnection(ctx context.Context, req *ConnectionRequest) Decision {
-	return e.decide(ctx, astInput{BuildConnectionInput(req)}, time.Now())
+	return e.decide(ctx, e.active.Load(), astInput{BuildConnectionInput(req)}, time.Now())
 }

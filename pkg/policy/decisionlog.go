@@ -47,7 +47,8 @@ func ParseDecisionLogMode(s string) (DecisionLogMode, error) {
 
 // DecisionLogOptions configures a DecisionLogger.
 type DecisionLogOptions struct {
-	// Mode says which decisions are logged ("": all).
+	// Mode says which decisions are logged ("": all) when the policy's
+	// settings do not say (SettingsFile).
 	Mode DecisionLogMode
 	// Buffer is how many decisions may wait to be written (default 1024);
 	// past that, decisions are dropped and counted, never waited for.
@@ -144,9 +145,9 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 	return l, nil
 }
 
-// wants reports whether decision d is logged in the logger's mode.
-func (l *DecisionLogger) wants(d Decision) bool {
-	switch l.mode {
+// wants reports whether decision d is logged in mode m.
+func (m DecisionLogMode) wants(d Decision) bool {
+	switch m {
 	case LogNoDecisions:
 		return false
 	case LogDenials:

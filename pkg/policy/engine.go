@@ -27,10 +27,11 @@ type Options struct {
 	// Bundle, if set, also loads policy from an OPA bundle service.
 	Bundle *BundleOptions
 	// DecisionPath names the decision, "envoy/authz/allow" (default) or
-	// "data.envoy.authz.allow".
+	// "data.envoy.authz.allow". Input selects the optional parts of the
+	// input (body parsing). Both, and the DecisionLog's mode, are defaults:
+	// a policy directory's SettingsFile overrides them for its policy.
 	DecisionPath string
-	// Input selects the optional parts of the input (body parsing).
-	Input InputOptions
+	Input        InputOptions
 	// SkipTests activates policy without running its *_test.rego tests
 	// (meshctl policy eval only; the waypoint always runs them).
 	SkipTests bool
@@ -65,8 +66,8 @@ type Options struct {
 // evaluation finishes on the policy it started with.
 type Engine struct {
 	opts     Options
-	decision ast.Ref
-	path     string // decision, as logged
+	options  Settings  // the settings Options give, to which a SettingsFile applies
+	defaults *settings // options resolved, for policies without a SettingsFile
 	log      *zap.Logger
 	metrics  *engineMetrics
 	active   atomic.Pointer[compiled]
@@ -102,8 +103,10 @@ func (r *Rejection) summary() string {
 
 // Status describes the active policy for admin dumps (/config_dump "policies").
 type Status struct {
-	Revision      string            `json:"revision,omitempty"`
-	DecisionPath  string            `json:"decision_path"`
+	Revision     string `json:"revision,omitempty"`
+	DecisionPath string `json:"decision_path"`
+	// Settings are the active policy's (the defaults before one is active).
+	Settings      Settings          `json:"settings"`
 	ActivatedAt   *time.Time        `json:"activated_at,omitempty"`
 	Files         []string          `json:"files,omitempty"`
 	Tests         int               `json:"tests_passed"`
@@ -116,7 +119,12 @@ type Status struct {
 // NewEngine checks the options and builds an engine with no active policy:
 // call Load (or Run) before expecting anything but denials.
 func NewEngine(opts Options) (*Engine, error) {
-	ref, err := ParseDecisionPath(opts.DecisionPath)
+	defaults := Settings{DecisionPath: opts.DecisionPath, ParseBody: opts.Input.ParseBody,
+		MaxBodyBytes: opts.Input.MaxBodyBytes, From: "defaults"}
+	if opts.DecisionLog != nil {
+		defaults.DecisionLog = opts.DecisionLog.mode
+	}
+	resolved, err := resolveSettings(defaults)
 	if err != nil {
 		return nil, err
 	}
@@ -143,8 +151,8 @@ func NewEngine(opts Options) (*Engine, error) {
 	}
 	return &Engine{
 		opts:     opts,
-		decision: ref,
-		path:     ref.String(),
+		options:  defaults,
+		defaults: resolved,
 		log:      logger.Named("policy"),
 		metrics:  m,
 		accepted: map[string]*snapshot{},
@@ -257,6 +265,7 @@ func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start ti
 		zap.Int("modules", len(c.files)),
 		zap.Int("tests_passed", c.tests),
 		zap.String("decision", c.path),
+		zap.String("settings", c.settings.From),
 		zap.Duration("took", time.Since(start)),
 	}
 	if prev != nil {
@@ -266,19 +275,42 @@ func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start ti
 }
 
 func (e *Engine) build(ctx context.Context, set []*snapshot) (*compiled, error) {
+	st := e.defaults
+	for _, s := range set {
+		if s.Settings == nil {
+			continue
+		}
+		var err error
+		if st, err = parseSettings(s.Settings, e.options); err != nil {
+			return nil, &RejectError{Stage: "settings", Err: err}
+		}
+	}
 	ps, err := parseSources(set)
 	if err != nil {
 		return nil, &RejectError{Stage: "parse", Err: err}
 	}
 	c, _, err := compileSet(ctx, ps, compileConfig{
-		decision:    e.decision,
+		decision:    st.decision,
 		runTests:    !e.opts.SkipTests,
 		testTimeout: e.opts.TestTimeout,
 		logger:      e.log,
 
 		decisionCache: !e.opts.NoDecisionCache,
 	})
-	return c, err
+	if err != nil {
+		return nil, err
+	}
+	c.settings = st
+	return c, nil
+}
+
+// settingsOf is what c is evaluated with: its own settings, or the
+// defaults while no policy is active.
+func (e *Engine) settingsOf(c *compiled) *settings {
+	if c == nil {
+		return e.defaults
+	}
+	return c.settings
 }
 
 // recordRejection logs why a policy set was refused; the active set stays.
@@ -329,8 +361,10 @@ func (e *Engine) Revision() string {
 
 // Status describes the active policy and the last rejection.
 func (e *Engine) Status() Status {
-	st := Status{DecisionPath: e.decision.String()}
-	if c := e.active.Load(); c != nil {
+	c := e.active.Load()
+	settings := e.settingsOf(c)
+	st := Status{DecisionPath: settings.DecisionPath, Settings: settings.Settings}
+	if c != nil {
 		st.Revision = c.revision
 		at := c.activatedAt
 		st.ActivatedAt = &at
@@ -359,7 +393,8 @@ func (e *Engine) Status() Status {
 // an evaluation error gets 500, an undefined decision 403.
 func (e *Engine) Decide(ctx context.Context, req *Request) Decision {
 	start := time.Now()
-	doc, err := newInputDoc(req, e.opts.Input)
+	c := e.active.Load() // the whole decision uses this policy set
+	doc, err := newInputDoc(req, e.settingsOf(c).input())
 	if err != nil {
 		status := http.StatusInternalServerError
 		var bre *BadRequestError
@@ -371,17 +406,19 @@ func (e *Engine) Decide(ctx context.Context, req *Request) Decision {
 		}
 		d := deny(status, err.Error())
 		d.ID = newDecisionID()
-		d.Revision = e.Revision()
-		e.logDecision(d, nil, nil, start)
+		if c != nil {
+			d.Revision = c.revision
+		}
+		e.logDecision(c, d, nil, nil, start)
 		return d
 	}
-	return e.decide(ctx, doc, start)
+	return e.decide(ctx, c, doc, start)
 }
 
 // DecideInput evaluates an input document built elsewhere (meshctl policy
 // eval, tests).
 func (e *Engine) DecideInput(ctx context.Context, input ast.Value) Decision {
-	return e.decide(ctx, astInput{input}, time.Now())
+	return e.decide(ctx, e.active.Load(), astInput{input}, time.Now())
 }
 
 // policyInput is an input the engine can key a decision on, evaluate and
@@ -409,8 +446,7 @@ func (in astInput) appendKey(b []byte, l *inputLookup) []byte {
 
 func (in astInput) value() ast.Value { return in.v }
 
-func (e *Engine) decide(ctx context.Context, input policyInput, start time.Time) Decision {
-	c := e.active.Load() // the whole evaluation uses this policy set
+func (e *Engine) decide(ctx context.Context, c *compiled, input policyInput, start time.Time) Decision {
 	var result any
 	d := e.evaluate(ctx, c, input, &result, start)
 	d.ID = newDecisionID()
@@ -427,7 +463,7 @@ func (e *Engine) decide(ctx context.Context, input policyInput, start time.Time)
 	default:
 		e.metrics.deny.Inc()
 	}
-	e.logDecision(d, input, result, start)
+	e.logDecision(c, d, input, result, start)
 	return d
 }
 
@@ -499,13 +535,14 @@ func setResult(rs rego.ResultSet, result *any) {
 	}
 }
 
-func (e *Engine) logDecision(d Decision, input policyInput, result any, start time.Time) {
-	if e.opts.DecisionLog == nil || !e.opts.DecisionLog.wants(d) {
+func (e *Engine) logDecision(c *compiled, d Decision, input policyInput, result any, start time.Time) {
+	settings := e.settingsOf(c)
+	if e.opts.DecisionLog == nil || !settings.DecisionLog.wants(d) {
 		return
 	}
 	ev := DecisionEvent{
 		Decision: d,
-		Path:     e.path,
+		Path:     settings.DecisionPath,
 		Result:   result,
 		Time:     start,
 		Duration: time.Since(start),

@@ -53,6 +53,7 @@ type snapshot struct {
 	Modules  []sourceFile   // .rego files, sorted by path
 	Data     map[string]any // data documents merged at their paths
 	DataDocs []sourceFile   // the data files (for the revision)
+	Settings []byte         // the SettingsFile, nil when there is none
 	Revision string         // content hash
 }
 
@@ -104,7 +105,8 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 		}
 		name := d.Name()
 		isRego := strings.HasSuffix(name, ".rego")
-		if !isRego && !isDataFile(name) {
+		isSettings := name == SettingsFile && filepath.Dir(p) == root
+		if !isRego && !isDataFile(name) && !isSettings {
 			return nil
 		}
 		info, err := os.Stat(p) // follows a link to a file
@@ -131,9 +133,12 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 			return err
 		}
 		f := sourceFile{Path: filepath.ToSlash(rel), Content: content}
-		if isRego {
+		switch {
+		case isSettings:
+			snap.Settings = content
+		case isRego:
 			snap.Modules = append(snap.Modules, f)
-		} else {
+		default:
 			snap.DataDocs = append(snap.DataDocs, f)
 		}
 		return nil
@@ -158,7 +163,11 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 			return nil, fmt.Errorf("data file %s: %w", f.Path, err)
 		}
 	}
-	snap.Revision = revisionOf(snap.Modules, snap.DataDocs)
+	groups := [][]sourceFile{snap.Modules, snap.DataDocs}
+	if snap.Settings != nil {
+		groups = append(groups, []sourceFile{{Path: SettingsFile, Content: snap.Settings}})
+	}
+	snap.Revision = revisionOf(groups...)
 	return snap, nil
 }
 
