@@ -31,8 +31,10 @@ proto:
 		--go_out=paths=source_relative:pkg/xds/meshv1 pkg/xds/meshv1/mesh.proto
 
 # A whole local mesh on loopback, a scripted tour, then everything stops.
+# Its admin, status and SOCKS5 listeners take 127.0.0.1 ports from BASE_PORT.
+BASE_PORT ?= 16000
 demo: build
-	$(BIN)/meshctl demo --bin $(BIN) --state .causeway-demo examples/local
+	$(BIN)/meshctl demo --bin $(BIN) --state .causeway-demo --base-port $(BASE_PORT) examples/local
 
 bench: build
 	./bench/run.sh
