@@ -166,12 +166,8 @@ func run(o options) error {
 		}
 	}()
 
-	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort,
-		Edit: func(p *localmesh.Plan) error {
-			// Pod B's app is this program's servers, not the echo binary.
-			p.Apps = nil
-			return nil
-		}})
+	// Pod B asks for no local app: its app is this program's servers.
+	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort})
 	if err != nil {
 		keep = true
 		return fmt.Errorf("start mesh: %w", err)

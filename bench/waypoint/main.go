@@ -316,9 +316,8 @@ func run(o options) error {
 	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort,
 		Policies: map[string]string{"authz.rego": benchPolicy, "authz_test.rego": benchPolicyTest},
 		Edit: func(p *localmesh.Plan) error {
-			// The backend's HBONE and app are this program's; node-b has
-			// nothing else, so it gets no node proxy.
-			p.Apps = nil
+			// The backend's HBONE and app (it asks for no local app) are
+			// this program's; node-b has nothing else, so it gets no node proxy.
 			nodes := p.Nodes[:0]
 			for _, n := range p.Nodes {
 				if n.Node != "node-b" {
