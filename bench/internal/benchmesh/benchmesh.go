@@ -35,7 +35,7 @@ type Setup struct {
 	Policies map[string]string // file name -> Rego, for waypoints
 	BasePort int
 	// Edit, if set, may change the plan before anything starts, for
-	// example to drop an app whose address the benchmark serves itself.
+	// example to drop a node proxy whose part the benchmark plays itself.
 	Edit func(*localmesh.Plan) error
 }
 
