@@ -80,15 +80,6 @@ metadata: {name: own, namespace: pay}
 spec: {clusterIP: 127.0.61.4, selector: {app: own}, ports: [{port: 80, targetPort: 8080, appProtocol: http}]}
 `
 
-// objectDecisionPolicy is an OPA-Envoy policy whose decision is an object
-// at a path of its own.
-const objectDecisionPolicy = `package envoy.http.public
-
-default decision := {"allowed": false, "http_status": 451, "body": "not here\n"}
-
-decision := {"allowed": true, "headers": {"x-ext-auth-allow": "yes"}} if input.parsed_path[0] == "public"
-`
-
 const upBasePort = 17800
 
 // TestUpTakesSettingsAndAppsFromTheConfiguration runs the real meshctl up
@@ -105,7 +96,7 @@ func TestUpTakesSettingsAndAppsFromTheConfiguration(t *testing.T) {
 	work := t.TempDir()
 	bin := filepath.Join(work, "bin")
 	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/controlplane", "./cmd/nodeproxy", "./cmd/waypoint", "./cmd/echo", "./cmd/meshctl")
-	build.Dir = filepath.Join("..", "..")
+	build.Dir = repoRoot
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -126,7 +117,8 @@ func TestUpTakesSettingsAndAppsFromTheConfiguration(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	publish("rev1", map[string]string{"authz.rego": objectDecisionPolicy, "causeway-policy.yaml": "decisionPath: envoy/http/public/decision\n"})
+	policies := filepath.Join(repoRoot, "pkg", "policy", "testdata")
+	publish("rev1", readTestFiles(t, filepath.Join(policies, "object-decision"), "authz.rego", "causeway-policy.yaml"))
 
 	state := filepath.Join(work, "state")
 	up := exec.Command(filepath.Join(bin, "meshctl"), "up", "--state", state, "--base-port", fmt.Sprint(upBasePort), "--policies", link, cfg)
@@ -218,11 +210,8 @@ func TestUpTakesSettingsAndAppsFromTheConfiguration(t *testing.T) {
 	}
 
 	// 2. OPA's primer policy reads parsed_body: its settings turn parsing on.
-	primer, err := os.ReadFile("../../pkg/policy/testdata/primer/policy.rego")
-	if err != nil {
-		t.Fatal(err)
-	}
-	publish("rev2", map[string]string{"policy.rego": string(primer), "causeway-policy.yaml": "parseBody: true\n"})
+	primer := readTestFiles(t, filepath.Join(policies, "primer"), "policy.rego")["policy.rego"]
+	publish("rev2", map[string]string{"policy.rego": primer, "causeway-policy.yaml": "parseBody: true\n"})
 	second := waitDump("the primer policy", func(d policyDump) bool { return d.Revision != first.Revision && d.Settings.ParseBody })
 	if second.Settings.DecisionPath != "data.envoy.authz.allow" || second.Settings.From != "causeway-policy.yaml" {
 		t.Errorf("/config_dump settings = %+v", second.Settings)
@@ -238,7 +227,7 @@ func TestUpTakesSettingsAndAppsFromTheConfiguration(t *testing.T) {
 	}
 
 	// 3. Invalid settings reject the revision; the last good one stays.
-	publish("rev3", map[string]string{"policy.rego": string(primer), "causeway-policy.yaml": "parseBody: true\ndecisionLog: loud\n"})
+	publish("rev3", map[string]string{"policy.rego": primer, "causeway-policy.yaml": "parseBody: true\ndecisionLog: loud\n"})
 	third := waitDump("the rejection", func(d policyDump) bool { return d.LastRejection != nil && d.LastRejection.Stage == "settings" })
 	if third.Revision != second.Revision || !strings.Contains(third.LastRejection.Reason, `decision log mode "loud"`) {
 		t.Errorf("after invalid settings: revision %s (was %s), rejection %+v", third.Revision, second.Revision, third.LastRejection)
@@ -327,15 +316,30 @@ func primerToken(t *testing.T, role string) string {
 	return signed + "." + enc.EncodeToString(mac.Sum(nil))
 }
 
+// writeTestFiles writes name -> content into dir, creating it.
 func writeTestFiles(t *testing.T, dir string, files map[string]string) {
 	t.Helper()
+	err := os.MkdirAll(dir, 0o755)
 	for name, content := range files {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644)
 		}
 	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readTestFiles reads the named files of dir.
+func readTestFiles(t *testing.T, dir string, names ...string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	for _, name := range names {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[name] = string(data)
+	}
+	return files
 }

@@ -14,15 +14,22 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 )
 
-func TestPlanOfTheSample(t *testing.T) {
+// samplePlan is the plan of examples/local from basePort.
+func samplePlan(t *testing.T, basePort int) *Plan {
+	t.Helper()
 	s, err := config.NewDirSource("../../examples/local", config.DirOptions{}).Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := NewPlan(s, 16000)
+	p, err := NewPlan(s, basePort)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+func TestPlanOfTheSample(t *testing.T) {
+	p := samplePlan(t, 16000)
 	if len(p.Nodes) != 2 || p.Nodes[0].Node != "node-a" || p.Nodes[1].Node != "node-b" {
 		t.Fatalf("nodes = %+v", p.Nodes)
 	}
@@ -55,20 +62,13 @@ func TestPlanOfTheSample(t *testing.T) {
 	if p.Example == nil || p.Example.URL != "http://reviews.shop/" || !strings.HasPrefix(p.Example.Client, "web/") {
 		t.Errorf("example request = %+v, want a web pod GETting http://reviews.shop/", p.Example)
 	}
-	if _, err := NewPlan(s, 70000); err == nil {
+	if _, err := NewPlan(&config.Snapshot{}, 70000); err == nil {
 		t.Error("base port out of range accepted")
 	}
 }
 
 func TestStartRefusesBusyPort(t *testing.T) {
-	s, err := config.NewDirSource("../../examples/local", config.DirOptions{}).Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := NewPlan(s, 16900)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := samplePlan(t, 16900)
 	ln, err := net.Listen("tcp", p.Nodes[0].SOCKS5)
 	if err != nil {
 		t.Skipf("cannot take %s for the test: %v", p.Nodes[0].SOCKS5, err)
@@ -145,17 +145,10 @@ spec: {clusterIP: 127.0.80.3, selector: {app: api}, ports: [{port: 8000, targetP
 // A missing policy directory is reported before anything starts, not after
 // the waypoint's readiness wait.
 func TestStartRefusesMissingPolicyDir(t *testing.T) {
-	s, err := config.NewDirSource("../../examples/local", config.DirOptions{}).Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := NewPlan(s, 16900)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := samplePlan(t, 16900)
 	state := t.TempDir()
 	missing := filepath.Join(t.TempDir(), "policies")
-	_, err = Start(context.Background(), p, Options{BinDir: t.TempDir(), StateDir: state, PolicyDir: missing})
+	_, err := Start(context.Background(), p, Options{BinDir: t.TempDir(), StateDir: state, PolicyDir: missing})
 	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "no such file or directory") {
 		t.Fatalf("Start without a policy directory: %v", err)
 	}

@@ -14,14 +14,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// objectPolicy answers OPA-Envoy's object decision at a path of its own.
-const objectPolicy = `package envoy.http.public
-
-default decision := {"allowed": false, "http_status": 451, "body": "not here\n"}
-
-decision := {"allowed": true, "headers": {"x-ext-auth-allow": "yes"}} if input.parsed_path[0] == "public"
-`
-
 // bodyPolicy reads parsed_body, which the input holds only when bodies are parsed.
 const bodyPolicy = `package envoy.authz
 
@@ -37,8 +29,12 @@ func jsonPost(t *testing.T, body string) *Request {
 
 func TestSettingsFileChoosesDecisionAndBody(t *testing.T) {
 	ctx := context.Background()
+	objectPolicy, err := os.ReadFile("testdata/object-decision/authz.rego")
+	if err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
-	writeFiles(t, dir, map[string]string{"authz.rego": objectPolicy})
+	writeFiles(t, dir, map[string]string{"authz.rego": string(objectPolicy)})
 	e, _ := newTestEngine(t, Options{Dir: dir})
 	// The default decision does not exist in this policy.
 	var re *RejectError
@@ -46,7 +42,11 @@ func TestSettingsFileChoosesDecisionAndBody(t *testing.T) {
 		t.Fatalf("object policy without settings: %v, want a rejection at decision", err)
 	}
 
-	writeFiles(t, dir, map[string]string{SettingsFile: "decisionPath: envoy/http/public/decision\n"})
+	settings, err := os.ReadFile("testdata/object-decision/" + SettingsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFiles(t, dir, map[string]string{SettingsFile: string(settings)})
 	if err := e.Load(ctx); err != nil {
 		t.Fatalf("with %s: %v", SettingsFile, err)
 	}
