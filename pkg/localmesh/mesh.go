@@ -99,7 +99,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 			if j.ready == "" {
 				continue
 			}
-			if err := waitReady(rctx, procs[i], j.ready); err != nil {
+			if err := waitReady(rctx, procs[i], j.ready, j.broken); err != nil {
 				return err
 			}
 		}
@@ -120,6 +120,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	}
 	for _, w := range plan.Waypoints {
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",
+			broken: policyRejected(w.Admin),
 			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
 				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root, "--policy-dir", o.PolicyDir,
 				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, common...)})
@@ -151,6 +152,9 @@ type job struct {
 	name, bin string
 	args, env []string
 	ready     string // readiness URL, "" when none
+	// broken, if set, says why the process will not become ready by
+	// itself (nil while it may), so the wait ends at once.
+	broken func() error
 }
 
 // appJob runs a pod's local app: the echo backend on its listen addresses,

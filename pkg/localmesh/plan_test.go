@@ -2,6 +2,7 @@ package localmesh
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -165,8 +166,29 @@ func TestWaitReadyReportsTheReason(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err := waitReady(ctx, &process{name: "waypoint-shop-waypoint-0", done: make(chan struct{})}, srv.URL)
+	err := waitReady(ctx, &process{name: "waypoint-shop-waypoint-0", done: make(chan struct{})}, srv.URL, nil)
 	if err == nil || !strings.Contains(err.Error(), "policy directory /x: no such file or directory") {
 		t.Fatalf("waitReady = %v, want the component's reason", err)
+	}
+}
+
+// A waypoint whose policy was rejected is reported at once, with the
+// rejection from its /config_dump.
+func TestWaitReadyStopsAtARejectedPolicy(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/config_dump" {
+			fmt.Fprint(w, `{"policies": {"decision_path": "data.envoy.authz.allow",
+				"last_rejection": {"source": "dir", "revision": "0a1b", "stage": "compile", "reason": "authz.rego:3: rego_parse_error"}}}`)
+			return
+		}
+		http.Error(w, "not ready: no policy active", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := waitReady(ctx, &process{name: "waypoint-shop-waypoint-0", done: make(chan struct{})}, srv.URL+"/healthz/ready",
+		policyRejected(strings.TrimPrefix(srv.URL, "http://")))
+	if err == nil || !strings.Contains(err.Error(), "rejected at compile: authz.rego:3: rego_parse_error") || ctx.Err() != nil {
+		t.Fatalf("waitReady = %v (context: %v), want the rejection at once", err, ctx.Err())
 	}
 }

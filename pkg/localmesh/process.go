@@ -3,6 +3,7 @@ package localmesh
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -125,8 +126,9 @@ func (p *process) describeExit() string {
 	return fmt.Sprintf("%s exited (%v); last log lines from %s:\n%s", p.name, p.err, p.logPath, p.tail(15))
 }
 
-// waitReady polls url until it answers 200, the process dies, or ctx ends.
-func waitReady(ctx context.Context, p *process, url string) error {
+// waitReady polls url until it answers 200, the process dies, broken (if
+// set) reports a reason, or ctx ends.
+func waitReady(ctx context.Context, p *process, url string, broken func() error) error {
 	client := &http.Client{Timeout: time.Second}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -141,6 +143,11 @@ func waitReady(ctx context.Context, p *process, url string) error {
 				return nil
 			}
 			err = fmt.Errorf("%s answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+			if broken != nil {
+				if why := broken(); why != nil {
+					return fmt.Errorf("%s will not become ready: %w", p.name, why)
+				}
+			}
 		}
 		last = err
 		select {
@@ -150,6 +157,35 @@ func waitReady(ctx context.Context, p *process, url string) error {
 			return errors.New(p.describeExit())
 		case <-tick.C:
 		}
+	}
+}
+
+// policyRejected asks a waypoint's /config_dump whether it has no policy
+// because its policy was rejected: the directory exists (Start checked), so
+// in local mode only an edit can mend that, and the reason is worth more
+// than a wait.
+func policyRejected(admin string) func() error {
+	client := &http.Client{Timeout: time.Second}
+	return func() error {
+		resp, err := client.Get("http://" + admin + "/config_dump")
+		if err != nil {
+			return nil // not serving yet
+		}
+		defer resp.Body.Close()
+		var dump struct {
+			Policies struct {
+				Revision      string
+				LastRejection *struct{ Source, Revision, Stage, Reason string } `json:"last_rejection"`
+			}
+		}
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&dump) != nil {
+			return nil
+		}
+		r := dump.Policies.LastRejection
+		if dump.Policies.Revision != "" || r == nil {
+			return nil
+		}
+		return fmt.Errorf("its policy (%s revision %s) was rejected at %s: %s", r.Source, r.Revision, r.Stage, r.Reason)
 	}
 }
 
