@@ -42,8 +42,8 @@ func (m *meshFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&m.noApps, "no-apps", false, "start no app, not even for pods annotated "+config.AnnotationLocalApp+" (run your own on their app addresses)")
 }
 
-// startMesh plans and starts the mesh of dir.
-func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh, error) {
+// plan lays out the mesh of dir.
+func (m *meshFlags) plan(dir string) (*localmesh.Plan, error) {
 	snap, err := config.NewDirSource(dir, config.DirOptions{}).Load()
 	if err != nil {
 		return nil, fmt.Errorf("configuration %s: %w", dir, err)
@@ -54,6 +54,15 @@ func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh,
 	}
 	if m.noApps {
 		plan.Apps = nil
+	}
+	return plan, nil
+}
+
+// startMesh plans and starts the mesh of dir.
+func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh, error) {
+	plan, err := m.plan(dir)
+	if err != nil {
+		return nil, err
 	}
 	if m.bin == "" {
 		self, err := os.Executable()

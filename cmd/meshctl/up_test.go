@@ -343,3 +343,16 @@ func readTestFiles(t *testing.T, dir string, names ...string) map[string]string 
 	}
 	return files
 }
+
+func TestUpNoApps(t *testing.T) {
+	for noApps, want := range map[bool]int{false: 3, true: 0} {
+		m := meshFlags{basePort: 16000, noApps: noApps}
+		p, err := m.plan(filepath.Join(repoRoot, "examples", "local"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Apps) != want {
+			t.Errorf("--no-apps=%v: %d apps, want %d", noApps, len(p.Apps), want)
+		}
+	}
+}
