@@ -158,11 +158,11 @@ type job struct {
 }
 
 // appJob runs a pod's local app: the echo backend on its listen addresses,
-// or the command line through /bin/sh with the pod's environment (PodEnv)
-// and where to listen (CAUSEWAY_APP_LISTEN, space-separated host:port).
+// or the command line through /bin/sh with the pod's environment
+// (PodPlan.Env) and where to listen (CAUSEWAY_APP_LISTEN, space-separated
+// host:port).
 func appJob(plan *Plan, a AppPlan, binDir string) (job, error) {
-	ref := a.Namespace + "/" + a.Name
-	pod, err := plan.Pod(ref)
+	pod, err := plan.Pod(a.Namespace + "/" + a.Name)
 	if err != nil {
 		return job{}, err
 	}
