@@ -54,6 +54,7 @@ var (
 	errClosedWrite        = errors.New("hbone: write after CloseWrite")
 	errHeaderTooLarge     = errors.New("hbone: headers exceed the peer's limit")
 	errStreamIDsExhausted = errors.New("hbone: stream IDs exhausted")
+	errSelfDependency     = errors.New("hbone: stream depends on itself")
 )
 
 // resetError is a stream that was reset, by the peer or locally.
@@ -127,7 +128,7 @@ type h2conn struct {
 
 	// newStream (server role) is called on the read loop for each accepted
 	// request; it must copy what it needs from the frame and not block.
-	newStream func(st *stream, mh *http2.MetaHeadersFrame)
+	newStream func(st *stream, b *headerBlock)
 	// onUnusable is called once, without locks held, when the connection
 	// stops taking new streams.
 	onUnusable func()
@@ -158,6 +159,11 @@ type h2conn struct {
 	henc                    *hpack.Encoder
 	hbuf                    bytes.Buffer
 
+	// Read loop only: the HPACK decoder and the header block being read.
+	hdec          *hpack.Decoder
+	block         headerBlock
+	blockDeadline bool // a read deadline bounds the block being read
+
 	mu       sync.Mutex
 	closed   bool
 	closeErr error
@@ -176,9 +182,10 @@ type h2conn struct {
 	recvUnacked int32 // consumed bytes not yet returned with WINDOW_UPDATE
 
 	maxPeerStream  uint32 // server: highest stream ID the client opened
+	recent         recentClosed
 	nextStream     uint32 // client: next stream ID
 	reserved       int    // client: streams promised to Dial callers
-	headersSeen    bool   // server: the first request arrived (read loop only)
+	headersSeen    bool   // a header block was read (read loop only)
 	draining       bool   // GOAWAY sent or received: no new streams
 	finishing      bool   // draining and empty: closing
 	finishSent     bool
@@ -213,8 +220,9 @@ func newH2Conn(parent context.Context, nc net.Conn, batch *recordBatcher, isClie
 	c.ctx, c.cancel = context.WithCancel(parent)
 	c.fr = http2.NewFramer(&c.wbuf, nc)
 	c.fr.SetMaxReadFrameSize(cfg.maxFrameSize)
-	c.fr.MaxHeaderListSize = cfg.maxHeaderBytes
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	c.hdec = hpack.NewDecoder(4096, func(hf hpack.HeaderField) { c.block.addField(hf, cfg.maxHeaderBytes) })
+	// A field longer than that cannot fit the block's byte bound anyway.
+	c.hdec.SetMaxStringLength(cfg.maxBlockBytes())
 	// No dynamic table for what we send: our header blocks are small, and
 	// a table of size 0 never disagrees with the peer's setting.
 	c.henc = hpack.NewEncoder(&c.hbuf)
@@ -292,14 +300,14 @@ func (c *h2conn) readLoop() error {
 			}
 			first = false
 		}
-		if fh.Type == http2.FrameData {
+		switch fh.Type {
+		case http2.FrameData:
 			err = c.readData(fh)
-		} else {
+		case http2.FrameHeaders, http2.FrameContinuation:
+			err = c.readHeaderFrame(fh)
+		default:
 			var f http2.Frame
 			f, err = c.fr.ReadFrameForHeader(fh)
-			if fh.Type == http2.FrameHeaders {
-				c.sawRequestHeaders()
-			}
 			if err == nil {
 				err = c.processFrame(f)
 			}
@@ -927,11 +935,6 @@ func (c *h2conn) processFrame(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.SettingsFrame:
 		return c.processSettings(f)
-	case *http2.MetaHeadersFrame:
-		if c.isClient {
-			return c.processResponseHeaders(f)
-		}
-		return c.processRequestHeaders(f)
 	case *http2.WindowUpdateFrame:
 		return c.processWindowUpdate(f)
 	case *http2.PingFrame:
@@ -942,6 +945,11 @@ func (c *h2conn) processFrame(f http2.Frame) error {
 		return c.processGoAway(f)
 	case *http2.PushPromiseFrame:
 		return connError(http2.ErrCodeProtocol, "PUSH_PROMISE not allowed")
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol, Cause: errSelfDependency}
+		}
+		return nil
 	default:
 		// PRIORITY, PRIORITY_UPDATE and unknown extension frames: ignored.
 		return nil
@@ -1089,7 +1097,36 @@ func (c *h2conn) processGoAway(f *http2.GoAwayFrame) error {
 func (c *h2conn) resetLocked(st *stream, code http2.ErrCode) {
 	if st.err == nil {
 		st.failLocked(&resetError{code: code})
+		st.rstSent = true
 		c.queueLocked(ctrlFrame{kind: ctrlRST, stream: st.id, code: code})
+	}
+}
+
+// sendResetLocked resets a stream that is not (or no longer) in c.streams.
+func (c *h2conn) sendResetLocked(id uint32, code http2.ErrCode) {
+	c.queueLocked(ctrlFrame{kind: ctrlRST, stream: id, code: code})
+	if !c.isClient {
+		c.recent.add(id, true)
+	}
+}
+
+// lateFrameLocked handles DATA or HEADERS for a stream that failed (st) or
+// is gone (st nil) as RFC 9113 §5.1 asks of a server: ignored once we reset
+// the stream, as the peer may have sent it before it saw our RST_STREAM;
+// otherwise (the peer ended or reset the stream) answered with RST_STREAM
+// STREAM_CLOSED, once. The client role ignores such frames.
+func (c *h2conn) lateFrameLocked(id uint32, st *stream) {
+	switch {
+	case c.isClient:
+	case st != nil:
+		if !st.rstSent {
+			st.rstSent = true
+			c.queueLocked(ctrlFrame{kind: ctrlRST, stream: id, code: http2.ErrCodeStreamClosed})
+		}
+	default:
+		if _, reset := c.recent.lookup(id); !reset {
+			c.sendResetLocked(id, http2.ErrCodeStreamClosed)
+		}
 	}
 }
 
@@ -1097,15 +1134,11 @@ func (c *h2conn) resetLocked(st *stream, code http2.ErrCode) {
 func (c *h2conn) streamError(se http2.StreamError, fh http2.FrameHeader) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.isClient && fh.Type == http2.FrameHeaders && se.StreamID%2 == 1 && se.StreamID > c.maxPeerStream {
-		// The stream was opened (and its headers decoded) even if refused.
-		c.maxPeerStream = se.StreamID
-	}
 	if st := c.streams[se.StreamID]; st != nil {
 		c.resetLocked(st, se.Code)
 		return
 	}
-	c.queueLocked(ctrlFrame{kind: ctrlRST, stream: se.StreamID, code: se.Code})
+	c.sendResetLocked(se.StreamID, se.Code)
 }
 
 // readData reads a DATA frame's payload straight into the stream's buffer.
@@ -1148,10 +1181,15 @@ func (c *h2conn) readData(fh http2.FrameHeader) error {
 			c.mu.Unlock()
 			return connError(http2.ErrCodeProtocol, "DATA on idle stream")
 		}
+		c.lateFrameLocked(id, nil)
 	case st.err != nil:
-		st = nil // reset: ignore what was already in flight
+		c.lateFrameLocked(id, st)
+		st = nil
 	case st.recvEOF:
 		c.resetLocked(st, http2.ErrCodeStreamClosed)
+		st = nil
+	case st.expectBody >= 0 && (int64(dataLen) > st.expectBody || (end && int64(dataLen) != st.expectBody)):
+		c.resetLocked(st, http2.ErrCodeProtocol) // content-length disagrees (RFC 9113 §8.1.1)
 		st = nil
 	case c.isClient && st.status == 0:
 		c.resetLocked(st, http2.ErrCodeProtocol) // DATA before the response
@@ -1161,6 +1199,9 @@ func (c *h2conn) readData(fh http2.FrameHeader) error {
 		st = nil
 	default:
 		st.recvWindow -= int32(length)
+		if st.expectBody >= 0 {
+			st.expectBody -= int64(dataLen)
+		}
 	}
 	if st == nil {
 		c.returnConnWindowLocked(length)
@@ -1377,6 +1418,7 @@ func (c *h2conn) newStreamLocked(id uint32) *stream {
 	st := &stream{
 		c:          c,
 		id:         id,
+		expectBody: -1,
 		sendWindow: int64(c.peerInitialWindow),
 		recvWindow: c.cfg.streamWindow,
 		rsig:       make(chan struct{}, 1),
@@ -1391,61 +1433,149 @@ func (c *h2conn) newStreamLocked(id uint32) *stream {
 func (c *h2conn) removeLocked(st *stream) {
 	if c.streams[st.id] == st {
 		delete(c.streams, st.id)
+		if !c.isClient {
+			c.recent.add(st.id, st.rstSent)
+		}
 	}
 	c.armIdleLocked()
 	c.maybeFinishLocked()
 }
 
-func (c *h2conn) processRequestHeaders(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+// readHeaderFrame reads a HEADERS or CONTINUATION frame (the Framer keeps
+// them in order) into c.block, and processes the block once it ends. The
+// bounds of a block are checked before each frame's payload is read.
+func (c *h2conn) readHeaderFrame(fh http2.FrameHeader) error {
+	b := &c.block
+	if fh.Type == http2.FrameHeaders {
+		b.frames, b.bytes = 0, 0
+	}
+	b.frames++
+	b.bytes += int(fh.Length)
+	if b.frames > c.cfg.maxBlockFrames() || b.bytes > c.cfg.maxBlockBytes() {
+		return connError(http2.ErrCodeEnhanceYourCalm, fmt.Sprintf("header block over %d frames or %d bytes",
+			c.cfg.maxBlockFrames(), c.cfg.maxBlockBytes()))
+	}
+	f, err := c.fr.ReadFrameForHeader(fh)
+	if err != nil {
+		var se http2.StreamError
+		if errors.As(err, &se) {
+			// An undecoded block leaves the HPACK context out of step.
+			return connError(http2.ErrCodeProtocol, "unreadable HEADERS frame: "+se.Error())
+		}
+		return err
+	}
+	var frag []byte
+	switch f := f.(type) {
+	case *http2.HeadersFrame:
+		frames, bytes := b.frames, b.bytes
+		b.reset(f)
+		b.frames, b.bytes = frames, bytes
+		frag = f.HeaderBlockFragment()
+		if d := c.cfg.headerTimeout; d > 0 && c.headersSeen && !f.HeadersEnded() {
+			// (Before the first request, the header timeout is running.)
+			c.nc.SetReadDeadline(time.Now().Add(d))
+			c.blockDeadline = true
+		}
+	case *http2.ContinuationFrame:
+		frag = f.HeaderBlockFragment()
+	}
+	if _, err := c.hdec.Write(frag); err != nil {
+		return connError(http2.ErrCodeCompression, "decoding header block: "+err.Error())
+	}
+	if !fh.Flags.Has(http2.FlagHeadersEndHeaders) {
+		return nil
+	}
+	if err := c.hdec.Close(); err != nil {
+		return connError(http2.ErrCodeCompression, "decoding header block: "+err.Error())
+	}
+	c.endHeaderBlock()
+	if c.isClient {
+		return c.processResponseHeaders(b)
+	}
+	return c.processRequestHeaders(b)
+}
+
+// endHeaderBlock lifts the read deadline of a header block, and the
+// server's header timeout once the first block has been read, valid or not.
+func (c *h2conn) endHeaderBlock() {
+	if c.blockDeadline || (!c.isClient && !c.headersSeen && c.cfg.headerTimeout > 0) {
+		c.nc.SetReadDeadline(time.Time{})
+	}
+	c.blockDeadline = false
+	c.headersSeen = true
+}
+
+func (c *h2conn) processRequestHeaders(b *headerBlock) error {
+	id := b.streamID
 	if id%2 == 0 {
 		return connError(http2.ErrCodeProtocol, "client opened an even stream")
 	}
+	selfDep := b.hasPriority && b.priority.StreamDep == id
 	c.mu.Lock()
 	if st := c.streams[id]; st != nil {
 		defer c.mu.Unlock()
-		return c.trailersLocked(st, f)
+		if selfDep {
+			c.resetLocked(st, http2.ErrCodeProtocol)
+			return nil
+		}
+		return c.trailersLocked(st, b)
 	}
-	if id <= c.maxPeerStream {
-		// A stream already closed (perhaps by our reset): ignore.
+	if last := c.maxPeerStream; id <= last {
+		known, reset := c.recent.lookup(id)
 		c.mu.Unlock()
-		return nil
+		switch {
+		case reset:
+			return nil // we reset the stream; the peer had not seen it yet
+		case known:
+			return connError(http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS on closed stream %d", id))
+		}
+		// RFC 9113 §5.1.1: new streams take increasing IDs.
+		return connError(http2.ErrCodeProtocol, fmt.Sprintf("HEADERS on stream %d after stream %d", id, last))
 	}
 	c.maxPeerStream = id
+	contentLength, problem := b.checkRequest()
+	switch {
+	case b.truncated:
+		// Answered with 431 unless malformed in what was read.
+		contentLength, problem = -1, b.malformed
+	case selfDep:
+		problem = errSelfDependency.Error()
+	case b.endStream && contentLength > 0:
+		problem = "content-length without DATA"
+	}
+	if problem != "" {
+		c.sendResetLocked(id, http2.ErrCodeProtocol)
+		c.mu.Unlock()
+		c.log.Debug("malformed request: stream reset", zap.Uint32("stream", id), zap.String("reason", problem))
+		return nil
+	}
 	if c.draining || c.closed || uint32(len(c.streams)) >= c.cfg.maxStreams {
-		c.queueLocked(ctrlFrame{kind: ctrlRST, stream: id, code: http2.ErrCodeRefusedStream})
+		c.sendResetLocked(id, http2.ErrCodeRefusedStream)
 		c.mu.Unlock()
 		return nil
 	}
 	st := c.newStreamLocked(id)
 	st.ctx, st.cancel = context.WithCancel(c.ctx)
-	if f.StreamEnded() {
+	st.expectBody = contentLength
+	if b.endStream {
 		st.recvEOF = true
 	}
 	c.mu.Unlock()
-	c.newStream(st, f)
+	c.newStream(st, b)
 	return nil
-}
-
-// sawRequestHeaders lifts the server's header timeout once the first
-// request's header block has been read, valid or not.
-func (c *h2conn) sawRequestHeaders() {
-	if !c.isClient && !c.headersSeen {
-		c.headersSeen = true
-		if c.cfg.headerTimeout > 0 {
-			c.nc.SetReadDeadline(time.Time{})
-		}
-	}
 }
 
 // trailersLocked handles a second HEADERS on a stream: trailers, which must
 // end the stream; their content means nothing to a tunnel.
-func (c *h2conn) trailersLocked(st *stream, f *http2.MetaHeadersFrame) error {
-	if !f.StreamEnded() || st.recvEOF {
+func (c *h2conn) trailersLocked(st *stream, b *headerBlock) error {
+	switch {
+	case st.err != nil:
+		c.lateFrameLocked(st.id, st)
+	case st.recvEOF:
+		c.resetLocked(st, http2.ErrCodeStreamClosed) // half-closed (remote)
+	case b.checkTrailers() != "" || st.expectBody > 0:
 		c.resetLocked(st, http2.ErrCodeProtocol)
-		return nil
-	}
-	if st.err == nil {
+	default:
 		st.recvEOF = true
 		notify(st.rsig)
 		st.checkPeerDoneLocked()
@@ -1453,8 +1583,8 @@ func (c *h2conn) trailersLocked(st *stream, f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
-func (c *h2conn) processResponseHeaders(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+func (c *h2conn) processResponseHeaders(b *headerBlock) error {
+	id := b.streamID
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.streams[id]
@@ -1465,25 +1595,26 @@ func (c *h2conn) processResponseHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if st.status != 0 {
-		return c.trailersLocked(st, f)
+		return c.trailersLocked(st, b)
 	}
-	status, err := strconv.Atoi(f.PseudoValue("status"))
-	if err != nil || status < 100 || status > 999 || len(f.PseudoFields()) != 1 {
+	statusText, _ := b.pseudo(":status")
+	status, err := strconv.Atoi(statusText)
+	if err != nil || status < 100 || status > 999 || b.malformed != "" || b.checkPseudo(":status") != "" {
 		c.resetLocked(st, http2.ErrCodeProtocol)
 		return nil
 	}
 	if status < 200 {
 		// Informational; the final response follows.
-		if f.StreamEnded() {
+		if b.endStream {
 			c.resetLocked(st, http2.ErrCodeProtocol)
 		}
 		return nil
 	}
 	st.status = status
-	if r, ok := headerValue(f, ReasonHeader); ok {
+	if r, ok := b.value(ReasonHeader); ok {
 		st.reason = sanitizeReason(r)
 	}
-	if f.StreamEnded() {
+	if b.endStream {
 		st.recvEOF = true
 		st.checkPeerDoneLocked()
 	}
@@ -1492,14 +1623,36 @@ func (c *h2conn) processResponseHeaders(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
-// headerValue returns the first value of a regular header field.
-func headerValue(f *http2.MetaHeadersFrame, name string) (string, bool) {
-	for _, hf := range f.RegularFields() {
-		if hf.Name == name {
-			return hf.Value, true
+// recentClosed remembers the last streams that closed on a server
+// connection, for lateFrameLocked: which of them we reset, and which the
+// peer ended or reset. Older streams count as closed by the peer, which
+// RFC 9113 §5.1 allows once a while has passed.
+type recentClosed struct {
+	ids  [closedMemory]uint32 // id<<1, | 1 when we reset the stream
+	next int
+}
+
+// closedMemory covers the streams closing during a round trip at a few
+// thousand closes a second.
+const closedMemory = 128
+
+func (r *recentClosed) add(id uint32, resetByUs bool) {
+	v := id << 1
+	if resetByUs {
+		v |= 1
+	}
+	r.ids[r.next] = v
+	r.next = (r.next + 1) % closedMemory
+}
+
+// lookup reports whether id is remembered, and then whether we reset it.
+func (r *recentClosed) lookup(id uint32) (known, resetByUs bool) {
+	for i := 1; i <= closedMemory; i++ {
+		if v := r.ids[(r.next-i+closedMemory)%closedMemory]; v>>1 == id {
+			return true, v&1 == 1
 		}
 	}
-	return "", false
+	return false, false
 }
 
 // validHeaderValue reports whether v may be sent as a header value.

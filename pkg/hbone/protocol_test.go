@@ -241,10 +241,19 @@ func TestProtocolHeaderTooLarge(t *testing.T) {
 	if s := r.status(3); s != "400" {
 		t.Fatalf("status %s, want 400", s)
 	}
-	// A single field longer than the whole limit cannot even be decoded:
-	// the connection ends with COMPRESSION_ERROR.
+	// So is a single field longer than the whole limit: it is decoded (and
+	// dropped), keeping the HPACK context in step.
 	r.headers(5, false, ":method", "CONNECT", ":authority", "10.0.0.1:80", "baggage", strings.Repeat("b", 4096))
-	r.expectGoAway(http2.ErrCodeCompression)
+	if s := r.status(5); s != "431" {
+		t.Fatalf("status %s, want 431", s)
+	}
+	r.connect(7, "10.0.0.1:0")
+	if s := r.status(7); s != "400" {
+		t.Fatalf("status %s, want 400", s)
+	}
+	// A block beyond twice the limit is not read: the connection ends.
+	r.headers(9, false, ":method", "CONNECT", ":authority", "10.0.0.1:80", "baggage", strings.Repeat("b", 8192))
+	r.expectGoAway(http2.ErrCodeEnhanceYourCalm)
 	if h.opened.Load() != 0 {
 		t.Fatal("handler called")
 	}

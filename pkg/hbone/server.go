@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -296,7 +296,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	log = log.With(zap.Stringer("peer", peer))
 	base := Request{Peer: peer, Local: addrPortOf(raw.LocalAddr()), Remote: addrPortOf(raw.RemoteAddr())}
 	c := newH2Conn(s.ctx, tc, batch, false, &s.cfg, log)
-	c.newStream = func(st *stream, mh *http2.MetaHeadersFrame) { s.onStream(log, &base, st, mh) }
+	c.newStream = func(st *stream, b *headerBlock) { s.onStream(log, &base, st, b) }
 
 	s.mu.Lock()
 	if s.closed {
@@ -322,35 +322,26 @@ func (s *Server) serveConn(raw net.Conn) {
 }
 
 // onStream runs on the connection's read loop: it reads the request out of
-// the frame (valid only until the next frame) and starts the handler.
-func (s *Server) onStream(log *zap.Logger, base *Request, st *stream, mh *http2.MetaHeadersFrame) {
-	req, code, reason := s.parseRequest(base, mh)
+// the header block (valid only until the next one) and starts the handler.
+func (s *Server) onStream(log *zap.Logger, base *Request, st *stream, b *headerBlock) {
+	req, code, reason := s.parseRequest(base, b)
 	s.tunnels.Add(1)
 	go s.serveStream(log, st, req, code, reason)
 }
 
-func (s *Server) parseRequest(base *Request, mh *http2.MetaHeadersFrame) (*Request, int, string) {
-	if mh.Truncated {
+// parseRequest reads a request whose header block is well-formed (the
+// connection reset the stream otherwise) or truncated.
+func (s *Server) parseRequest(base *Request, b *headerBlock) (*Request, int, string) {
+	if b.truncated {
 		return nil, http.StatusRequestHeaderFieldsTooLarge, "request headers too large"
 	}
-	method := mh.PseudoValue("method")
-	switch {
-	case method == "":
-		return nil, http.StatusBadRequest, "missing :method"
-	case method != http.MethodConnect:
+	if method, _ := b.pseudo(":method"); method != http.MethodConnect {
 		return nil, http.StatusMethodNotAllowed, "only CONNECT is served"
-	case mh.PseudoValue("protocol") != "":
-		return nil, http.StatusBadRequest, "extended CONNECT is not supported"
-	case mh.PseudoValue("scheme") != "" || mh.PseudoValue("path") != "":
-		return nil, http.StatusBadRequest, "CONNECT must not carry :scheme or :path"
 	}
-	authority := mh.PseudoValue("authority")
-	if authority == "" {
-		return nil, http.StatusBadRequest, "missing :authority"
-	}
+	authority, _ := b.pseudo(":authority")
 	req := *base
 	var forwarded, baggage []string
-	for _, hf := range mh.RegularFields() {
+	for _, hf := range b.regular() {
 		switch hf.Name {
 		case "host":
 			if hf.Value != authority {
@@ -402,7 +393,7 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 	}()
 	if code != 0 {
 		log.Debug("bad CONNECT", zap.Int("status", code), zap.String("reason", reason))
-		st.respond(code, reason, true)
+		st.refuse(code, reason)
 		return
 	}
 	target := zap.Stringer("authority", req.Authority)
@@ -416,10 +407,10 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 	if err != nil {
 		code, reason := statusOf(err)
 		log.Info("tunnel refused", target, zap.Int("status", code), zap.String("reason", reason), zap.Error(err))
-		st.respond(code, reason, true)
+		st.refuse(code, reason)
 		return
 	}
-	if err := st.respond(http.StatusOK, "", false); err != nil {
+	if err := st.respond(http.StatusOK, "", nil); err != nil {
 		log.Debug("answering CONNECT failed", target, zap.Error(err))
 	}
 	// Serve on a fresh goroutine: this one's stack grew while the handler
@@ -439,11 +430,55 @@ func (s *Server) serveTunnel(log *zap.Logger, st *stream, strm Stream) {
 	strm.Serve(st.ctx, st)
 }
 
-// respond sends the response headers; end also ends our direction.
-func (st *stream) respond(status int, reason string, end bool) error {
+const (
+	// refuseBodyTimeout bounds how long a refusal's body waits for the
+	// client's flow control window.
+	refuseBodyTimeout = 5 * time.Second
+	// A refused client still sending is read (and its data dropped) for up
+	// to refuseDrain bytes and refuseLinger, so that it can finish its
+	// request instead of being reset in the middle.
+	refuseDrain  = 64 << 10
+	refuseLinger = time.Second
+)
+
+// refuse answers a request that gets no tunnel: status, with the reason in
+// ReasonHeader and as a plain-text body (what curl and browsers show).
+func (st *stream) refuse(status int, reason string) error {
+	reason = sanitizeReason(reason)
+	text := reason
+	if text == "" {
+		text = http.StatusText(status)
+	}
+	body := []byte(text + "\n")
+	if err := st.respond(status, reason, body); err != nil {
+		return err
+	}
+	st.SetWriteDeadline(time.Now().Add(refuseBodyTimeout))
+	if _, err := st.Write(body); err != nil {
+		return err
+	}
+	if err := st.CloseWrite(); err != nil {
+		return err
+	}
+	st.SetReadDeadline(time.Now().Add(refuseLinger))
+	_, err := io.CopyN(io.Discard, st, refuseDrain)
+	if err == io.EOF {
+		err = nil
+	}
+	return err
+}
+
+// respond sends the response headers; with a body they describe it, and
+// without one (a tunnel) the stream stays open.
+func (st *stream) respond(status int, reason string, body []byte) error {
 	fields := []hpack.HeaderField{{Name: ":status", Value: strconv.Itoa(status)}}
 	if reason = sanitizeReason(reason); reason != "" {
 		fields = append(fields, hpack.HeaderField{Name: ReasonHeader, Value: reason})
+	}
+	if body != nil {
+		fields = append(fields,
+			hpack.HeaderField{Name: "content-type", Value: "text/plain; charset=utf-8"},
+			hpack.HeaderField{Name: "content-length", Value: strconv.Itoa(len(body))})
 	}
 	c := st.c
 	c.wmu.Lock()
@@ -454,9 +489,8 @@ func (st *stream) respond(status int, reason string, end bool) error {
 		c.mu.Unlock()
 		return err
 	}
-	st.sentEOF = st.sentEOF || end
 	c.mu.Unlock()
-	return c.writeHeadersLocked(st.id, fields, end)
+	return c.writeHeadersLocked(st.id, fields, false)
 }
 
 // Shutdown stops accepting, sends GOAWAY on every connection and waits for

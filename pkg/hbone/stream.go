@@ -29,9 +29,13 @@ type stream struct {
 	sentEOF     bool  // we sent END_STREAM
 	waitingConn bool  // in c.sendWaiters
 	err         error // reset, or the connection failed
-	released    bool  // Close was called
-	rsig        chan struct{}
-	wsig        chan struct{}
+	rstSent     bool  // we sent RST_STREAM (server: later frames are ignored)
+	// expectBody is what the request's content-length still promises (-1:
+	// none; server role, requests other than CONNECT).
+	expectBody int64
+	released   bool // Close was called
+	rsig       chan struct{}
+	wsig       chan struct{}
 
 	// Client role: the response. resp is closed when the final response
 	// headers arrived (status != 0) or the stream failed first.
