@@ -67,15 +67,11 @@ func TestConformanceStreamStates(t *testing.T) {
 		_, addr := startServer(t, m, holdHandler, nil)
 		r := dialRaw(t, m, addr, true)
 		r.headers(1, true, ":method", "CONNECT", ":authority", "10.0.0.1:80")
-		if s := r.status(1); s != "200" {
-			t.Fatal(s)
-		}
+		r.expectStatus(1, "200")
 		r.headers(1, true, "x-trailer", "1")
 		r.expectRST(1, http2.ErrCodeStreamClosed)
 		r.headers(3, true, ":method", "CONNECT", ":authority", "10.0.0.1:80")
-		if s := r.status(3); s != "200" {
-			t.Fatal(s)
-		}
+		r.expectStatus(3, "200")
 		r.fr.WriteData(3, false, []byte("late"))
 		r.expectRST(3, http2.ErrCodeStreamClosed)
 	})
@@ -84,9 +80,7 @@ func TestConformanceStreamStates(t *testing.T) {
 		r := dialRaw(t, m, addr, true)
 		for _, id := range []uint32{1, 3} {
 			r.connect(id, "10.0.0.1:80")
-			if s := r.status(id); s != "200" {
-				t.Fatal(s)
-			}
+			r.expectStatus(id, "200")
 			r.fr.WriteRSTStream(id, http2.ErrCodeCancel)
 		}
 		r.fr.WriteData(1, false, []byte("late"))
@@ -128,9 +122,7 @@ func TestConformanceStreamStates(t *testing.T) {
 		_, addr := startServer(t, m, holdHandler, nil)
 		r := dialRaw(t, m, addr, true)
 		r.connect(5, "10.0.0.1:80")
-		if s := r.status(5); s != "200" {
-			t.Fatal(s)
-		}
+		r.expectStatus(5, "200")
 		r.connect(3, "10.0.0.1:80")
 		r.expectGoAway(http2.ErrCodeProtocol)
 	})
@@ -177,17 +169,13 @@ func TestConformanceMalformedRequests(t *testing.T) {
 			r.expectRST(1, http2.ErrCodeProtocol)
 			// The connection goes on.
 			r.connect(3, "10.0.0.1:0")
-			if s := r.status(3); s != "400" {
-				t.Fatalf("next stream: %s", s)
-			}
+			r.expectStatus(3, "400")
 		})
 	}
 	t.Run("te: trailers", func(t *testing.T) {
 		r := dialRaw(t, m, addr, true)
 		r.headers(1, false, with(connect, "te", "trailers")...)
-		if s := r.status(1); s != "200" {
-			t.Fatalf("status %s", s)
-		}
+		r.expectStatus(1, "200")
 	})
 	if n := h.opened.Load(); n != 1 {
 		t.Fatalf("handler called %d times, want once (te: trailers)", n)
@@ -201,17 +189,13 @@ func TestConformanceTrailers(t *testing.T) {
 	r := dialRaw(t, m, addr, true)
 	for id, kv := range map[uint32][]string{1: {":path", "/"}, 3: {"x-trailer", "1"}} {
 		r.connect(id, "10.0.0.1:80")
-		if s := r.status(id); s != "200" {
-			t.Fatal(s)
-		}
+		r.expectStatus(id, "200")
 		r.headers(id, id == 1, kv...) // stream 3: without END_STREAM
 		r.expectRST(id, http2.ErrCodeProtocol)
 	}
 	// Well-formed trailers end the client's direction.
 	r.connect(5, "10.0.0.1:80")
-	if s := r.status(5); s != "200" {
-		t.Fatal(s)
-	}
+	r.expectStatus(5, "200")
 	r.headers(5, true, "x-trailer", "1")
 	r.expectQuiet()
 }
@@ -220,39 +204,31 @@ func TestConformanceTrailers(t *testing.T) {
 func TestConformanceContentLength(t *testing.T) {
 	m := newMesh(t)
 	_, addr := startServer(t, m, holdHandler, nil)
-	post := func(r *rawH2, id uint32, length string, end bool) {
-		r.headers(id, end, ":method", "POST", ":scheme", "https", ":path", "/", ":authority", "a:1",
-			"content-length", length)
+	cases := []struct {
+		name, length string
+		data         []string // DATA frames; the last ends the stream
+	}{
+		{"more than declared", "3", []string{"ab", "cd"}},
+		{"less than declared", "5", []string{"ab", "cd"}},
+		{"declared without DATA", "5", nil},
+		{"as declared", "4", []string{"ab", "cd"}},
 	}
-	t.Run("more than declared", func(t *testing.T) {
-		r := dialRaw(t, m, addr, true)
-		post(r, 1, "3", false)
-		r.fr.WriteData(1, false, []byte("ab"))
-		r.fr.WriteData(1, true, []byte("cd"))
-		r.expectRST(1, http2.ErrCodeProtocol)
-	})
-	t.Run("less than declared", func(t *testing.T) {
-		r := dialRaw(t, m, addr, true)
-		post(r, 1, "5", false)
-		r.fr.WriteData(1, false, []byte("ab"))
-		r.fr.WriteData(1, true, []byte("cd"))
-		r.expectRST(1, http2.ErrCodeProtocol)
-	})
-	t.Run("declared without DATA", func(t *testing.T) {
-		r := dialRaw(t, m, addr, true)
-		post(r, 1, "5", true)
-		r.expectRST(1, http2.ErrCodeProtocol)
-	})
-	t.Run("as declared", func(t *testing.T) {
-		r := dialRaw(t, m, addr, true)
-		post(r, 1, "4", false)
-		r.fr.WriteData(1, false, []byte("ab"))
-		r.fr.WriteData(1, true, []byte("cd"))
-		if s := r.status(1); s != "405" {
-			t.Fatal(s)
-		}
-		r.expectQuiet()
-	})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := dialRaw(t, m, addr, true)
+			r.headers(1, len(tc.data) == 0, ":method", "POST", ":scheme", "https", ":path", "/",
+				":authority", "a:1", "content-length", tc.length)
+			for i, d := range tc.data {
+				r.fr.WriteData(1, i == len(tc.data)-1, []byte(d))
+			}
+			if tc.name != "as declared" {
+				r.expectRST(1, http2.ErrCodeProtocol)
+				return
+			}
+			r.expectStatus(1, "405")
+			r.expectQuiet()
+		})
+	}
 }
 
 // RFC 9113 §5.3.1: a stream cannot depend on itself.
@@ -374,9 +350,7 @@ func TestConformanceHeaderBlockTimeout(t *testing.T) {
 	})
 	r := dialRaw(t, m, addr, true)
 	r.connect(1, "10.0.0.1:80")
-	if s := r.status(1); s != "200" {
-		t.Fatal(s)
-	}
+	r.expectStatus(1, "200")
 	time.Sleep(600 * time.Millisecond) // a complete block lifted the timeout
 	r.expectQuiet()
 	r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: r.block(":method", "CONNECT")})

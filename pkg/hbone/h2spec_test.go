@@ -13,22 +13,30 @@ import (
 	"time"
 )
 
-// h2specPath finds the h2spec binary in PATH or in $(go env GOPATH)/bin.
+// h2specPath finds the h2spec binary where go install puts it: PATH,
+// $(go env GOBIN) or $(go env GOPATH)/bin.
 func h2specPath() (string, error) {
 	if p, err := exec.LookPath("h2spec"); err == nil {
 		return p, nil
 	}
-	gopath, err := exec.Command("go", "env", "GOPATH").Output()
+	out, err := exec.Command("go", "env", "GOBIN", "GOPATH").Output()
 	if err != nil {
 		return "", err
 	}
-	for _, dir := range filepath.SplitList(strings.TrimSpace(string(gopath))) {
-		p := filepath.Join(dir, "bin", "h2spec")
-		if _, err := os.Stat(p); err == nil {
+	env := strings.SplitN(string(out), "\n", 2)
+	dirs := []string{strings.TrimSpace(env[0])}
+	if len(env) > 1 {
+		for _, dir := range filepath.SplitList(strings.TrimSpace(env[1])) {
+			dirs = append(dirs, filepath.Join(dir, "bin"))
+		}
+	}
+	for _, dir := range dirs {
+		p := filepath.Join(dir, "h2spec")
+		if _, err := os.Stat(p); dir != "" && err == nil {
 			return p, nil
 		}
 	}
-	return "", errors.New("not in PATH nor in $(go env GOPATH)/bin")
+	return "", errors.New("not in PATH, $(go env GOBIN) or $(go env GOPATH)/bin")
 }
 
 // h2specReport is the part of h2spec's JUnit report we read.
@@ -51,6 +59,7 @@ type h2specReport struct {
 // and a body, and that is all its cases need. The server advertises the
 // protocol's default frame size here: h2spec's oversized HEADERS frame is
 // 17.5 KB, legal under the 1 MiB that servers advertise by default.
+// H2SPEC_ARGS adds arguments to h2spec (sections such as http2/5.1, or -v).
 func TestH2Spec(t *testing.T) {
 	bin, err := h2specPath()
 	if err != nil {
@@ -66,7 +75,6 @@ func TestH2Spec(t *testing.T) {
 	if extra := os.Getenv("H2SPEC_ARGS"); extra != "" {
 		cmd.Args = append(cmd.Args, strings.Fields(extra)...)
 	}
-
 	out, runErr := cmd.CombinedOutput()
 	if testing.Verbose() {
 		t.Logf("%s", out)

@@ -80,14 +80,21 @@ func (b *headerBlock) value(name string) (string, bool) {
 	return "", false
 }
 
+// maxKeptFields bounds the field slice a connection keeps between blocks.
+const maxKeptFields = 64
+
 func (b *headerBlock) reset(f *http2.HeadersFrame) {
+	fields := b.fields[:0]
+	if cap(fields) > maxKeptFields {
+		fields = nil
+	}
 	clear(b.fields)
 	*b = headerBlock{
 		streamID:    f.StreamID,
 		endStream:   f.StreamEnded(),
 		hasPriority: f.HasPriority(),
 		priority:    f.Priority,
-		fields:      b.fields[:0],
+		fields:      fields,
 	}
 }
 

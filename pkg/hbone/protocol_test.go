@@ -102,6 +102,13 @@ func (r *rawH2) status(id uint32) string {
 	return f.(*http2.MetaHeadersFrame).PseudoValue("status")
 }
 
+func (r *rawH2) expectStatus(id uint32, want string) {
+	r.t.Helper()
+	if s := r.status(id); s != want {
+		r.t.Fatalf("stream %d: status %s, want %s", id, s, want)
+	}
+}
+
 func (r *rawH2) expectGoAway(code http2.ErrCode) {
 	r.t.Helper()
 	f := r.until("GOAWAY", func(f http2.Frame) bool { _, ok := f.(*http2.GoAwayFrame); return ok })
@@ -233,24 +240,16 @@ func TestProtocolHeaderTooLarge(t *testing.T) {
 	r := dialRaw(t, m, addr, true)
 	long := strings.Repeat("b", 1000)
 	r.headers(1, false, ":method", "CONNECT", ":authority", "10.0.0.1:80", "a", long, "b", long, "c", long)
-	if s := r.status(1); s != "431" {
-		t.Fatalf("status %s, want 431", s)
-	}
+	r.expectStatus(1, "431")
 	// The connection is still usable.
 	r.connect(3, "10.0.0.1:0")
-	if s := r.status(3); s != "400" {
-		t.Fatalf("status %s, want 400", s)
-	}
+	r.expectStatus(3, "400")
 	// So is a single field longer than the whole limit: it is decoded (and
 	// dropped), keeping the HPACK context in step.
 	r.headers(5, false, ":method", "CONNECT", ":authority", "10.0.0.1:80", "baggage", strings.Repeat("b", 4096))
-	if s := r.status(5); s != "431" {
-		t.Fatalf("status %s, want 431", s)
-	}
+	r.expectStatus(5, "431")
 	r.connect(7, "10.0.0.1:0")
-	if s := r.status(7); s != "400" {
-		t.Fatalf("status %s, want 400", s)
-	}
+	r.expectStatus(7, "400")
 	// A block beyond twice the limit is not read: the connection ends.
 	r.headers(9, false, ":method", "CONNECT", ":authority", "10.0.0.1:80", "baggage", strings.Repeat("b", 8192))
 	r.expectGoAway(http2.ErrCodeEnhanceYourCalm)
