@@ -87,7 +87,7 @@ type connConfig struct {
 	pingTimeout     time.Duration
 	writeTimeout    time.Duration
 	idleTimeout     time.Duration
-	headerTimeout   time.Duration // server: preface and first request
+	headerTimeout   time.Duration // server: preface and first request, later multi-frame header blocks
 }
 
 type ctrlKind uint8

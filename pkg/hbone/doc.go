@@ -6,7 +6,11 @@
 // proven by the TLS handshake (authenticated identity or unauthenticated,
 // never anything taken from headers). The Handler answers with a Stream
 // (200) or an error (Deny: 401, Unavailable: 503, BadRequest: 400); other
-// methods get 405, malformed authorities 400.
+// methods get 405, malformed authorities 400, each with its reason as a
+// text body. Requests that break RFC 9113 (pseudo-header fields,
+// connection-specific fields, content-length against DATA) are reset with
+// PROTOCOL_ERROR and never reach the Handler, and frames arriving in the
+// wrong stream state get the error RFC 9113 §5.1 names.
 //
 // Client side: a Pool dials tunnels over pooled HTTP/2 connections keyed by
 // {source identity, expected server identities, next hop}, at most
@@ -20,7 +24,9 @@
 // connection, propagating half-close both ways.
 //
 // The HTTP/2 layer is built on golang.org/x/net/http2's Framer and hpack
-// (see conn.go for why not on http2.Server/Transport). Windows default to
+// (see conn.go for why not on http2.Server/Transport); header blocks are
+// read by the package itself, bounded in frames, bytes and time
+// (headers.go). Windows default to
 // 4 MiB per stream and 16 MiB per connection; received data sits in pooled
 // chunks only until it is read, and copies into a tunnel take a buffer only
 // once the source is readable, so an idle tunnel holds no buffer.

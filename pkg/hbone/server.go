@@ -100,15 +100,17 @@ type ServerOptions struct {
 	AllowHostnames bool
 
 	MaxConcurrentStreams uint32 // per connection; default 200
-	MaxHeaderBytes       int    // request header list; default 32 KiB
-	MaxFrameSize         uint32 // largest frame accepted; default 1 MiB
-	StreamWindow         int32  // default 4 MiB
-	ConnWindow           int32  // default 16 MiB
+	// MaxHeaderBytes bounds a request's header list (default 32 KiB): a
+	// larger one is answered 431, a header block of more than twice that
+	// ends the connection.
+	MaxHeaderBytes int
+	MaxFrameSize   uint32 // largest frame accepted; default 1 MiB
+	StreamWindow   int32  // default 4 MiB
+	ConnWindow     int32  // default 16 MiB
 
 	// HandshakeTimeout bounds the TLS handshake (default 10s); HeaderTimeout
 	// bounds the HTTP/2 preface and the first request after it (default
-	// 10s). Later header blocks are bounded by the keepalive: a client stuck
-	// in the middle of one cannot answer PING.
+	// 10s), and each later header block that spans several frames.
 	HandshakeTimeout time.Duration
 	HeaderTimeout    time.Duration
 	// IdleTimeout closes connections without tunnels (default 10m; < 0: never).
