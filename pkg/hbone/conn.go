@@ -159,10 +159,12 @@ type h2conn struct {
 	henc                    *hpack.Encoder
 	hbuf                    bytes.Buffer
 
-	// Read loop only: the HPACK decoder and the header block being read.
-	hdec          *hpack.Decoder
-	block         headerBlock
-	blockDeadline bool // a read deadline bounds the block being read
+	// Read loop only: the HPACK decoder, the header block being read, its
+	// frames and bytes so far, and whether a read deadline bounds it.
+	hdec                    *hpack.Decoder
+	block                   headerBlock
+	blockFrames, blockBytes int
+	blockDeadline           bool
 
 	mu       sync.Mutex
 	closed   bool
@@ -951,7 +953,7 @@ func (c *h2conn) processFrame(f http2.Frame) error {
 		}
 		return nil
 	default:
-		// PRIORITY, PRIORITY_UPDATE and unknown extension frames: ignored.
+		// PRIORITY_UPDATE and unknown extension frames: ignored.
 		return nil
 	}
 }
@@ -1445,13 +1447,12 @@ func (c *h2conn) removeLocked(st *stream) {
 // them in order) into c.block, and processes the block once it ends. The
 // bounds of a block are checked before each frame's payload is read.
 func (c *h2conn) readHeaderFrame(fh http2.FrameHeader) error {
-	b := &c.block
 	if fh.Type == http2.FrameHeaders {
-		b.frames, b.bytes = 0, 0
+		c.blockFrames, c.blockBytes = 0, 0
 	}
-	b.frames++
-	b.bytes += int(fh.Length)
-	if b.frames > c.cfg.maxBlockFrames() || b.bytes > c.cfg.maxBlockBytes() {
+	c.blockFrames++
+	c.blockBytes += int(fh.Length)
+	if c.blockFrames > c.cfg.maxBlockFrames() || c.blockBytes > c.cfg.maxBlockBytes() {
 		return connError(http2.ErrCodeEnhanceYourCalm, fmt.Sprintf("header block over %d frames or %d bytes",
 			c.cfg.maxBlockFrames(), c.cfg.maxBlockBytes()))
 	}
@@ -1464,12 +1465,11 @@ func (c *h2conn) readHeaderFrame(fh http2.FrameHeader) error {
 		}
 		return err
 	}
+	b := &c.block
 	var frag []byte
 	switch f := f.(type) {
 	case *http2.HeadersFrame:
-		frames, bytes := b.frames, b.bytes
 		b.reset(f)
-		b.frames, b.bytes = frames, bytes
 		frag = f.HeaderBlockFragment()
 		if d := c.cfg.headerTimeout; d > 0 && c.headersSeen && !f.HeadersEnded() {
 			// (Before the first request, the header timeout is running.)

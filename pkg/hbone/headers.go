@@ -31,10 +31,6 @@ type headerBlock struct {
 	// fails with PROTOCOL_ERROR), or is empty.
 	malformed             string
 	sawRegular, sawPseudo bool
-
-	// Read loop bookkeeping: frames and bytes of the block so far.
-	frames int
-	bytes  int
 }
 
 // maxBlockBytes bounds the frame bytes of one header block: twice the
