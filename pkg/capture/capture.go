@@ -1,7 +1,8 @@
 // Package capture delivers workload connections to the node proxy: where they
 // came from and where they were going. Local mode captures outbound traffic
-// through a SOCKS5 listener; in-pod iptables redirection is another
-// implementation of the same contract.
+// through a SOCKS5 listener; in-pod mode (package inpod) takes connections
+// redirected inside each pod's network namespace (package rules) that the
+// node agent hands over (package handoff).
 package capture
 
 import (
@@ -58,4 +59,11 @@ type Conn interface {
 // Handler takes captured connections; it owns and must close each one.
 type Handler interface {
 	HandleOutbound(ctx context.Context, c Conn)
+}
+
+// InboundHandler takes plaintext connections captured on their way into a
+// pod, from outside the mesh; dst is where they were going. It owns and
+// must close each one.
+type InboundHandler interface {
+	HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPort)
 }

@@ -135,7 +135,7 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 		return nil, fmt.Errorf("hbone: MaxStreamsPerConn %d is negative", opts.MaxStreamsPerConn)
 	}
 	if opts.Dial == nil {
-		opts.Dial = dialFrom
+		opts.Dial = DialFrom
 	}
 	cfg, err := newConnConfig(opts.StreamWindow, opts.ConnWindow, opts.MaxFrameSize, opts.MaxHeaderBytes,
 		opts.ReadIdleTimeout, opts.PingTimeout, opts.WriteTimeout)
@@ -425,8 +425,9 @@ func (t *Target) key() poolKey {
 	return poolKey{source: t.Source.String(), expected: strings.Join(exp, " "), addr: t.Address, local: t.LocalAddr}
 }
 
-// dialFrom is the default Dial.
-func dialFrom(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
+// DialFrom dials remote over TCP, from local when it is valid: the
+// default Dial.
+func DialFrom(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
 	var d net.Dialer
 	if local.IsValid() {
 		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))

@@ -35,7 +35,7 @@ func serverConnStreams(s *Server) []int {
 func countingDialer(n *atomic.Int64) func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
 	return func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
 		n.Add(1)
-		return dialFrom(ctx, local, remote)
+		return DialFrom(ctx, local, remote)
 	}
 }
 

@@ -63,6 +63,14 @@ type Options struct {
 	// PodListeners opens a pod's listeners (HBONE and, in local mode, its
 	// serving ports); default net.Listen on the pod IP.
 	Listen func(ctx context.Context, addr netip.AddrPort) (net.Listener, error)
+	// InPod: pods are served inside their own network namespaces by
+	// in-pod capture (package capture/inpod), which opens their listeners
+	// as the node agent hands them over; the registry opens none.
+	InPod bool
+	// Dial opens every upstream TCP connection, from local when it is
+	// valid (in-pod mode: a pod's address, dialled inside that pod);
+	// default hbone.DialFrom.
+	Dial func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error)
 	// Pool options for outbound tunnels (Bundle and Logger are filled in).
 	Pool hbone.PoolOptions
 	// Server options for inbound tunnels (TLS, Handler and Logger are filled in).
@@ -89,7 +97,9 @@ type Proxy struct {
 	pods       map[netip.Addr]*podListeners
 	podErrs    map[netip.Addr]error // pods whose listeners could not open
 	identities map[trust.Identity]bool
-	wg         sync.WaitGroup
+	// updated is closed, and replaced, by every Update.
+	updated chan struct{}
+	wg      sync.WaitGroup
 }
 
 type podListeners struct {
@@ -124,6 +134,9 @@ func New(o Options) (*Proxy, error) {
 	if o.IdleTimeout == 0 {
 		o.IdleTimeout = time.Hour
 	}
+	if o.Dial == nil {
+		o.Dial = hbone.DialFrom
+	}
 	if o.Listen == nil {
 		o.Listen = func(ctx context.Context, a netip.AddrPort) (net.Listener, error) {
 			var lc net.ListenConfig
@@ -131,11 +144,12 @@ func New(o Options) (*Proxy, error) {
 		}
 	}
 	p := &Proxy{opts: o, log: o.Logger, access: o.AccessLog, metrics: newMetrics(o.Registry),
-		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{}}
+		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{},
+		updated: make(chan struct{})}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
 
 	po := o.Pool
-	po.Bundle, po.Logger = o.Bundle, o.Logger.Named("hbone-client")
+	po.Bundle, po.Logger, po.Dial = o.Bundle, o.Logger.Named("hbone-client"), o.Dial
 	pool, err := hbone.NewPool(po)
 	if err != nil {
 		return nil, err
@@ -210,8 +224,10 @@ func (p *Proxy) Update(r *Registry) {
 		}
 	}
 	p.identities = ids
-	if p.ctx == nil {
-		return // not running yet: Run opens listeners
+	close(p.updated)
+	p.updated = make(chan struct{})
+	if p.ctx == nil || p.opts.InPod {
+		return // not running yet (Run opens listeners), or in-pod capture opens them
 	}
 	for ip, pl := range p.pods {
 		if w, ok := want[ip]; !ok || w.GetUid() != pl.uid {
@@ -367,6 +383,16 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 	dst := c.Destination()
 	rec := connRecord{direction: "outbound", src: c.Source(), dst: dst.String(), srcIdentity: "unauthenticated"}
 	src, ok := r.LocalWorkload(c.Source().Addr())
+	if pc, inPod := c.(podConn); inPod {
+		// The pod is known by its namespace, not by the address it used.
+		r, src, ok = p.podWorkload(ctx, c.Source().Addr(), pc.PodUID())
+		if !ok {
+			c.Answer(capture.Refused)
+			c.Close()
+			p.finish(rec, start, fmt.Errorf("pod %s has no mesh workload with address %s on node %s", pc.PodUID(), c.Source().Addr(), p.opts.Node))
+			return
+		}
+	}
 	if ok {
 		rec.srcWorkload, rec.srcIdentity = src.GetUid(), src.GetIdentity()
 	} else if !p.opts.AllowPassthrough {
@@ -411,6 +437,31 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	rec.sent, rec.received, err = p.join(ctx, c.NetConn(), upstream)
 	p.finish(rec, start, err)
+}
+
+// podConn is a connection captured inside a pod's own network namespace.
+type podConn interface{ PodUID() string }
+
+// podWorkload finds the local workload with address ip and the given uid,
+// waiting up to CertWait for a registry that knows it: a pod can be handed
+// over, and connect, before the control plane has described it.
+func (p *Proxy) podWorkload(ctx context.Context, ip netip.Addr, uid string) (*Registry, *meshv1.Workload, bool) {
+	ctx, cancel := context.WithTimeout(ctx, p.opts.CertWait)
+	defer cancel()
+	for {
+		p.mu.Lock()
+		updated := p.updated
+		p.mu.Unlock()
+		r := p.reg.Load()
+		if w, ok := r.LocalWorkload(ip); ok {
+			return r, w, w.GetUid() == uid
+		}
+		select {
+		case <-updated:
+		case <-ctx.Done():
+			return r, nil, false
+		}
+	}
 }
 
 func planNeedsIdentity(plan Plan) bool {
@@ -480,8 +531,7 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
 	defer cancel()
 	if hop.Kind == PlainTCP || hop.Kind == Passthrough {
-		var d net.Dialer
-		return d.DialContext(cctx, "tcp", hop.Address.String())
+		return p.opts.Dial(cctx, p.podSource(from.Addr()), hop.Address)
 	}
 	id, err := trust.ParseIdentity(src.GetIdentity())
 	if err != nil {
@@ -540,8 +590,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	}
 	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
 	defer cancel()
-	var d net.Dialer
-	upstream, err := d.DialContext(cctx, "tcp", to.String())
+	upstream, err := p.opts.Dial(cctx, p.podSource(req.Local.Addr()), to)
 	if err != nil {
 		err = hbone.Unavailable(fmt.Sprintf("connect %s: %v", to, err))
 		p.finish(rec, start, err)
@@ -565,21 +614,23 @@ func (p *Proxy) servePlaintext(l net.Listener) {
 			}
 			return
 		}
+		p.mu.Lock()
+		ctx := p.ctx
+		p.mu.Unlock()
+		dst, _ := netip.ParseAddrPort(c.LocalAddr().String())
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			p.handlePlaintext(c)
+			p.HandleInbound(ctx, c, dst)
 		}()
 	}
 }
 
-func (p *Proxy) handlePlaintext(c net.Conn) {
+// HandleInbound carries plaintext from outside the mesh to dst, a local
+// pod's address (capture.InboundHandler).
+func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPort) {
 	start := time.Now()
-	p.mu.Lock()
-	ctx := p.ctx
-	p.mu.Unlock()
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-	dst, _ := netip.ParseAddrPort(c.LocalAddr().String())
 	rec := connRecord{direction: "inbound", src: src, dst: dst.String(), srcIdentity: "unauthenticated"}
 	w, hop, err := p.reg.Load().planPlaintextInbound(netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()), p.opts.AllowPlaintext)
 	if err != nil {
@@ -604,8 +655,7 @@ func (p *Proxy) handlePlaintext(c net.Conn) {
 	} else {
 		var to netip.AddrPort
 		if to, err = deliveryAddress(w, dst.Addr(), dst.Port()); err == nil {
-			var d net.Dialer
-			upstream, err = d.DialContext(cctx, "tcp", to.String())
+			upstream, err = p.opts.Dial(cctx, p.podSource(dst.Addr()), to)
 		}
 	}
 	cancel()
@@ -617,6 +667,20 @@ func (p *Proxy) handlePlaintext(c net.Conn) {
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	rec.sent, rec.received, err = p.join(ctx, c, upstream)
 	p.finish(rec, start, err)
+}
+
+// ServeHBONE serves inbound HBONE on ln (a listener in-pod capture opened
+// inside a pod) until ln is closed.
+func (p *Proxy) ServeHBONE(ln net.Listener) error { return p.server.Serve(ln) }
+
+// podSource is the local address for a connection made on behalf of the
+// pod at ip: the pod's own address in in-pod mode (dialled inside the pod),
+// none otherwise.
+func (p *Proxy) podSource(ip netip.Addr) netip.Addr {
+	if p.opts.InPod {
+		return ip.Unmap()
+	}
+	return netip.Addr{}
 }
 
 // join relays between a and b until both are done, cutting idle pairs.

@@ -407,4 +407,3 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
-
