@@ -213,14 +213,7 @@ func (s *Server) AddPod(pod Pod, netns *os.File) error {
 		netns.Close()
 		return err
 	}
-	s.mu.Lock()
-	s.init()
-	if old, ok := s.pods[pod.UID]; ok {
-		old.netns.Close()
-	}
-	s.pods[pod.UID] = &captured{pod: pod, netns: netns}
-	conns := s.connsLocked()
-	s.mu.Unlock()
+	conns := s.record(pod, netns)
 	err := ErrNoProxy
 	if len(conns) > 0 {
 		err = s.broadcast(conns, Message{Type: TypeAdd, Pod: &pod}, netns)
@@ -230,6 +223,31 @@ func (s *Server) AddPod(pod Pod, netns *os.File) error {
 		return fmt.Errorf("hand %s to the node proxy: %w", pod, err)
 	}
 	return nil
+}
+
+// Restore records a pod captured before the agent (re)started, without
+// handing it to anyone: it goes to proxies in their replay. Call it
+// before Serve. It takes ownership of netns.
+func (s *Server) Restore(pod Pod, netns *os.File) error {
+	if err := pod.validate(); err != nil {
+		netns.Close()
+		return err
+	}
+	s.record(pod, netns)
+	return nil
+}
+
+// record keeps the pod (replacing an older namespace of it) and returns
+// the proxies connected at that moment.
+func (s *Server) record(pod Pod, netns *os.File) []*proxyConn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.init()
+	if old, ok := s.pods[pod.UID]; ok {
+		old.netns.Close()
+	}
+	s.pods[pod.UID] = &captured{pod: pod, netns: netns}
+	return s.connsLocked()
 }
 
 // RemovePod forgets a pod and tells every connected proxy.
