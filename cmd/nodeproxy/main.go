@@ -5,10 +5,12 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"time"
@@ -17,6 +19,8 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/bootstrap"
 	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
+	"github.com/causeway-mesh/causeway/pkg/capture/inpod"
 	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds"
@@ -28,7 +32,8 @@ func main() {
 	fs := flag.NewFlagSet("nodeproxy", flag.ExitOnError)
 	common.Register(fs)
 	node := fs.String("node", os.Getenv("NODE_NAME"), "name of this node")
-	socks := fs.String("socks5", "127.0.0.1:15080", "SOCKS5 outbound capture address (local mode)")
+	socks := fs.String("socks5", "127.0.0.1:15080", "SOCKS5 outbound capture address (local mode; empty: none)")
+	handoffSocket := fs.String("inpod-handoff", "", "in-pod mode: the node agent's handoff socket (e.g. /var/run/causeway/handoff.sock); pods are served inside their network namespaces as the agent hands them over")
 	hbonePort := fs.Uint("hbone-port", 15008, "HBONE port on pod IPs")
 	passthrough := fs.Bool("passthrough", false, "send traffic to destinations unknown to the mesh (and from non-mesh sources) as plain TCP instead of refusing it")
 	plaintext := fs.Bool("allow-plaintext", true, "deliver plaintext from outside the mesh to pods without a waypoint")
@@ -44,12 +49,12 @@ func main() {
 	if *idle == 0 {
 		*idle = -1 // never
 	}
-	if err := run(&common, *node, *socks, uint16(*hbonePort), *passthrough, *plaintext, *drain, *idle); err != nil {
+	if err := run(&common, *node, *socks, *handoffSocket, uint16(*hbonePort), *passthrough, *plaintext, *drain, *idle); err != nil {
 		bootstrap.Fatal("nodeproxy", err)
 	}
 }
 
-func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthrough, plaintext bool, drain, idle time.Duration) error {
+func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort uint16, passthrough, plaintext bool, drain, idle time.Duration) error {
 	env, err := common.Setup()
 	if err != nil {
 		return err
@@ -69,12 +74,30 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	if err != nil {
 		return err
 	}
-	proxy, err := nodeproxy.New(nodeproxy.Options{
+	opts := nodeproxy.Options{
 		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, AccessLog: env.Log.Buffered("access", nodeField), Registry: env.Metrics,
 		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext, IdleTimeout: idle,
-	})
+	}
+	var pods *inpod.Manager
+	if handoffSocket != "" {
+		if err := inpod.Verify(); err != nil {
+			return err
+		}
+		opts.InPod = true
+		opts.Dial = func(ctx context.Context, local netip.Addr, remote netip.AddrPort) (net.Conn, error) {
+			return pods.Dial(ctx, local, remote)
+		}
+	}
+	proxy, err := nodeproxy.New(opts)
 	if err != nil {
 		return err
+	}
+	var parts []func(context.Context) error
+	if handoffSocket != "" {
+		pods = inpod.NewManager(proxy, inpod.Options{HBONEPort: hbonePort, Logger: log.Named("inpod")})
+		defer pods.Close()
+		hc := &handoff.Client{Path: handoffSocket, State: handoff.NewState(pods), Logger: log.Named("handoff")}
+		parts = append(parts, hc.Run)
 	}
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
@@ -97,20 +120,23 @@ func run(common *bootstrap.Flags, node, socks string, hbonePort uint16, passthro
 	if err != nil {
 		return err
 	}
-	sl, err := net.Listen("tcp", socks)
-	if err != nil {
-		return fmt.Errorf("SOCKS5 listener: %w", err)
+	if socks != "" {
+		sl, err := net.Listen("tcp", socks)
+		if err != nil {
+			return fmt.Errorf("SOCKS5 listener: %w", err)
+		}
+		s5 := &capture.SOCKS5{Handler: proxy, Logger: log.Named("socks5")}
+		parts = append(parts, func(ctx context.Context) error { return s5.Serve(ctx, sl) })
 	}
-	s5 := &capture.SOCKS5{Handler: proxy, Logger: log.Named("socks5")}
+	parts = append(parts, certs.Run, xc.Run, func(ctx context.Context) error { return proxy.Run(ctx, drain) })
 
-	errc := make(chan error, 4)
-	go func() { errc <- certs.Run(ctx) }()
-	go func() { errc <- xc.Run(ctx) }()
-	go func() { errc <- s5.Serve(ctx, sl) }()
-	go func() { errc <- proxy.Run(ctx, drain) }()
-	log.Info("node proxy started", zap.String("socks5", sl.Addr().String()), zap.String("xds", common.XDSAddress))
+	errc := make(chan error, len(parts))
+	for _, part := range parts {
+		go func() { errc <- part(ctx) }()
+	}
+	log.Info("node proxy started", zap.String("socks5", socks), zap.String("inpod_handoff", handoffSocket), zap.String("xds", common.XDSAddress))
 	var firstErr error
-	for range 4 {
+	for range parts {
 		if err := <-errc; err != nil && firstErr == nil && ctx.Err() == nil {
 			firstErr = err
 			stop() // one part failed: take the rest down

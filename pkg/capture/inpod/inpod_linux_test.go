@@ -448,10 +448,12 @@ func TestInPodRestart(t *testing.T) {
 
 	// Keep connecting during the restart.
 	var (
-		mu         sync.Mutex
-		ok, failed int
-		stopLoad   = make(chan struct{})
-		loadDone   = make(chan struct{})
+		mu          sync.Mutex
+		ok, failed  int
+		failedSince time.Time     // start of the failing attempts in a row
+		window      time.Duration // the longest such run, to the next success
+		stopLoad    = make(chan struct{})
+		loadDone    = make(chan struct{})
 	)
 	go func() {
 		defer close(loadDone)
@@ -461,12 +463,20 @@ func TestInPodRestart(t *testing.T) {
 				return
 			default:
 			}
+			begin := time.Now()
 			_, err := get(w.client, url(w.server.IP4), 0)
 			mu.Lock()
 			if err != nil {
 				failed++
+				if failedSince.IsZero() {
+					failedSince = begin
+				}
 			} else {
 				ok++
+				if !failedSince.IsZero() {
+					window = max(window, time.Since(failedSince))
+					failedSince = time.Time{}
+				}
 			}
 			mu.Unlock()
 		}
@@ -489,7 +499,7 @@ func TestInPodRestart(t *testing.T) {
 	close(stopLoad)
 	<-loadDone
 	mu.Lock()
-	t.Logf("during the restart: %d connections succeeded, %d failed", ok, failed)
+	t.Logf("during the restart: %d connections succeeded, %d failed; new connections failed for at most %s in a row", ok, failed, window)
 	mu.Unlock()
 	got, err := get(w.client, url(w.server.IP4), 0)
 	if err != nil {

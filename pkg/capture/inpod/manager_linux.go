@@ -128,6 +128,9 @@ func (m *Manager) open(info handoff.Pod, nsh ns.NetNS) (*pod, error) {
 	if len(ips) == 0 {
 		return nil, errors.New("the network namespace has no pod address")
 	}
+	if err := migrateRequests(nsh); err != nil {
+		m.log.Warn("connections queued at a closing listener will be reset", zap.Stringer("pod", info), zap.Error(err))
+	}
 	p := &pod{info: info, netns: nsh, ips: ips, conns: map[net.Conn]struct{}{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, port := range []uint16{m.opts.OutboundPort, m.opts.InboundPort, m.opts.HBONEPort} {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"unsafe"
 
@@ -91,6 +92,18 @@ func addresses(netns ns.NetNS) ([]netip.Addr, error) {
 	return out, err
 }
 
+// migrateRequests lets the kernel move connections still queued at a
+// closing listener to another of its SO_REUSEPORT group
+// (net.ipv4.tcp_migrate_req, per namespace, Linux 5.14+): when an old node
+// proxy stops, what it had not accepted yet goes to the new one instead of
+// being reset.
+func migrateRequests(netns ns.NetNS) error {
+	return netns.Do(func(ns.NetNS) error {
+		// /proc/sys/net shows the namespace of the thread that opens it.
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_migrate_req", []byte("1"), 0)
+	})
+}
+
 // originalDestination reads where a redirected connection was going
 // (SO_ORIGINAL_DST for IPv4, IP6T_SO_ORIGINAL_DST for IPv6).
 func originalDestination(c *net.TCPConn) (netip.AddrPort, error) {
@@ -150,3 +163,27 @@ func getsockopt(fd uintptr, level, name int, p unsafe.Pointer, size uintptr) err
 // ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h),
 // which x/sys does not name.
 const ip6tSOOriginalDst = 80
+
+// Verify fails when the process may not do what in-pod mode needs:
+// enter network namespaces (CAP_SYS_ADMIN) and mark sockets
+// (CAP_NET_ADMIN). Better to fail at start than on the first pod.
+func Verify() error {
+	self, err := ns.GetCurrentNS()
+	if err != nil {
+		return fmt.Errorf("in-pod mode: own network namespace: %w", err)
+	}
+	defer self.Close()
+	// Entering the namespace one is in still needs the privilege.
+	if err := self.Do(func(ns.NetNS) error { return nil }); err != nil {
+		return fmt.Errorf("in-pod mode needs to enter network namespaces (CAP_SYS_ADMIN): %w", err)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("in-pod mode: socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, 0x539); err != nil {
+		return fmt.Errorf("in-pod mode needs to mark sockets (CAP_NET_ADMIN): %w", err)
+	}
+	return nil
+}
