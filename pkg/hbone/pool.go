@@ -366,6 +366,25 @@ func (p *Pool) Close() error {
 	return nil
 }
 
+// CloseFrom closes the connections dialled from local, resetting their
+// tunnels: the address's pod is gone, and a pod that takes its address
+// next must not inherit connections made from the old pod's namespace.
+func (p *Pool) CloseFrom(local netip.Addr) {
+	p.mu.Lock()
+	var conns []*h2conn
+	for key, ks := range p.keys {
+		if key.local == local {
+			conns = append(conns, ks.conns...)
+		}
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.close(errLocalGone)
+	}
+}
+
+var errLocalGone = errors.New("hbone: the source address left")
+
 // PoolStats is a snapshot of a pool.
 type PoolStats struct {
 	Connections int // connections taking new tunnels

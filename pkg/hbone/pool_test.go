@@ -421,6 +421,43 @@ func TestTargetValidation(t *testing.T) {
 }
 
 // Pool.Close resets open tunnels and fails later dials.
+// CloseFrom ends the connections from one local address and no other.
+func TestPoolCloseFrom(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	var dials atomic.Int64
+	p := newPool(t, m, func(o *PoolOptions) { o.Dial = countingDialer(&dials) })
+	tunnels := map[string]net.Conn{}
+	for _, local := range []string{"127.0.77.1", "127.0.77.2"} {
+		tg := m.target(addr, up.String())
+		tg.LocalAddr = netip.MustParseAddr(local)
+		tunnels[local] = dialTunnel(t, p, tg)
+	}
+	p.CloseFrom(netip.MustParseAddr("127.0.77.1"))
+	gone := tunnels["127.0.77.1"]
+	gone.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var ne net.Error
+	if _, err := gone.Read(make([]byte, 1)); err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("a tunnel from the closed address is still open: %v", err)
+	}
+	kept := tunnels["127.0.77.2"]
+	kept.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := kept.Write([]byte("x")); err != nil {
+		t.Fatalf("a tunnel from another address: %v", err)
+	}
+	if _, err := kept.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("a tunnel from another address: %v", err)
+	}
+	eventually(t, 5*time.Second, "the closed connection to leave the pool", func() bool { return p.Stats().Connections == 1 })
+	tg := m.target(addr, up.String())
+	tg.LocalAddr = netip.MustParseAddr("127.0.77.1")
+	dialTunnel(t, p, tg)
+	if d := dials.Load(); d != 3 {
+		t.Errorf("dials = %d, want a new connection from the closed address", d)
+	}
+}
+
 func TestPoolClose(t *testing.T) {
 	m := newMesh(t)
 	up := upstream(t, echo)

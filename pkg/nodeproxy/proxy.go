@@ -673,6 +673,14 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 // inside a pod) until ln is closed.
 func (p *Proxy) ServeHBONE(ln net.Listener) error { return p.server.Serve(ln) }
 
+// PodGone closes the pooled tunnels dialled from a departed pod's
+// addresses (in-pod mode: from inside its namespace).
+func (p *Proxy) PodGone(ips []netip.Addr) {
+	for _, ip := range ips {
+		p.pool.CloseFrom(ip)
+	}
+}
+
 // podSource is the local address for a connection made on behalf of the
 // pod at ip: the pod's own address in in-pod mode (dialled inside the pod),
 // none otherwise.

@@ -30,6 +30,9 @@ type Proxy interface {
 	capture.InboundHandler
 	// ServeHBONE serves HBONE on ln until ln is closed.
 	ServeHBONE(ln net.Listener) error
+	// PodGone says a pod left: what the proxy dialled from its addresses
+	// (pooled tunnels) is to be closed.
+	PodGone(ips []netip.Addr)
 }
 
 // Options configure a Manager; zero values take the defaults of DESIGN §2.
@@ -107,7 +110,8 @@ func (m *Manager) AddPod(_ context.Context, info handoff.Pod, netns *os.File) er
 		return fmt.Errorf("pod %s: %w", info, err)
 	}
 	m.mu.Lock()
-	if old := m.pods[info.UID]; old != nil {
+	old := m.pods[info.UID]
+	if old != nil {
 		m.removeLocked(old)
 	}
 	m.pods[info.UID] = p
@@ -115,6 +119,9 @@ func (m *Manager) AddPod(_ context.Context, info handoff.Pod, netns *os.File) er
 		m.byIP[ip] = p
 	}
 	m.mu.Unlock()
+	if old != nil {
+		m.proxy.PodGone(old.ips)
+	}
 	p.serve(m)
 	m.log.Info("serving pod in its network namespace", zap.Stringer("pod", info), zap.Any("ips", p.ips))
 	return nil
@@ -213,6 +220,7 @@ func (m *Manager) RemovePod(uid string) {
 	}
 	m.mu.Unlock()
 	if p != nil {
+		m.proxy.PodGone(p.ips)
 		p.wg.Wait()
 		m.log.Info("stopped serving pod", zap.Stringer("pod", p.info))
 	}
