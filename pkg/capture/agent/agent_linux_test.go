@@ -98,12 +98,14 @@ type fixture struct {
 	stopProx func()
 }
 
-func start(t *testing.T, connectProxy bool) *fixture {
+// start runs an agent and, when connectProxy, a node proxy's side of the
+// handoff that takes delay to accept each pod.
+func start(t *testing.T, connectProxy bool, delay time.Duration) *fixture {
 	netnstest.Require(t)
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("needs the go tool to build the plugin")
 	}
-	f := &fixture{net: netnstest.NewNet(t), dir: t.TempDir(), proxy: &proxySide{pods: map[string]*os.File{}}}
+	f := &fixture{net: netnstest.NewNet(t), dir: t.TempDir(), proxy: &proxySide{pods: map[string]*os.File{}, delay: delay}}
 	f.pod = f.net.AddPod(t, "app")
 	f.cniSock = filepath.Join(f.dir, "cni.sock")
 	handoffSock := filepath.Join(f.dir, "handoff.sock")
@@ -186,8 +188,7 @@ func TestPluginCapturesEnrolledPod(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("needs the nft tool to look at the rules")
 	}
-	f := start(t, true)
-	f.proxy.delay = 300 * time.Millisecond
+	f := start(t, true, 300*time.Millisecond)
 	begin := time.Now()
 	out, err := f.run(t, "ADD", "t", "app", "")
 	if err != nil {
@@ -228,7 +229,7 @@ func TestPluginCapturesEnrolledPod(t *testing.T) {
 // TestPluginLeavesOthersAlone: pods not enrolled, waypoints and excluded
 // namespaces pass through without rules.
 func TestPluginLeavesOthersAlone(t *testing.T) {
-	f := start(t, true)
+	f := start(t, true, 0)
 	for _, tc := range []struct{ ns, name, extra string }{
 		{"plain", "app", ""},
 		{"t", "waypoint", ""},
@@ -241,15 +242,17 @@ func TestPluginLeavesOthersAlone(t *testing.T) {
 			t.Errorf("%s/%s got capture rules", tc.ns, tc.name)
 		}
 	}
-	if len(f.proxy.pods) != 0 {
-		t.Errorf("the proxy got pods: %v", f.proxy.pods)
+	for _, uid := range []string{"uid-app", "uid-plain", "uid-wp"} {
+		if f.proxy.has(uid) {
+			t.Errorf("the proxy got %s", uid)
+		}
 	}
 }
 
 // TestPluginFailsClosed: without a node proxy, or without the agent, ADD
 // fails: the pod does not start unprotected.
 func TestPluginFailsClosed(t *testing.T) {
-	f := start(t, false)
+	f := start(t, false, 0)
 	_, err := f.run(t, "ADD", "t", "app", "")
 	if err == nil || !strings.Contains(err.Error(), "no node proxy") {
 		t.Errorf("ADD with no proxy = %v, want a failure naming it", err)

@@ -61,9 +61,12 @@ var _ handoff.PodHandler = (*Manager)(nil)
 // pod is one served pod. Its context ends when it is removed, which ends
 // its relayed connections; conns are the HBONE connections, closed then.
 type pod struct {
-	info      handoff.Pod
+	info handoff.Pod
+	ips  []netip.Addr
+	// nsMu guards netns: dials use it under the read lock, and it is
+	// closed (nil) under the write lock once the pod is gone.
+	nsMu      sync.RWMutex
 	netns     ns.NetNS
-	ips       []netip.Addr
 	ctx       context.Context
 	cancel    context.CancelFunc
 	listeners []net.Listener
@@ -121,6 +124,7 @@ func (m *Manager) AddPod(_ context.Context, info handoff.Pod, netns *os.File) er
 	m.mu.Unlock()
 	if old != nil {
 		m.proxy.PodGone(old.ips)
+		old.releaseNetns()
 	}
 	p.serve(m)
 	m.log.Info("serving pod in its network namespace", zap.Stringer("pod", info), zap.Any("ips", p.ips))
@@ -221,6 +225,7 @@ func (m *Manager) RemovePod(uid string) {
 	m.mu.Unlock()
 	if p != nil {
 		m.proxy.PodGone(p.ips)
+		p.releaseNetns()
 		p.wg.Wait()
 		m.log.Info("stopped serving pod", zap.Stringer("pod", p.info))
 	}
@@ -252,7 +257,16 @@ func (p *pod) close() {
 	for _, c := range conns {
 		c.Close() // untracks itself
 	}
-	p.netns.Close()
+}
+
+// releaseNetns closes the namespace once no dial uses it.
+func (p *pod) releaseNetns() {
+	p.nsMu.Lock()
+	defer p.nsMu.Unlock()
+	if p.netns != nil {
+		p.netns.Close()
+		p.netns = nil
+	}
 }
 
 // Close stops serving every pod.
@@ -282,6 +296,11 @@ func (m *Manager) Dial(ctx context.Context, local netip.Addr, remote netip.AddrP
 			d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))
 		}
 		return d.DialContext(ctx, "tcp", remote.String())
+	}
+	p.nsMu.RLock()
+	defer p.nsMu.RUnlock()
+	if p.netns == nil {
+		return nil, fmt.Errorf("pod %s is gone", p.info)
 	}
 	return m.sock.dial(ctx, p.netns, local, remote)
 }
