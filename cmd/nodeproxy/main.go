@@ -128,7 +128,24 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 		s5 := &capture.SOCKS5{Handler: proxy, Logger: log.Named("socks5")}
 		parts = append(parts, func(ctx context.Context) error { return s5.Serve(ctx, sl) })
 	}
-	parts = append(parts, certs.Run, xc.Run, func(ctx context.Context) error { return proxy.Run(ctx, drain) })
+	runProxy := func(ctx context.Context) error { return proxy.Run(ctx, drain) }
+	if pods != nil {
+		// Pods' connections drain first, while the proxy still carries
+		// them (a new node proxy takes new ones meanwhile); then it stops.
+		runProxy = func(ctx context.Context) error {
+			pctx, stopProxy := context.WithCancel(context.Background())
+			defer stopProxy()
+			go func() {
+				<-ctx.Done()
+				dctx, cancel := context.WithTimeout(context.Background(), drain)
+				pods.Shutdown(dctx)
+				cancel()
+				stopProxy()
+			}()
+			return proxy.Run(pctx, drain)
+		}
+	}
+	parts = append(parts, certs.Run, xc.Run, runProxy)
 
 	errc := make(chan error, len(parts))
 	for _, part := range parts {

@@ -494,6 +494,9 @@ func TestInPodRestart(t *testing.T) {
 		t.Fatalf("the new proxy serves %d pods, want 2", n)
 	}
 	stopOld()
+	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	old.mgr.Shutdown(dctx)
+	dcancel()
 	old.stop()
 	time.Sleep(200 * time.Millisecond)
 	close(stopLoad)

@@ -269,6 +269,35 @@ func (p *pod) releaseNetns() {
 	}
 }
 
+// Shutdown stops accepting in every pod and gives the connections in
+// flight until ctx ends to finish, then closes everything. With another
+// node proxy listening beside this one, new connections go to it meanwhile.
+func (m *Manager) Shutdown(ctx context.Context) {
+	m.mu.Lock()
+	pods := make([]*pod, 0, len(m.pods))
+	for _, p := range m.pods {
+		pods = append(pods, p)
+	}
+	m.mu.Unlock()
+	for _, p := range pods {
+		for _, ln := range p.listeners {
+			ln.Close()
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		for _, p := range pods {
+			p.wg.Wait()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	m.Close()
+}
+
 // Close stops serving every pod.
 func (m *Manager) Close() {
 	m.mu.Lock()
