@@ -12,6 +12,18 @@ import (
 	"strconv"
 )
 
+// The in-pod contract (DESIGN §2, §10) between the rules written in a pod
+// and the node proxy's listeners there.
+const (
+	OutboundPort = 15001 // redirected outbound TCP
+	InboundPort  = 15006 // redirected inbound plaintext TCP
+	HBONEPort    = 15008 // inbound HBONE, never redirected
+	// ProxyMark, under ProxyMarkMask, marks the node proxy's own sockets in
+	// a pod, which the rules never redirect (ztunnel's values).
+	ProxyMark     = 0x539
+	ProxyMarkMask = 0xfff
+)
+
 // Destination is where a captured connection was going: an address, or a
 // hostname the mesh registry must resolve (SOCKS5 domain requests).
 type Destination struct {

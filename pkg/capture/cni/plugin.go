@@ -104,11 +104,7 @@ func event(args *skel.CmdArgs, c *Config) (*Event, error) {
 // Add asks the agent to capture the pod and returns only once it is
 // captured, or not enrolled; any failure fails the sandbox.
 func Add(args *skel.CmdArgs) error {
-	c, timeout, err := parseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	ev, err := event(args, c)
+	c, ev, timeout, err := prepare(args)
 	if err != nil {
 		return err
 	}
@@ -127,11 +123,7 @@ func Add(args *skel.CmdArgs) error {
 // deletion: the rules go with the namespace, and the agent forgets pods
 // whose sandbox is gone.
 func Del(args *skel.CmdArgs) error {
-	c, timeout, err := parseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	ev, err := event(args, c)
+	c, ev, timeout, err := prepare(args)
 	if err != nil || ev == nil {
 		return err
 	}
@@ -143,11 +135,7 @@ func Del(args *skel.CmdArgs) error {
 
 // Check verifies that a pod the agent captures still has its rules.
 func Check(args *skel.CmdArgs) error {
-	c, timeout, err := parseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	ev, err := event(args, c)
+	c, ev, timeout, err := prepare(args)
 	if err != nil || ev == nil {
 		return err
 	}
@@ -155,6 +143,17 @@ func Check(args *skel.CmdArgs) error {
 		return fmt.Errorf("causeway-cni: check: %w", err)
 	}
 	return nil
+}
+
+// prepare reads the configuration and the event of a call (nil when the
+// agent is not to be asked).
+func prepare(args *skel.CmdArgs) (*Config, *Event, time.Duration, error) {
+	c, timeout, err := parseConfig(args.StdinData)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	ev, err := event(args, c)
+	return c, ev, timeout, err
 }
 
 func passThrough(c *Config) error {

@@ -215,6 +215,19 @@ func get(p *netnstest.Pod, url string, mark int) (string, error) {
 	return string(b), err
 }
 
+// clientReachesServer: an unmodified client in the client pod gets an
+// answer from the server's app, delivered by a node proxy.
+func (w *world) clientReachesServer(t *testing.T) {
+	t.Helper()
+	got, err := get(w.client, url(w.server.IP4), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "server saw " + w.server.IP4.String(); got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
 func url(a netip.Addr) string { return "http://" + netip.AddrPortFrom(a, 8080).String() + "/" }
 
 // hasEntry waits for an access log line starting with prefix: a
@@ -358,13 +371,7 @@ func TestInPodWaitsForCertificate(t *testing.T) {
 	pt.add(t, w.clientInfo, w.client)
 	pt.add(t, w.serverInfo, w.server)
 	time.AfterFunc(300*time.Millisecond, func() { close(w.certs.gate) })
-	got, err := get(w.client, url(w.server.IP4), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "server saw " + w.server.IP4.String(); got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
+	w.clientReachesServer(t)
 }
 
 // TestInPodRemoval: removing a pod closes its connections, and its
@@ -504,13 +511,7 @@ func TestInPodRestart(t *testing.T) {
 	mu.Lock()
 	t.Logf("during the restart: %d connections succeeded, %d failed; new connections failed for at most %s in a row", ok, failed, window)
 	mu.Unlock()
-	got, err := get(w.client, url(w.server.IP4), 0)
-	if err != nil {
-		t.Fatalf("after the restart: %v", err)
-	}
-	if want := "server saw " + w.server.IP4.String(); got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
+	w.clientReachesServer(t)
 	if !next.hasEntry("outbound spiffe://cluster.local/ns/t/sa/client") {
 		t.Errorf("the new proxy carried nothing: %q", next.connections())
 	}
@@ -526,13 +527,7 @@ func TestInPodWaitsForWorkload(t *testing.T) {
 	pt.add(t, w.clientInfo, w.client)
 	pt.add(t, w.serverInfo, w.server)
 	time.AfterFunc(300*time.Millisecond, func() { pt.proxy.Update(full) })
-	got, err := get(w.client, url(w.server.IP4), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "server saw " + w.server.IP4.String(); got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
+	w.clientReachesServer(t)
 }
 
 // TestInPodSourceIsThePod: the source workload is the pod whose namespace

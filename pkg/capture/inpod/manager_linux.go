@@ -80,16 +80,16 @@ type pod struct {
 // NewManager serves pods for proxy.
 func NewManager(proxy Proxy, o Options) *Manager {
 	if o.OutboundPort == 0 {
-		o.OutboundPort = 15001
+		o.OutboundPort = capture.OutboundPort
 	}
 	if o.InboundPort == 0 {
-		o.InboundPort = 15006
+		o.InboundPort = capture.InboundPort
 	}
 	if o.HBONEPort == 0 {
-		o.HBONEPort = 15008
+		o.HBONEPort = capture.HBONEPort
 	}
 	if o.Mark == 0 {
-		o.Mark = 0x539
+		o.Mark = capture.ProxyMark
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -160,32 +160,20 @@ func (p *pod) serve(m *Manager) {
 	p.wg.Add(3)
 	go func() {
 		defer p.wg.Done()
-		p.accept(m, out, func(c *net.TCPConn) {
-			dst, err := originalDestination(c)
-			if err != nil {
-				m.log.Warn("outbound connection without a destination", zap.Stringer("pod", p.info), zap.Error(err))
-				abort(c)
-				return
-			}
+		p.accept(m, out, func(c *net.TCPConn, dst netip.AddrPort) {
 			src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-			m.proxy.HandleOutbound(p.ctx, &outboundConn{TCPConn: c, src: unmap(src), dst: unmap(dst), uid: p.info.UID})
+			m.proxy.HandleOutbound(p.ctx, &outboundConn{TCPConn: c, src: unmap(src), dst: dst, uid: p.info.UID})
 		})
 	}()
 	go func() {
 		defer p.wg.Done()
-		p.accept(m, in, func(c *net.TCPConn) {
-			dst, err := originalDestination(c)
-			if err != nil {
-				m.log.Warn("inbound connection without a destination", zap.Stringer("pod", p.info), zap.Error(err))
-				abort(c)
-				return
-			}
+		p.accept(m, in, func(c *net.TCPConn, dst netip.AddrPort) {
 			if !slices.Contains(p.ips, dst.Addr().Unmap()) {
 				m.log.Warn("inbound connection for another address", zap.Stringer("pod", p.info), zap.Stringer("dst", dst))
 				abort(c)
 				return
 			}
-			m.proxy.HandleInbound(p.ctx, c, unmap(dst))
+			m.proxy.HandleInbound(p.ctx, c, dst)
 		})
 	}()
 	go func() {
@@ -197,8 +185,9 @@ func (p *pod) serve(m *Manager) {
 	}()
 }
 
-// accept hands each connection to handle on its own goroutine; handle owns it.
-func (p *pod) accept(m *Manager, ln net.Listener, handle func(*net.TCPConn)) {
+// accept hands each redirected connection, with its original destination,
+// to handle on its own goroutine; handle owns it.
+func (p *pod) accept(m *Manager, ln net.Listener, handle func(*net.TCPConn, netip.AddrPort)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -210,7 +199,14 @@ func (p *pod) accept(m *Manager, ln net.Listener, handle func(*net.TCPConn)) {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			handle(c.(*net.TCPConn))
+			tc := c.(*net.TCPConn)
+			dst, err := originalDestination(tc)
+			if err != nil {
+				m.log.Warn("redirected connection without a destination", zap.Stringer("pod", p.info), zap.Stringer("addr", ln.Addr()), zap.Error(err))
+				abort(tc)
+				return
+			}
+			handle(tc, unmap(dst))
 		}()
 	}
 }

@@ -134,13 +134,19 @@ func connect(netns int) (*nftables.Conn, error) {
 	return c, nil
 }
 
-// Apply replaces the table with the rules for c in one transaction.
-func (NFTables) Apply(netns int, c Config) error {
+// prepare completes and checks c and connects to the namespace.
+func prepare(netns int, c Config) (Config, *nftables.Conn, error) {
 	c = c.Defaults()
 	if err := c.Validate(); err != nil {
-		return err
+		return c, nil, err
 	}
 	conn, err := connect(netns)
+	return c, conn, err
+}
+
+// Apply replaces the table with the rules for c in one transaction.
+func (NFTables) Apply(netns int, c Config) error {
+	c, conn, err := prepare(netns, c)
 	if err != nil {
 		return err
 	}
@@ -183,11 +189,7 @@ func (NFTables) Delete(netns int) error {
 // Check compares the table in the namespace with the one Apply(c) writes:
 // the chains' hooks and priorities and every rule's expressions, in order.
 func (NFTables) Check(netns int, c Config) error {
-	c = c.Defaults()
-	if err := c.Validate(); err != nil {
-		return err
-	}
-	conn, err := connect(netns)
+	c, conn, err := prepare(netns, c)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+
+	"github.com/causeway-mesh/causeway/pkg/capture"
 )
 
 // Config is what the rules of one pod depend on.
@@ -45,16 +47,16 @@ type Config struct {
 // Defaults fills zero fields with the default ports and mark.
 func (c Config) Defaults() Config {
 	if c.OutboundPort == 0 {
-		c.OutboundPort = 15001
+		c.OutboundPort = capture.OutboundPort
 	}
 	if c.InboundPort == 0 {
-		c.InboundPort = 15006
+		c.InboundPort = capture.InboundPort
 	}
 	if c.HBONEPort == 0 {
-		c.HBONEPort = 15008
+		c.HBONEPort = capture.HBONEPort
 	}
 	if c.Mark == 0 {
-		c.Mark, c.MarkMask = 0x539, 0xfff
+		c.Mark, c.MarkMask = capture.ProxyMark, capture.ProxyMarkMask
 	}
 	if c.MarkMask == 0 {
 		c.MarkMask = 0xffffffff
