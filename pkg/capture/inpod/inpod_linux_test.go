@@ -72,7 +72,7 @@ type world struct {
 	clientInfo, serverInfo   handoff.Pod
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	netnstest.Require(t)
 	w := &world{net: netnstest.NewNet(t)}
 	w.client = w.net.AddPod(t, "client")
@@ -109,7 +109,7 @@ func newWorld(t *testing.T) *world {
 
 // serveApp runs an HTTP server on port 8080 inside the pod that says who
 // it saw connecting.
-func serveApp(t *testing.T, p *netnstest.Pod) {
+func serveApp(t testing.TB, p *netnstest.Pod) {
 	var ln net.Listener
 	err := inNetns(p, func() (err error) {
 		ln, err = net.Listen("tcp", ":8080")
@@ -139,7 +139,7 @@ type proxyUnderTest struct {
 	done   chan struct{}
 }
 
-func startProxy(t *testing.T, w *world, certWait time.Duration) *proxyUnderTest {
+func startProxy(t testing.TB, w *world, certWait time.Duration) *proxyUnderTest {
 	t.Helper()
 	core, logs := observer.New(zapcore.InfoLevel)
 	var mgr *inpod.Manager
@@ -166,7 +166,7 @@ func (pt *proxyUnderTest) stop() {
 	<-pt.done
 }
 
-func (pt *proxyUnderTest) add(t *testing.T, info handoff.Pod, p *netnstest.Pod) {
+func (pt *proxyUnderTest) add(t testing.TB, info handoff.Pod, p *netnstest.Pod) {
 	t.Helper()
 	f, err := openNetns(p)
 	if err != nil {
@@ -544,4 +544,76 @@ func TestInPodSourceIsThePod(t *testing.T) {
 	if !pt.hasEntry("outbound unauthenticated " + netip.AddrPortFrom(w.server.IP4, 8080).String()) {
 		t.Errorf("no refused outbound record: %q", pt.connections())
 	}
+}
+
+// serveSink runs a TCP server on port 9000 inside the pod that reads
+// everything, then answers with the byte count.
+func serveSink(b testing.TB, p *netnstest.Pod) {
+	var ln net.Listener
+	if err := inNetns(p, func() (err error) {
+		ln, err = net.Listen("tcp", ":9000")
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				n, _ := io.Copy(io.Discard, c)
+				fmt.Fprintf(c, "%d", n)
+			}()
+		}
+	}()
+}
+
+// benchmarkStream sends b.N chunks of 64 KiB from a namespace to the
+// server pod's sink on one connection.
+func benchmarkStream(b *testing.B, from *netnstest.NS, to netip.Addr) {
+	var c net.Conn
+	if err := ns.WithNetNSPath(from.Path(), func(ns.NetNS) (err error) {
+		c, err = net.DialTimeout("tcp", netip.AddrPortFrom(to, 9000).String(), 5*time.Second)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	chunk := make([]byte, 64<<10)
+	b.SetBytes(int64(len(chunk)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := c.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	reply, err := io.ReadAll(c)
+	b.StopTimer()
+	if err != nil || string(reply) != fmt.Sprint(b.N*len(chunk)) {
+		b.Fatalf("the sink got %q bytes (%v), want %d", reply, err, b.N*len(chunk))
+	}
+}
+
+// BenchmarkInPodStream: one TCP stream between two captured pods, through
+// the node proxy (out of the client pod, HBONE, into the server pod).
+// BenchmarkDirectStream is the same stream from the node, which the rules
+// let through to the app: the ratio of the two is the cost of capture.
+func BenchmarkInPodStream(b *testing.B) {
+	w := newWorld(b)
+	serveSink(b, w.server)
+	pt := startProxy(b, w, 5*time.Second)
+	pt.add(b, w.clientInfo, w.client)
+	pt.add(b, w.serverInfo, w.server)
+	benchmarkStream(b, w.client.NS, w.server.IP4)
+}
+
+func BenchmarkDirectStream(b *testing.B) {
+	w := newWorld(b)
+	serveSink(b, w.server)
+	benchmarkStream(b, w.net.Node, w.server.IP4)
 }
