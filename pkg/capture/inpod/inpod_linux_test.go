@@ -359,6 +359,17 @@ func TestInPodCapture(t *testing.T) {
 		if !pt.hasEntry("outbound spiffe://cluster.local/ns/t/sa/client " + dst + " hbone") {
 			t.Errorf("no IPv6 outbound HBONE record: %q", pt.connections())
 		}
+		// Inbound plaintext over IPv6 (15006, IP6T_SO_ORIGINAL_DST).
+		got, err := get(w.outsider, url(w.server.IP6), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "server saw " + w.server.IP6.String(); got != want {
+			t.Errorf("got %q, want %q (delivered by the proxy)", got, want)
+		}
+		if !pt.hasEntry("inbound unauthenticated " + dst) {
+			t.Errorf("no unauthenticated IPv6 inbound record: %q", pt.connections())
+		}
 	})
 }
 
