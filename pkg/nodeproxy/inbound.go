@@ -18,8 +18,13 @@ type admission struct {
 
 // admitInbound checks a tunnel accepted at local (the pod IP whose listener
 // took it) from peer, asking for authority. Only local mesh pods are served,
-// the authority must name the listener's own pod, and a destination bound to
-// waypoints accepts only those waypoints' identities.
+// the authority must name the listener's own pod, and a pod bound to a
+// waypoint itself (waypoint-for workload or all) accepts only the identities
+// of the waypoints it is reached through. A waypoint bound to one of the
+// pod's services (waypoint-for service) does not make it exclusive: traffic
+// addressed to the pod IP is not service traffic, so the source sends it
+// directly (GEP-1294: a route applies to a Service's frontend, never to its
+// backends), and only service traffic is held to that waypoint.
 func (r *Registry) admitInbound(local netip.Addr, authority netip.AddrPort, peer trust.Peer) (admission, error) {
 	w, ok := r.LocalWorkload(local)
 	if !ok {
@@ -35,11 +40,7 @@ func (r *Registry) admitInbound(local netip.Addr, authority netip.AddrPort, peer
 	if !authenticated {
 		return admission{}, fmt.Errorf("peer is unauthenticated; a mesh certificate is required")
 	}
-	wps := r.IngressWaypoints(w.GetUid())
-	if len(wps) == 0 {
-		return admission{Workload: w}, nil
-	}
-	for _, ref := range wps {
+	for _, ref := range r.IngressWaypoints(w.GetUid()) {
 		wp, err := r.Waypoint(ref)
 		if err != nil {
 			continue // an unknown waypoint admits nobody
@@ -49,7 +50,10 @@ func (r *Registry) admitInbound(local netip.Addr, authority netip.AddrPort, peer
 			return admission{Workload: w, FromWaypoint: true}, nil
 		}
 	}
-	return admission{}, fmt.Errorf("%s/%s only accepts traffic through its waypoint; %s is not it", w.GetNamespace(), w.GetName(), id)
+	if w.GetWaypoint() != nil {
+		return admission{}, fmt.Errorf("%s/%s only accepts traffic through its waypoint; %s is not it", w.GetNamespace(), w.GetName(), id)
+	}
+	return admission{Workload: w}, nil
 }
 
 // planPlaintextInbound decides what happens to plaintext arriving from

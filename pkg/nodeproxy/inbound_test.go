@@ -28,8 +28,13 @@ func TestAdmitInbound(t *testing.T) {
 		wantErr   string
 		viaWP     bool
 	}{
-		{"waypoint-bound pod refuses a client", "127.0.10.11", "127.0.10.11:8080", frontend, "only accepts traffic through its waypoint", false},
-		{"waypoint-bound pod admits its waypoint", "127.0.10.11", "127.0.10.11:8080", waypoint, "", true},
+		// waypoint-for workload|all: the pod itself is bound, pod-IP traffic included.
+		{"waypoint-bound pod refuses a client", "127.0.10.13", "127.0.10.13:8080", frontend, "only accepts traffic through its waypoint", false},
+		{"waypoint-bound pod admits its waypoint", "127.0.10.13", "127.0.10.13:8080", waypoint, "", true},
+		// waypoint-for service: only service traffic is bound; a client
+		// addressing the pod IP is admitted directly (MeshFrontend, "to the pod IP").
+		{"endpoint of a waypoint-bound service admits a client", "127.0.10.11", "127.0.10.11:8080", frontend, "", false},
+		{"endpoint of a waypoint-bound service knows its waypoint", "127.0.10.11", "127.0.10.11:8080", waypoint, "", true},
 		{"unbound pod admits a mesh client", "127.0.10.1", "127.0.10.1:8080", frontend, "", false},
 		{"unauthenticated peer", "127.0.10.1", "127.0.10.1:8080", ca.Peer(t, nil), "unauthenticated", false},
 		{"authority names another pod", "127.0.10.1", "127.0.10.11:8080", frontend, "not the pod", false},

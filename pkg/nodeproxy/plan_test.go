@@ -16,6 +16,7 @@ func testRegistry() *Registry {
 		{Uid: "shop/reviews-v2", Name: "reviews-v2", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/reviews", Node: "node-b", Addresses: []string{"127.0.10.12"}, Hbone: true},
 		{Uid: "db/legacy", Name: "legacy", Namespace: "db", Identity: "spiffe://cluster.local/ns/db/sa/default", Node: "node-b", Addresses: []string{"127.0.10.50"}},
 		{Uid: "shop/cart", Name: "cart", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/cart", Node: "node-b", Addresses: []string{"127.0.10.60"}, Hbone: true, Waypoint: &meshv1.Ref{Namespace: "shop", Name: "waypoint"}},
+		{Uid: "shop/checkout", Name: "checkout", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/checkout", Node: "node-a", Addresses: []string{"127.0.10.13"}, Hbone: true, Waypoint: &meshv1.Ref{Namespace: "shop", Name: "waypoint"}},
 		{Uid: "shop/orphan", Name: "orphan", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/orphan", Node: "node-b", Addresses: []string{"127.0.10.61"}, Hbone: true, Waypoint: &meshv1.Ref{Namespace: "shop", Name: "gone"}},
 	}
 	port := []*meshv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, AppProtocol: "http"}}
@@ -50,7 +51,7 @@ func TestPlanOutbound(t *testing.T) {
 		{"service endpoints: HBONE and plain TCP", addr("127.0.20.2:80"), []hop{
 			{Direct, "127.0.10.11:15008", "127.0.10.11:8080", "spiffe://cluster.local/ns/shop/sa/reviews"},
 			{PlainTCP, "127.0.10.50:8080", "", ""}}},
-		{"pod IP in the mesh", addr("127.0.10.12:9090"), []hop{{Direct, "127.0.10.12:15008", "127.0.10.12:9090", "spiffe://cluster.local/ns/shop/sa/reviews"}}},
+		{"pod IP of a waypoint-bound service: direct", addr("127.0.10.12:9090"), []hop{{Direct, "127.0.10.12:15008", "127.0.10.12:9090", "spiffe://cluster.local/ns/shop/sa/reviews"}}},
 		{"pod IP bound to a waypoint", addr("127.0.10.60:8080"), []hop{{ViaWaypoint, "127.0.10.2:15008", "127.0.10.60:8080", "spiffe://cluster.local/ns/shop/sa/waypoint"}}},
 		{"pod outside the mesh", addr("127.0.10.50:5432"), []hop{{PlainTCP, "127.0.10.50:5432", "", ""}}},
 		{"unknown with passthrough", addr("127.0.99.1:443"), []hop{{Passthrough, "127.0.99.1:443", "", ""}}},

@@ -139,9 +139,10 @@ func (r *Registry) Waypoint(ref *meshv1.Ref) (*meshv1.Waypoint, error) {
 	return wp, nil
 }
 
-// IngressWaypoints are the waypoints through which a workload must be
-// reached: its own binding and those of every service it is an endpoint
-// of. When any exists, inbound tunnels are accepted only from them.
+// IngressWaypoints are the waypoints through which a workload is reached:
+// its own binding and those of every service it is an endpoint of. Tunnels
+// from them are known to come from a waypoint; a workload with a binding of
+// its own accepts no others (admitInbound).
 func (r *Registry) IngressWaypoints(uid string) []*meshv1.Ref { return r.ingressWPs[uid] }
 
 // Services lists every service.
