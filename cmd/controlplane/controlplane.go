@@ -113,7 +113,11 @@ func (cp *controlPlane) renewServingCert() error {
 	if err != nil {
 		return err
 	}
-	chain, err := cp.authority.Sign(csr, cp.identity, 0)
+	names, err := servingNames(cp.opts)
+	if err != nil {
+		return fmt.Errorf("serving certificate: %w", err)
+	}
+	chain, err := cp.authority.SignServer(csr, cp.identity, 0, names)
 	if err != nil {
 		return fmt.Errorf("serving certificate: %w", err)
 	}
@@ -122,9 +126,39 @@ func (cp *controlPlane) renewServingCert() error {
 		return fmt.Errorf("serving certificate: %w", err)
 	}
 	cp.serveCert.Store(cert)
-	cp.log.Info("serving certificate issued", zap.Stringer("identity", cp.identity),
+	cp.log.Info("serving certificate issued", zap.Stringer("identity", cp.identity), zap.Strings("dns_names", cert.Leaf.DNSNames),
+		zap.Any("ip_addresses", cert.Leaf.IPAddresses),
 		zap.Time("not_after", cert.Leaf.NotAfter), zap.String("serial", cert.Leaf.SerialNumber.Text(16)))
 	return nil
+}
+
+// servingNames are the certificate's DNS and IP SANs: the configured DNS
+// names and the addresses clients reach --listen by (every address of the
+// host when it listens on all of them).
+func servingNames(o options) (trust.ServerNames, error) {
+	names := trust.ServerNames{DNS: o.dnsNames}
+	host, _, err := net.SplitHostPort(o.listen)
+	if err != nil {
+		return names, fmt.Errorf("--listen %q: %w", o.listen, err)
+	}
+	ip := net.ParseIP(host)
+	switch {
+	case host != "" && ip == nil:
+		names.DNS = append(names.DNS, host)
+	case ip != nil && !ip.IsUnspecified():
+		names.IPs = []net.IP{ip}
+	default:
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return names, fmt.Errorf("addresses of the host: %w", err)
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && !n.IP.IsLinkLocalUnicast() {
+				names.IPs = append(names.IPs, n.IP)
+			}
+		}
+	}
+	return names, nil
 }
 
 // rotateServingCert renews the serving certificate at about half its

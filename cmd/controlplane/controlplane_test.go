@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -342,6 +345,51 @@ func TestRestartClientsKeepStateAndConverge(t *testing.T) {
 		return c.Connected() && workloadNames(c.State()) == "ratings-1,reviews-1,reviews-2"
 	})
 	t.Logf("converged %v after restart", d)
+}
+
+// A standard TLS client that verifies the host it dials (as gRPC clients and
+// Istio's CA clients do) accepts the serving certificate, by the Service's
+// names and by the listen address; the mesh identity stays its URI SAN.
+func TestServingCertificateNames(t *testing.T) {
+	h := newHarness(t)
+	h.start("")
+	roots := x509.NewCertPool()
+	for _, r := range h.bundle.Roots() {
+		roots.AddCert(r)
+	}
+	for _, name := range []string{"causeway-controlplane.causeway-system.svc", "causeway-controlplane.causeway-system",
+		"causeway-controlplane", "causeway-controlplane.causeway-system.svc.cluster.local", "127.0.0.1"} {
+		c, err := tls.Dial("tcp", h.grpcAddr, &tls.Config{ServerName: name, RootCAs: roots, NextProtos: []string{"h2"}})
+		if err != nil {
+			t.Errorf("verifying %s: %v", name, err)
+			continue
+		}
+		leaf := c.ConnectionState().PeerCertificates[0]
+		c.Close()
+		if len(leaf.URIs) != 1 || leaf.URIs[0].String() != "spiffe://cluster.local/ns/causeway-system/sa/controlplane" {
+			t.Errorf("URI SANs %v", leaf.URIs)
+		}
+	}
+	if c, err := tls.Dial("tcp", h.grpcAddr, &tls.Config{ServerName: "istiod.istio-system.svc", RootCAs: roots}); err == nil {
+		c.Close()
+		t.Error("a name the certificate does not carry verified")
+	}
+
+	o, err := parseFlags([]string{"--config-dir", "x", "--ca-dir", "y", "--listen", "[::1]:15012", "--dns-names", "cp.example.org, istiod.istio-system.svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := servingNames(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(names.DNS) != "[cp.example.org istiod.istio-system.svc]" || fmt.Sprint(names.IPs) != "[::1]" {
+		t.Errorf("configured names %v, addresses %v", names.DNS, names.IPs)
+	}
+	o.listen = ":15012"
+	if names, err = servingNames(o); err != nil || len(names.IPs) == 0 {
+		t.Errorf("listening on every address: %v, %v", names.IPs, err)
+	}
 }
 
 func TestFlags(t *testing.T) {

@@ -46,6 +46,15 @@ func main() {
 	}
 }
 
+// serviceName is the control plane's Service in Kubernetes.
+const serviceName = "causeway-controlplane"
+
+// serviceNames are the names a Service is reached by from pods of any
+// namespace (the resolver's search path makes every form work).
+func serviceNames(name, namespace, clusterDomain string) []string {
+	return []string{name, name + "." + namespace, name + "." + namespace + ".svc", name + "." + namespace + ".svc." + clusterDomain}
+}
+
 // options are the control plane's flags.
 type options struct {
 	configDir           string
@@ -53,6 +62,7 @@ type options struct {
 	caDir               string
 	trustDomain         string
 	clusterDomain       string
+	dnsNames            []string // DNS SANs of the serving certificate
 	tokensFile          string
 	trustedNodeAccounts []trust.Identity
 	readinessAddr       string
@@ -67,13 +77,15 @@ type options struct {
 
 func parseFlags(args []string) (options, error) {
 	var o options
-	var trusted string
+	var trusted, dnsNames string
 	fs := flag.NewFlagSet("controlplane", flag.ContinueOnError)
 	fs.StringVar(&o.configDir, "config-dir", "", "directory of Kubernetes YAML (Namespace, Pod, Service, EndpointSlice, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant), watched for changes (required)")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:15012", "address of the gRPC port serving xDS and the CA over TLS")
 	fs.StringVar(&o.caDir, "ca-dir", "", "CA directory in Istio's plug-in layout (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem); generated when empty (required)")
 	fs.StringVar(&o.trustDomain, "trust-domain", trust.DefaultTrustDomain, "trust domain of the mesh")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "DNS domain of service hostnames")
+	fs.StringVar(&dnsNames, "dns-names", "", "comma-separated DNS names clients verify the serving certificate by (default: the names of Service "+
+		trust.SystemNamespace+"/"+serviceName+": "+serviceName+", "+serviceName+"."+trust.SystemNamespace+", ...svc, ...svc.<cluster-domain>); the IP SANs are the --listen addresses")
 	fs.StringVar(&o.tokensFile, "tokens-file", "", "bearer tokens file: <token> <namespace>/<serviceaccount> [<node>] per line (without it, only mesh client certificates authenticate)")
 	fs.StringVar(&trusted, "trusted-node-accounts", "causeway-system/nodeproxy", "comma-separated accounts (<namespace>/<serviceaccount> or SPIFFE IDs) that may ask for the identities of workloads on their node")
 	fs.StringVar(&o.readinessAddr, "readiness", "127.0.0.1:15014", "address serving /healthz/ready (ready after the first good configuration); empty: off")
@@ -96,6 +108,17 @@ func parseFlags(args []string) (options, error) {
 	if o.caDir == "" {
 		return o, fmt.Errorf("--ca-dir is required")
 	}
+	o.dnsNames = serviceNames(serviceName, trust.SystemNamespace, o.clusterDomain)
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "dns-names" {
+			o.dnsNames = nil
+			for _, n := range strings.Split(dnsNames, ",") {
+				if n = strings.TrimSpace(n); n != "" {
+					o.dnsNames = append(o.dnsNames, n)
+				}
+			}
+		}
+	})
 	for _, a := range strings.Split(trusted, ",") {
 		a = strings.TrimSpace(a)
 		if a == "" {

@@ -13,7 +13,9 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -74,6 +76,48 @@ func (a *Authority) MaxTTL() time.Duration { return a.maxTTL }
 // signature. ttl is bounded by the authority's maximum and by the signing
 // certificate's own expiry. It returns the PEM chain, leaf first, roots last.
 func (a *Authority) Sign(csr *x509.CertificateRequest, id Identity, ttl time.Duration) ([]string, error) {
+	return a.sign(csr, id, ttl, ServerNames{})
+}
+
+// ServerNames are the host names and addresses a server is dialled by.
+type ServerNames struct {
+	DNS []string
+	IPs []net.IP
+}
+
+// SignServer issues a serving certificate: id as its URI SAN, as Sign
+// does, plus names as DNS and IP SANs, so that clients verifying the host
+// they dial (standard gRPC clients, Istio's CA clients) accept it. It is
+// for the control plane's own certificate and never reachable from a
+// caller's CSR: workloads get their identity and nothing else.
+func (a *Authority) SignServer(csr *x509.CertificateRequest, id Identity, ttl time.Duration, names ServerNames) ([]string, error) {
+	for _, n := range names.DNS {
+		if err := checkDNSName(n); err != nil {
+			return nil, err
+		}
+	}
+	return a.sign(csr, id, ttl, names)
+}
+
+// checkDNSName accepts a host name of letters, digits and hyphens in
+// dot-separated labels (RFC 1123), as a DNS SAN must be.
+func checkDNSName(n string) error {
+	if n == "" || len(n) > 253 {
+		return fmt.Errorf("DNS name %q: want 1 to 253 characters", n)
+	}
+	for _, label := range strings.Split(n, ".") {
+		ok := len(label) > 0 && len(label) <= 63 && label[0] != '-' && label[len(label)-1] != '-'
+		for _, c := range label {
+			ok = ok && (c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-')
+		}
+		if !ok {
+			return fmt.Errorf("DNS name %q: label %q is not a host name label", n, label)
+		}
+	}
+	return nil
+}
+
+func (a *Authority) sign(csr *x509.CertificateRequest, id Identity, ttl time.Duration, names ServerNames) ([]string, error) {
 	if err := CheckCSR(csr, id); err != nil {
 		return nil, err
 	}
@@ -107,6 +151,8 @@ func (a *Authority) Sign(csr *x509.CertificateRequest, id Identity, ttl time.Dur
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 		URIs:                  []*url.URL{id.URL()},
+		DNSNames:              names.DNS,
+		IPAddresses:           names.IPs,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, csr.PublicKey, a.signer)
 	if err != nil {

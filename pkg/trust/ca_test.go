@@ -7,7 +7,10 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
+	"net"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,5 +166,35 @@ func TestSign(t *testing.T) {
 	}
 	if _, err := trust.TLSCertificate(chain, p256(t)); err == nil {
 		t.Fatal("TLSCertificate accepted a key that does not match")
+	}
+}
+
+func TestSignServer(t *testing.T) {
+	ca := trusttest.NewCA(t, "cluster.local")
+	id := trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/controlplane")
+	_, csrPEM, err := trust.NewKeyAndCSR(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := trust.ParseCSR(csrPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := ca.Authority.SignServer(csr, id, time.Hour, trust.ServerNames{DNS: []string{"cp.causeway-system.svc"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := trust.ParseCertificatesPEM([]byte(chain[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := certs[0]
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != id.String() || fmt.Sprint(leaf.DNSNames) != "[cp.causeway-system.svc]" || fmt.Sprint(leaf.IPAddresses) != "[127.0.0.1]" {
+		t.Fatalf("SANs %v %v %v", leaf.URIs, leaf.DNSNames, leaf.IPAddresses)
+	}
+	for _, bad := range []string{"", "a..b", "-a.b", "a_b.svc", "a b", strings.Repeat("a", 64) + ".svc"} {
+		if _, err := ca.Authority.SignServer(csr, id, time.Hour, trust.ServerNames{DNS: []string{bad}}); err == nil {
+			t.Errorf("DNS name %q accepted", bad)
+		}
 	}
 }
