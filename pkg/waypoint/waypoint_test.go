@@ -46,6 +46,7 @@ allow if {
 `
 
 type fixture struct {
+	w    *Waypoint
 	ca   *trusttest.CA
 	addr netip.AddrPort
 	pool *hbone.Pool
@@ -129,7 +130,7 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	f := &fixture{ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool, stalls: stalls}
+	f := &fixture{w: w, ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool, stalls: stalls}
 	waitReady(t, w)
 	return f
 }
