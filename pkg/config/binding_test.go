@@ -226,3 +226,37 @@ status: {podIPs: [{ip: 127.0.10.2}, {ip: "fd00::2"}]}
 		t.Error("a waypoint's identity must not be grantable to a node proxy")
 	}
 }
+
+// A captured pod never holds a waypoint's identity: its node proxy would
+// get the waypoint's certificate and pass every waypoint-only check. Pods
+// outside the mesh have no node proxy asking for them.
+func TestCapturedPodWithWaypointIdentityRefused(t *testing.T) {
+	pod := func(name, sa, labels string) string {
+		return fmt.Sprintf(`
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: app, labels: %s}
+spec: {nodeName: node-a, serviceAccountName: %s, containers: [{name: c, image: i}]}
+status: {podIP: 127.0.10.%d}
+`, name, labels, sa, 20+len(name))
+	}
+	base := bindingConfig(map[string]string{LabelDataplaneMode: "mesh"}, nil, nil)
+	waypointPod := pod("wp-all-0", "wp-all-sa", "{gateway.networking.k8s.io/gateway-name: wp-all}")
+
+	_, err := translateYAML(t, base+waypointPod+pod("impostor", "wp-all-sa", "{app: other}"))
+	wantProblem(t, err, "", "gives this captured pod the identity spiffe://cluster.local/ns/app/sa/wp-all-sa of waypoint app/wp-all")
+	// A pod-less waypoint's identity is its Gateway's name.
+	_, err = translateYAML(t, base+pod("named", "wp-svc", "{app: other}"))
+	wantProblem(t, err, "", "identity spiffe://cluster.local/ns/app/sa/wp-svc of waypoint app/wp-svc")
+
+	s := mustTranslate(t, base+waypointPod+pod("outside", "wp-all-sa", "{causeway.dev/dataplane-mode: none}"))
+	if !s.IsWaypoint(trusttest.Identity(t, "spiffe://cluster.local/ns/app/sa/wp-all-sa")) || s.IsWaypoint(trusttest.Identity(t, "spiffe://cluster.local/ns/app/sa/sa")) {
+		t.Error("IsWaypoint does not tell the waypoint's identity from an application's")
+	}
+	m := &Model{}
+	m.Set(s)
+	if !m.IsWaypoint(trusttest.Identity(t, "spiffe://cluster.local/ns/app/sa/wp-all-sa")) {
+		t.Error("the model does not report the waypoint's identity")
+	}
+}

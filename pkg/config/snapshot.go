@@ -73,6 +73,9 @@ type Snapshot struct {
 
 	// nodeIdentities: node -> identities of captured workloads on that node.
 	nodeIdentities map[string]map[string]struct{}
+	// waypointIdentities: identity -> the waypoint ("<ns>/<name>") whose
+	// pods alone hold it.
+	waypointIdentities map[string]string
 }
 
 func newSnapshot() *Snapshot {
@@ -84,6 +87,8 @@ func newSnapshot() *Snapshot {
 		GRPCRoutes:     map[string]*meshv1.GRPCRoute{},
 		LocalApps:      map[string]string{},
 		nodeIdentities: map[string]map[string]struct{}{},
+
+		waypointIdentities: map[string]string{},
 	}
 }
 
@@ -119,6 +124,16 @@ func (s *Snapshot) HasWorkload(node string, id trust.Identity) bool {
 	return ok
 }
 
+// IsWaypoint reports whether id is a waypoint's identity. The CA never
+// grants it to a node proxy, whatever runs on the node.
+func (s *Snapshot) IsWaypoint(id trust.Identity) bool {
+	if s == nil {
+		return false
+	}
+	_, ok := s.waypointIdentities[id.String()]
+	return ok
+}
+
 // NodeIdentities lists the identities of captured workloads on node, sorted.
 func (s *Snapshot) NodeIdentities(node string) []string {
 	if s == nil {
@@ -150,6 +165,11 @@ func (m *Model) Current() *Snapshot { return m.cur.Load() }
 // configuration nothing is authorized.
 func (m *Model) HasWorkload(node string, id trust.Identity) bool {
 	return m.cur.Load().HasWorkload(node, id)
+}
+
+// IsWaypoint answers against the snapshot in force (trust.WorkloadIndex).
+func (m *Model) IsWaypoint(id trust.Identity) bool {
+	return m.cur.Load().IsWaypoint(id)
 }
 
 // Both the snapshot and the model answer the CA's node-authorization question.

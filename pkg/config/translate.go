@@ -406,6 +406,7 @@ func (t *translator) preparePods() {
 		}
 		g.out.Identity = ident.String()
 		g.out.Addresses = addrs
+		t.out.waypointIdentities[g.out.Identity] = id.String()
 		t.out.Waypoints[id.String()] = g.out
 	}
 }
@@ -696,6 +697,13 @@ func (t *translator) translateWorkloads() {
 		} else {
 			w.Hbone = t.enrolled(p.pod)
 			w.Waypoint = t.bindWaypoint(p.pod.Labels, id.ns, meshv1.WaypointForWorkload)
+			if wp, clash := t.out.waypointIdentities[w.Identity]; clash && w.Hbone {
+				// Its node proxy would hold the waypoint's certificate and
+				// pass the waypoint-only check of every pod behind it.
+				t.problem(p.origin, obj, "service account %s gives this captured pod the identity %s of waypoint %s; "+
+					"give the application its own service account", sa, w.Identity, wp)
+				continue
+			}
 		}
 		t.out.Workloads[w.Uid] = w
 		if w.Hbone && w.Node != "" {

@@ -145,7 +145,8 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCe
 
 // grant decides which identity the caller may have. Without impersonation
 // that is its own account; with it, the caller must be a trusted node
-// account and a workload with that identity must run on the caller's node.
+// account, a workload with that identity must run on the caller's node, and
+// the identity must not be a waypoint's.
 func (s *Server) grant(caller authn.Caller, md *structpb.Struct) (id trust.Identity, impersonating bool, _ error) {
 	if caller.Account.IsZero() || caller.Account.TrustDomain().Name() != s.td {
 		return trust.Identity{}, false, status.Errorf(codes.PermissionDenied,
@@ -179,6 +180,12 @@ func (s *Server) grant(caller authn.Caller, md *structpb.Struct) (id trust.Ident
 	if caller.Node == "" {
 		return want, true, status.Errorf(codes.PermissionDenied,
 			"account %s authenticated without a node name and may not impersonate %s", caller.Account, want)
+	}
+	if s.workloads.IsWaypoint(want) {
+		// Whatever the configuration says runs on the node: a node proxy
+		// holding it could pass as the waypoint to the pods behind it.
+		return want, true, status.Errorf(codes.PermissionDenied,
+			"identity %s belongs to a waypoint; only the waypoint's own pods may hold it, never a node proxy", want)
 	}
 	if !s.workloads.HasWorkload(caller.Node, want) {
 		return want, true, status.Errorf(codes.PermissionDenied, "no workload with identity %s on node %s", want, caller.Node)

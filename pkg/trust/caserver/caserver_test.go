@@ -75,6 +75,10 @@ func setup(t *testing.T) *env {
 			{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")},
 			{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/api")},
 			{Node: "node-b", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/db")},
+			// A waypoint's identity that the index also places on node-a
+			// (a configuration that slipped through): never for a node proxy.
+			{Node: "node-a", Identity: trusttest.Identity(t, waypointID)},
+			{Identity: trusttest.Identity(t, waypointID), Waypoint: true},
 		},
 		Logger: zap.New(core),
 	})
@@ -184,6 +188,8 @@ const (
 	web = "spiffe://cluster.local/ns/shop/sa/web"
 	api = "spiffe://cluster.local/ns/shop/sa/api"
 	db  = "spiffe://cluster.local/ns/shop/sa/db"
+
+	waypointID = "spiffe://cluster.local/ns/shop/sa/waypoint"
 )
 
 func TestNodeProxyImpersonatesWorkloadOnItsNode(t *testing.T) {
@@ -230,6 +236,9 @@ func TestRefusals(t *testing.T) {
 		{"identity not on the caller's node",
 			request{token: tokNodeA, impersonate: db, csr: csrPEM(t, db)}, codes.PermissionDenied,
 			"no workload with identity spiffe://cluster.local/ns/shop/sa/db on node node-a"},
+		{"a waypoint's identity for a node proxy",
+			request{token: tokNodeA, impersonate: waypointID, csr: csrPEM(t, waypointID)}, codes.PermissionDenied,
+			"identity spiffe://cluster.local/ns/shop/sa/waypoint belongs to a waypoint; only the waypoint's own pods may hold it, never a node proxy"},
 		{"impersonation of a foreign trust domain",
 			request{token: tokNodeA, impersonate: "spiffe://evil.example/ns/shop/sa/web", csr: csrPEM(t, web)}, codes.PermissionDenied,
 			"identity spiffe://evil.example/ns/shop/sa/web is not in trust domain cluster.local"},
