@@ -35,6 +35,8 @@ type options struct {
 	maxBodyBytes   int
 	decisionCache  bool
 	decisionLog    string
+	// preflightFirst answers CORS preflights before the policy.
+	preflightFirst bool
 	drain          time.Duration
 	idleTimeout    time.Duration
 }
@@ -55,6 +57,7 @@ func main() {
 	fs.IntVar(&o.maxBodyBytes, "policy-max-body-bytes", policy.DefaultMaxBodyBytes, fmt.Sprintf("body bytes placed in the input when bodies are parsed, at most %d; longer bodies are truncated and not parsed (default for maxBodyBytes)", policy.MaxBodyLimit))
 	fs.BoolVar(&o.decisionCache, "policy-decision-cache", true, "reuse a policy's decision for requests that agree on every input value it reads, and evaluate other requests on those values alone (off for policies that read the whole input, call nondeterministic built-ins or print)")
 	fs.StringVar(&o.decisionLog, "decision-log", "denied", "which decisions the decision log records with their (masked) input: all, denied or none (the access log names every request's decision and its id either way; default for decisionLog)")
+	fs.BoolVar(&o.preflightFirst, "cors-preflight-before-policy", false, "answer CORS preflights of a route's CORS filter before the policy runs (browsers send them without credentials); by default every answer, redirects, 404s, 503s and preflights included, waits for the policy's allow")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	fs.Parse(os.Args[1:])
@@ -113,7 +116,8 @@ func run(o *options) error {
 	}
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
 		Certificates: certs, Policy: engine, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
-		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit}}) // a policy's body limit is at most this
+		// A policy's body limit is at most MaxBodyLimit.
+		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst}})
 	if err != nil {
 		return err
 	}

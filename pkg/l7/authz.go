@@ -10,9 +10,11 @@ import (
 
 // Authorizer decides whether a request may proceed. The engine calls it once
 // per request, after the route, backend and endpoint are chosen and before
-// the first upstream attempt. Redirects, CORS preflights and local errors
-// (no route, no endpoint, invalid backend) reach no workload and are
-// answered without it.
+// anything else is answered: redirects, CORS preflights and local errors
+// (no route, no endpoint, invalid rule or backend) wait for an allow, so a
+// denied caller learns nothing of routes or endpoint health. Only errors
+// in the request itself (a bad path, an unreadable body) come first, and
+// CORS preflights with Options.PreflightBeforePolicy.
 //
 // Implementations must be safe for concurrent use, must not keep or modify
 // the request, and must fail closed: anything but a clear allow is a deny.
@@ -37,7 +39,9 @@ type AuthzRequest struct {
 	// Source is the caller's address.
 	Source netip.AddrPort
 	// Destination is the chosen endpoint's address, DestinationIdentity the
-	// identity of its workload (zero when unknown).
+	// identity of its workload (zero when unknown). Without an endpoint
+	// (no route, no usable backend or endpoint) Destination is the address
+	// the caller asked for.
 	Destination         netip.AddrPort
 	DestinationIdentity trust.Identity
 	// Service is the destination service (zero for a workload-addressed

@@ -130,15 +130,87 @@ func TestAuthorization(t *testing.T) {
 		t.Errorf("policy headers upstream: %d %v", res.status, res.echo.Header)
 	}
 
-	// Local answers reach no workload and are not authorized.
+	// Local answers are authorized too, and get the allow's response headers.
 	mu.Lock()
 	calls = nil
 	mu.Unlock()
 	if res := get(t, c, "/moved", nil); res.status != 302 {
 		t.Errorf("redirect: %d", res.status)
 	}
-	if last() != nil {
-		t.Error("the authorizer was asked about a redirect")
+	if a := last(); a == nil || a.Request.URL.Path != "/moved" || a.Destination != h.backends["v1"].addr {
+		t.Errorf("the authorizer was not asked about the redirect as the request it is: %+v", a)
+	}
+}
+
+// Nothing is answered before the policy: a denied caller cannot tell a
+// redirect, a missing route, an invalid backend, a service without
+// endpoints or a CORS preflight from any other denial. An allowed one gets
+// those answers, and PreflightBeforePolicy answers preflights first.
+func TestPolicyBeforeLocalAnswers(t *testing.T) {
+	for _, preflightFirst := range []bool{false, true} {
+		h := newHarness(t, func(o *Options) { o.PreflightBeforePolicy = preflightFirst })
+		h.addService("web", "http")
+		h.backend("v1", "http", false)
+		h.addService("empty", "http")
+		cors := &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_Cors{Cors: &meshv1.CORS{
+			AllowOrigins: []string{"https://app.example"}, AllowMethods: []string{"PUT"}, MaxAgeSeconds: 5}}}
+		bad := to("v1", prefixM("/bad"))
+		bad.Backends[0].Backend.InvalidReason = "not permitted"
+		h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch,
+			withFilters(to("v1", prefixM("/moved")), redirect(&meshv1.RequestRedirect{Hostname: "elsewhere.example", StatusCode: 302})),
+			withFilters(to("v1", prefixM("/api")), cors),
+			to("empty", prefixM("/empty")),
+			bad,
+		)}, nil)
+		c := h1Client(h.front(webInfo(trust.Unauthenticated())))
+		var asked []string
+		var mu sync.Mutex
+		allow := false
+		h.setAuthz(AuthorizerFunc(func(_ context.Context, r *AuthzRequest) Decision {
+			mu.Lock()
+			defer mu.Unlock()
+			asked = append(asked, r.Request.Method+" "+r.Request.URL.Path)
+			return Decision{Allowed: allow, Reason: "test"}
+		}))
+		preflight := map[string]string{"Origin": "https://app.example", "Access-Control-Request-Method": "PUT"}
+		cases := []struct {
+			method, path string
+			hdr          map[string]string
+			allowed      int
+		}{
+			{"GET", "/moved", nil, 302},
+			{"GET", "/nowhere", nil, 404},
+			{"GET", "/bad", nil, 500},
+			{"GET", "/empty", nil, 503},
+			{"OPTIONS", "/api", preflight, 204},
+		}
+		for _, a := range []bool{false, true} {
+			mu.Lock()
+			allow, asked = a, nil
+			mu.Unlock()
+			for _, tc := range cases {
+				res := do(t, c, tc.method, tc.path, nil, tc.hdr)
+				want := tc.allowed
+				if !a && !(preflightFirst && tc.method == "OPTIONS") {
+					want = 403
+				}
+				if res.status != want {
+					t.Errorf("preflight first %v, allow %v: %s %s: %d %q, want %d", preflightFirst, a, tc.method, tc.path, res.status, res.body, want)
+				}
+				if want == 403 && (res.header.Get("Location") != "" || res.header.Get("Access-Control-Allow-Origin") != "") {
+					t.Errorf("a denied %s %s got %v", tc.method, tc.path, res.header)
+				}
+			}
+			mu.Lock()
+			n := len(asked)
+			mu.Unlock()
+			if want := len(cases) - map[bool]int{false: 0, true: 1}[preflightFirst]; n != want {
+				t.Errorf("preflight first %v, allow %v: the policy was asked %d times (%v), want %d", preflightFirst, a, n, asked, want)
+			}
+		}
+		if n := h.backends["v1"].count.Load(); n != 0 {
+			t.Errorf("%d requests reached the backend", n)
+		}
 	}
 }
 

@@ -84,6 +84,12 @@ type Options struct {
 	// their own, and to services without routes (default none: streams such
 	// as gRPC watches may legitimately last; clients bound them).
 	DefaultRequestTimeout time.Duration
+	// PreflightBeforePolicy answers CORS preflights of a route's CORS
+	// filter before the Authorizer runs (as Envoy's CORS filter does when
+	// placed ahead of ext_authz): browsers send preflights without
+	// credentials. Default off: every answer, preflights included, waits
+	// for the policy.
+	PreflightBeforePolicy bool
 	// MaxMirrorsInFlight bounds concurrent mirrored requests; more are
 	// dropped (default 64). MirrorTimeout bounds each (default 10 s).
 	MaxMirrorsInFlight int

@@ -27,6 +27,7 @@ func TestAccessLogAndMetrics(t *testing.T) {
 	if res := get(t, anon, "/app/y", nil); res.status != 403 {
 		t.Fatalf("status %d", res.status)
 	}
+	h.setAuthz(AllowAll())
 	if res := get(t, anon, "/elsewhere", nil); res.status != 404 {
 		t.Fatalf("status %d", res.status)
 	}
@@ -40,7 +41,7 @@ func TestAccessLogAndMetrics(t *testing.T) {
 			"source": "10.1.2.3:45678", "method": "POST", "path": "/app/x", "bytes_received": int64(5), "attempts": int64(1),
 			"endpoint": h.backends["v1"].addr.String(), "backend": "default/v1:80"},
 		{"identity": "unauthenticated", "route": "default/r", "decision": "deny", "reason": "principal not allowed", "decision_id": "dec-42", "status": int64(403)},
-		{"identity": "unauthenticated", "route": "none", "decision": "", "reason": "no matching route", "status": int64(404)},
+		{"identity": "unauthenticated", "route": "none", "decision": "allow", "reason": "no matching route", "status": int64(404)},
 	}
 	for i, e := range entries {
 		fields := e.ContextMap()

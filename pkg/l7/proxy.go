@@ -197,20 +197,18 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.reply(w, http.StatusServiceUnavailable, "no configuration yet", nil)
 		return
 	}
-	if !x.selectRule(w) {
-		return
+	// The policy decides before anything is answered locally, as Envoy
+	// runs ext_authz before its router: a caller it denies learns nothing
+	// of routes, redirects or endpoint health (only the request's own
+	// framing errors, above and in readBody, come first).
+	local := x.selectRule()
+	if x.rule != nil {
+		x.rec.route, x.rec.rule = x.rule.routeName(), x.rule.name
 	}
-	ru := x.rule
-	x.rec.route, x.rec.rule = ru.routeName(), ru.name
-	if ru.invalid != "" {
-		x.reply(w, http.StatusInternalServerError, "invalid rule: "+ru.invalid, nil)
-		return
-	}
-
 	ctx := x.ctx
-	timeout := ru.requestTimeout
-	if ru.requestTimeout == 0 && !ru.requestTimeoutSet {
-		timeout = e.opts.DefaultRequestTimeout
+	timeout := e.opts.DefaultRequestTimeout
+	if ru := x.rule; ru != nil && (ru.requestTimeout != 0 || ru.requestTimeoutSet) {
+		timeout = ru.requestTimeout
 	}
 	if timeout > 0 {
 		x.deadline = x.start.Add(timeout)
@@ -224,23 +222,75 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 	x.outReq = *r.WithContext(ctx)
 	x.out = &x.outReq
 	x.dropConnectionOptions()
-
+	if local == nil {
+		x.chooseBackend()
+	}
+	if status, err := x.readBody(w); err != nil {
+		x.reply(w, status, err.Error(), nil)
+		return
+	}
+	if e.opts.PreflightBeforePolicy && local == nil && x.rule.invalid == "" && x.answerPreflight(w) {
+		return
+	}
+	if !x.authorize(w) {
+		return
+	}
+	if local != nil {
+		x.reply(w, local.status, local.reason, nil)
+		return
+	}
+	ru := x.rule
+	if ru.invalid != "" {
+		x.reply(w, http.StatusInternalServerError, "invalid rule: "+ru.invalid, nil)
+		return
+	}
 	if x.applyFilters(w, ru.filters) {
 		return
 	}
+	b := x.backend
+	if b == nil {
+		x.reply(w, http.StatusInternalServerError, "rule has no backend with a weight above 0", nil)
+		return
+	}
+	if b.invalid != "" {
+		x.reply(w, http.StatusInternalServerError, "invalid backend: "+b.invalid, nil)
+		return
+	}
+	if x.applyFilters(w, b.filters) {
+		return
+	}
+	if x.first == nil {
+		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+" has no endpoints", nil)
+		return
+	}
+	x.rec.endpoint = x.first.addr
+	x.fireMirrors()
+	if upgradeRequested(x.out.Header) {
+		e.proxy.ServeHTTP(w, x.out.WithContext(context.WithValue(x.out.Context(), exchangeKey{}, x)))
+		return
+	}
+	x.forward(w)
+}
+
+// localAnswer is a response the waypoint makes itself, held until the
+// policy has allowed the request.
+type localAnswer struct {
+	status int
+	reason string
+}
+
+// chooseBackend picks the rule's backend and the endpoint the request goes
+// to first, so that the policy knows the destination. Nothing is answered
+// here: a rule without a usable backend is answered after the policy.
+func (x *exchange) chooseBackend() {
 	if x.backend == nil {
-		b := ru.wrr.next()
+		b := x.rule.wrr.next()
 		if b == nil {
-			x.reply(w, http.StatusInternalServerError, "rule has no backend with a weight above 0", nil)
 			return
 		}
 		x.backend = b
 		x.rec.backend = b.name
 		if b.invalid != "" {
-			x.reply(w, http.StatusInternalServerError, "invalid backend: "+b.invalid, nil)
-			return
-		}
-		if x.applyFilters(w, b.filters) {
 			return
 		}
 		x.endpoints = x.snap.eps[tableKey{b.svc, b.port}]
@@ -248,30 +298,33 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 	x.proto = x.backend.proto
 	if x.proto == upstreamAuto {
 		x.proto = upstreamH1
-		if r.ProtoMajor == 2 {
+		if x.orig.ProtoMajor == 2 {
 			x.proto = upstreamH2
 		}
 	}
 	x.first = pickEndpoint(x.endpoints, nil)
-	if x.first == nil {
-		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+" has no endpoints", nil)
-		return
-	}
-	x.rec.endpoint = x.first.addr
+}
 
-	if status, err := x.readBody(w); err != nil {
-		x.reply(w, status, err.Error(), nil)
-		return
+// answerPreflight answers a CORS preflight from the rule's CORS filter
+// before the policy (Options.PreflightBeforePolicy): browsers send
+// preflights without credentials, so a policy that requires them would
+// refuse every cross-origin call. A redirect ahead of the CORS filter
+// takes precedence, as in applyFilters.
+func (x *exchange) answerPreflight(w *responseRecorder) bool {
+	if !isPreflight(x.orig) {
+		return false
 	}
-	if !x.authorize(w) {
-		return
+	for i := range x.rule.filters {
+		switch f := &x.rule.filters[i]; f.kind {
+		case filterRedirect:
+			return false
+		case filterCORS:
+			x.rec.reason = "cors preflight (before policy)"
+			f.cors.preflight(w, x.orig)
+			return true
+		}
 	}
-	x.fireMirrors()
-	if upgradeRequested(x.out.Header) {
-		e.proxy.ServeHTTP(w, x.out.WithContext(context.WithValue(x.out.Context(), exchangeKey{}, x)))
-		return
-	}
-	x.forward(w)
+	return false
 }
 
 // origPath is the request's escaped path as received (normalized).
@@ -287,12 +340,12 @@ func (x *exchange) origPath() string {
 var workloadRule = &rule{retry: defaultRetry}
 
 // selectRule finds the rule (and for workload destinations, the endpoint).
-func (x *exchange) selectRule(w *responseRecorder) bool {
+// Without one it returns what to answer once the policy has allowed it.
+func (x *exchange) selectRule() *localAnswer {
 	if x.info.Service.IsZero() {
 		t, ok := x.snap.workloadTarget(x.info.Destination)
 		if !ok {
-			x.reply(w, http.StatusServiceUnavailable, "unknown destination workload "+x.info.Destination.String(), nil)
-			return false
+			return &localAnswer{http.StatusServiceUnavailable, "unknown destination workload " + x.info.Destination.String()}
 		}
 		x.rule = workloadRule
 		x.backend = &backend{proto: upstreamFor(x.info.Protocol.String()), weight: 1}
@@ -301,19 +354,17 @@ func (x *exchange) selectRule(w *responseRecorder) bool {
 		}
 		x.rec.backend = t.Address.String()
 		x.endpoints = []*endpoint{x.e.pools.get(t)}
-		return true
+		return nil
 	}
 	table := x.snap.cfg.tables[tableKey{x.info.Service, x.info.Port}]
 	if table == nil {
-		x.reply(w, http.StatusServiceUnavailable, fmt.Sprintf("unknown destination %s port %d", x.info.Service, x.info.Port), nil)
-		return false
+		return &localAnswer{http.StatusServiceUnavailable, fmt.Sprintf("unknown destination %s port %d", x.info.Service, x.info.Port)}
 	}
 	x.rule = table.route(x.view)
 	if x.rule == nil {
-		x.reply(w, http.StatusNotFound, "no matching route", nil)
-		return false
+		return &localAnswer{http.StatusNotFound, "no matching route"}
 	}
-	return true
+	return nil
 }
 
 // applyFilters runs filters in order on the outgoing request. It reports
@@ -497,19 +548,22 @@ func (x *exchange) readBody(w *responseRecorder) (int, error) {
 
 // authorize asks the Authorizer and applies its decision.
 func (x *exchange) authorize(w *responseRecorder) bool {
-	t := x.first.target.Load()
 	x.authz = AuthzRequest{
-		Request:             x.orig,
-		Body:                x.body,
-		BodyTruncated:       !x.bodyDone,
-		Peer:                x.info.Peer,
-		Source:              x.info.Source,
-		Destination:         t.Address,
-		DestinationIdentity: t.Identity,
-		Service:             x.info.Service,
-		Port:                x.info.Port,
-		Route:               x.rule.routeName(),
-		Rule:                x.rule.name,
+		Request:       x.orig,
+		Body:          x.body,
+		BodyTruncated: !x.bodyDone,
+		Peer:          x.info.Peer,
+		Source:        x.info.Source,
+		Destination:   x.info.Destination,
+		Service:       x.info.Service,
+		Port:          x.info.Port,
+	}
+	if x.first != nil {
+		t := x.first.target.Load()
+		x.authz.Destination, x.authz.DestinationIdentity = t.Address, t.Identity
+	}
+	if x.rule != nil {
+		x.authz.Route, x.authz.Rule = x.rule.routeName(), x.rule.name
 	}
 	d := x.e.decide(x.ctx, &x.authz)
 	x.rec.decID = d.ID
