@@ -83,21 +83,44 @@ func upstreamFor(appProtocol string) upstreamProto {
 	return upstreamAuto
 }
 
-// Config is compiled routing state: route tables per (service, port), the
-// services' endpoints and the workloads behind them. It is immutable; the
+// Config is compiled routing state: route tables per (service, port) and
+// per (service, port, consumer namespace), the services' endpoints and the
+// workloads behind them. It is immutable; the
 // waypoint compiles a new one on every configuration change and hands it to
 // Engine.Update, which swaps it in atomically.
 type Config struct {
 	services  map[ServiceRef]*serviceInfo
 	workloads map[string]*meshv1.Workload // by uid
 	byAddress map[netip.Addr]*meshv1.Workload
-	tables    map[tableKey]*routeTable
+	tables    map[tableKey]*routeTable // producer routes, or the implicit route
+	// consumers holds the routes of namespaces other than the service's
+	// (GEP-1294 consumer routes): they apply to callers from that namespace only.
+	consumers map[consumerKey]*routeTable
 	problems  []string
 }
 
 type tableKey struct {
 	svc  ServiceRef
 	port uint32
+}
+
+// consumerKey names the consumer routes of namespace ns for a service port.
+type consumerKey struct {
+	tableKey
+	ns string
+}
+
+// table is the routing of a service port for a caller from namespace from
+// ("" for an unauthenticated caller): the consumer routes of that
+// namespace when it has any for the port, else the service's own
+// (producer) routes. The groups never merge (GEP-1294).
+func (c *Config) table(k tableKey, from string) *routeTable {
+	if len(c.consumers) > 0 && from != "" && from != k.svc.Namespace {
+		if t := c.consumers[consumerKey{k, from}]; t != nil {
+			return t
+		}
+	}
+	return c.tables[k]
 }
 
 type serviceInfo struct {
@@ -198,9 +221,11 @@ type grpcEntry struct {
 	matchIdx int
 }
 
-// routeTable is the compiled routing of one service port.
+// routeTable is the compiled routing of one service port, for every caller
+// or (consumer set) for the callers of one namespace.
 type routeTable struct {
 	key       tableKey
+	consumer  string
 	protocol  Protocol
 	http      []*httpEntry // in precedence order, hostnames aside
 	grpc      []*grpcEntry
@@ -232,6 +257,7 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 		workloads: make(map[string]*meshv1.Workload, len(workloads)),
 		byAddress: make(map[netip.Addr]*meshv1.Workload, len(workloads)),
 		tables:    make(map[tableKey]*routeTable),
+		consumers: make(map[consumerKey]*routeTable),
 	}
 	for _, w := range workloads {
 		if w.GetUid() == "" {
@@ -248,7 +274,7 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 		c.addService(s)
 	}
 
-	attached := make(map[tableKey]*attachments)
+	attached := make(map[consumerKey]*attachments) // ns "": producer routes
 	attach(c, attached, routes, c.compileHTTPRoute, func(a *attachments, cr *compiledHTTPRoute) { a.http = append(a.http, cr) })
 	attach(c, attached, grpcRoutes, c.compileGRPCRoute, func(a *attachments, cr *compiledGRPCRoute) { a.grpc = append(a.grpc, cr) })
 
@@ -260,12 +286,19 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 			}
 			k := tableKey{ref, port}
 			t := &routeTable{key: k, protocol: proto}
-			if a := attached[k]; a != nil {
+			if a := attached[consumerKey{k, ""}]; a != nil {
 				c.buildTable(t, a)
 			} else {
 				t.implicit = c.implicitRule(ref, port)
 			}
 			c.tables[k] = t
+		}
+	}
+	for k, a := range attached {
+		if k.ns != "" {
+			t := &routeTable{key: k.tableKey, consumer: k.ns, protocol: c.tables[k.tableKey].protocol}
+			c.buildTable(t, a)
+			c.consumers[k] = t
 		}
 	}
 	sort.Strings(c.problems)
@@ -346,8 +379,9 @@ type route interface {
 }
 
 // attach compiles routes in name order and adds each to the tables of the
-// service ports it attaches to.
-func attach[R route, C interface{ routeMeta() *routeMeta }](c *Config, attached map[tableKey]*attachments, routes []R,
+// service ports it attaches to: the producer table of a service in the
+// route's namespace, the consumer table of the route's namespace otherwise.
+func attach[R route, C interface{ routeMeta() *routeMeta }](c *Config, attached map[consumerKey]*attachments, routes []R,
 	compile func(R) C, add func(*attachments, C)) {
 	sorted := slices.Clone(routes)
 	slices.SortFunc(sorted, func(a, b R) int {
@@ -360,12 +394,16 @@ func attach[R route, C interface{ routeMeta() *routeMeta }](c *Config, attached 
 			continue
 		}
 		for _, k := range c.parentTables(meta, r.GetParents()) {
-			add(attachedTo(attached, k), cr)
+			ck := consumerKey{tableKey: k}
+			if k.svc.Namespace != meta.namespace {
+				ck.ns = meta.namespace
+			}
+			add(attachedTo(attached, ck), cr)
 		}
 	}
 }
 
-func attachedTo(m map[tableKey]*attachments, k tableKey) *attachments {
+func attachedTo(m map[consumerKey]*attachments, k consumerKey) *attachments {
 	a := m[k]
 	if a == nil {
 		a = &attachments{}
@@ -386,7 +424,9 @@ func (c *Config) parentTables(meta *routeMeta, parents []*meshv1.ParentRef) []ta
 		ref := ServiceRef{ns, p.GetName()}
 		si, ok := c.services[ref]
 		if !ok {
-			c.problem("%s %s: parent service %s not found", meta.kind, meta, ref)
+			if ns == meta.namespace {
+				c.problem("%s %s: parent service %s not found", meta.kind, meta, ref)
+			} // else a consumer route for a service another waypoint serves
 			continue
 		}
 		if p.GetPort() == 0 {
@@ -650,7 +690,7 @@ func (c *Config) buildTable(t *routeTable, a *attachments) {
 			}
 		}
 		if conflict != "" {
-			c.problem("%s %s: not accepted on %s port %d: hostnames intersect those of older %s", r.meta.kind, r.meta, t.key.svc, t.key.port, conflict)
+			c.problem("%s %s: not accepted on %s port %d%s: hostnames intersect those of older %s", r.meta.kind, r.meta, t.key.svc, t.key.port, t.consumerNote(), conflict)
 			continue
 		}
 		if !r.meta.hosts.any() {
@@ -672,6 +712,14 @@ func (c *Config) buildTable(t *routeTable, a *attachments) {
 		return cmp.Or(x.match.compare(&y.match), x.route.compareAge(y.route),
 			cmp.Compare(x.rule.index, y.rule.index), cmp.Compare(x.matchIdx, y.matchIdx))
 	})
+}
+
+// consumerNote names the consumer namespace of a consumer table, for messages.
+func (t *routeTable) consumerNote() string {
+	if t.consumer == "" {
+		return ""
+	}
+	return " (consumer routes of namespace " + t.consumer + ")"
 }
 
 // route finds the rule for a request: the most specific matching hostname

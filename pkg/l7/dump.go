@@ -3,6 +3,7 @@ package l7
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -20,6 +21,9 @@ type TableDump struct {
 	Service  string `json:"service"`
 	Port     uint32 `json:"port"`
 	Protocol string `json:"protocol"`
+	// ConsumerNamespace is set on the consumer routes of one namespace:
+	// they serve callers from it instead of the service's own routes.
+	ConsumerNamespace string `json:"consumer_namespace,omitempty"`
 	// Implicit is set when no route is attached: traffic goes to the
 	// service's own endpoints.
 	Implicit  bool       `json:"implicit,omitempty"`
@@ -43,8 +47,13 @@ type RuleDump struct {
 // Dump describes the configuration.
 func (c *Config) Dump() ConfigDump {
 	d := ConfigDump{Problems: c.Problems()}
-	for _, t := range c.tables {
-		td := TableDump{Service: t.key.svc.String(), Port: t.key.port, Protocol: t.protocol.String(), Implicit: t.implicit != nil, Endpoints: []string{}}
+	tables := slices.Collect(maps.Values(c.tables))
+	for _, t := range c.consumers {
+		tables = append(tables, t)
+	}
+	for _, t := range tables {
+		td := TableDump{Service: t.key.svc.String(), Port: t.key.port, Protocol: t.protocol.String(), ConsumerNamespace: t.consumer,
+			Implicit: t.implicit != nil, Endpoints: []string{}}
 		if si := c.services[t.key.svc]; si != nil {
 			for _, tg := range si.targets[t.key.port] {
 				td.Endpoints = append(td.Endpoints, tg.Address.String())
@@ -59,7 +68,7 @@ func (c *Config) Dump() ConfigDump {
 		d.Tables = append(d.Tables, td)
 	}
 	slices.SortFunc(d.Tables, func(a, b TableDump) int {
-		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Port, b.Port))
+		return cmp.Or(cmp.Compare(a.Service, b.Service), cmp.Compare(a.Port, b.Port), cmp.Compare(a.ConsumerNamespace, b.ConsumerNamespace))
 	})
 	return d
 }

@@ -356,7 +356,7 @@ func (x *exchange) selectRule() *localAnswer {
 		x.endpoints = []*endpoint{x.e.pools.get(t)}
 		return nil
 	}
-	table := x.snap.cfg.tables[tableKey{x.info.Service, x.info.Port}]
+	table := x.snap.cfg.table(tableKey{x.info.Service, x.info.Port}, x.info.callerNS)
 	if table == nil {
 		return &localAnswer{http.StatusServiceUnavailable, fmt.Sprintf("unknown destination %s port %d", x.info.Service, x.info.Port)}
 	}

@@ -1,6 +1,7 @@
 package l7
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -10,6 +11,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -507,5 +510,65 @@ func TestRequestHost(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { requestHost("backend.bench") }); n != 0 {
 		t.Errorf("%v allocations for a host without a port", n)
+	}
+}
+
+// GEP-1294 (conformance MeshConsumerRoute): a route in another namespace
+// than its parent Service is a consumer route. It applies only to callers
+// from its own namespace, and for them instead of the producer's routes
+// (the groups never merge); every other caller, and an unauthenticated one,
+// gets the producer's routes.
+func TestConsumerRoutes(t *testing.T) {
+	h := newHarness(t)
+	h.addService("web", "http")
+	h.backend("v1", "http", false)
+	h.backend("v2", "http", false)
+	producer := httpRoute("producer", epoch, withFilters(to("v1"), respHeaders([]*meshv1.Header{hv("X-Route", "producer")}, nil)))
+	consumerRule := withFilters(to("v2", prefixM("/")), respHeaders([]*meshv1.Header{hv("X-Route", "consumer")}, nil))
+	consumerRule.Backends[0].Backend.Namespace = testNS
+	consumer := &meshv1.HTTPRoute{Namespace: "client", Name: "consumer", CreationTime: timestamppb.New(epoch.Add(-time.Hour)),
+		Parents: []*meshv1.ParentRef{parent("web", 80), {Namespace: "elsewhere", Name: "not-served-here"}}, Rules: []*meshv1.HTTPRouteRule{consumerRule}}
+	// Only /only-here matches for callers from "client": the producer's
+	// catch-all does not fill in.
+	narrow := &meshv1.HTTPRoute{Namespace: "narrow", Name: "narrow", Parents: []*meshv1.ParentRef{parent("web", 0)},
+		Rules: []*meshv1.HTTPRouteRule{to("v2", exactM("/only-here"))}}
+	narrow.Rules[0].Backends[0].Backend.Namespace = testNS
+	c := h.update([]*meshv1.HTTPRoute{producer, consumer, narrow}, nil)
+	if p := c.Problems(); len(p) != 0 {
+		t.Errorf("problems: %v", p)
+	}
+
+	ca := trusttest.NewCA(t, "cluster.local")
+	from := func(id string) *http.Client {
+		peer := trust.Unauthenticated()
+		if id != "" {
+			peer = ca.Peer(t, ca.Certificate(t, trusttest.Identity(t, id), 0))
+		}
+		return h1Client(h.front(webInfo(peer)))
+	}
+	for _, tc := range []struct {
+		caller, path, want string
+		status            int
+	}{
+		{"spiffe://cluster.local/ns/client/sa/app", "/", "consumer", 200},
+		{"spiffe://cluster.local/ns/other/sa/app", "/", "producer", 200},
+		{"spiffe://cluster.local/ns/" + testNS + "/sa/app", "/", "producer", 200},
+		{"", "/", "producer", 200},
+		{"spiffe://cluster.local/ns/narrow/sa/app", "/only-here", "", 200},
+		{"spiffe://cluster.local/ns/narrow/sa/app", "/", "", 404},
+	} {
+		res := get(t, from(tc.caller), tc.path, nil)
+		if res.status != tc.status || res.header.Get("X-Route") != tc.want {
+			t.Errorf("caller %q %s: %d X-Route %q, want %d %q", tc.caller, tc.path, res.status, res.header.Get("X-Route"), tc.status, tc.want)
+		}
+	}
+	var consumers []string
+	for _, td := range c.Dump().Tables {
+		if td.ConsumerNamespace != "" {
+			consumers = append(consumers, fmt.Sprintf("%s:%d %s", td.Service, td.Port, td.ConsumerNamespace))
+		}
+	}
+	if got := strings.Join(consumers, ", "); got != "default/web:80 client, default/web:80 narrow" {
+		t.Errorf("consumer tables in the dump: %s", got)
 	}
 }

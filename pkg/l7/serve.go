@@ -54,6 +54,9 @@ type tunnel struct {
 	forwardedFor, forwarded  string
 	xffValues, forwardValues []string
 	identityValues           []string // nil: unauthenticated
+	// callerNS is the namespace of the authenticated caller's identity
+	// ("" when unauthenticated): it selects consumer routes.
+	callerNS string
 
 	// accessLog is the engine's access logger with the tunnel's fields
 	// (source, identity, destination, service) encoded once, not per
@@ -75,6 +78,7 @@ func newTunnel(info ConnInfo, log *zap.Logger) *tunnel {
 	t.xffValues, t.forwardValues = []string{t.forwardedFor}, []string{t.forwarded}
 	if id, ok := info.Peer.Identity(); ok {
 		t.identityValues = []string{id.String()}
+		t.callerNS = id.Namespace()
 	}
 	t.service = info.Service.String()
 	if info.Service.IsZero() {
