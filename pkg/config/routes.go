@@ -26,6 +26,17 @@ const gatewayGroup = gwv1.GroupName
 // routeCtx is what every part of one route's translation needs to know.
 type routeCtx struct {
 	origin, obj, ns, kind string
+	parents               []*meshv1.ParentRef
+}
+
+// isParent reports whether the Service ns/name is one of the route's parents.
+func (c routeCtx) isParent(ns, name string) bool {
+	for _, p := range c.parents {
+		if p.GetNamespace() == ns && p.GetName() == name {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *translator) translateRoutes() {
@@ -47,6 +58,7 @@ func (t *translator) httpRoute(origin string, r *gwv1.HTTPRoute) *meshv1.HTTPRou
 	if len(parents) == 0 {
 		return nil
 	}
+	c.parents = parents
 	out := &meshv1.HTTPRoute{
 		Name:         r.Name,
 		Namespace:    r.Namespace,
@@ -66,6 +78,7 @@ func (t *translator) grpcRoute(origin string, r *gwv1.GRPCRoute) *meshv1.GRPCRou
 	if len(parents) == 0 {
 		return nil
 	}
+	c.parents = parents
 	out := &meshv1.GRPCRoute{
 		Name:         r.Name,
 		Namespace:    r.Namespace,
@@ -495,7 +508,11 @@ func filterName(f *meshv1.HTTPRouteFilter) string {
 // backendRef resolves a reference to a Service port. What cannot be served
 // (another kind, a missing Service or port, a cross-namespace reference no
 // ReferenceGrant permits) is carried with its reason: the waypoint answers
-// that backend's share of requests with 500, as the spec requires.
+// that backend's share of requests with 500, as the spec requires. A
+// route's own parent Service needs no grant (GEP-1294: a consumer route
+// sends its callers on to the Service they asked for, which they reach
+// anyway); any other Service in another namespace does, since the
+// waypoint would reach it under its own identity.
 func (t *translator) backendRef(c routeCtx, b gwv1.BackendObjectReference) *meshv1.BackendRef {
 	out := &meshv1.BackendRef{Namespace: c.ns, Name: string(b.Name)}
 	if b.Namespace != nil && *b.Namespace != "" {
@@ -515,7 +532,7 @@ func (t *translator) backendRef(c routeCtx, b gwv1.BackendObjectReference) *mesh
 		out.InvalidReason = fmt.Sprintf("unsupported backend kind %s (group %q): only Services are supported", kind, group)
 		return out
 	}
-	if out.Namespace != c.ns && !t.granted(c, out.Namespace, out.Name) {
+	if out.Namespace != c.ns && !c.isParent(out.Namespace, out.Name) && !t.granted(c, out.Namespace, out.Name) {
 		out.InvalidReason = fmt.Sprintf("reference from %s in namespace %s to Service %s/%s is not permitted by a ReferenceGrant",
 			c.kind, c.ns, out.Namespace, out.Name)
 		return out

@@ -507,3 +507,33 @@ func TestGRPCRouteTranslationTable(t *testing.T) {
 		wantProblem(t, err, "file1.yaml", "regular expression")
 	})
 }
+
+// The conformance MeshConsumerRoute manifest: a route in the consumer's
+// namespace whose parent and backend are the producer's Service. The
+// backend is the parent itself, so it needs no ReferenceGrant; another
+// Service of the producer's namespace still does.
+func TestConsumerRouteBackendIsItsParent(t *testing.T) {
+	s := mustTranslate(t, routeServices, `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: mesh-echo-add-header, namespace: consumer}
+spec:
+  parentRefs: [{group: "", kind: Service, name: private, namespace: other}]
+  rules:
+  - filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: X-Header-Set, value: set}]}}]
+    backendRefs:
+    - {name: private, namespace: other, port: 80}
+    - {name: remote, namespace: other, port: 80, weight: 0}
+`)
+	r := s.HTTPRoutes["consumer/mesh-echo-add-header"]
+	if r == nil {
+		t.Fatalf("consumer route not translated: %v", s.HTTPRoutes)
+	}
+	bs := r.GetRules()[0].GetBackends()
+	if reason := bs[0].GetBackend().GetInvalidReason(); reason != "" {
+		t.Errorf("backend to the route's parent: %s", reason)
+	}
+	if reason := bs[1].GetBackend().GetInvalidReason(); !strings.Contains(reason, "not permitted by a ReferenceGrant") {
+		t.Errorf("backend to another Service of the parent's namespace: %q, want a missing ReferenceGrant", reason)
+	}
+}
