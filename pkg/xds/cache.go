@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,7 +24,8 @@ import (
 // NamespaceWildcardSuffix marks a subscription to every resource of one
 // namespace: "<namespace>/*" (a waypoint subscribes to its namespace's
 // services and routes this way). Workloads match by their namespace field,
-// since their resource name is a uid.
+// since their resource name is a uid; routes also match the namespaces of
+// their parent Services (consumer routes, GEP-1294).
 const NamespaceWildcardSuffix = "/*"
 
 // Wildcard subscribes to every resource of a type.
@@ -34,8 +36,15 @@ const Wildcard = "*"
 // is never sent again.
 type entry struct {
 	namespace string
+	parentNS  []string // a route's parent namespaces other than its own
 	value     []byte
 	version   string
+}
+
+// in reports whether the resource belongs to namespace ns: its own, or for a
+// consumer route, that of a parent Service.
+func (e *entry) in(ns string) bool {
+	return e.namespace == ns || slices.Contains(e.parentNS, ns)
 }
 
 // deltaCache is the go-control-plane cache behind the delta ADS server: one
@@ -97,7 +106,7 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 				return nil, fmt.Errorf("marshal %s %s: %w", typeURL, name, err)
 			}
 			sum := sha256.Sum256(b)
-			entries[name] = &entry{namespace: meshv1.ResourceNamespace(m), value: b, version: hex.EncodeToString(sum[:16])}
+			entries[name] = &entry{namespace: meshv1.ResourceNamespace(m), parentNS: meshv1.ParentNamespaces(m), value: b, version: hex.EncodeToString(sum[:16])}
 		}
 		next[typeURL] = entries
 	}
@@ -188,7 +197,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 	// What the reader may not read does not exist for it.
 	r := readerOf(w.req)
 	readable := func(name string, e *entry) bool {
-		return r.trusted || e.namespace == r.namespace || c.grants.allows(r.namespace, w.typeURL, name)
+		return r.trusted || e.in(r.namespace) || c.grants.allows(r.namespace, w.typeURL, name)
 	}
 	returned := w.sub.ReturnedResources()
 	next := map[string]string{}
@@ -214,7 +223,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 		for name := range w.sub.SubscribedResources() {
 			if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); ok {
 				for rn, e := range resources {
-					if e.namespace == ns && readable(rn, e) {
+					if e.in(ns) && readable(rn, e) {
 						want[rn] = true
 					}
 				}

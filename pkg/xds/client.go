@@ -59,7 +59,8 @@ func NodeProxyID(node string) string { return NodeProxyIDPrefix + node }
 func WaypointID(namespace, name string) string { return WaypointIDPrefix + namespace + "/" + name }
 
 // WaypointSubscriptions is what the waypoint namespace/name follows: the
-// services, routes and workloads (endpoint identities) of its namespace and
+// services, routes and workloads (endpoint identities) of its namespace,
+// the consumer routes of other namespaces attached to its Services, and
 // its own Waypoint resource. Backends of its routes in other namespaces are
 // added by RouteBackends as the routes name them.
 func WaypointSubscriptions(namespace, name string) []Subscription {

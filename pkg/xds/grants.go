@@ -11,13 +11,14 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
-// RouteReads lists what the routes of namespace ns send traffic to in other
-// namespaces: the Services of their valid backends and mirrors (the
-// configuration source already checked ReferenceGrants: a reference that
-// no grant permits carries an invalid_reason), and the Workloads behind
-// those Services as far as services knows them (by "<namespace>/<name>").
-// The control plane lets the namespace's waypoint read exactly these; the
-// waypoint subscribes to them (RouteBackends).
+// RouteReads lists what the routes of namespace ns, and the consumer routes
+// attached to its Services, send traffic to in other namespaces: the
+// Services of their valid backends and mirrors (the configuration source
+// already checked ReferenceGrants: a reference that no grant permits
+// carries an invalid_reason), and the Workloads behind those Services as
+// far as services knows them (by "<namespace>/<name>"). The control plane
+// lets the namespace's waypoint read exactly these; the waypoint
+// subscribes to them (RouteBackends).
 func RouteReads(ns string, httpRoutes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, services map[string]*meshv1.Service) (serviceNames, workloadUIDs []string) {
 	svcs := map[string]bool{}
 	add := func(b *meshv1.BackendRef) {
@@ -26,15 +27,18 @@ func RouteReads(ns string, httpRoutes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.
 		}
 	}
 	var rules []routeRule
+	servedBy := func(r proto.Message) bool {
+		return meshv1.ResourceNamespace(r) == ns || slices.Contains(meshv1.ParentNamespaces(r), ns)
+	}
 	for _, r := range httpRoutes {
-		if r.GetNamespace() == ns {
+		if servedBy(r) {
 			for _, rule := range r.GetRules() {
 				rules = append(rules, rule)
 			}
 		}
 	}
 	for _, r := range grpcRoutes {
-		if r.GetNamespace() == ns {
+		if servedBy(r) {
 			for _, rule := range r.GetRules() {
 				rules = append(rules, rule)
 			}
@@ -89,27 +93,30 @@ func computeGrants(res map[string]map[string]proto.Message) grants {
 			services[name] = s
 		}
 	}
-	byNS := map[string]struct {
-		http []*meshv1.HTTPRoute
-		grpc []*meshv1.GRPCRoute
-	}{}
+	var http []*meshv1.HTTPRoute
+	var grpc []*meshv1.GRPCRoute
+	namespaces := map[string]bool{} // that serve a route
 	for _, m := range res[meshv1.HTTPRouteTypeURL] {
 		if r, ok := m.(*meshv1.HTTPRoute); ok {
-			e := byNS[r.GetNamespace()]
-			e.http = append(e.http, r)
-			byNS[r.GetNamespace()] = e
+			http = append(http, r)
+			namespaces[r.GetNamespace()] = true
+			for _, ns := range meshv1.ParentNamespaces(r) {
+				namespaces[ns] = true
+			}
 		}
 	}
 	for _, m := range res[meshv1.GRPCRouteTypeURL] {
 		if r, ok := m.(*meshv1.GRPCRoute); ok {
-			e := byNS[r.GetNamespace()]
-			e.grpc = append(e.grpc, r)
-			byNS[r.GetNamespace()] = e
+			grpc = append(grpc, r)
+			namespaces[r.GetNamespace()] = true
+			for _, ns := range meshv1.ParentNamespaces(r) {
+				namespaces[ns] = true
+			}
 		}
 	}
 	g := grants{}
-	for ns, routes := range byNS {
-		svcs, wls := RouteReads(ns, routes.http, routes.grpc, services)
+	for ns := range namespaces {
+		svcs, wls := RouteReads(ns, http, grpc, services)
 		if len(svcs) == 0 {
 			continue
 		}
@@ -125,7 +132,8 @@ func computeGrants(res map[string]map[string]proto.Message) grants {
 }
 
 // RouteBackends keeps a waypoint's client subscribed to what its
-// namespace's routes send traffic to in other namespaces (RouteReads):
+// namespace's routes, and the consumer routes attached to its Services,
+// send traffic to in other namespaces (RouteReads):
 // call Update with every new state. A Service's workloads follow once the
 // Service itself has arrived.
 type RouteBackends struct {

@@ -642,3 +642,50 @@ func TestWaypointReadsTheBackendsItsRoutesUse(t *testing.T) {
 		return names(s.Services) == "a/front" && names(s.Workloads) == ""
 	})
 }
+
+// A consumer route (GEP-1294) lives in the caller's namespace but is served
+// by the waypoint of its parent Service's namespace: that waypoint receives
+// it with its namespace's routes, and may read the route's backends in the
+// consumer's namespace. Routes of other namespaces attached elsewhere stay
+// out of its view.
+func TestWaypointReceivesConsumerRoutes(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	consumer := routeTo("c", "to-a", "c", "local", "")
+	consumer.Parents = []*meshv1.ParentRef{{Namespace: "a", Name: "front"}}
+	elsewhere := routeTo("c", "to-b", "c", "local", "")
+	elsewhere.Parents = []*meshv1.ParentRef{{Namespace: "b", Name: "s1"}}
+	local := service("c", "local", "127.0.20.7")
+	local.Endpoints = []*meshv1.Endpoint{{WorkloadUid: "c/w", Address: "127.0.10.7"}}
+	if err := cp.server.Update(resources(service("a", "front", "127.0.20.5"), service("b", "s1", "127.0.20.1"), local, workload("c", "w", "127.0.10.7"),
+		route("a", "own"), consumer, elsewhere)); err != nil {
+		t.Fatal(err)
+	}
+	var follow atomic.Pointer[RouteBackends]
+	wp := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
+		Subscriptions: WaypointSubscriptions("a", "wp"),
+		OnChange: func(s *State, _ []string) {
+			if f := follow.Load(); f != nil {
+				if err := f.Update(s); err != nil {
+					t.Error(err)
+				}
+			}
+		}})
+	follow.Store(NewRouteBackends(wp.Client, "a"))
+	waitReady(t, wp)
+	follow.Load().Update(wp.State())
+	eventually(t, "the waypoint of a holds its route, the consumer route c/to-a and its backend c/local", func() bool {
+		s := wp.State()
+		return names(s.HTTPRoutes) == "a/own,c/to-a" && names(s.Services) == "a/front,c/local" && names(s.Workloads) == "c/w"
+	})
+	// The consumer route moves to b: a's waypoint loses it and its backend.
+	consumer.Parents = []*meshv1.ParentRef{{Namespace: "b", Name: "s1"}}
+	if err := cp.server.Update(resources(service("a", "front", "127.0.20.5"), service("b", "s1", "127.0.20.1"), local, workload("c", "w", "127.0.10.7"),
+		route("a", "own"), consumer, elsewhere)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "c/to-a and c/local are dropped", func() bool {
+		s := wp.State()
+		return names(s.HTTPRoutes) == "a/own" && names(s.Services) == "a/front" && names(s.Workloads) == ""
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -67,6 +68,26 @@ func ResourceNamespace(m proto.Message) string {
 		return r.GetNamespace()
 	}
 	return ""
+}
+
+// ParentNamespaces lists the namespaces of a route's parent Services other
+// than the route's own: a consumer route (GEP-1294) belongs to the
+// waypoints of those namespaces too. Nil for anything but a route.
+func ParentNamespaces(m proto.Message) []string {
+	r, ok := m.(interface {
+		GetNamespace() string
+		GetParents() []*ParentRef
+	})
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, p := range r.GetParents() {
+		if ns := p.GetNamespace(); ns != "" && ns != r.GetNamespace() && !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
 }
 
 // Waypoint-for values (label causeway.dev/waypoint-for).
