@@ -548,7 +548,7 @@ func TestConsumerRoutes(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		caller, path, want string
-		status            int
+		status             int
 	}{
 		{"spiffe://cluster.local/ns/client/sa/app", "/", "consumer", 200},
 		{"spiffe://cluster.local/ns/other/sa/app", "/", "producer", 200},
