@@ -64,17 +64,7 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 	httpBackend := serveHTTP(t, "127.0.173.1:0", stalls)
 	tcpBackend := serveTCP(t, "127.0.173.1:0")
 
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte(testPolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	engine, err := policy.NewEngine(policy.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := engine.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	engine := policyEngine(t, testPolicy)
 	certs, err := certmanager.New(certmanager.Options{Fetcher: certmanager.AuthorityFetcher{Authority: ca.Authority}})
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +123,22 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 	f := &fixture{w: w, ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool, stalls: stalls}
 	waitReady(t, w)
 	return f
+}
+
+func policyEngine(t *testing.T, rego string) *policy.Engine {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte(rego), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	engine, err := policy.NewEngine(policy.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := engine.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return engine
 }
 
 func waitReady(t *testing.T, w *Waypoint) {
@@ -353,5 +359,51 @@ func TestBadRequestAnsweredOverHBONE(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusBadRequest || err != nil || !strings.Contains(string(body), "invalid header name") {
 		t.Fatalf("%d %q %v", resp.StatusCode, body, err)
+	}
+}
+
+// A consumer route (GEP-1294, conformance MeshConsumerRoute) applies to
+// callers from its namespace only: the waypoint picks it by the namespace
+// of the tunnel's authenticated identity, nothing the caller sends.
+func TestConsumerRouteByCallerNamespace(t *testing.T) {
+	f := start(t, func(o *Options) { o.Policy = policyEngine(t, "package envoy.authz\n\nallow := true\n") })
+	backend := serveHTTP(t, "127.0.173.1:0", nil)
+	wp := &meshv1.Ref{Namespace: "shop", Name: "wp"}
+	route := &meshv1.HTTPRoute{Namespace: "web", Name: "mesh-echo-add-header",
+		Parents: []*meshv1.ParentRef{{Namespace: "shop", Name: "web"}},
+		Rules: []*meshv1.HTTPRouteRule{{
+			Matches: []*meshv1.HTTPRouteMatch{{Path: &meshv1.PathMatch{Type: meshv1.PathMatch_PATH_PREFIX, Value: "/"}}},
+			Filters: []*meshv1.HTTPRouteFilter{{Filter: &meshv1.HTTPRouteFilter_ResponseHeaderModifier{
+				ResponseHeaderModifier: &meshv1.HeaderModifier{Set: []*meshv1.Header{{Name: "x-header-set", Value: "set"}}}}}},
+			Backends: []*meshv1.HTTPBackendRef{{Weight: 1, Backend: &meshv1.BackendRef{Namespace: "shop", Name: "web", Port: 80}}},
+		}}}
+	f.w.Update(&xds.State{
+		Workloads: map[string]*meshv1.Workload{"shop/backend": {Uid: "shop/backend", Name: "backend", Namespace: "shop",
+			Identity: "spiffe://cluster.local/ns/shop/sa/backend", Addresses: []string{"127.0.173.1"}}},
+		Services: map[string]*meshv1.Service{"shop/web": {Name: "web", Namespace: "shop", Vips: []string{"127.0.74.1"}, Waypoint: wp,
+			Ports:     []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}},
+			Endpoints: []*meshv1.Endpoint{{WorkloadUid: "shop/backend", Address: "127.0.173.1", Ports: map[uint32]uint32{80: uint32(backend.Port())}}}}},
+		HTTPRoutes: map[string]*meshv1.HTTPRoute{"web/mesh-echo-add-header": route},
+	})
+	for _, tc := range []struct{ caller, want string }{
+		{frontend, "set"}, // namespace web: the consumer route's
+		{"spiffe://cluster.local/ns/shop/sa/frontend", ""},
+		{"spiffe://cluster.local/ns/other/sa/frontend", ""},
+	} {
+		c, err := f.tunnel(t, tc.caller, "127.0.74.1:80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: web.shop\r\nConnection: close\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		c.Close()
+		if got := resp.Header.Get("X-Header-Set"); got != tc.want || resp.StatusCode != 200 {
+			t.Errorf("caller %s: %d X-Header-Set %q, want %q", tc.caller, resp.StatusCode, got, tc.want)
+		}
 	}
 }
