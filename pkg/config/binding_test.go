@@ -227,10 +227,10 @@ status: {podIPs: [{ip: 127.0.10.2}, {ip: "fd00::2"}]}
 	}
 }
 
-// A captured pod never holds a waypoint's identity: its node proxy would
-// get the waypoint's certificate and pass every waypoint-only check. Pods
-// outside the mesh have no node proxy asking for them.
-func TestCapturedPodWithWaypointIdentityRefused(t *testing.T) {
+// No pod but the waypoint's own holds a waypoint's identity: a captured
+// pod's node proxy would get the waypoint's certificate and pass every
+// waypoint-only check, and any pod may present its service-account token.
+func TestPodWithWaypointIdentityRefused(t *testing.T) {
 	pod := func(name, sa, labels string) string {
 		return fmt.Sprintf(`
 ---
@@ -245,12 +245,14 @@ status: {podIP: 127.0.10.%d}
 	waypointPod := pod("wp-all-0", "wp-all-sa", "{gateway.networking.k8s.io/gateway-name: wp-all}")
 
 	_, err := translateYAML(t, base+waypointPod+pod("impostor", "wp-all-sa", "{app: other}"))
-	wantProblem(t, err, "", "gives this captured pod the identity spiffe://cluster.local/ns/app/sa/wp-all-sa of waypoint app/wp-all")
+	wantProblem(t, err, "", "gives this pod the identity spiffe://cluster.local/ns/app/sa/wp-all-sa of waypoint app/wp-all")
+	_, err = translateYAML(t, base+waypointPod+pod("outside", "wp-all-sa", "{causeway.dev/dataplane-mode: none}"))
+	wantProblem(t, err, "", "of waypoint app/wp-all, which only the waypoint's own pods may hold")
 	// A pod-less waypoint's identity is its Gateway's name.
 	_, err = translateYAML(t, base+pod("named", "wp-svc", "{app: other}"))
 	wantProblem(t, err, "", "identity spiffe://cluster.local/ns/app/sa/wp-svc of waypoint app/wp-svc")
 
-	s := mustTranslate(t, base+waypointPod+pod("outside", "wp-all-sa", "{causeway.dev/dataplane-mode: none}"))
+	s := mustTranslate(t, base+waypointPod)
 	if !s.IsWaypoint(trusttest.Identity(t, "spiffe://cluster.local/ns/app/sa/wp-all-sa")) || s.IsWaypoint(trusttest.Identity(t, "spiffe://cluster.local/ns/app/sa/sa")) {
 		t.Error("IsWaypoint does not tell the waypoint's identity from an application's")
 	}

@@ -697,10 +697,11 @@ func (t *translator) translateWorkloads() {
 		} else {
 			w.Hbone = t.enrolled(p.pod)
 			w.Waypoint = t.bindWaypoint(p.pod.Labels, id.ns, meshv1.WaypointForWorkload)
-			if wp, clash := t.out.waypointIdentities[w.Identity]; clash && w.Hbone {
-				// Its node proxy would hold the waypoint's certificate and
-				// pass the waypoint-only check of every pod behind it.
-				t.problem(p.origin, obj, "service account %s gives this captured pod the identity %s of waypoint %s; "+
+			if wp, clash := t.out.waypointIdentities[w.Identity]; clash {
+				// Its node proxy (or its own service-account token) would
+				// get the waypoint's certificate and pass the waypoint-only
+				// check of every pod behind it.
+				t.problem(p.origin, obj, "service account %s gives this pod the identity %s of waypoint %s, which only the waypoint's own pods may hold; "+
 					"give the application its own service account", sa, w.Identity, wp)
 				continue
 			}
