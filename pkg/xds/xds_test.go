@@ -575,6 +575,28 @@ func routeTo(ns, name, backendNS, backend, invalid string, mirror ...string) *me
 	return r
 }
 
+// startWaypoint runs the client of waypoint a/wp as cmd/waypoint does: its
+// subscriptions, and the backends its routes name in other namespaces.
+func (e *testEnv) startWaypoint(t *testing.T, addr string) *testClient {
+	t.Helper()
+	var follow atomic.Pointer[RouteBackends]
+	wp := e.startClient(t, addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
+		Subscriptions: WaypointSubscriptions("a", "wp"),
+		OnChange: func(s *State, _ []string) {
+			if f := follow.Load(); f != nil {
+				if err := f.Update(s); err != nil {
+					t.Error(err)
+				}
+			}
+		}})
+	follow.Store(NewRouteBackends(wp.Client, "a"))
+	waitReady(t, wp)
+	if err := follow.Load().Update(wp.State()); err != nil {
+		t.Fatal(err)
+	}
+	return wp
+}
+
 // A waypoint reads a Service of another namespace (and the workloads behind
 // it) exactly while a route of its namespace sends traffic there, also
 // across a control plane restart; nothing else of that namespace.
@@ -593,19 +615,7 @@ func TestWaypointReadsTheBackendsItsRoutesUse(t *testing.T) {
 		routeTo("a", "r2", "b", "private", "reference from HTTPRoute in namespace a to Service b/private is not permitted by a ReferenceGrant"))); err != nil {
 		t.Fatal(err)
 	}
-	var follow atomic.Pointer[RouteBackends]
-	wp := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
-		Subscriptions: WaypointSubscriptions("a", "wp"),
-		OnChange: func(s *State, _ []string) {
-			if f := follow.Load(); f != nil {
-				if err := f.Update(s); err != nil {
-					t.Error(err)
-				}
-			}
-		}})
-	follow.Store(NewRouteBackends(wp.Client, "a"))
-	waitReady(t, wp)
-	follow.Load().Update(wp.State())
+	wp := env.startWaypoint(t, cp.addr)
 	eventually(t, "the waypoint holds b/s1, its workload and the mirror c/m", func() bool {
 		s := wp.State()
 		return names(s.Services) == "a/front,b/s1,c/m" && names(s.Workloads) == "b/w1"
@@ -661,19 +671,7 @@ func TestWaypointReceivesConsumerRoutes(t *testing.T) {
 		route("a", "own"), consumer, elsewhere)); err != nil {
 		t.Fatal(err)
 	}
-	var follow atomic.Pointer[RouteBackends]
-	wp := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
-		Subscriptions: WaypointSubscriptions("a", "wp"),
-		OnChange: func(s *State, _ []string) {
-			if f := follow.Load(); f != nil {
-				if err := f.Update(s); err != nil {
-					t.Error(err)
-				}
-			}
-		}})
-	follow.Store(NewRouteBackends(wp.Client, "a"))
-	waitReady(t, wp)
-	follow.Load().Update(wp.State())
+	wp := env.startWaypoint(t, cp.addr)
 	eventually(t, "the waypoint of a holds its route, the consumer route c/to-a and its backend c/local", func() bool {
 		s := wp.State()
 		return names(s.HTTPRoutes) == "a/own,c/to-a" && names(s.Services) == "a/front,c/local" && names(s.Workloads) == "c/w"
