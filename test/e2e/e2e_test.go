@@ -29,7 +29,7 @@ import (
 )
 
 // The suite's mesh is the sample of examples/local moved to addresses of
-// its own (so it can run beside `make demo`), plus testdata/direct.yaml.
+// its own (so it can run beside `make demo`), plus testdata/*.yaml.
 var rewrite = strings.NewReplacer("127.0.110.", "127.0.140.", "127.0.10.", "127.0.40.", "127.0.20.", "127.0.50.")
 
 const basePort = 17100
@@ -99,6 +99,7 @@ func startMesh(work string) (*localmesh.Mesh, error) {
 		filepath.Join(repoRoot, "examples/local/mesh.yaml"):                filepath.Join(cfg, "mesh.yaml"),
 		filepath.Join(wd, "testdata/direct.yaml"):                          filepath.Join(cfg, "direct.yaml"),
 		filepath.Join(wd, "testdata/crossns.yaml"):                         filepath.Join(cfg, "crossns.yaml"),
+		filepath.Join(wd, "testdata/consumer.yaml"):                        filepath.Join(cfg, "consumer.yaml"),
 		filepath.Join(repoRoot, "examples/local/policies/authz.rego"):      filepath.Join(policyDir, "authz.rego"),
 		filepath.Join(repoRoot, "examples/local/policies/authz_test.rego"): filepath.Join(policyDir, "authz_test.rego"),
 	}
@@ -190,6 +191,20 @@ func TestDirectPath(t *testing.T) {
 		t.Fatalf("direct path went through a waypoint: %v", r.echo.Headers)
 	}
 	waitLog(t, "nodeproxy-node-b", `"direction":"inbound"`, `"src_identity":"spiffe://cluster.local/ns/web/sa/frontend"`, `"dst_workload":"direct/echo"`)
+}
+
+// A consumer route (testdata/consumer.yaml) reaches shop's waypoint and
+// applies to callers from its namespace only (conformance MeshConsumerRoute).
+func TestConsumerRoute(t *testing.T) {
+	r := do(t, "direct/echo", false, http.MethodGet, "http://reviews.shop/public/item", nil)
+	if r.status != 200 || r.echo == nil || !strings.HasPrefix(r.echo.Pod, "reviews") || r.header.Get("X-Header-Set") != "set" {
+		t.Fatalf("from the consumer route's namespace: %d %v %s", r.status, r.header, r.body)
+	}
+	r = do(t, "web/frontend", false, http.MethodGet, "http://reviews.shop/public/item", nil)
+	if r.status != 200 || r.echo == nil || r.header.Get("X-Header-Set") != "" {
+		t.Fatalf("from another namespace: %d %v %s", r.status, r.header, r.body)
+	}
+	waitLog(t, "waypoint-shop-waypoint-0", `"source":"`+podIP(t, "direct/echo")+`:`, `"route":"direct/reviews-add-header"`, `"status":200`)
 }
 
 func TestWaypointRoutesSplitAndHeaderMatch(t *testing.T) {
