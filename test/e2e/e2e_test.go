@@ -100,6 +100,7 @@ func startMesh(work string) (*localmesh.Mesh, error) {
 		filepath.Join(wd, "testdata/direct.yaml"):                          filepath.Join(cfg, "direct.yaml"),
 		filepath.Join(wd, "testdata/crossns.yaml"):                         filepath.Join(cfg, "crossns.yaml"),
 		filepath.Join(wd, "testdata/consumer.yaml"):                        filepath.Join(cfg, "consumer.yaml"),
+		filepath.Join(wd, "testdata/frontend.yaml"):                        filepath.Join(cfg, "frontend.yaml"),
 		filepath.Join(repoRoot, "examples/local/policies/authz.rego"):      filepath.Join(policyDir, "authz.rego"),
 		filepath.Join(repoRoot, "examples/local/policies/authz_test.rego"): filepath.Join(policyDir, "authz_test.rego"),
 	}
@@ -205,6 +206,23 @@ func TestConsumerRoute(t *testing.T) {
 		t.Fatalf("from another namespace: %d %v %s", r.status, r.header, r.body)
 	}
 	waitLog(t, "waypoint-shop-waypoint-0", `"source":"`+podIP(t, "direct/echo")+`:`, `"route":"direct/reviews-add-header"`, `"status":200`)
+}
+
+// waypoint-for: service (testdata/frontend.yaml, conformance MeshFrontend):
+// a route applies to the Service's frontend only; traffic addressed to the
+// pod IP is not bound to the waypoint and is admitted by the pod directly.
+func TestServiceWaypointLeavesPodIPTraffic(t *testing.T) {
+	r := do(t, "web/frontend", false, http.MethodGet, "http://echo-v2.gamma/", nil)
+	if r.status != 200 || r.echo == nil || r.echo.Pod != "echo-v2" || r.header.Get("X-Header-Set") != "set" {
+		t.Fatalf("to the service: %d %v %s", r.status, r.header, r.body)
+	}
+	r = do(t, "web/frontend", false, http.MethodGet, "http://"+podIP(t, "gamma/echo-v2")+":8080/", nil)
+	if r.status != 200 || r.echo == nil || r.echo.Pod != "echo-v2" || r.header.Get("X-Header-Set") != "" {
+		t.Fatalf("to the pod IP: %d %v %s", r.status, r.header, r.body)
+	}
+	if _, ok := r.echo.Headers["X-Causeway-Source-Principal"]; ok {
+		t.Fatalf("pod-IP traffic went through the waypoint: %v", r.echo.Headers)
+	}
 }
 
 func TestWaypointRoutesSplitAndHeaderMatch(t *testing.T) {
