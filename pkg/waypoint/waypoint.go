@@ -272,18 +272,25 @@ func (w *Waypoint) open(ctx context.Context, req *hbone.Request) (hbone.Stream, 
 // its endpoints before the tunnel is accepted.
 func (w *Waypoint) openTCP(ctx context.Context, req *hbone.Request, info l7.ConnInfo, targets []l7.Target) (hbone.Stream, error) {
 	start := time.Now()
-	if len(targets) == 0 {
-		return nil, hbone.Unavailable(fmt.Sprintf("no endpoint for %s", info.Destination))
-	}
 	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
+	// The policy first: a caller it refuses does not learn whether the
+	// destination has endpoints.
+	var dest trust.Identity
+	if len(targets) > 0 {
+		dest = targets[0].Identity
+	}
 	d := w.opts.Policy.DecideConnection(ctx, &policy.ConnectionRequest{Source: req.Peer, SourceAddr: req.Remote,
-		DestAddr: info.Destination, Destination: targets[0].Identity})
+		DestAddr: info.Destination, Destination: dest})
 	log := w.access.With(zap.String("protocol", "tcp"), zap.String("src", req.Remote.String()), zap.String("src_identity", req.Peer.String()),
 		zap.String("dst", info.Destination.String()), zap.String("service", info.Service.Namespace+"/"+info.Service.Name),
 		zap.Bool("allowed", d.Allowed), zap.String("decision_id", d.ID), zap.String("reason", d.Reason))
 	if !d.Allowed {
 		log.Info("connection", zap.String("result", "denied by policy"))
 		return nil, hbone.Deny("denied by policy: " + d.Reason)
+	}
+	if len(targets) == 0 {
+		log.Info("connection", zap.String("result", "no endpoint"))
+		return nil, hbone.Unavailable(fmt.Sprintf("no endpoint for %s", info.Destination))
 	}
 	var errs []error
 	for _, t := range targets {

@@ -101,6 +101,8 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}}, Endpoints: []*meshv1.Endpoint{ep(httpBackend.Port())}},
 			"shop/db": {Name: "db", Namespace: "shop", Vips: []string{"127.0.74.2"}, Waypoint: wp,
 				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "tcp"}}, Endpoints: []*meshv1.Endpoint{ep(tcpBackend.Port())}},
+			"shop/nodb": {Name: "nodb", Namespace: "shop", Vips: []string{"127.0.74.6"}, Waypoint: wp,
+				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "tcp"}}},
 			"shop/unbound": {Name: "unbound", Namespace: "shop", Vips: []string{"127.0.74.3"},
 				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}}, Endpoints: []*meshv1.Endpoint{ep(httpBackend.Port())}},
 		},
@@ -275,6 +277,16 @@ func TestTCPPortConnectionPolicy(t *testing.T) {
 		t.Fatal("unauthenticated TCP connection allowed")
 	} else if !strings.Contains(err.Error(), "401") {
 		t.Fatalf("unauthenticated TCP: %v, want 401", err)
+	}
+	// A service without endpoints: the policy decides first, so a refused
+	// caller cannot tell it from one with endpoints.
+	for _, tc := range []struct{ source, want string }{{"", "401"}, {frontend, "503"}} {
+		if c, err := f.tunnel(t, tc.source, "127.0.74.6:80"); err == nil {
+			c.Close()
+			t.Fatalf("caller %q: a tunnel to a service without endpoints", tc.source)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("caller %q to a service without endpoints: %v, want %s", tc.source, err, tc.want)
+		}
 	}
 }
 
