@@ -108,6 +108,17 @@ func (st *stream) checkPeerDoneLocked() {
 	}
 }
 
+// Readable reports, without blocking, whether a Read would return at once:
+// the peer sent bytes not read yet or ended its direction, or the stream
+// failed or was closed. A client keeping an idle tunnel for reuse learns
+// from it that the peer sent something while nothing was asked (pkg/l7
+// then discards the tunnel rather than read those bytes as an answer).
+func (st *stream) Readable() bool {
+	st.c.mu.Lock()
+	defer st.c.mu.Unlock()
+	return st.recv.size > 0 || st.recvEOF || st.err != nil || st.released
+}
+
 func (st *stream) closeRespLocked() {
 	if st.resp != nil && !st.respClosed {
 		st.respClosed = true

@@ -336,3 +336,39 @@ func TestConcurrentSmallWritesOnOneConnection(t *testing.T) {
 		t.Fatalf("pool %+v: want the streams on one connection", s)
 	}
 }
+
+// Readable tells, without reading, that bytes arrived, and that the peer
+// ended its direction once they were read.
+func TestReadableWithoutReading(t *testing.T) {
+	m := newMesh(t)
+	send := make(chan string)
+	up := upstream(t, func(c *net.TCPConn) {
+		for s := range send {
+			c.Write([]byte(s))
+		}
+		c.CloseWrite()
+		io.Copy(io.Discard, c)
+	})
+	_, addr := startServer(t, m, &dialHandler{}, nil)
+	p := newPool(t, m, nil)
+	c := dialTunnel(t, p, m.target(addr, up.String()))
+	r := c.(interface{ Readable() bool })
+	if r.Readable() {
+		t.Fatal("Readable before anything was sent")
+	}
+	send <- "x"
+	eventually(t, 10*time.Second, "bytes to be readable", r.Readable)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if r.Readable() {
+		t.Fatal("Readable after everything was read")
+	}
+	close(send)
+	eventually(t, 10*time.Second, "the end to be readable", r.Readable)
+	if n, err := c.Read(b[:]); n != 0 || err != io.EOF {
+		t.Fatalf("read after Readable: %d, %v; want io.EOF", n, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -389,21 +390,58 @@ func (h *inlineH1) release(c *inlineConn, reuse bool) {
 	h.mu.Unlock()
 }
 
-// take returns the most recently used idle connection, closing expired ones.
+// take returns the most recently used idle connection, closing expired ones
+// and those that received anything while idle.
 func (h *inlineH1) take() *inlineConn {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for len(h.idle) > 0 {
-		c := h.idle[len(h.idle)-1]
-		h.idle[len(h.idle)-1] = nil
-		h.idle = h.idle[:len(h.idle)-1]
-		if h.idleTimeout > 0 && time.Since(c.idleSince) >= h.idleTimeout {
+	for {
+		c := h.pop()
+		if c == nil {
+			return nil
+		}
+		if h.idleTimeout > 0 && time.Since(c.idleSince) >= h.idleTimeout || receivedWhileIdle(c.nc) {
 			c.nc.Close()
 			continue
 		}
 		return c
 	}
-	return nil
+}
+
+// pop takes the most recently used idle connection off the idle list.
+func (h *inlineH1) pop() *inlineConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := len(h.idle)
+	if n == 0 {
+		return nil
+	}
+	c := h.idle[n-1]
+	h.idle[n-1] = nil
+	h.idle = h.idle[:n-1]
+	return c
+}
+
+// readinessReporter is a tunnel that tells, without blocking, whether a
+// Read would return at once (bytes arrived, the peer ended its direction,
+// or the tunnel failed): hbone's streams.
+type readinessReporter interface {
+	Readable() bool
+}
+
+// receivedWhileIdle reports whether an idle connection received anything
+// since its last response was read whole: bytes (an extra response, a body
+// after a HEAD answer or a 204), its end or a failure. Such a connection is
+// never reused: the bytes would be read as the next request's response,
+// which may be another client's (net/http's Transport and nginx discard
+// such connections too). A connection that cannot tell counts as having
+// received something.
+func receivedWhileIdle(nc net.Conn) bool {
+	switch c := nc.(type) {
+	case readinessReporter:
+		return c.Readable()
+	case syscall.Conn:
+		return socketReadable(c)
+	}
+	return true
 }
 
 // closeExpired closes the connections idle for the idle timeout and runs

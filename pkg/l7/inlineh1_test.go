@@ -356,3 +356,76 @@ func BenchmarkWriteHead(b *testing.B) {
 		}
 	})
 }
+
+// An upstream that sends anything on a connection with no exchange in
+// flight (an extra response after a complete one, a body after a HEAD
+// answer or after a 204 or 304), with the response or while the
+// connection idles: the connection is discarded, and the next request gets
+// its own answer on a new one (net/http's Transport does the same).
+func TestInlineH1DiscardsConnectionsThatReceivedWhileIdle(t *testing.T) {
+	for _, c := range []struct {
+		name, method, head, extra string
+	}{
+		{"extra response", "GET", "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nmine", okResponse("STALE")},
+		{"body after HEAD", "HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "STALE"},
+		{"bytes after 204", "GET", "HTTP/1.1 204 No Content\r\n\r\n", okResponse("STALE")},
+		{"bytes after 304", "GET", "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", "STALE"},
+		{"a lone CRLF", "GET", "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nmine", "\r\n"},
+	} {
+		for _, later := range []bool{false, true} {
+			name := c.name + " with the response"
+			if later {
+				name = c.name + " while idle"
+			}
+			t.Run(name, func(t *testing.T) {
+				idle := make(chan struct{})
+				sent := make(chan struct{})
+				var accepted atomic.Int32
+				u := startRawUpstream(t, func(conn net.Conn, br *bufio.Reader) {
+					if accepted.Add(1) > 1 {
+						answer(func(_ int, req *http.Request) string { return okResponse(req.URL.Path) })(conn, br)
+						return
+					}
+					if _, err := http.ReadRequest(br); err != nil {
+						return
+					}
+					if !later {
+						io.WriteString(conn, c.head+c.extra)
+					} else {
+						io.WriteString(conn, c.head)
+						<-idle
+						io.WriteString(conn, c.extra)
+						time.Sleep(20 * time.Millisecond) // for the bytes to reach the client's socket
+						close(sent)
+					}
+					answer(func(_ int, req *http.Request) string { return okResponse(req.URL.Path) })(conn, br)
+				})
+				h := u.client(time.Minute)
+				req, _ := http.NewRequest(c.method, "http://backend/first", nil)
+				resp, err := h.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				io.ReadAll(resp.Body)
+				resp.Body.Close()
+				close(idle)
+				if later {
+					<-sent
+				}
+				req, _ = http.NewRequest("GET", "http://backend/second", nil)
+				resp, err = h.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || string(body) != "/second" {
+					t.Fatalf("second request answered %d %q, want its own 200 /second", resp.StatusCode, body)
+				}
+				if n := u.conns.Load(); n != 2 {
+					t.Fatalf("%d connections, want 2: the one that received bytes while idle is not reused", n)
+				}
+			})
+		}
+	}
+}
