@@ -48,6 +48,7 @@ type h1Conn struct {
 	log     *zap.Logger
 
 	lr    io.LimitedReader // bounds a request head: net/http's allowance, MaxHeaderBytes plus 4 KiB
+	scan  framingScan      // under lr: the framing fields of a head net/http parses
 	br    *bufio.Reader
 	bw    *bufio.Writer
 	timer *time.Timer // the header and idle timeouts: closes conn
@@ -69,7 +70,8 @@ func serveH1(ctx context.Context, conn net.Conn, peerDone context.Context, h htt
 	c := &h1Conn{conn: conn, ctx: ctx, handler: h, limits: limits, log: log}
 	c.scope.parent = ctx
 	c.gone.scope = &c.scope
-	c.lr.R = conn
+	c.scan.r = conn
+	c.lr.R = &c.scan
 	c.br = bufio.NewReaderSize(&c.lr, 4<<10)
 	c.bw = bufio.NewWriterSize(conn, 4<<10)
 	stop := context.AfterFunc(peerDone, c.gone.peerEnded)
@@ -205,6 +207,11 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 	if req.ProtoMajor != 1 {
 		return nil, http.StatusHTTPVersionNotSupported, "unsupported protocol version"
 	}
+	if !plain { // plainRequest took no framing fields
+		if why := c.scan.faultyFraming(req.ProtoMinor); why != "" {
+			return nil, http.StatusBadRequest, why
+		}
+	}
 	// http.ReadRequest took the Host field out into req.Host, or the
 	// target's authority in absolute form, which takes precedence (RFC 9112
 	// §3.2.2). net/http's server also refuses an absolute-form request
@@ -238,7 +245,9 @@ func (c *h1Conn) nextRequest() (req *http.Request, plain bool, err error) {
 		_, _ = c.br.Discard(n)
 		return &c.plain, true, nil
 	}
+	c.scan.start(buffered(c.br))
 	req, err = http.ReadRequest(c.br)
+	c.scan.stop()
 	return req, false, err
 }
 
