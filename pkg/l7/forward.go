@@ -139,6 +139,11 @@ func (f got1xxFunc) got1xx(code int, hdr textproto.MIMEHeader) error { return f(
 // got1xx passes an informational response on to the caller, until the
 // final response has arrived.
 func (x *exchange) got1xx(code int, hdr textproto.MIMEHeader) error {
+	if code == http.StatusContinue {
+		// The caller's server sent its own when the body was first read
+		// (Expect is not forwarded): one 100 Continue per request.
+		return nil
+	}
 	x.interim.Lock()
 	defer x.interim.Unlock()
 	if x.interimDone {

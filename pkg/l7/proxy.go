@@ -1174,10 +1174,12 @@ func connectionOptions(conn []string) iter.Seq[string] {
 
 // upstreamBase appends to l the fields of in that an upstream request
 // carries on: not hop-by-hop, not named by in's Connection header, not the
-// forwarding headers the waypoint sets itself.
+// forwarding headers the waypoint sets itself, not Expect (the caller's
+// server answers 100-continue itself when the body is read, as Envoy does;
+// the upstream gets the body without having to ask for it).
 func upstreamBase(in http.Header, l fieldList) fieldList {
 	for k, vv := range in {
-		if !isHopByHop(k) && !isForwarding(k) {
+		if !isHopByHop(k) && !isForwarding(k) && k != "Expect" {
 			l = append(l, field{k, vv})
 		}
 	}
