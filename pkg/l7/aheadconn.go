@@ -2,15 +2,27 @@ package l7
 
 import (
 	"context"
+	"io"
 	"net"
 	"sync"
 )
 
 // peerDoner is a tunnel that reports, without being read, when reading it
 // would no longer block: its peer ended its direction and everything it
-// sent has been read, or it failed. hbone's streams are.
+// sent has been read, or it failed. hbone's streams are. A Read then tells
+// which: io.EOF for an end (a half-close: the peer still reads what it is
+// sent), another error for a failure (the peer is gone).
 type peerDoner interface {
 	PeerDone() context.Context
+	Read([]byte) (int, error)
+}
+
+// halfClosed reports whether a tunnel whose PeerDone ended was half-closed
+// by its peer rather than failed. The read takes nothing: there is nothing
+// left to read.
+func halfClosed(pd peerDoner) bool {
+	_, err := pd.Read(nil)
+	return err == io.EOF
 }
 
 // aheadConn gives a connection that cannot report its peer's end (any but

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -242,7 +243,7 @@ func TestForwardResponses(t *testing.T) {
 // TestClientGoneCancelsUpstream: a caller that goes away while its request
 // waits on the upstream cancels the upstream request (the upstream sees its
 // request end), and the access log says so (499), over HTTP/1.1 (the
-// connection closed) and HTTP/2 (the stream reset).
+// connection reset) and HTTP/2 (the stream reset).
 func TestClientGoneCancelsUpstream(t *testing.T) {
 	h := newHarness(t)
 	b := h.backend("web", "http", true)
@@ -282,6 +283,7 @@ func TestClientGoneCancelsUpstream(t *testing.T) {
 	conn := dialFront(t, addr)
 	fmt.Fprint(conn, "GET /h1-gone HTTP/1.1\r\nHost: web\r\n\r\n")
 	wait("HTTP/1.1 request upstream", arrived)
+	conn.(*net.TCPConn).SetLinger(0) // a reset
 	conn.Close()
 	wait("HTTP/1.1 upstream request cancelled", ended)
 	logged("/h1-gone")
@@ -298,4 +300,76 @@ func TestClientGoneCancelsUpstream(t *testing.T) {
 	}
 	wait("HTTP/2 upstream request cancelled", ended)
 	logged("/h2-gone")
+}
+
+// A caller that sends its request and ends its direction (`nc -N`,
+// shutdown(SHUT_WR)) is still reading: it gets the upstream's own answer,
+// and the access log has that answer's status.
+func TestHalfClosedClientGetsTheUpstreamsAnswer(t *testing.T) {
+	h := newHarness(t)
+	b := h.backend("web", "http", false)
+	b.setBehave(func(_ int64, w http.ResponseWriter, r *http.Request) bool {
+		time.Sleep(100 * time.Millisecond) // the caller's end arrives first
+		w.Header().Set("X-Real", "yes")
+		_, _ = io.WriteString(w, "the backend's body")
+		return true
+	})
+	h.update(nil, nil)
+	addr := h.front(webInfo(trust.Unauthenticated()))
+	out := exchangeRaw(t, addr, "GET /half HTTP/1.1\r\nHost: web\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(out)), nil)
+	if err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Real") != "yes" || string(body) != "the backend's body" {
+		t.Fatalf("half-closed caller got %q", out)
+	}
+	waitFor(t, "the access log line", func() bool {
+		for _, e := range h.logs.FilterMessage("request").All() {
+			if m := e.ContextMap(); m["path"] == "/half" {
+				if m["status"] != int64(200) {
+					t.Fatalf("logged %v", m)
+				}
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// A caller that goes away while its request is being authorized: the
+// denial the cut-short evaluation gives is not the policy's answer; the
+// access log says the client cancelled, and nothing is answered.
+func TestClientGoneDuringAuthorization(t *testing.T) {
+	h := newHarness(t)
+	h.backend("web", "http", false)
+	h.update(nil, nil)
+	deciding := make(chan struct{}, 1)
+	h.setAuthz(AuthorizerFunc(func(ctx context.Context, _ *AuthzRequest) Decision {
+		deciding <- struct{}{}
+		<-ctx.Done()
+		return Decision{Status: http.StatusInternalServerError, Reason: "policy evaluation cancelled: " + ctx.Err().Error()}
+	}))
+	addr := h.front(webInfo(trust.Unauthenticated()))
+	conn := dialFront(t, addr)
+	fmt.Fprint(conn, "GET /deciding HTTP/1.1\r\nHost: web\r\n\r\n")
+	select {
+	case <-deciding:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no authorization")
+	}
+	conn.(*net.TCPConn).SetLinger(0)
+	conn.Close()
+	waitFor(t, "the access log line", func() bool {
+		for _, e := range h.logs.FilterMessage("request").All() {
+			if m := e.ContextMap(); m["path"] == "/deciding" {
+				if m["status"] != int64(499) || m["reason"] != "client cancelled during authorization" {
+					t.Fatalf("logged %v", m)
+				}
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -63,18 +63,19 @@ type h1Conn struct {
 }
 
 // serveH1 serves requests on conn until the client closes it, it idles out,
-// a request cannot be read or a response ends the connection. peerDone ends
-// when reading conn would no longer block (hbone streams report it; see
-// aheadConn for other connections).
-func serveH1(ctx context.Context, conn net.Conn, peerDone context.Context, h http.Handler, limits h1Limits, log *zap.Logger) {
+// a request cannot be read or a response ends the connection. peer is what
+// conn reads from, which reports when reading would no longer block
+// (hbone streams do; see aheadConn for other connections).
+func serveH1(ctx context.Context, conn net.Conn, peer peerDoner, h http.Handler, limits h1Limits, log *zap.Logger) {
 	c := &h1Conn{conn: conn, ctx: ctx, handler: h, limits: limits, log: log}
 	c.scope.parent = ctx
 	c.gone.scope = &c.scope
+	c.gone.peer = peer
 	c.scan.r = conn
 	c.lr.R = &c.scan
 	c.br = bufio.NewReaderSize(&c.lr, 4<<10)
 	c.bw = bufio.NewWriterSize(conn, 4<<10)
-	stop := context.AfterFunc(peerDone, c.gone.peerEnded)
+	stop := context.AfterFunc(peer.PeerDone(), c.gone.peerEnded)
 	defer stop()
 	stopScope := context.AfterFunc(ctx, c.scope.endCurrent)
 	defer stopScope()
@@ -135,6 +136,11 @@ func (c *h1Conn) serveOne() bool {
 
 	if !c.serveRequest(w, req) {
 		return false // hijacked, or the handler aborted the response
+	}
+	if !w.wroteHeader && ctx.Err() != nil {
+		// Cancelled before any answer (the client went away, or the
+		// connection is ending): no status is made up for it.
+		return false
 	}
 	c.gone.disarm()
 	c.scope.end(gen) // before the body is drained: nothing may still be sending it
@@ -292,16 +298,23 @@ func commonReadError(err error) bool {
 
 // goneWatch cancels the request being served when its client goes away:
 // the tunnel reports that a read would no longer block once the request's
-// body was read and nothing more was sent. (net/http's server learns the
-// same by keeping a read pending on the connection.)
+// body was read and nothing more was sent, and it failed (a reset). A
+// client that only ended its direction (a half-close, as `nc -N` or
+// shutdown(SHUT_WR) after the request) still reads and gets its answers.
+// (net/http's server keeps a read pending on the connection instead, and
+// takes either for a client gone.)
 type goneWatch struct {
 	scope *requestScope
+	peer  peerDoner
 	mu    sync.Mutex
 	ended bool
 	gen   uint64 // the current request's generation, once armed; 0: none
 }
 
 func (g *goneWatch) peerEnded() {
+	if halfClosed(g.peer) {
+		return
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.ended = true

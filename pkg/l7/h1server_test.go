@@ -34,7 +34,7 @@ func h1Front(t testing.TB, h http.Handler, limits h1Limits, log *zap.Logger) str
 	t.Cleanup(cancel)
 	testnet.Serve(t, ln, func(c net.Conn) {
 		ac := newAheadConn(c)
-		serveH1(ctx, ac, ac.PeerDone(), h, limits, log)
+		serveH1(ctx, ac, ac, h, limits, log)
 	})
 	return ln.Addr().String()
 }
@@ -527,19 +527,29 @@ func TestH1Connection(t *testing.T) {
 			}
 		}
 	})
-	t.Run("a client that ends its direction cancels its last request only", func(t *testing.T) {
+	t.Run("a client that ends its direction still gets its answers", func(t *testing.T) {
 		out := exchangeRaw(t, addr, "GET /wait?1 HTTP/1.1\r\nHost: a\r\n\r\nGET /wait?2 HTTP/1.1\r\nHost: a\r\n\r\n")
 		readAnswers(t, out, "GET", "GET")
+		if len(cancelled) != 0 {
+			t.Fatalf("request %s cancelled", <-cancelled)
+		}
+	})
+	t.Run("a client that resets cancels its request", func(t *testing.T) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, "GET /wait?3 HTTP/1.1\r\nHost: a\r\n\r\n")
+		time.Sleep(50 * time.Millisecond) // the request is being served
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
 		select {
 		case q := <-cancelled:
-			if q != "2" {
+			if q != "3" {
 				t.Fatalf("request %s cancelled", q)
 			}
 		case <-time.After(5 * time.Second):
-			t.Fatal("the last request was not cancelled")
-		}
-		if len(cancelled) != 0 {
-			t.Fatal("more than one request cancelled")
+			t.Fatal("the request was not cancelled")
 		}
 	})
 	t.Run("a hijacker reads what the client sent ahead", func(t *testing.T) {
@@ -569,5 +579,42 @@ func TestAheadConnCloseEndsReader(t *testing.T) {
 			t.Fatalf("%d goroutines left, %d before", runtime.NumGoroutine(), before)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// failingPeer reports its tunnel failed once fail is called, while the
+// socket under it still carries what the server writes: a request
+// cancelled that way must get no answer made up for it.
+type failingPeer struct {
+	*aheadConn
+	done context.Context
+}
+
+func (p failingPeer) PeerDone() context.Context { return p.done }
+
+func (p failingPeer) Read(b []byte) (int, error) {
+	if len(b) == 0 && p.done.Err() != nil {
+		return 0, errors.New("stream reset")
+	}
+	return p.aheadConn.Read(b)
+}
+
+func TestH1NoAnswerMadeUpForACancelledRequest(t *testing.T) {
+	done, fail := context.WithCancel(context.Background())
+	defer fail()
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fail()
+		<-r.Context().Done() // and returns without a word, as a cancelled exchange does
+	})
+	ln := testnet.Listen(t, "127.0.0.1:0")
+	testnet.Serve(t, ln, func(c net.Conn) {
+		ac := newAheadConn(c)
+		defer ac.Close()
+		serveH1(context.Background(), ac, failingPeer{ac, done}, h, testLimits, zap.NewNop())
+	})
+	c := dialFront(t, ln.Addr().String())
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	if out := mustRead(c); out != "" {
+		t.Fatalf("a cancelled request was answered %q", out)
 	}
 }

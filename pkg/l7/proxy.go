@@ -567,6 +567,12 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 	}
 	d := x.e.decide(x.ctx, &x.authz)
 	x.rec.decID = d.ID
+	if !d.Allowed && x.ctx.Err() != nil {
+		// The request ended while it was decided: the denial is an
+		// evaluation cut short, not the policy's answer.
+		x.cancelled(w, " during authorization")
+		return false
+	}
 	x.rec.reason = d.Reason
 	if !d.Allowed {
 		x.rec.decision = "deny"
@@ -710,14 +716,26 @@ func (x *exchange) upstreamFailed(rw *responseRecorder, err error) {
 	switch {
 	case errors.As(err, &pe):
 		x.reply(rw, pe.status, pe.Error(), nil)
-	case x.ctx.Err() != nil && !x.deadline.IsZero() && !time.Now().Before(x.deadline):
-		x.reply(rw, http.StatusGatewayTimeout, "request timeout", nil)
 	case x.ctx.Err() != nil:
-		x.rec.localCode = 499 // the client went away; nothing can be sent
-		x.rec.reason = "client cancelled"
+		x.cancelled(rw, "")
 	default:
 		x.reply(rw, http.StatusBadGateway, "upstream error: "+err.Error(), nil)
 	}
+}
+
+// cancelled ends a request whose context ended (during names the step it
+// was in, for the log): past its timeout it is answered 504; otherwise its
+// client went away or its tunnel is ending, and nothing is sent: the
+// response is aborted (the server resets the stream or closes the
+// connection) and logged as 499. No status is made up for it.
+func (x *exchange) cancelled(w *responseRecorder, during string) {
+	if !x.deadline.IsZero() && !time.Now().Before(x.deadline) {
+		x.reply(w, http.StatusGatewayTimeout, "request timeout"+during, nil)
+		return
+	}
+	x.rec.localCode = 499
+	x.rec.reason = "client cancelled" + during
+	panic(http.ErrAbortHandler)
 }
 
 // publicMessage is what the caller is told for a local reply; details stay

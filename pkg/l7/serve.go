@@ -97,8 +97,10 @@ const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // switches to HTTP/2 when the client opens with the HTTP/2 preface;
 // ProtocolHTTP2 and ProtocolGRPC serve HTTP/2 with prior knowledge.
 // ProtocolTCP is not HTTP and is refused. HTTP/1.1 requests are cancelled
-// when their client goes away: an HBONE stream reports that itself
-// (PeerDone); any other connection is read one buffer ahead to learn it.
+// when their client goes away (its tunnel fails or is reset; one that only
+// ended its direction still gets its answers): an HBONE stream reports that
+// itself (PeerDone); any other connection is read one buffer ahead to
+// learn it.
 func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) error {
 	defer conn.Close()
 	if info.Protocol == ProtocolTCP {
@@ -140,7 +142,7 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 		defer ac.Close()
 		h1, pd = ac, ac
 	}
-	serveH1(ctx, h1, pd.PeerDone(), h, h1Limits{
+	serveH1(ctx, h1, pd, h, h1Limits{
 		readHeaderTimeout: e.opts.ReadHeaderTimeout,
 		idleTimeout:       e.opts.IdleTimeout,
 		maxHeaderBytes:    e.opts.MaxHeaderBytes,

@@ -456,6 +456,10 @@ func (e *Engine) decide(ctx context.Context, c *compiled, input policyInput, sta
 	switch {
 	case d.Allowed:
 		e.metrics.allow.Inc()
+	case !d.Allowed && ctx.Err() != nil:
+		// The caller gave up (its client went away, its timeout passed):
+		// denied all the same, but no fault of the policy.
+		e.metrics.cancelled.Inc()
 	case d.Status == http.StatusInternalServerError:
 		e.metrics.errorDeny.Inc()
 		e.log.Warn("policy evaluation failed, denying",
@@ -517,6 +521,9 @@ func (e *Engine) evaluate(ctx context.Context, c *compiled, in policyInput, resu
 		input = in.value()
 	}
 	rs, err := c.query.Eval(ctx, rego.EvalParsedInput(input), rego.EvalExternalCancel(cancel), rego.EvalMetrics(metrics.NoOp()))
+	if err != nil && ctx.Err() != nil {
+		return deny(http.StatusInternalServerError, "policy evaluation cancelled: "+ctx.Err().Error())
+	}
 	if err != nil {
 		return deny(http.StatusInternalServerError, "policy evaluation error: "+err.Error())
 	}

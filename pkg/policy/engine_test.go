@@ -679,8 +679,15 @@ func TestEvaluationIsBounded(t *testing.T) {
 	e2, _ := loadEngine(t, Options{Dir: dir, EvalTimeout: -1})
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if d := e2.Decide(ctx, req); d.Allowed || d.Status != http.StatusInternalServerError || !strings.Contains(d.Reason, "cancel") {
+	if d := e2.Decide(ctx, req); d.Allowed || d.Status != http.StatusInternalServerError || !strings.Contains(d.Reason, "evaluation cancelled") {
 		t.Fatalf("slow policy with a canceled context: %+v", d)
+	}
+	// The timeout is the policy's failure; the caller giving up is not.
+	if got := counterValue(t, e.metrics.errorDeny); got != 1 {
+		t.Errorf("evaluation timeout: decisions{result=error} = %v, want 1", got)
+	}
+	if got, errs := counterValue(t, e2.metrics.cancelled), counterValue(t, e2.metrics.errorDeny); got != 1 || errs != 0 {
+		t.Errorf("caller cancelled: decisions{result=cancelled} = %v, {result=error} = %v; want 1, 0", got, errs)
 	}
 }
 

@@ -9,15 +9,15 @@ import (
 
 // engineMetrics counts decisions and policy (re)loads.
 type engineMetrics struct {
-	allow, deny, errorDeny, badRequest prometheus.Counter
-	activated, rejected                prometheus.Counter
-	cacheHit, cacheMiss                prometheus.Counter
+	allow, deny, errorDeny, badRequest, cancelled prometheus.Counter
+	activated, rejected                           prometheus.Counter
+	cacheHit, cacheMiss                           prometheus.Counter
 }
 
 func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "policy_decisions_total",
-		Help: "Authorization decisions by result: allow, deny (policy said no or nothing), error (fail-closed deny), bad_request.",
+		Help: "Authorization decisions by result: allow, deny (policy said no or nothing), error (fail-closed deny), bad_request, cancelled (the caller gave up during evaluation; denied).",
 	}, []string{"result"})
 	loads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "policy_loads_total",
@@ -39,6 +39,7 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		deny:       decisions.WithLabelValues("deny"),
 		errorDeny:  decisions.WithLabelValues("error"),
 		badRequest: decisions.WithLabelValues("bad_request"),
+		cancelled:  decisions.WithLabelValues("cancelled"),
 		activated:  loads.WithLabelValues("activated"),
 		rejected:   loads.WithLabelValues("rejected"),
 		cacheHit:   cache.WithLabelValues("hit"),
