@@ -200,8 +200,8 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 		switch {
 		case c.lr.N <= 0: // the head read all it was allowed
 			return nil, http.StatusRequestHeaderFieldsTooLarge, ""
-		case strings.HasPrefix(err.Error(), "unsupported transfer encoding"):
-			// (net/http's error type for it is not exported.)
+		case strings.HasPrefix(err.Error(), "unsupported transfer encoding"), strings.HasPrefix(err.Error(), "too many transfer encodings"):
+			// (net/http's error type for them is not exported.)
 			return nil, http.StatusNotImplemented, "Unsupported transfer encoding"
 		case commonReadError(err):
 			return nil, 0, ""

@@ -140,6 +140,7 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 	if !ok {
 		ac := newAheadConn(pc)
 		defer ac.Close()
+		defer lingeringClose(conn, ac)
 		h1, pd = ac, ac
 	}
 	serveH1(ctx, h1, pd, h, h1Limits{
@@ -148,6 +149,21 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 		maxHeaderBytes:    e.opts.MaxHeaderBytes,
 	}, e.log)
 	return nil
+}
+
+// lingeringClose ends a TCP connection the server is done with as
+// net/http's server does: our direction first, then what the client still
+// sends is read for a moment (from r, which reads conn). Closed with
+// unread bytes, the socket would be reset, and the client could lose the
+// last answer (a refusal) with it. An HBONE stream needs none of this: its
+// reset after END_STREAM leaves the client what it was sent.
+func lingeringClose(conn net.Conn, r io.Reader) {
+	cw, ok := conn.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, _ = io.Copy(io.Discard, io.LimitReader(r, 256<<10))
 }
 
 func (e *Engine) serveH2(ctx context.Context, conn net.Conn, h http.Handler) {
