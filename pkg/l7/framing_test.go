@@ -195,7 +195,7 @@ func TestHTTP1Framing(t *testing.T) {
 		{name: "TE in HTTP/1.0", clients: one("POST /a HTTP/1.0\r\nHost: web\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", "POST", "400")},
 		{name: "TE split over many writes", clients: []framingClient{{send: bytewise(post("/a", "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n")), methods: []string{"POST"}, want: []string{"400"}}}},
 		{
-			name:    "duplicate equal CL",
+			name: "duplicate equal CL",
 			clients: []framingClient{{send: []string{post("/a", "Content-Length: 5\r\nContent-Length: 5\r\n", "hello") + get("/next")},
 				methods: []string{"POST", "GET"}, want: []string{"200 /a", "200 /next"}}},
 			backend: []string{`POST /a cl=5 te= body="hello"`, `GET /next cl=0 te= body=""`},
@@ -210,7 +210,7 @@ func TestHTTP1Framing(t *testing.T) {
 		{name: "TE with space before the colon", clients: one(post("/a", "Transfer-Encoding : chunked\r\n", "5\r\nhello\r\n0\r\n\r\n"), "POST", "400")},
 		{name: "TE name with a control byte", clients: one(post("/a", "Transfer-Encoding\x0b: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n"), "POST", "400")},
 		{
-			name:    "TE with a tab and upper case",
+			name: "TE with a tab and upper case",
 			clients: []framingClient{{send: []string{post("/a", "Transfer-Encoding:\tCHUNKED\r\n", "5\r\nhello\r\n0\r\n\r\n") + get("/next")},
 				methods: []string{"POST", "GET"}, want: []string{"200 /a", "200 /next"}}},
 			backend: []string{`POST /a cl=-1 te=chunked body="hello"`, `GET /next cl=0 te= body=""`},
