@@ -1,9 +1,8 @@
-//go:build !unix
+//go:build !(linux || darwin || freebsd || netbsd || openbsd || dragonfly)
 
 package l7
 
 import "syscall"
 
-// socketReadable cannot peek here: every socket counts as readable, so
-// idle connections are not reused.
-func socketReadable(syscall.Conn) bool { return true }
+// socketProbe cannot peek here: such sockets are not reused when idle.
+func socketProbe(syscall.Conn) func() bool { return nil }

@@ -56,8 +56,9 @@ type inlineConn struct {
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
-	interrupt func()   // ends what is blocked on nc; made once, run when an exchange's context ends
-	watch     ctxWatch // the exchange in flight's watch on its context
+	interrupt func()      // ends what is blocked on nc; made once, run when an exchange's context ends
+	readable  func() bool // nc received something (readinessProbe); nil: cannot tell
+	watch     ctxWatch    // the exchange in flight's watch on its context
 }
 
 // budgetReader reads from r while budget lasts; a negative budget is
@@ -124,7 +125,7 @@ func (h *inlineH1) roundTrip(req *http.Request, fields fieldList, raw *rawFields
 			if err != nil {
 				return nil, err
 			}
-			c = &inlineConn{nc: nc}
+			c = &inlineConn{nc: nc, readable: readinessProbe(nc)}
 			c.interrupt = func() { nc.SetDeadline(time.Unix(1, 0)) }
 			c.lim.r = nc
 			c.br = bufio.NewReader(&c.lim)
@@ -398,7 +399,7 @@ func (h *inlineH1) take() *inlineConn {
 		if c == nil {
 			return nil
 		}
-		if h.idleTimeout > 0 && time.Since(c.idleSince) >= h.idleTimeout || receivedWhileIdle(c.nc) {
+		if h.idleTimeout > 0 && time.Since(c.idleSince) >= h.idleTimeout || c.readable == nil || c.readable() {
 			c.nc.Close()
 			continue
 		}
@@ -427,21 +428,20 @@ type readinessReporter interface {
 	Readable() bool
 }
 
-// receivedWhileIdle reports whether an idle connection received anything
-// since its last response was read whole: bytes (an extra response, a body
-// after a HEAD answer or a 204), its end or a failure. Such a connection is
-// never reused: the bytes would be read as the next request's response,
-// which may be another client's (net/http's Transport and nginx discard
-// such connections too). A connection that cannot tell counts as having
-// received something.
-func receivedWhileIdle(nc net.Conn) bool {
+// readinessProbe returns what tells whether nc received anything since its
+// last response was read whole: bytes (an extra response, a body after a
+// HEAD answer or a 204), its end or a failure; nil when nc cannot tell.
+// An idle connection that received anything is never reused: the bytes
+// would be read as the next request's response, which may be another
+// client's (net/http's Transport and nginx discard such connections too).
+func readinessProbe(nc net.Conn) func() bool {
 	switch c := nc.(type) {
 	case readinessReporter:
-		return c.Readable()
+		return c.Readable
 	case syscall.Conn:
-		return socketReadable(c)
+		return socketProbe(c)
 	}
-	return true
+	return nil
 }
 
 // closeExpired closes the connections idle for the idle timeout and runs
