@@ -22,19 +22,19 @@ import (
 type misbehaviour byte
 
 const (
-	answerPlainly     misbehaviour = iota
-	extraResponse                  // a second response in the same write
-	extraLater                     // a second response while the connection idles
-	bodyAfterHead                  // the answer's body even to HEAD (later)
-	bytesAfter204                  // a 204, then a response (later)
-	bodyAfter304                   // a 304 with a length, then that body (later)
-	closeUnanswered                // no answer: the connection closes
-	shortBody                      // half the body, then the connection closes
-	closeThenMore                  // Connection: close, then a response anyway
-	earlyHints                     // a 103 before the answer
-	chunkedAnswer                  // the answer chunked, then a stray chunk (later)
-	malformed                      // a head that does not parse
-	closeDelimited                 // HTTP/1.0 without a length: ends with the connection
+	answerPlainly   misbehaviour = iota
+	extraResponse                // a second response in the same write
+	extraLater                   // a second response while the connection idles
+	bodyAfterHead                // the answer's body even to HEAD (later)
+	bytesAfter204                // a 204, then a response (later)
+	bodyAfter304                 // a 304 with a length, then that body (later)
+	closeUnanswered              // no answer: the connection closes
+	shortBody                    // half the body, then the connection closes
+	closeThenMore                // Connection: close, then a response anyway
+	earlyHints                   // a 103 before the answer
+	chunkedAnswer                // the answer chunked, then a stray chunk (later)
+	malformed                    // a head that does not parse
+	closeDelimited               // HTTP/1.0 without a length: ends with the connection
 	numMisbehaviours
 )
 
