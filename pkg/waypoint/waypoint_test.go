@@ -199,6 +199,19 @@ func (f *fixture) tunnel(t *testing.T, source string, authority string) (net.Con
 	return f.pool.Dial(ctx, target)
 }
 
+// webTunnel is a tunnel as the frontend to web.shop, closed at the end of
+// the test; nothing on it waits past 10 s.
+func (f *fixture) webTunnel(t *testing.T) net.Conn {
+	t.Helper()
+	c, err := f.tunnel(t, frontend, "127.0.74.1:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
 func get(t *testing.T, c net.Conn, hdr string) (int, string) {
 	t.Helper()
 	defer c.Close()
@@ -352,13 +365,7 @@ func TestCallerGoneCancelsUpstream(t *testing.T) {
 // (END_STREAM: `printf ... | nc -N` through a node proxy) is still
 // reading: it gets the backend's own answer, not one the waypoint made up.
 func TestHalfClosedCallerGetsTheBackendsAnswer(t *testing.T) {
-	f := start(t)
-	c, err := f.tunnel(t, frontend, "127.0.74.1:80")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := start(t).webTunnel(t)
 	fmt.Fprint(c, "GET /slow HTTP/1.1\r\nHost: web.shop\r\n\r\n")
 	c.(interface{ CloseWrite() error }).CloseWrite()
 	out, err := io.ReadAll(c)
@@ -378,13 +385,7 @@ func TestHalfClosedCallerGetsTheBackendsAnswer(t *testing.T) {
 // A request the waypoint refuses to read is answered before the tunnel
 // closes: the client gets the 400 whole over HBONE.
 func TestBadRequestAnsweredOverHBONE(t *testing.T) {
-	f := start(t)
-	c, err := f.tunnel(t, frontend, "127.0.74.1:80")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c := start(t).webTunnel(t)
 	fmt.Fprint(c, "GET / HTTP/1.1\r\nBad Name: x\r\nHost: web.shop\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
