@@ -55,7 +55,7 @@ type PoolOptions struct {
 	Logger *zap.Logger
 
 	MaxHeaderBytes  int    // response header list accepted; default 32 KiB
-	MaxFrameSize    uint32 // largest frame accepted; default 1 MiB
+	MaxFrameSize    uint32 // largest frame accepted; default 16 KiB
 	StreamWindow    int32  // default 4 MiB
 	ConnWindow      int32  // default 16 MiB
 	ReadIdleTimeout time.Duration
