@@ -104,8 +104,10 @@ func (e *Engine) bundleUpdate(ctx context.Context, source string, u download.Upd
 	_ = e.offer(ctx, snap, false) // a rejection is logged by offer
 }
 
-// snapshotFromBundle takes the Rego modules and data of a snapshot bundle;
-// the revision hashes their content, so an unchanged bundle is a no-op.
+// snapshotFromBundle takes the Rego modules and data of a snapshot bundle.
+// Its revision is the manifest's, else a hash of the content; the content
+// hash also tells apart bundles published under one revision, and makes an
+// unchanged bundle a no-op.
 func snapshotFromBundle(source string, b *bundle.Bundle) (*snapshot, error) {
 	if b.Type() == bundle.DeltaBundleType {
 		return nil, errors.New("delta bundles are not supported")
@@ -129,6 +131,9 @@ func snapshotFromBundle(source string, b *bundle.Bundle) (*snapshot, error) {
 	}
 	snap.DataDocs = []sourceFile{{Path: "data.json", Content: dataJSON}}
 	snap.Revision = revisionOf(snap.Modules, snap.DataDocs)
+	if r := b.Manifest.Revision; r != "" {
+		snap.Revision, snap.Digest = r, snap.Revision
+	}
 	return snap, nil
 }
 

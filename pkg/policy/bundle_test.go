@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -23,6 +24,7 @@ type bundleServer struct {
 	body []byte
 	etag string
 	hits int
+	revs int // bundles published, numbering their revisions
 }
 
 func (s *bundleServer) set(t testing.TB, modules map[string]string, data map[string]any) {
@@ -30,7 +32,11 @@ func (s *bundleServer) set(t testing.TB, modules map[string]string, data map[str
 	if data == nil {
 		data = map[string]any{}
 	}
-	b := bundle.Bundle{Data: data, Manifest: bundle.Manifest{Revision: "test"}}
+	s.mu.Lock()
+	s.revs++
+	rev := fmt.Sprintf("r%d", s.revs)
+	s.mu.Unlock()
+	b := bundle.Bundle{Data: data, Manifest: bundle.Manifest{Revision: rev}}
 	for name, content := range modules {
 		b.Modules = append(b.Modules, bundle.ModuleFile{URL: "/" + name, Path: "/" + name, Raw: []byte(content)})
 	}
@@ -85,8 +91,9 @@ func TestBundleSource(t *testing.T) {
 	if d := e.Decide(context.Background(), post); d.Allowed {
 		t.Fatal("POST allowed by the first bundle")
 	}
-	if src := e.Status().Sources; src["bundle:authz"] == "" {
-		t.Fatalf("sources = %v", src)
+	// The bundle's manifest revision is the policy's.
+	if src := e.Status().Sources; src["bundle:authz"].Revision != "r1" || e.Revision() != "r1" {
+		t.Fatalf("revision %q, sources = %v", e.Revision(), src)
 	}
 	rev := e.Revision()
 
@@ -186,7 +193,7 @@ func TestSourceWaitingForAnother(t *testing.T) {
 	if err := e.offer(context.Background(), authz2, false); err != nil {
 		t.Fatalf("good dir change blocked by a broken bundle: %v", err)
 	}
-	if st := e.Status(); st.Sources["bundle:lib"] != "lib1" || st.Sources["dir"] != "authz2" {
+	if st := e.Status(); st.Sources["bundle:lib"].Revision != "lib1" || st.Sources["dir"].Revision != "authz2" {
 		t.Fatalf("sources = %v", st.Sources)
 	}
 }

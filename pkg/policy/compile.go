@@ -118,7 +118,7 @@ func parseSources(snaps []*snapshot) (*parsedSet, error) {
 	var revs []string
 	var errs []string
 	for _, s := range snaps {
-		revs = append(revs, s.Name+"="+s.Revision)
+		revs = append(revs, s.Name+"="+s.Revision+s.Digest)
 		for _, f := range s.Modules {
 			name := s.Name + ":" + f.Path
 			m, err := ast.ParseModuleWithOpts(name, string(f.Content), ast.ParserOptions{RegoVersion: ast.RegoV1})

@@ -22,8 +22,10 @@ import (
 // Options configures an Engine.
 type Options struct {
 	// Dir is a directory of .rego files (and data.json/data.yaml documents),
-	// typically a Git checkout kept current by git-sync. It may be a symlink.
+	// e.g. a checkout kept current by git-sync. It may be a symlink.
 	Dir string
+	// Git, instead of Dir, fetches the policy from a Git repository.
+	Git *GitOptions
 	// Bundle, if set, also loads policy from an OPA bundle service.
 	Bundle *BundleOptions
 	// DecisionPath names the decision, "envoy/authz/allow" (default) or
@@ -45,7 +47,8 @@ type Options struct {
 	// RescanInterval rereads the directory even without events, as a fallback
 	// for missed notifications (default 30s; negative disables).
 	RescanInterval time.Duration
-	// Limits bound the size of policy sources.
+	// Limits bound the size of policy sources (for Git: the policy files;
+	// GitOptions bound the repository).
 	Limits Limits
 	// Logger receives load, rejection and evaluation-error logs.
 	Logger *zap.Logger
@@ -71,11 +74,23 @@ type Engine struct {
 	log      *zap.Logger
 	metrics  *engineMetrics
 	active   atomic.Pointer[compiled]
+	primary  *source       // the directory or the Git repository; nil with only a bundle
+	refresh  chan struct{} // Refresh's requests, one pending at most
 
 	mu        sync.Mutex           // serializes offers; guards the fields below
 	accepted  map[string]*snapshot // per source, the content of the active set
 	latest    map[string]*snapshot // per source, the content last offered
 	lastError *Rejection
+	readErr   map[string]string // per source, why its last read failed ("" when it worked)
+}
+
+// source reads the current content of a polled source.
+type source struct {
+	name     string // as in snapshot.Name
+	location string // the directory, or the repository URL@ref (dir)
+	stage    string // the Rejection stage of a failed read
+	read  func(context.Context) (*snapshot, error)
+	poll  time.Duration // Git: how often it is read
 }
 
 // Rejection records a policy set that was not activated.
@@ -109,11 +124,25 @@ type Status struct {
 	Settings      Settings          `json:"settings"`
 	ActivatedAt   *time.Time        `json:"activated_at,omitempty"`
 	Files         []string          `json:"files,omitempty"`
-	Tests         int               `json:"tests_passed"`
-	Sources       map[string]string `json:"sources,omitempty"`
-	LastRejection *Rejection        `json:"last_rejection,omitempty"`
+	Tests         int                     `json:"tests_passed"`
+	Sources       map[string]SourceStatus `json:"sources,omitempty"`
+	LastRejection *Rejection              `json:"last_rejection,omitempty"`
 	// DecisionCache is nil before a policy is active.
 	DecisionCache *DecisionCacheStatus `json:"decision_cache,omitempty"`
+}
+
+// SourceStatus is one source's part of the active policy and the state of
+// its reads.
+type SourceStatus struct {
+	// Revision is the source's active revision ("" when none is active).
+	Revision string `json:"revision,omitempty"`
+	// Commit describes a Git revision.
+	Commit *CommitInfo `json:"commit,omitempty"`
+	// Location is the directory, the repository (URL@ref) or the bundle.
+	Location string `json:"location,omitempty"`
+	// ReadError says why the source's last read failed; the active
+	// revision stays.
+	ReadError string `json:"read_error,omitempty"`
 }
 
 // NewEngine checks the options and builds an engine with no active policy:
@@ -128,8 +157,21 @@ func NewEngine(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opts.Dir == "" && opts.Bundle == nil {
-		return nil, errors.New("policy: no source (set Dir or Bundle)")
+	var primary *source
+	switch {
+	case opts.Dir != "" && opts.Git != nil:
+		return nil, errors.New("policy: set Dir or Git, not both")
+	case opts.Dir != "":
+		dir, limits := opts.Dir, opts.Limits
+		primary = &source{name: "dir", location: dir, stage: "load", read: func(context.Context) (*snapshot, error) { return readDir(dir, limits) }}
+	case opts.Git != nil:
+		g, err := newGitSource(*opts.Git, opts.Limits)
+		if err != nil {
+			return nil, err
+		}
+		primary = &source{name: GitSource, location: g.String(), stage: "fetch", read: g.read, poll: g.opts.Poll}
+	case opts.Bundle == nil:
+		return nil, errors.New("policy: no source (set Dir, Git or Bundle)")
 	}
 	if opts.EvalTimeout == 0 {
 		opts.EvalTimeout = time.Second
@@ -155,26 +197,54 @@ func NewEngine(opts Options) (*Engine, error) {
 		defaults: resolved,
 		log:      logger.Named("policy"),
 		metrics:  m,
+		primary:  primary,
+		refresh:  make(chan struct{}, 1),
 		accepted: map[string]*snapshot{},
 		latest:   map[string]*snapshot{},
+		readErr:  map[string]string{},
 	}, nil
 }
 
-// Load reads the directory once and activates it if it compiles and its
-// tests pass. It returns why it was rejected (a *RejectError), or nil when the
-// directory's content is active (also when it already was).
+// Load reads the directory (or fetches the Git ref) once and activates it
+// if it compiles and its tests pass. It returns why it was rejected (a
+// *RejectError), or nil when that content is active (also when it already
+// was).
 func (e *Engine) Load(ctx context.Context) error {
-	if e.opts.Dir == "" {
-		return errors.New("policy: no directory configured")
+	return e.reload(ctx, true)
+}
+
+// reload reads the primary source and offers its content; a failed read
+// keeps the active policy and is recorded once per distinct reason. Unless
+// retry is set, content already offered is a no-op, so a rescan or poll
+// costs one read.
+func (e *Engine) reload(ctx context.Context, retry bool) error {
+	src := e.primary
+	if src == nil {
+		return errors.New("policy: no directory or Git repository configured")
 	}
-	snap, err := readDir(e.opts.Dir, e.opts.Limits)
+	snap, err := src.read(ctx)
+	e.mu.Lock()
 	if err != nil {
-		e.mu.Lock()
 		defer e.mu.Unlock()
-		e.recordRejection(&Rejection{Source: "dir", Stage: "load", Reason: err.Error(), At: time.Now()}, false)
-		return &RejectError{Stage: "load", Err: err}
+		if e.readErr[src.name] != err.Error() || retry {
+			e.readErr[src.name] = err.Error()
+			e.metrics.readFailed.Inc()
+			e.recordRejection(&Rejection{Source: src.name, Stage: src.stage, Reason: err.Error(), At: time.Now()}, false)
+		}
+		return &RejectError{Stage: src.stage, Err: err}
 	}
-	return e.offer(ctx, snap, true)
+	delete(e.readErr, src.name)
+	e.mu.Unlock()
+	return e.offer(ctx, snap, retry)
+}
+
+// Refresh asks a running engine (Run) to read its Git repository now, as a
+// push webhook would; requests made while one is pending are merged.
+func (e *Engine) Refresh() {
+	select {
+	case e.refresh <- struct{}{}:
+	default:
+	}
 }
 
 // offer activates snap, the new content of one source, together with the
@@ -186,10 +256,10 @@ func (e *Engine) Load(ctx context.Context) error {
 func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if prev := e.latest[snap.Name]; prev != nil && prev.Revision == snap.Revision && !retry {
+	if prev := e.latest[snap.Name]; prev.same(snap) && !retry {
 		return nil
 	}
-	if cur := e.accepted[snap.Name]; cur != nil && cur.Revision == snap.Revision && e.active.Load() != nil {
+	if cur := e.accepted[snap.Name]; cur.same(snap) && e.active.Load() != nil {
 		e.latest[snap.Name] = snap
 		return nil
 	}
@@ -245,7 +315,7 @@ func sameSet(a, b []*snapshot) bool {
 		return false
 	}
 	for i := range a {
-		if a[i].Name != b[i].Name || a[i].Revision != b[i].Revision {
+		if a[i].Name != b[i].Name || !a[i].same(b[i]) {
 			return false
 		}
 	}
@@ -259,6 +329,10 @@ func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start ti
 		e.accepted[s.Name] = s
 	}
 	e.metrics.activated.Inc()
+	if prev != nil {
+		e.metrics.revision.DeleteLabelValues(prev.revision)
+	}
+	e.metrics.revision.WithLabelValues(c.revision).Set(1)
 	fields := []zap.Field{
 		zap.String("source", trigger),
 		zap.String("revision", c.revision),
@@ -270,6 +344,9 @@ func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start ti
 	}
 	if prev != nil {
 		fields = append(fields, zap.String("previous_revision", prev.revision))
+	}
+	if ci := set[len(set)-1].Commit; ci != nil && set[len(set)-1].Name == trigger {
+		fields = append(fields, zap.String("ref", ci.Ref), zap.Time("committed_at", ci.Time), zap.String("subject", ci.Subject))
 	}
 	e.log.Info("policy activated", fields...)
 }
@@ -351,6 +428,24 @@ func (e *Engine) Ready() error {
 	return fmt.Errorf("no policy active: %s", r.summary())
 }
 
+// Describe says which policy is active, for readiness: its revision and,
+// for a Git revision, the ref and commit time.
+func (e *Engine) Describe() string {
+	c := e.active.Load()
+	if c == nil {
+		return "no policy active"
+	}
+	s := "policy revision " + c.revision
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p := e.primary; p != nil {
+		if snap := e.accepted[p.name]; snap != nil && snap.Commit != nil {
+			s += fmt.Sprintf(" (%s, committed %s)", snap.Commit.Ref, snap.Commit.Time.Format(time.RFC3339))
+		}
+	}
+	return s
+}
+
 // Revision returns the active policy's revision, "" when none.
 func (e *Engine) Revision() string {
 	if c := e.active.Load(); c != nil {
@@ -375,11 +470,22 @@ func (e *Engine) Status() Status {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.accepted) > 0 {
-		st.Sources = map[string]string{}
-		for n, s := range e.accepted {
-			st.Sources[n] = s.Revision
-		}
+	st.Sources = map[string]SourceStatus{}
+	for n, s := range e.accepted {
+		st.Sources[n] = SourceStatus{Revision: s.Revision, Commit: s.Commit}
+	}
+	for n, reason := range e.readErr {
+		ss := st.Sources[n]
+		ss.ReadError = reason
+		st.Sources[n] = ss
+	}
+	if p := e.primary; p != nil {
+		ss := st.Sources[p.name]
+		ss.Location = p.location
+		st.Sources[p.name] = ss
+	}
+	if len(st.Sources) == 0 {
+		st.Sources = nil
 	}
 	if e.lastError != nil {
 		r := *e.lastError

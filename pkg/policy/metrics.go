@@ -12,6 +12,8 @@ type engineMetrics struct {
 	allow, deny, errorDeny, badRequest, cancelled prometheus.Counter
 	activated, rejected                           prometheus.Counter
 	cacheHit, cacheMiss                           prometheus.Counter
+	readFailed                                    prometheus.Counter
+	revision                                      *prometheus.GaugeVec // 1 for the active revision
 }
 
 func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
@@ -27,8 +29,16 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		Name: "policy_decision_cache_total",
 		Help: "Decisions looked up in the decision cache, by result: hit (result reused) or miss (evaluated).",
 	}, []string{"result"})
+	readFailed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "policy_source_read_failures_total",
+		Help: "Reads of the policy directory or fetches of its Git repository that failed (the active policy stays).",
+	})
+	revision := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "policy_active_revision",
+		Help: "1 for the active policy's revision (a Git commit SHA, a bundle revision or a content hash).",
+	}, []string{"revision"})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{decisions, loads, cache} {
+		for _, c := range []prometheus.Collector{decisions, loads, cache, readFailed, revision} {
 			if err := register(reg, c); err != nil {
 				return nil, err
 			}
@@ -44,6 +54,8 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		rejected:   loads.WithLabelValues("rejected"),
 		cacheHit:   cache.WithLabelValues("hit"),
 		cacheMiss:  cache.WithLabelValues("miss"),
+		readFailed: readFailed,
+		revision:   revision,
 	}, nil
 }
 

@@ -49,12 +49,23 @@ type sourceFile struct {
 
 // snapshot is the content of one policy source at one moment.
 type snapshot struct {
-	Name     string         // "dir" or "bundle:<name>"
+	Name     string         // "dir", GitSource or "bundle:<name>"
 	Modules  []sourceFile   // .rego files, sorted by path
 	Data     map[string]any // data documents merged at their paths
 	DataDocs []sourceFile   // the data files (for the revision)
 	Settings []byte         // the SettingsFile, nil when there is none
-	Revision string         // content hash
+	// Revision is a content hash (directories), the commit SHA (Git) or
+	// the bundle's manifest revision, else its content hash (bundles).
+	Revision string
+	// Digest tells apart content under one revision where the source does
+	// not guarantee it (a bundle's manifest revision); "" otherwise.
+	Digest string
+	Commit *CommitInfo // Git only
+}
+
+// same reports whether a and b hold the same content.
+func (s *snapshot) same(o *snapshot) bool {
+	return s != nil && o != nil && s.Revision == o.Revision && s.Digest == o.Digest
 }
 
 // isTestFile reports whether a module is a test module (OPA's convention).
@@ -75,7 +86,6 @@ func isDataFile(name string) bool {
 // one checkout. Hidden entries (".git", ".worktrees") are skipped; symbolic
 // links to files are followed, links to directories are not (no cycles).
 func readDir(dir string, limits Limits) (*snapshot, error) {
-	limits = limits.withDefaults()
 	root, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return nil, fmt.Errorf("policy directory %s: %w", dir, err)
@@ -87,9 +97,7 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("policy directory %s: not a directory", dir)
 	}
-	snap := &snapshot{Name: "dir"}
-	var total int64
-	count := 0
+	c := newCollector("dir", limits)
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -103,10 +111,12 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 		if d.IsDir() {
 			return nil
 		}
-		name := d.Name()
-		isRego := strings.HasSuffix(name, ".rego")
-		isSettings := name == SettingsFile && filepath.Dir(p) == root
-		if !isRego && !isDataFile(name) && !isSettings {
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		if !c.wants(rel) {
 			return nil
 		}
 		info, err := os.Stat(p) // follows a link to a file
@@ -116,36 +126,64 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 		if !info.Mode().IsRegular() {
 			return nil
 		}
-		count++
-		if count > limits.MaxFiles {
-			return fmt.Errorf("more than %d policy files", limits.MaxFiles)
-		}
-		content, err := readFileBounded(p, limits.MaxFileBytes)
-		if err != nil {
-			return err
-		}
-		total += int64(len(content))
-		if total > limits.MaxTotalBytes {
-			return fmt.Errorf("policy files exceed %d bytes", limits.MaxTotalBytes)
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		f := sourceFile{Path: filepath.ToSlash(rel), Content: content}
-		switch {
-		case isSettings:
-			snap.Settings = content
-		case isRego:
-			snap.Modules = append(snap.Modules, f)
-		default:
-			snap.DataDocs = append(snap.DataDocs, f)
-		}
-		return nil
+		return c.add(rel, func(max int64) ([]byte, error) { return readFileBounded(p, max) })
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read policy directory %s: %w", dir, err)
 	}
+	return c.finish("")
+}
+
+// collector builds a snapshot from a source's files, whatever holds them (a
+// directory, a Git tree), with one set of rules and limits.
+type collector struct {
+	snap   *snapshot
+	limits Limits
+	count  int
+	total  int64
+}
+
+func newCollector(name string, limits Limits) *collector {
+	return &collector{snap: &snapshot{Name: name}, limits: limits.withDefaults()}
+}
+
+// wants reports whether the file at slash path rel (relative to the
+// source's root, no hidden segment) is part of a policy.
+func (c *collector) wants(rel string) bool {
+	name := path.Base(rel)
+	return strings.HasSuffix(name, ".rego") || isDataFile(name) || rel == SettingsFile
+}
+
+// add reads a wanted file within the limits.
+func (c *collector) add(rel string, read func(max int64) ([]byte, error)) error {
+	c.count++
+	if c.count > c.limits.MaxFiles {
+		return fmt.Errorf("more than %d policy files", c.limits.MaxFiles)
+	}
+	content, err := read(c.limits.MaxFileBytes)
+	if err != nil {
+		return err
+	}
+	c.total += int64(len(content))
+	if c.total > c.limits.MaxTotalBytes {
+		return fmt.Errorf("policy files exceed %d bytes", c.limits.MaxTotalBytes)
+	}
+	f := sourceFile{Path: rel, Content: content}
+	switch {
+	case rel == SettingsFile:
+		c.snap.Settings = content
+	case strings.HasSuffix(rel, ".rego"):
+		c.snap.Modules = append(c.snap.Modules, f)
+	default:
+		c.snap.DataDocs = append(c.snap.DataDocs, f)
+	}
+	return nil
+}
+
+// finish merges the data documents and sets the revision: the given one
+// (a commit), else a hash of the content.
+func (c *collector) finish(revision string) (*snapshot, error) {
+	snap := c.snap
 	sort.Slice(snap.Modules, func(i, j int) bool { return snap.Modules[i].Path < snap.Modules[j].Path })
 	sort.Slice(snap.DataDocs, func(i, j int) bool { return snap.DataDocs[i].Path < snap.DataDocs[j].Path })
 	snap.Data = map[string]any{}
@@ -163,11 +201,14 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 			return nil, fmt.Errorf("data file %s: %w", f.Path, err)
 		}
 	}
-	groups := [][]sourceFile{snap.Modules, snap.DataDocs}
-	if snap.Settings != nil {
-		groups = append(groups, []sourceFile{{Path: SettingsFile, Content: snap.Settings}})
+	if revision == "" {
+		groups := [][]sourceFile{snap.Modules, snap.DataDocs}
+		if snap.Settings != nil {
+			groups = append(groups, []sourceFile{{Path: SettingsFile, Content: snap.Settings}})
+		}
+		revision = revisionOf(groups...)
 	}
-	snap.Revision = revisionOf(groups...)
+	snap.Revision = revision
 	return snap, nil
 }
 

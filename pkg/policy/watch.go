@@ -14,9 +14,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// Run keeps the policy current until ctx ends: it loads the directory,
-// watches it (file notifications, plus a periodic rescan for missed ones)
-// and, when configured, polls the bundle service. It returns when ctx is
+// Run keeps the policy current until ctx ends: it loads the directory and
+// watches it (file notifications, plus a periodic rescan for missed ones),
+// or polls the Git repository (and fetches at once on Refresh), and, when
+// configured, polls the bundle service. It returns when ctx is
 // done and every goroutine it started has exited.
 func (e *Engine) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
@@ -30,9 +31,12 @@ func (e *Engine) Run(ctx context.Context) error {
 			d.Stop(context.Background())
 		})
 	}
-	if e.opts.Dir != "" {
+	switch {
+	case e.opts.Dir != "":
 		e.watchDir(ctx)
-	} else {
+	case e.opts.Git != nil:
+		e.pollGit(ctx)
+	default:
 		<-ctx.Done()
 	}
 	wg.Wait()
@@ -135,17 +139,40 @@ func (e *Engine) watchDir(ctx context.Context) {
 // reloadDir reads the directory and offers it; unchanged or already rejected
 // content is a no-op, so a rescan costs one read.
 func (e *Engine) reloadDir(ctx context.Context) {
-	snap, err := readDir(e.opts.Dir, e.opts.Limits)
-	if err != nil {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if le := e.lastError; le == nil || le.Stage != "load" || le.Reason != err.Error() {
-			e.recordRejection(&Rejection{Source: "dir", Stage: "load", Reason: err.Error(), At: time.Now()}, false)
-		}
-		return
+	if err := e.reload(ctx, false); err != nil && !errors.Is(err, context.Canceled) {
+		e.log.Debug("policy reload", zap.Error(err))
 	}
-	if err := e.offer(ctx, snap, false); err != nil && !errors.Is(err, context.Canceled) {
-		e.log.Debug("policy offer", zap.Error(err))
+}
+
+// minRefreshGap spaces fetches that Refresh asks for, so a burst of
+// webhook calls costs one fetch.
+const minRefreshGap = 2 * time.Second
+
+// pollGit fetches the ref at start, every poll interval and on Refresh. A
+// fetch lists the remote's references first; an unchanged ref costs no
+// more than that.
+func (e *Engine) pollGit(ctx context.Context) {
+	e.reloadDir(ctx)
+	last := time.Now()
+	poll := time.NewTicker(e.primary.poll)
+	defer poll.Stop()
+	held := time.NewTimer(time.Hour)
+	held.Stop()
+	defer held.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.refresh:
+			if wait := minRefreshGap - time.Since(last); wait > 0 {
+				held.Reset(wait)
+				continue
+			}
+		case <-held.C:
+		case <-poll.C:
+		}
+		e.reloadDir(ctx)
+		last = time.Now()
 	}
 }
 
