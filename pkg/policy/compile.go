@@ -74,6 +74,9 @@ func (e *RejectError) Error() string {
 	if e.Stage == "test" && len(e.FailedTests) > 0 {
 		return fmt.Sprintf("policy %s rejected: failing tests: %s", e.Revision, strings.Join(e.FailedTests, ", "))
 	}
+	if e.Revision == "" {
+		return fmt.Sprintf("policy rejected at %s: %v", e.Stage, e.Err)
+	}
 	return fmt.Sprintf("policy %s rejected at %s: %v", e.Revision, e.Stage, e.Err)
 }
 

@@ -89,8 +89,8 @@ type source struct {
 	name     string // as in snapshot.Name
 	location string // the directory, or the repository URL@ref (dir)
 	stage    string // the Rejection stage of a failed read
-	read  func(context.Context) (*snapshot, error)
-	poll  time.Duration // Git: how often it is read
+	read     func(context.Context) (*snapshot, error)
+	poll     time.Duration // Git: how often it is read
 }
 
 // Rejection records a policy set that was not activated.
@@ -121,9 +121,9 @@ type Status struct {
 	Revision     string `json:"revision,omitempty"`
 	DecisionPath string `json:"decision_path"`
 	// Settings are the active policy's (the defaults before one is active).
-	Settings      Settings          `json:"settings"`
-	ActivatedAt   *time.Time        `json:"activated_at,omitempty"`
-	Files         []string          `json:"files,omitempty"`
+	Settings      Settings                `json:"settings"`
+	ActivatedAt   *time.Time              `json:"activated_at,omitempty"`
+	Files         []string                `json:"files,omitempty"`
 	Tests         int                     `json:"tests_passed"`
 	Sources       map[string]SourceStatus `json:"sources,omitempty"`
 	LastRejection *Rejection              `json:"last_rejection,omitempty"`

@@ -238,6 +238,9 @@ func (g *gitSource) resolve(ctx context.Context, auth transport.AuthMethod, ca [
 	}
 	remote := git.NewRemote(nil, &config.RemoteConfig{Name: "origin", URLs: []string{g.opts.URL}})
 	refs, err := remote.ListContext(ctx, &git.ListOptions{Auth: auth, CABundle: ca})
+	if errors.Is(err, transport.ErrEmptyRemoteRepository) {
+		return "", plumbing.ZeroHash, fmt.Errorf("ref %q not found: the repository has no references", g.opts.Ref)
+	}
 	if err != nil {
 		return "", plumbing.ZeroHash, fmt.Errorf("list references: %w", err)
 	}
@@ -276,8 +279,13 @@ func (g *gitSource) fetch(ctx context.Context, ref string, at plumbing.Hash, aut
 	if g.local {
 		depth = 0
 	}
-	spec := config.RefSpec("+" + ref + ":refs/causeway/policy")
-	err = remote.FetchContext(ctx, &git.FetchOptions{RefSpecs: []config.RefSpec{spec}, Depth: depth,
+	specs := []config.RefSpec{config.RefSpec("+" + ref + ":refs/causeway/policy")}
+	if g.local && commitSHA.MatchString(ref) {
+		// The in-process server takes no commit in a want: fetch the
+		// branches and tags, then pick the commit.
+		specs = []config.RefSpec{"+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"}
+	}
+	err = remote.FetchContext(ctx, &git.FetchOptions{RefSpecs: specs, Depth: depth,
 		Auth: auth, CABundle: ca, Tags: git.NoTags})
 	if errors.Is(err, errRepoTooLarge) || fsys.left.Load() < 0 {
 		return nil, fmt.Errorf("repository larger than %d bytes", g.opts.MaxBytes)
