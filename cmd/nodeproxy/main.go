@@ -116,7 +116,7 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 		}
 		return proxy.Ready()
 	}
-	waitOps, err := common.ServeOps(ctx, env, proxy.Dump, ready)
+	waitOps, err := common.ServeOps(ctx, env, bootstrap.Ops{Dump: proxy.Dump, Ready: func() (string, error) { return "", ready() }})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,7 @@ type options struct {
 	serviceAccount string
 	listen         string
 	policyDir      string
+	git            policy.GitOptions
 	policyPath     string
 	parseBody      bool
 	maxBodyBytes   int
@@ -49,7 +51,16 @@ func main() {
 	fs.StringVar(&o.name, "name", "", "name of the waypoint's Gateway")
 	fs.StringVar(&o.serviceAccount, "service-account", "", "service account of the waypoint's pods (default: the Gateway name)")
 	fs.StringVar(&o.listen, "listen", "0.0.0.0:15008", "HBONE listen address (the waypoint pod's IP and 15008)")
-	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (a git-sync checkout); required")
+	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (e.g. a git-sync checkout); this or --policy-git-url is required")
+	fs.StringVar(&o.git.URL, "policy-git-url", "", "Git repository of Rego policies, fetched in process: https://, ssh://, user@host:path, file:// or a path; every commit of --policy-git-ref is a revision")
+	fs.StringVar(&o.git.Ref, "policy-git-ref", "HEAD", "branch, tag, full reference name or commit SHA to follow")
+	fs.StringVar(&o.git.Dir, "policy-git-dir", "", "sub-directory of the repository holding the policies")
+	fs.DurationVar(&o.git.Poll, "policy-git-poll", time.Minute, "how often the ref is checked (POST /policy/refresh on the readiness port checks at once, e.g. from a push webhook)")
+	fs.StringVar(&o.git.TokenFile, "policy-git-token-file", "", "file holding a token for https (basic auth with --policy-git-username), re-read at every fetch")
+	fs.StringVar(&o.git.Username, "policy-git-username", "git", "user name sent with the https token")
+	fs.StringVar(&o.git.SSHKeyFile, "policy-git-ssh-key-file", "", "file holding an unencrypted private key for ssh URLs")
+	fs.StringVar(&o.git.KnownHostsFile, "policy-git-known-hosts", "", "known_hosts file with the ssh server's host keys (required for ssh)")
+	fs.StringVar(&o.git.CAFile, "policy-git-ca-file", "", "PEM certificates trusted for https besides the system's")
 	// The policy settings are defaults: a policy directory's
 	// causeway-policy.yaml overrides them for its policy.
 	fs.StringVar(&o.policyPath, "policy-path", "envoy/authz/allow", "decision path in the policies (default for policies whose "+policy.SettingsFile+" does not set decisionPath)")
@@ -61,8 +72,11 @@ func main() {
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	fs.Parse(os.Args[1:])
-	if o.namespace == "" || o.name == "" || o.policyDir == "" {
-		bootstrap.Fatal("waypoint", fmt.Errorf("--namespace, --name and --policy-dir are required"))
+	if o.namespace == "" || o.name == "" {
+		bootstrap.Fatal("waypoint", fmt.Errorf("--namespace and --name are required"))
+	}
+	if (o.policyDir == "") == (o.git.URL == "") {
+		bootstrap.Fatal("waypoint", fmt.Errorf("give one policy source: --policy-dir or --policy-git-url"))
 	}
 	if o.serviceAccount == "" {
 		o.serviceAccount = o.name
@@ -95,7 +109,11 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, DecisionPath: o.policyPath, Logger: log.Named("policy"),
+	var git *policy.GitOptions
+	if o.git.URL != "" {
+		git = &o.git
+	}
+	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, Git: git, DecisionPath: o.policyPath, Logger: log.Named("policy"),
 		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody, MaxBodyBytes: o.maxBodyBytes},
 		NoDecisionCache: !o.decisionCache})
 	if err != nil {
@@ -138,13 +156,26 @@ func run(o *options) error {
 		return err
 	}
 	backends.Store(xds.NewRouteBackends(xc, o.namespace))
-	ready := func() error {
+	ready := func() (string, error) {
 		if !xc.Ready() {
-			return fmt.Errorf("waiting for the first configuration from %s", o.common.XDSAddress)
+			return "", fmt.Errorf("waiting for the first configuration from %s", o.common.XDSAddress)
 		}
-		return wp.Ready()
+		if err := wp.Ready(); err != nil {
+			return "", err
+		}
+		return engine.Describe(), nil
 	}
-	waitOps, err := o.common.ServeOps(ctx, env, wp.Dump, ready)
+	ops := bootstrap.Ops{Dump: wp.Dump, Ready: ready}
+	if git != nil {
+		// A push webhook's call: it carries nothing the waypoint trusts,
+		// it only moves the next check of the ref forward.
+		ops.Readiness = map[string]http.Handler{"POST /policy/refresh": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			engine.Refresh()
+			w.WriteHeader(http.StatusAccepted)
+			fmt.Fprintln(w, "policy refresh requested")
+		})}
+	}
+	waitOps, err := o.common.ServeOps(ctx, env, ops)
 	if err != nil {
 		return err
 	}

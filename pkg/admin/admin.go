@@ -61,18 +61,27 @@ func Handler(o Options) http.Handler {
 }
 
 // StatusHandlers maps each address to its handler: /healthz/ready (200
-// when ready returns nil, 503 with the reason otherwise) on readinessAddr and
-// /metrics from reg on metricsAddr (DESIGN §2: 15021 and 15020). Equal
-// addresses share one handler, so a host short of ports can use one.
-func StatusHandlers(readinessAddr string, ready func() error, metricsAddr string, reg prometheus.Gatherer) map[string]http.Handler {
+// with "ready" and what ready describes when it returns no error, 503 with
+// the reason otherwise) and the extra routes on readinessAddr, and /metrics
+// from reg on metricsAddr (DESIGN §2: 15021 and 15020). Equal addresses
+// share one handler, so a host short of ports can use one.
+func StatusHandlers(readinessAddr string, ready func() (string, error), extra map[string]http.Handler, metricsAddr string, reg prometheus.Gatherer) map[string]http.Handler {
 	readiness := http.NewServeMux()
 	readiness.HandleFunc("GET /healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
+		detail, err := ready()
+		if err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if detail != "" {
+			fmt.Fprintln(w, "ready: "+detail)
 			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	for pattern, h := range extra {
+		readiness.Handle(pattern, h)
+	}
 	metrics := readiness
 	if metricsAddr != readinessAddr {
 		metrics = http.NewServeMux()

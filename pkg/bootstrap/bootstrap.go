@@ -7,6 +7,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -97,16 +98,28 @@ func (f *Flags) CAClient(env *Env) (*caclient.Client, error) {
 	return caclient.New(caclient.Options{Address: f.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token})
 }
 
+// Ops are what a component serves on its operator ports.
+type Ops struct {
+	// Dump builds /config_dump (admin port).
+	Dump func() (*admin.ConfigDump, error)
+	// Ready returns nil when the component can serve, with what it serves
+	// (shown after "ready", "" for nothing), otherwise why it cannot.
+	Ready func() (string, error)
+	// Readiness are further routes on the readiness port, which unlike
+	// the admin port is reachable from outside the pod.
+	Readiness map[string]http.Handler
+}
+
 // ServeOps starts the admin server (on Flags.Admin), readiness (on
 // Flags.Readiness) and metrics (on Flags.Metrics) until ctx ends. The
 // returned function waits for all of them to stop.
-func (f *Flags) ServeOps(ctx context.Context, env *Env, dump func() (*admin.ConfigDump, error), ready func() error) (func(), error) {
+func (f *Flags) ServeOps(ctx context.Context, env *Env, ops Ops) (func(), error) {
 	log := env.Log.Logger
 	if f.Admin == f.Readiness || f.Admin == f.Metrics {
 		return nil, fmt.Errorf("--admin %s must differ from --readiness and --metrics: it is for localhost only", f.Admin)
 	}
-	handlers := admin.StatusHandlers(f.Readiness, ready, f.Metrics, env.Metrics)
-	handlers[f.Admin] = admin.Handler(admin.Options{Dump: dump, Logging: env.Log.Handler()})
+	handlers := admin.StatusHandlers(f.Readiness, ops.Ready, ops.Readiness, f.Metrics, env.Metrics)
+	handlers[f.Admin] = admin.Handler(admin.Options{Dump: ops.Dump, Logging: env.Log.Handler()})
 	var waits []func() error
 	waitAll := func() {
 		for _, wait := range waits {

@@ -50,7 +50,10 @@ func serveOps(t *testing.T, f *Flags, ready func() error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "ops_test_total"}))
 	ctx, cancel := context.WithCancel(context.Background())
-	wait, err := f.ServeOps(ctx, &Env{Log: log, Metrics: reg}, func() (*admin.ConfigDump, error) { return &admin.ConfigDump{}, nil }, ready)
+	wait, err := f.ServeOps(ctx, &Env{Log: log, Metrics: reg}, Ops{
+		Dump:  func() (*admin.ConfigDump, error) { return &admin.ConfigDump{}, nil },
+		Ready: func() (string, error) { return "test", ready() },
+	})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -72,8 +75,8 @@ func TestReadinessAndMetricsOnTheirOwnPorts(t *testing.T) {
 		t.Fatalf("readiness before ready: %d %q", code, body)
 	}
 	synced.Store(true)
-	if code, _ := get(t, "http://"+f.Readiness+"/healthz/ready"); code != http.StatusOK {
-		t.Fatalf("readiness when ready: %d", code)
+	if code, body := get(t, "http://"+f.Readiness+"/healthz/ready"); code != http.StatusOK || body != "ready: test\n" {
+		t.Fatalf("readiness when ready: %d %q", code, body)
 	}
 	if code, body := get(t, "http://"+f.Metrics+"/metrics"); code != http.StatusOK || !strings.Contains(body, "ops_test_total 0") {
 		t.Fatalf("metrics: %d %q", code, body)
@@ -104,7 +107,7 @@ func TestAdminMustNotShareTheStatusPorts(t *testing.T) {
 	addr := freeAddr(t)
 	f := &Flags{Admin: addr, Readiness: addr, Metrics: freeAddr(t)}
 	log, _ := logging.New(logging.Options{Format: "json", Level: "error"})
-	_, err := f.ServeOps(context.Background(), &Env{Log: log, Metrics: prometheus.NewRegistry()}, nil, nil)
+	_, err := f.ServeOps(context.Background(), &Env{Log: log, Metrics: prometheus.NewRegistry()}, Ops{})
 	if err == nil || !strings.Contains(err.Error(), "must differ") {
 		t.Fatalf("admin on the readiness address: %v", err)
 	}
