@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
+	"github.com/causeway-mesh/causeway/pkg/policy"
 )
 
 func init() {
@@ -201,6 +202,9 @@ func runDemo(args []string) error {
 		}
 		return detail, nil
 	})
+	if mesh.Policies != nil && len(mesh.Plan.Waypoints) > 0 {
+		t.policyCommits(mesh.Policies, mesh.Plan.Waypoints[0])
+	}
 	node := mesh.Plan.Nodes[0]
 	t.step("meshctl certificates --admin "+node.Admin+" (node proxy "+node.Node+")", func() (string, error) {
 		d, err := loadDump("certificates", []string{"--admin", node.Admin})
@@ -240,4 +244,121 @@ func runDemo(args []string) error {
 		<-ctx.Done()
 	}
 	return nil
+}
+
+// feedbackRule lets the frontend POST /feedback: the commit the tour makes.
+const feedbackRule = `
+# Feedback from the frontend (committed by meshctl demo).
+allowed_by contains "frontend-feedback" if {
+	principal == frontend
+	method == "POST"
+	input.parsed_path[0] == "feedback"
+}
+`
+
+// frontendWritesRule breaks the policy's own test that the frontend may
+// not write: the commit the waypoint must refuse.
+const frontendWritesRule = `
+# The frontend may write anything (contradicts test_frontend_may_not_write).
+allowed_by contains "frontend-write" if principal == frontend
+`
+
+// policyCommits commits to the policy repository: a change the waypoint
+// activates, then a commit whose tests fail, which it refuses while the
+// last good commit stays.
+func (t *tour) policyCommits(repo *localmesh.PolicyRepo, wp localmesh.WaypointPlan) {
+	name := wp.Namespace + "/" + wp.Name
+	feedback := func() (int, error) {
+		code, _, _, err := t.request("web/frontend", http.MethodPost, "http://reviews.shop/feedback", nil)
+		return code, err
+	}
+	var good string
+	t.step("commit to the policy repository (the frontend may POST /feedback): waypoint "+name+" activates the commit", func() (string, error) {
+		if code, err := feedback(); err != nil || code != http.StatusForbidden {
+			return "", fmt.Errorf("before the commit: POST /feedback %d (%v), want 403", code, err)
+		}
+		current, err := repo.File("authz.rego")
+		if err != nil {
+			return "", err
+		}
+		sha, err := repo.Commit("policy: the frontend may send feedback", map[string][]byte{"authz.rego": append(current, feedbackRule...)})
+		if err != nil {
+			return "", err
+		}
+		st, err := t.waitPolicy(wp, func(st *policy.Status) bool { return st.Revision == sha })
+		if err != nil {
+			return "", err
+		}
+		detail := "committed " + sha + "\nactive: " + describeGit(st)
+		code, err := feedback()
+		if err != nil {
+			return detail, err
+		}
+		detail += fmt.Sprintf("\nPOST /feedback: %d", code)
+		if code != http.StatusOK {
+			return detail, errors.New("want 200 under the new commit")
+		}
+		good = sha
+		return detail, nil
+	})
+	t.step("commit a policy whose tests fail: waypoint "+name+" refuses it, the last good commit stays", func() (string, error) {
+		if good == "" {
+			return "", errors.New("no good commit to keep (the previous step failed)")
+		}
+		current, err := repo.File("authz.rego")
+		if err != nil {
+			return "", err
+		}
+		sha, err := repo.Commit("policy: the frontend may write", map[string][]byte{"authz.rego": append(current, frontendWritesRule...)})
+		if err != nil {
+			return "", err
+		}
+		st, err := t.waitPolicy(wp, func(st *policy.Status) bool {
+			return st.LastRejection != nil && st.LastRejection.Revision == sha
+		})
+		if err != nil {
+			return "", err
+		}
+		r := st.LastRejection
+		detail := fmt.Sprintf("committed %s\nrejected at %s: %s %v\nactive: %s", sha, r.Stage, r.Reason, r.FailedTests, describeGit(st))
+		if st.Revision != good || r.Stage != "test" {
+			return detail, fmt.Errorf("want the test failure refused and %s kept", good)
+		}
+		code, _, _, err := t.request("web/frontend", http.MethodPost, "http://reviews.shop/reviews", nil)
+		if err != nil {
+			return detail, err
+		}
+		detail += fmt.Sprintf("\nPOST /reviews: %d", code)
+		if code != http.StatusForbidden {
+			return detail, errors.New("want 403: the refused commit must not apply")
+		}
+		return detail, nil
+	})
+}
+
+// waitPolicy polls the waypoint's /config_dump until ok holds (30 s at most).
+func (t *tour) waitPolicy(wp localmesh.WaypointPlan, ok func(*policy.Status) bool) (*policy.Status, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		d, err := loadDump("policies", []string{"--admin", wp.Admin})
+		if err == nil && d.Policies != nil && ok(d.Policies) {
+			return d.Policies, nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil && d.Policies != nil {
+				err = fmt.Errorf("revision %s, last rejection %+v", d.Policies.Revision, d.Policies.LastRejection)
+			}
+			return nil, fmt.Errorf("waypoint %s/%s did not get there: %v", wp.Namespace, wp.Name, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// describeGit is the active revision as /config_dump tells it.
+func describeGit(st *policy.Status) string {
+	s := st.Revision
+	if c := st.Sources[policy.GitSource].Commit; c != nil {
+		s += fmt.Sprintf(" (%s, committed %s: %q)", c.Ref, c.Time.Format(time.RFC3339), c.Subject)
+	}
+	return s
 }

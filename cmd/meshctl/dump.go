@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -36,6 +37,7 @@ type dump struct {
 	ByAddr       map[string]json.RawMessage      `json:"by_addr"`
 	ByVIP        map[string]json.RawMessage      `json:"by_vip"`
 	Certificates []certmanager.CertificateStatus `json:"certificates"`
+	Policies     *policy.Status                  `json:"policies"` // waypoints
 }
 
 // loadDump reads a config dump from a proxy's admin address or a file.

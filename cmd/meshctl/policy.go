@@ -27,16 +27,24 @@ func init() {
 const maxPolicyInput = 16 << 20
 
 const policyUsage = `usage:
-  meshctl policy test [--timeout D] [-v] DIR
-      run DIR's *_test.rego tests; exit status 1 if any fails
-  meshctl policy check [--path P] DIR
-      compile DIR and run its tests as a waypoint does before activating it
-  meshctl policy eval --input FILE [--path P] DIR
+  meshctl policy test [--timeout D] [-v] [GIT FLAGS] SOURCE
+      run the policy's *_test.rego tests; exit status 1 if any fails
+  meshctl policy check [--path P] [GIT FLAGS] SOURCE
+      compile the policy and run its tests as a waypoint does before
+      activating it
+  meshctl policy eval --input FILE [--path P] [GIT FLAGS] SOURCE
       evaluate the decision for the OPA-Envoy input document in FILE (- for
       stdin) and print it as JSON
 
-The decision is DIR's causeway-policy.yaml decisionPath, else P (default
-envoy/authz/allow), as for a waypoint.`
+SOURCE is a policy directory, or a Git repository and ref as URL@REF
+(https://…, ssh://…, user@host:path, file://… or the path of a local
+repository; REF a branch, tag or commit), fetched as a waypoint's
+--policy-git-url does. GIT FLAGS: --git-dir SUBDIR (the policy's
+directory in the repository), --git-token-file FILE, --git-ssh-key-file FILE,
+--git-known-hosts FILE, --git-ca-file FILE.
+
+The decision is the policy's causeway-policy.yaml decisionPath, else P
+(default envoy/authz/allow), as for a waypoint.`
 
 func runPolicy(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -63,40 +71,83 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) error {
 	}
 }
 
-// parsePolicyFlags parses flags before and after the one DIR argument.
-func parsePolicyFlags(fs *flag.FlagSet, args []string) (string, error) {
+// policySource is the SOURCE argument and the flags saying how to fetch it.
+type policySource struct {
+	arg string
+	git policy.GitOptions
+}
+
+func (p *policySource) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.git.Dir, "git-dir", "", "the policy's sub-directory in the Git repository")
+	fs.StringVar(&p.git.TokenFile, "git-token-file", "", "file holding a token for an https repository")
+	fs.StringVar(&p.git.SSHKeyFile, "git-ssh-key-file", "", "file holding a private key for an ssh repository")
+	fs.StringVar(&p.git.KnownHostsFile, "git-known-hosts", "", "known_hosts file for an ssh repository")
+	fs.StringVar(&p.git.CAFile, "git-ca-file", "", "PEM certificates trusted for an https repository")
+}
+
+// options sets the source in o: a directory, or URL@REF (the last "@"
+// that leaves a Git URL or an existing directory before it).
+func (p *policySource) options(o policy.Options) policy.Options {
+	if i := strings.LastIndex(p.arg, "@"); i > 0 && i < len(p.arg)-1 && !isDir(p.arg) && isGitURL(p.arg[:i]) {
+		g := p.git
+		g.URL, g.Ref = p.arg[:i], p.arg[i+1:]
+		o.Git = &g
+		return o
+	}
+	o.Dir = p.arg
+	return o
+}
+
+func isDir(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
+}
+
+// isGitURL: a URL with a scheme, scp-like user@host:path, or a directory.
+func isGitURL(s string) bool {
+	if strings.Contains(s, "://") || isDir(s) {
+		return true
+	}
+	at, colon := strings.Index(s, "@"), strings.Index(s, ":")
+	return at > 0 && colon > at && !strings.Contains(s[:colon], "/")
+}
+
+// parsePolicyFlags parses flags before and after the one SOURCE argument.
+func parsePolicyFlags(fs *flag.FlagSet, args []string) (*policySource, error) {
+	src := &policySource{}
+	src.register(fs)
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
-		return "", fmt.Errorf("%w\n%s", err, policyUsage)
+		return nil, fmt.Errorf("%w\n%s", err, policyUsage)
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return "", fmt.Errorf("missing policy directory\n%s", policyUsage)
+		return nil, fmt.Errorf("missing policy source (a directory or URL@REF)\n%s", policyUsage)
 	}
-	dir := rest[0]
+	src.arg = rest[0]
 	if err := fs.Parse(rest[1:]); err != nil {
-		return "", fmt.Errorf("%w\n%s", err, policyUsage)
+		return nil, fmt.Errorf("%w\n%s", err, policyUsage)
 	}
 	if len(fs.Args()) > 0 {
-		return "", fmt.Errorf("unexpected arguments %q\n%s", fs.Args(), policyUsage)
+		return nil, fmt.Errorf("unexpected arguments %q\n%s", fs.Args(), policyUsage)
 	}
-	return dir, nil
+	return src, nil
 }
 
 func policyTest(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
 	timeout := fs.Duration("timeout", 5*time.Second, "timeout per test")
 	verbose := fs.Bool("v", false, "print the output (print()) of every test")
-	dir, err := parsePolicyFlags(fs, args)
+	src, err := parsePolicyFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	results, err := policy.TestDir(ctx, dir, policy.Limits{}, *timeout)
+	results, err := policy.Test(ctx, src.options(policy.Options{TestTimeout: *timeout}))
 	if err != nil {
 		return err
 	}
 	if len(results) == 0 {
-		return fmt.Errorf("no tests in %s (test rules are named test_* in *_test.rego files)", dir)
+		return fmt.Errorf("no tests in %s (test rules are named test_* in *_test.rego files)", src.arg)
 	}
 	failed, skipped := 0, 0
 	for _, r := range results {
@@ -143,12 +194,12 @@ func policyTest(ctx context.Context, args []string, out io.Writer) error {
 
 func policyCheck(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("policy check", flag.ContinueOnError)
-	path := fs.String("path", policy.DefaultDecisionPath, "decision path unless DIR's "+policy.SettingsFile+" sets one")
-	dir, err := parsePolicyFlags(fs, args)
+	path := fs.String("path", policy.DefaultDecisionPath, "decision path unless the policy's "+policy.SettingsFile+" sets one")
+	src, err := parsePolicyFlags(fs, args)
 	if err != nil {
 		return err
 	}
-	e, err := policy.NewEngine(policy.Options{Dir: dir, DecisionPath: *path})
+	e, err := policy.NewEngine(src.options(policy.Options{DecisionPath: *path}))
 	if err != nil {
 		return err
 	}
@@ -156,16 +207,16 @@ func policyCheck(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	st := e.Status()
-	fmt.Fprintf(out, "ok: revision %s, %d modules, %d tests passed, decision %s\n",
-		st.Revision, len(st.Files), st.Tests, st.DecisionPath)
+	fmt.Fprintf(out, "ok: %s, %d modules, %d tests passed, decision %s\n",
+		e.Describe(), len(st.Files), st.Tests, st.DecisionPath)
 	return nil
 }
 
 func policyEval(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("policy eval", flag.ContinueOnError)
 	inputFile := fs.String("input", "", "OPA-Envoy input document (JSON; - for stdin)")
-	path := fs.String("path", policy.DefaultDecisionPath, "decision path unless DIR's "+policy.SettingsFile+" sets one")
-	dir, err := parsePolicyFlags(fs, args)
+	path := fs.String("path", policy.DefaultDecisionPath, "decision path unless the policy's "+policy.SettingsFile+" sets one")
+	src, err := parsePolicyFlags(fs, args)
 	if err != nil {
 		return err
 	}
@@ -177,7 +228,7 @@ func policyEval(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	// Authors evaluate work in progress: tests are `policy test`'s job.
-	e, err := policy.NewEngine(policy.Options{Dir: dir, DecisionPath: *path, SkipTests: true})
+	e, err := policy.NewEngine(src.options(policy.Options{DecisionPath: *path, SkipTests: true}))
 	if err != nil {
 		return err
 	}

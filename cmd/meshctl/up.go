@@ -29,6 +29,7 @@ const planFile = "mesh.json"
 type meshFlags struct {
 	state    string
 	policies string
+	gitRepo  bool
 	bin      string
 	basePort int
 	noApps   bool
@@ -37,6 +38,7 @@ type meshFlags struct {
 func (m *meshFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&m.state, "state", ".causeway-local", "directory for CA files, tokens and logs")
 	fs.StringVar(&m.policies, "policies", "", "Rego policy directory for the waypoints (default DIR/policies)")
+	fs.BoolVar(&m.gitRepo, "policies-git", true, "keep the policies in a Git repository created at start from --policies (STATE/policy-repo): the waypoints activate each commit of its main branch; false: they watch --policies itself")
 	fs.StringVar(&m.bin, "bin", "", "directory holding controlplane, nodeproxy, waypoint and echo (default: meshctl's own)")
 	fs.IntVar(&m.basePort, "base-port", 16000, "first of the 127.0.0.1 ports given to admin, status and SOCKS5 listeners")
 	fs.BoolVar(&m.noApps, "no-apps", false, "start no app, not even for pods annotated "+config.AnnotationLocalApp+" (run your own on their app addresses)")
@@ -78,7 +80,11 @@ func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh,
 	if err != nil {
 		return nil, err
 	}
-	mesh, err := localmesh.Start(ctx, plan, localmesh.Options{BinDir: m.bin, ConfigDir: dir, PolicyDir: m.policies, StateDir: state})
+	o := localmesh.Options{BinDir: m.bin, ConfigDir: dir, PolicyDir: m.policies, StateDir: state}
+	if m.gitRepo {
+		o.PolicyRepo = filepath.Join(state, "policy-repo")
+	}
+	mesh, err := localmesh.Start(ctx, plan, o)
 	if err != nil {
 		return nil, err
 	}
@@ -149,6 +155,9 @@ func printPlan(w io.Writer, mesh *localmesh.Mesh) {
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nState and logs: %s\n", mesh.Opts.StateDir)
+	if r := mesh.Policies; r != nil {
+		fmt.Fprintf(w, "Policies: Git repository %s (branch %s); the waypoints activate each commit that passes its tests\n", r.Path, localmesh.PolicyBranch)
+	}
 }
 
 func runExec(args []string) error {

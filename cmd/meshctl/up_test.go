@@ -121,7 +121,7 @@ func TestUpTakesSettingsAndAppsFromTheConfiguration(t *testing.T) {
 	publish("rev1", readTestFiles(t, filepath.Join(policies, "object-decision"), "authz.rego", "causeway-policy.yaml"))
 
 	state := filepath.Join(work, "state")
-	up := exec.Command(filepath.Join(bin, "meshctl"), "up", "--state", state, "--base-port", fmt.Sprint(upBasePort), "--policies", link, cfg)
+	up := exec.Command(filepath.Join(bin, "meshctl"), "up", "--state", state, "--base-port", fmt.Sprint(upBasePort), "--policies", link, "--policies-git=false", cfg)
 	out := startUp(t, up)
 	var plan localmesh.Plan
 	data, err := os.ReadFile(filepath.Join(state, "mesh.json"))

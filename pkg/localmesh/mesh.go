@@ -23,6 +23,10 @@ type Options struct {
 	BinDir    string // controlplane, nodeproxy, waypoint, echo
 	ConfigDir string // the local-mode YAML
 	PolicyDir string // Rego policies for the waypoints
+	// PolicyRepo, if set, is where a Git repository is created at start
+	// from PolicyDir; the waypoints then follow its branch (PolicyBranch)
+	// instead of watching PolicyDir.
+	PolicyRepo string
 	StateDir  string // CA files, tokens, logs
 	// LogFormat of the children: json (default) or console.
 	LogFormat string
@@ -37,6 +41,8 @@ type Mesh struct {
 	group group
 	// Died receives the description of the first process that exits on its own.
 	Died chan string
+	// Policies is the policy repository (Options.PolicyRepo), nil without.
+	Policies *PolicyRepo
 }
 
 // Start launches every process of plan, waiting for each layer to be ready
@@ -72,6 +78,13 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 		return nil, err
 	}
 	m := &Mesh{Plan: plan, Opts: o, Died: make(chan string, 1)}
+	policyArgs := []string{"--policy-dir", o.PolicyDir}
+	if o.PolicyRepo != "" && len(plan.Waypoints) > 0 {
+		if m.Policies, err = CreatePolicyRepo(o.PolicyRepo, o.PolicyDir); err != nil {
+			return nil, err
+		}
+		policyArgs = []string{"--policy-git-url", m.Policies.URL(), "--policy-git-ref", PolicyBranch, "--policy-git-poll", "1s"}
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -122,8 +135,8 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",
 			broken: policyRejected(w.Admin),
 			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
-				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root, "--policy-dir", o.PolicyDir,
-				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, common...)})
+				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root,
+				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, append(policyArgs, common...)...)})
 	}
 	if err := launch(proxies); err != nil {
 		return nil, err

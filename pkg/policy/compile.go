@@ -223,12 +223,20 @@ func runTests(ctx context.Context, ps *parsedSet, timeout time.Duration) ([]Test
 	return out, nil
 }
 
-// TestDir runs the Rego tests of a policy directory the way the engine does
-// before activating it (Rego v1, the directory's data documents), and
-// returns every result sorted by name. The error is for a directory that
-// cannot be read, parsed or compiled.
-func TestDir(ctx context.Context, dir string, limits Limits, timeout time.Duration) ([]TestResult, error) {
-	snap, err := readDir(dir, limits)
+// Test runs the Rego tests of the policy in opts.Dir or opts.Git the way
+// the engine does before activating it (Rego v1, the policy's data
+// documents, opts.Limits and opts.TestTimeout), and returns every result
+// sorted by name. The error is for a policy that cannot be read, parsed or
+// compiled.
+func Test(ctx context.Context, opts Options) ([]TestResult, error) {
+	src, err := newSource(opts)
+	if err != nil {
+		return nil, err
+	}
+	if src == nil {
+		return nil, errors.New("policy: no directory or Git repository to test")
+	}
+	snap, err := src.read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +244,7 @@ func TestDir(ctx context.Context, dir string, limits Limits, timeout time.Durati
 	if err != nil && !errors.Is(err, errNoModules) {
 		return nil, err
 	}
-	return runTests(ctx, ps, timeout)
+	return runTests(ctx, ps, opts.TestTimeout)
 }
 
 // compileSet compiles a parsed set for production, runs its tests first when

@@ -145,6 +145,25 @@ type SourceStatus struct {
 	ReadError string `json:"read_error,omitempty"`
 }
 
+// newSource builds the source Options name: the directory or the Git
+// repository, nil for neither.
+func newSource(opts Options) (*source, error) {
+	switch {
+	case opts.Dir != "" && opts.Git != nil:
+		return nil, errors.New("policy: set Dir or Git, not both")
+	case opts.Dir != "":
+		dir, limits := opts.Dir, opts.Limits
+		return &source{name: "dir", location: dir, stage: "load", read: func(context.Context) (*snapshot, error) { return readDir(dir, limits) }}, nil
+	case opts.Git != nil:
+		g, err := newGitSource(*opts.Git, opts.Limits)
+		if err != nil {
+			return nil, err
+		}
+		return &source{name: GitSource, location: g.String(), stage: "fetch", read: g.read, poll: g.opts.Poll}, nil
+	}
+	return nil, nil
+}
+
 // NewEngine checks the options and builds an engine with no active policy:
 // call Load (or Run) before expecting anything but denials.
 func NewEngine(opts Options) (*Engine, error) {
@@ -157,20 +176,11 @@ func NewEngine(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	var primary *source
-	switch {
-	case opts.Dir != "" && opts.Git != nil:
-		return nil, errors.New("policy: set Dir or Git, not both")
-	case opts.Dir != "":
-		dir, limits := opts.Dir, opts.Limits
-		primary = &source{name: "dir", location: dir, stage: "load", read: func(context.Context) (*snapshot, error) { return readDir(dir, limits) }}
-	case opts.Git != nil:
-		g, err := newGitSource(*opts.Git, opts.Limits)
-		if err != nil {
-			return nil, err
-		}
-		primary = &source{name: GitSource, location: g.String(), stage: "fetch", read: g.read, poll: g.opts.Poll}
-	case opts.Bundle == nil:
+	primary, err := newSource(opts)
+	if err != nil {
+		return nil, err
+	}
+	if primary == nil && opts.Bundle == nil {
 		return nil, errors.New("policy: no source (set Dir, Git or Bundle)")
 	}
 	if opts.EvalTimeout == 0 {
