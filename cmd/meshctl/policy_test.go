@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+	"github.com/causeway-mesh/causeway/pkg/policy"
 )
 
 const examplePolicyDir = "../../pkg/policy/testdata/example"
@@ -141,5 +144,65 @@ func TestPolicyCheck(t *testing.T) {
 	}
 	if _, err := runPolicyArgs(t, "check", "--path", "istio/authz/allow", examplePolicyDir); err == nil {
 		t.Fatal("check with an undefined decision path passed")
+	}
+}
+
+// A Git repository is a policy source as a directory is: URL@REF, with the
+// policy's sub-directory; the ref picks the commit that is tested.
+func TestPolicyFromGit(t *testing.T) {
+	work := t.TempDir()
+	repo, err := localmesh.CreatePolicyRepo(filepath.Join(work, "repo"), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	for _, name := range []string{"policy.rego", "policy_test.rego"} {
+		b, err := os.ReadFile(filepath.Join(examplePolicyDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files["policies/"+name] = b
+	}
+	good, err := repo.Commit("example policy", files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Commit("break it", map[string][]byte{"policies/policy.rego": []byte("package envoy.authz\n\nallow := false\n")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, source := range []string{repo.URL() + "@" + good, "file://" + repo.URL() + "@" + good} {
+		out, err := runPolicyArgs(t, "test", "--git-dir", "policies", source)
+		if err != nil || !strings.Contains(out, "PASS: 5/5") {
+			t.Fatalf("test %s: %v\n%s", source, err, out)
+		}
+		out, err = runPolicyArgs(t, "check", source, "--git-dir", "policies")
+		if err != nil || !strings.Contains(out, "policy revision "+good) {
+			t.Fatalf("check %s: %v\n%s", source, err, out)
+		}
+	}
+	// The branch's tip is broken.
+	if out, err := runPolicyArgs(t, "test", "--git-dir", "policies", repo.URL()+"@"+localmesh.PolicyBranch); err == nil {
+		t.Fatalf("test of the broken tip passed:\n%s", out)
+	}
+	if _, err := runPolicyArgs(t, "test", repo.URL()+"@nosuchbranch"); err == nil || !strings.Contains(err.Error(), `ref "nosuchbranch" not found`) {
+		t.Fatalf("missing ref: %v", err)
+	}
+}
+
+func TestPolicySourceArgument(t *testing.T) {
+	dir := t.TempDir()
+	for arg, wantGit := range map[string]bool{
+		dir:                                  false,
+		"https://example.com/p.git@main":     true,
+		"git@github.com:acme/policies@v1.2":  true,
+		"ssh://git@example.com/p.git@abc123": true,
+		dir + "@main":                        true,
+		"no/such/dir@main":                   false,
+		"git@github.com:acme/policies":       false, // no ref: not a Git source
+	} {
+		o := (&policySource{arg: arg}).options(policy.Options{})
+		if got := o.Git != nil; got != wantGit {
+			t.Errorf("%q: Git source %v, want %v (%+v)", arg, got, wantGit, o)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 )
 
@@ -55,9 +56,15 @@ func splitComment(line string) ([]string, string) {
 }
 
 // The README's meshctl policy commands run as written, from the repository
-// root, and eval's answer is the status its comment announces.
+// root (where meshctl up made its policy repository from the sample's
+// policies), and eval's answer is the status its comment announces.
 func TestReadmePolicyCommandsRun(t *testing.T) {
-	ran := 0
+	const upRepo = ".causeway-local/policy-repo"
+	repo, err := localmesh.CreatePolicyRepo(filepath.Join(t.TempDir(), "policy-repo"), filepath.Join(repoRoot, "examples", "local", "policies"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran, fromGit := 0, 0
 	for _, line := range readmeCode(t, "sh") {
 		words, comment := splitComment(line)
 		if len(words) < 3 || words[0] != "bin/meshctl" || words[1] != "policy" {
@@ -67,6 +74,10 @@ func TestReadmePolicyCommandsRun(t *testing.T) {
 		for i, a := range args {
 			if strings.HasPrefix(a, "examples/") {
 				args[i] = filepath.Join(repoRoot, a)
+			}
+			if rest, ok := strings.CutPrefix(a, upRepo); ok {
+				args[i] = repo.Path + rest
+				fromGit++
 			}
 		}
 		var out bytes.Buffer
@@ -90,8 +101,8 @@ func TestReadmePolicyCommandsRun(t *testing.T) {
 			t.Errorf("%s: decision %+v, comment %q", line, d, comment)
 		}
 	}
-	if ran < 2 {
-		t.Fatalf("found %d meshctl policy commands in the README, want test and eval", ran)
+	if ran < 3 || fromGit == 0 {
+		t.Fatalf("found %d meshctl policy commands in the README (%d from meshctl up's Git repository), want test and eval, and one from Git", ran, fromGit)
 	}
 }
 

@@ -100,7 +100,7 @@ func (r *PolicyRepo) Commit(msg string, files map[string][]byte) (string, error)
 			return "", fmt.Errorf("add %s: %w", name, err)
 		}
 	}
-	h, err := wt.Commit(msg, &git.CommitOptions{Author: &object.Signature{Name: "meshctl", Email: "meshctl@localhost", When: time.Now()}})
+	h, err := wt.Commit(msg, &git.CommitOptions{Author: &object.Signature{Name: "meshctl", Email: "meshctl@localhost", When: time.Now()}, AllowEmptyCommits: true})
 	if err != nil {
 		return "", fmt.Errorf("commit: %w", err)
 	}
