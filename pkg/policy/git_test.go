@@ -1,11 +1,18 @@
 package policy
 
 import (
+	"bytes"
 	"context"
+	"encoding/pem"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/cgi"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,3 +414,70 @@ func TestGitOptionsChecked(t *testing.T) {
 }
 
 func errorsAs(err error, target **RejectError) bool { return errors.As(err, target) }
+
+// Over https (a real TLS server on 127.0.0.1, Git's own smart-HTTP backend
+// as the server): the token from its file is sent as basic auth, the CA
+// file is trusted, the fetch is shallow, and the token is never logged.
+func TestGitHTTPS(t *testing.T) {
+	backend := "/usr/lib/git-core/git-http-backend"
+	if _, err := os.Stat(backend); err != nil {
+		t.Skip("git-http-backend not installed (a server for the test only)")
+	}
+	repo := newTestRepo(t)
+	repo.commit("one", map[string]string{"authz.rego": gitPolicy(`"GET"`)})
+	head := repo.commit("two", map[string]string{"authz.rego": gitPolicy(`"GET", "POST"`)})
+
+	const token = "s3cret-t0ken"
+	var deepened atomic.Bool
+	cgiHandler := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + filepath.Dir(repo.bare), "GIT_HTTP_EXPORT_ALL=1"}}
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if user, pass, ok := r.BasicAuth(); !ok || user != "git" || pass != token {
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		if strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			if strings.Contains(string(body), "deepen 1") {
+				deepened.Store(true)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		cgiHandler.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	caFile, tokenFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "token")
+	writeFiles(t, dir, map[string]string{
+		"ca.pem": string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})),
+		"token":  token + "\n",
+	})
+	url := srv.URL + "/policy.git"
+
+	e, logs, _, _ := gitEngine(t, GitOptions{URL: url, Ref: "main", CAFile: caFile})
+	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "authentication required") {
+		t.Fatalf("without the token: %v", err)
+	}
+	e, logs2, _, _ := gitEngine(t, GitOptions{URL: url, Ref: "main", CAFile: caFile, TokenFile: tokenFile})
+	if err := e.Load(context.Background()); err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	if e.Revision() != head.String() || !deepened.Load() {
+		t.Fatalf("revision %s (want %s), shallow fetch %v", e.Revision(), head, deepened.Load())
+	}
+	e, _, _, _ = gitEngine(t, GitOptions{URL: url, Ref: "main", TokenFile: tokenFile})
+	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("without the CA: %v", err)
+	}
+	for _, l := range append(logs.All(), logs2.All()...) {
+		for _, f := range l.Context {
+			if strings.Contains(f.String, token) || strings.Contains(l.Message, token) {
+				t.Fatalf("the token is logged: %+v", l)
+			}
+		}
+	}
+}
