@@ -27,7 +27,7 @@ type Options struct {
 	// from PolicyDir; the waypoints then follow its branch (PolicyBranch)
 	// instead of watching PolicyDir.
 	PolicyRepo string
-	StateDir  string // CA files, tokens, logs
+	StateDir   string // CA files, tokens, logs
 	// LogFormat of the children: json (default) or console.
 	LogFormat string
 	// ReadyTimeout bounds the wait for each component (default 30 s).
