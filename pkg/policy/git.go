@@ -177,10 +177,12 @@ func (g *gitSource) read(ctx context.Context) (*snapshot, error) {
 	snap, err := g.fetch(ctx, ref, at, auth, ca)
 	if err != nil {
 		err = fmt.Errorf("%s: %w", g, err)
-		if ctx.Err() != nil {
-			return nil, err // a timeout is worth retrying
+		if errors.Is(err, errTransfer) || ctx.Err() != nil {
+			return nil, err // worth retrying at the next poll
 		}
 	}
+	// What the commit holds does not change: its verdict is kept until
+	// the ref moves.
 	g.lastRef, g.lastSnap, g.lastErr = at, snap, err
 	return snap, err
 }
@@ -291,7 +293,7 @@ func (g *gitSource) fetch(ctx context.Context, ref string, at plumbing.Hash, aut
 		return nil, fmt.Errorf("repository larger than %d bytes", g.opts.MaxBytes)
 	}
 	if err != nil && !errors.Is(err, git.NoErrAlreadyUpToDate) {
-		return nil, fmt.Errorf("fetch %s: %w", ref, err)
+		return nil, fmt.Errorf("fetch %s: %w: %w", ref, errTransfer, err)
 	}
 	obj, err := repo.Object(plumbing.AnyObject, at)
 	if err != nil {
@@ -406,7 +408,12 @@ func hiddenPath(p string) bool {
 	return false
 }
 
-var errRepoTooLarge = errors.New("repository too large")
+var (
+	errRepoTooLarge = errors.New("repository too large")
+	// errTransfer marks a fetch that failed in transfer, not for what the
+	// commit holds.
+	errTransfer = errors.New("transfer failed")
+)
 
 // boundedFS fails writes once its files hold more than a budget, so a
 // fetch cannot store an unbounded repository.
