@@ -428,7 +428,7 @@ func TestGitHTTPS(t *testing.T) {
 	head := repo.commit("two", map[string]string{"authz.rego": gitPolicy(`"GET", "POST"`)})
 
 	const token = "s3cret-t0ken"
-	var deepened atomic.Bool
+	var deepened, failUpload atomic.Bool
 	cgiHandler := &cgi.Handler{Path: backend, Env: []string{"GIT_PROJECT_ROOT=" + filepath.Dir(repo.bare), "GIT_HTTP_EXPORT_ALL=1"}}
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if user, pass, ok := r.BasicAuth(); !ok || user != "git" || pass != token {
@@ -437,6 +437,10 @@ func TestGitHTTPS(t *testing.T) {
 			return
 		}
 		if strings.HasSuffix(r.URL.Path, "/git-upload-pack") {
+			if failUpload.Swap(false) {
+				http.Error(w, "try later", http.StatusServiceUnavailable)
+				return
+			}
 			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusBadRequest)
@@ -463,6 +467,11 @@ func TestGitHTTPS(t *testing.T) {
 		t.Fatalf("without the token: %v", err)
 	}
 	e, logs2, _, _ := gitEngine(t, GitOptions{URL: url, Ref: "main", CAFile: caFile, TokenFile: tokenFile})
+	// A transfer that fails is retried, though the ref has not moved.
+	failUpload.Store(true)
+	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "transfer failed") {
+		t.Fatalf("failing transfer: %v", err)
+	}
 	if err := e.Load(context.Background()); err != nil {
 		t.Fatalf("with the token: %v", err)
 	}
