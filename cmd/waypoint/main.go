@@ -167,13 +167,7 @@ func run(o *options) error {
 	}
 	ops := bootstrap.Ops{Dump: wp.Dump, Ready: ready}
 	if git != nil {
-		// A push webhook's call: it carries nothing the waypoint trusts,
-		// it only moves the next check of the ref forward.
-		ops.Readiness = map[string]http.Handler{"POST /policy/refresh": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			engine.Refresh()
-			w.WriteHeader(http.StatusAccepted)
-			fmt.Fprintln(w, "policy refresh requested")
-		})}
+		ops.Readiness = map[string]http.Handler{"POST /policy/refresh": engine.RefreshHandler()}
 	}
 	waitOps, err := o.common.ServeOps(ctx, env, ops)
 	if err != nil {

@@ -257,6 +257,17 @@ func (e *Engine) Refresh() {
 	}
 }
 
+// RefreshHandler serves a push webhook: any request calls Refresh and gets
+// 202. Nothing it carries is read or trusted: it only moves the next check
+// of the ref forward, and calls in a burst cost one fetch.
+func (e *Engine) RefreshHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		e.Refresh()
+		w.WriteHeader(http.StatusAccepted)
+		fmt.Fprintln(w, "policy refresh requested")
+	})
+}
+
 // offer activates snap, the new content of one source, together with the
 // other sources: first with their latest content (one of them may have been
 // waiting for this one), then with their active content. On success the new

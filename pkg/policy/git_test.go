@@ -385,7 +385,16 @@ func TestGitRefresh(t *testing.T) {
 	startEngine(t, e)
 	waitFor(t, "the first fetch", func() bool { return e.Revision() == first.String() })
 	second := repo.commit("two", map[string]string{"authz.rego": gitPolicy(`"POST"`)})
-	e.Refresh()
+	hook := httptest.NewServer(e.RefreshHandler())
+	defer hook.Close()
+	resp, err := http.Post(hook.URL, "application/json", strings.NewReader(`{"ref": "refs/heads/main"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("webhook: %s", resp.Status)
+	}
 	waitFor(t, "the refreshed commit", func() bool { return e.Revision() == second.String() })
 }
 
