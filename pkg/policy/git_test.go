@@ -163,6 +163,10 @@ func TestGitRevisions(t *testing.T) {
 		!src.Commit.Time.Equal(repo.when) || src.Commit.Subject != "policy: allow GET" || src.ReadError != "" {
 		t.Fatalf("git source status = %+v (commit %+v)", src, src.Commit)
 	}
+	// Readiness names the commit, its ref and time.
+	if got, want := e.Describe(), "policy revision "+add.String()+" (refs/heads/main, committed "+repo.when.Format(time.RFC3339)+")"; got != want {
+		t.Errorf("Describe = %q, want %q", got, want)
+	}
 	if !strings.Contains(src.Location, repo.bare+"@main (policies)") {
 		t.Errorf("location = %q", src.Location)
 	}
