@@ -111,7 +111,7 @@ func hostnames(hs []gwv1.Hostname) []string {
 // Service (and port, when given).
 func (t *translator) parents(c routeCtx, refs []gwv1.ParentReference) []*meshv1.ParentRef {
 	var out []*meshv1.ParentRef
-	for _, ref := range refs {
+	for i, ref := range refs {
 		group, kind := gatewayGroup, "Gateway"
 		if ref.Group != nil {
 			group = string(*ref.Group)
@@ -128,21 +128,22 @@ func (t *translator) parents(c routeCtx, refs []gwv1.ParentReference) []*meshv1.
 		}
 		s := t.services[nsName{ns, string(ref.Name)}]
 		if s == nil {
-			t.problem(c.origin, c.obj, "dangling reference: parentRef Service %s/%s does not exist", ns, ref.Name)
+			t.parentProblem(c, i, "dangling reference: parentRef Service %s/%s does not exist", ns, ref.Name)
 			continue
 		}
 		if s.svc.Spec.Type == corev1.ServiceTypeExternalName {
-			t.problem(c.origin, c.obj, "parentRef Service %s/%s is an ExternalName service", ns, ref.Name)
+			t.parentProblem(c, i, "parentRef Service %s/%s is an ExternalName service", ns, ref.Name)
 			continue
 		}
 		p := &meshv1.ParentRef{Namespace: ns, Name: string(ref.Name)}
 		if ref.Port != nil {
 			p.Port = uint32(*ref.Port)
 			if svcPort(s.svc, p.Port) == nil {
-				t.problem(c.origin, c.obj, "parentRef Service %s/%s has no port %d", ns, ref.Name, p.Port)
+				t.parentProblem(c, i, "parentRef Service %s/%s has no port %d", ns, ref.Name, p.Port)
 				continue
 			}
 		}
+		t.reports.route(c.obj).addParent(i, "")
 		out = append(out, p)
 	}
 	return out
@@ -165,7 +166,7 @@ func (t *translator) httpRule(c routeCtx, i int, rule gwv1.HTTPRouteRule) *meshv
 	var unsupported []string
 	for _, f := range rule.Filters {
 		if mf, reason := t.httpFilter(c, where, f); reason != "" {
-			unsupported = append(unsupported, reason)
+			unsupported = append(unsupported, t.unsupported(c, where, reason))
 		} else if mf != nil {
 			if usesPrefixRewrite(mf) && !singlePrefixMatch(out.Matches) {
 				t.problem(c.origin, c.obj, "%s: ReplacePrefixMatch needs exactly one PathPrefix match", where)
@@ -478,12 +479,13 @@ func (t *translator) httpBackend(c routeCtx, where string, b gwv1.BackendRef, fi
 	}
 	var unsupported []string
 	for _, f := range filters {
-		if mf, reason := t.httpFilter(c, where+" backend "+string(b.Name), f); reason != "" {
-			unsupported = append(unsupported, reason)
+		bwhere := where + " backend " + string(b.Name)
+		if mf, reason := t.httpFilter(c, bwhere, f); reason != "" {
+			unsupported = append(unsupported, t.unsupported(c, bwhere, reason))
 		} else if mf != nil {
 			if mf.GetRequestRedirect() != nil || usesPrefixRewrite(mf) {
 				// Backend-level redirects and prefix rewrites have no match to act on.
-				unsupported = append(unsupported, "unsupported backend filter "+filterName(mf))
+				unsupported = append(unsupported, t.unsupported(c, bwhere, "unsupported backend filter "+filterName(mf)))
 				continue
 			}
 			out.Filters = append(out.Filters, mf)
@@ -529,24 +531,24 @@ func (t *translator) backendRef(c routeCtx, b gwv1.BackendObjectReference) *mesh
 		kind = string(*b.Kind)
 	}
 	if !isCoreGroup(group) || kind != "Service" {
-		out.InvalidReason = fmt.Sprintf("unsupported backend kind %s (group %q): only Services are supported", kind, group)
+		t.invalidRef(c, out, gwv1.RouteReasonInvalidKind, "unsupported backend kind %s (group %q): only Services are supported", kind, group)
 		return out
 	}
 	if out.Namespace != c.ns && !c.isParent(out.Namespace, out.Name) && !t.granted(c, out.Namespace, out.Name) {
-		out.InvalidReason = fmt.Sprintf("reference from %s in namespace %s to Service %s/%s is not permitted by a ReferenceGrant",
+		t.invalidRef(c, out, gwv1.RouteReasonRefNotPermitted, "reference from %s in namespace %s to Service %s/%s is not permitted by a ReferenceGrant",
 			c.kind, c.ns, out.Namespace, out.Name)
 		return out
 	}
 	s := t.services[nsName{out.Namespace, out.Name}]
 	switch {
 	case s == nil:
-		out.InvalidReason = fmt.Sprintf("Service %s/%s not found", out.Namespace, out.Name)
+		t.invalidRef(c, out, gwv1.RouteReasonBackendNotFound, "Service %s/%s not found", out.Namespace, out.Name)
 	case s.svc.Spec.Type == corev1.ServiceTypeExternalName:
-		out.InvalidReason = fmt.Sprintf("Service %s/%s is an ExternalName service, which is not supported", out.Namespace, out.Name)
+		t.invalidRef(c, out, gwv1.RouteReasonInvalidKind, "Service %s/%s is an ExternalName service, which is not supported", out.Namespace, out.Name)
 	case b.Port == nil:
-		out.InvalidReason = "port is required for a Service backend"
+		t.invalidRef(c, out, gwv1.RouteReasonBackendNotFound, "port is required for a Service backend")
 	case svcPort(s.svc, out.Port) == nil:
-		out.InvalidReason = fmt.Sprintf("Service %s/%s has no port %d", out.Namespace, out.Name, out.Port)
+		t.invalidRef(c, out, gwv1.RouteReasonBackendNotFound, "Service %s/%s has no port %d", out.Namespace, out.Name, out.Port)
 	}
 	return out
 }
@@ -644,7 +646,7 @@ func (t *translator) grpcRule(c routeCtx, i int, rule gwv1.GRPCRouteRule) *meshv
 	var unsupported []string
 	for _, f := range rule.Filters {
 		if mf, reason := t.grpcFilter(c, where, f); reason != "" {
-			unsupported = append(unsupported, reason)
+			unsupported = append(unsupported, t.unsupported(c, where, reason))
 		} else if mf != nil {
 			out.Filters = append(out.Filters, mf)
 		}
@@ -654,8 +656,9 @@ func (t *translator) grpcRule(c routeCtx, i int, rule gwv1.GRPCRouteRule) *meshv
 		hb := t.httpBackend(c, where, b.BackendRef, nil)
 		var bad []string
 		for _, f := range b.Filters {
-			if mf, reason := t.grpcFilter(c, where+" backend "+string(b.Name), f); reason != "" {
-				bad = append(bad, reason)
+			bwhere := where + " backend " + string(b.Name)
+			if mf, reason := t.grpcFilter(c, bwhere, f); reason != "" {
+				bad = append(bad, t.unsupported(c, bwhere, reason))
 			} else if mf != nil {
 				hb.Filters = append(hb.Filters, mf)
 			}

@@ -21,7 +21,16 @@ import (
 // unique, or an *InvalidError listing the problems with their origins; there
 // is no partial result, so a caller keeps its last good snapshot.
 func Translate(objs []Object, opts Options) (*Snapshot, error) {
-	t := &translator{
+	t := newTranslator(opts)
+	t.run(objs)
+	if err := t.ps.err(); err != nil {
+		return nil, err
+	}
+	return t.out, nil
+}
+
+func newTranslator(opts Options) *translator {
+	return &translator{
 		opts:       opts.withDefaults(),
 		namespaces: map[string]*namespaceInfo{},
 		pods:       map[nsName]*podInfo{},
@@ -32,6 +41,9 @@ func Translate(objs []Object, opts Options) (*Snapshot, error) {
 		seen:       map[string]string{},
 		out:        newSnapshot(),
 	}
+}
+
+func (t *translator) run(objs []Object) {
 	t.collect(objs)
 	t.translateWaypoints()
 	t.checkWaypointLabels()
@@ -41,10 +53,6 @@ func Translate(objs []Object, opts Options) (*Snapshot, error) {
 	t.translateRoutes()
 	t.checkAddresses()
 	t.checkOutput()
-	if err := t.ps.err(); err != nil {
-		return nil, err
-	}
-	return t.out, nil
 }
 
 type nsName struct{ ns, name string }
@@ -112,10 +120,14 @@ type translator struct {
 	grants     map[string][]*gwv1.ReferenceGrant // by namespace
 	seen       map[string]string                 // "Kind ns/name" -> origin
 	out        *Snapshot
+	reports    *Reports // nil unless Analyze asked for them
 }
 
 func (t *translator) problem(origin, object, format string, args ...any) {
 	t.ps.add(origin, object, format, args...)
+	if r := t.reports.route(object); r != nil {
+		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	}
 }
 
 // collect indexes the objects, defaulting namespaces and refusing duplicates.
@@ -304,14 +316,7 @@ func useWaypoint(l map[string]string, ns string) (ref *nsName, set bool) {
 // and the binding holds only if the waypoint serves that kind of traffic
 // (want: service or workload).
 func (t *translator) bindWaypoint(objLabels map[string]string, ns, want string) *meshv1.Ref {
-	ref, set := useWaypoint(objLabels, ns)
-	if !set {
-		ref, set = useWaypoint(t.namespaces[ns].labels(), ns)
-	}
-	if !set || ref == nil {
-		return nil
-	}
-	g := t.gateways[*ref]
+	ref, g := t.resolveWaypoint(objLabels, ns)
 	if g == nil || g.out == nil {
 		return nil // reported by checkWaypointLabels
 	}
@@ -319,6 +324,20 @@ func (t *translator) bindWaypoint(objLabels map[string]string, ns, want string) 
 		return nil
 	}
 	return &meshv1.Ref{Namespace: ref.ns, Name: ref.name}
+}
+
+// resolveWaypoint finds the waypoint an object's labels (or else its
+// namespace's) name: ref is nil when nothing is named, g nil when the named
+// Gateway does not exist.
+func (t *translator) resolveWaypoint(objLabels map[string]string, ns string) (ref *nsName, g *gatewayInfo) {
+	ref, set := useWaypoint(objLabels, ns)
+	if !set {
+		ref, _ = useWaypoint(t.namespaces[ns].labels(), ns)
+	}
+	if ref == nil {
+		return nil, nil
+	}
+	return ref, t.gateways[*ref]
 }
 
 // preparePods parses each pod's addresses and readiness and finds waypoint pods.
