@@ -1,0 +1,156 @@
+package deployer
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+func testGateway() *gwv1.Gateway {
+	return &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Namespace: "shop", UID: "6b1f1a52-0000-4000-8000-000000000001"},
+		Spec: gwv1.GatewaySpec{
+			GatewayClassName: "causeway-waypoint",
+			Listeners:        []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}},
+		},
+	}
+}
+
+func testValues() Values {
+	return Values{
+		Image:                "causeway/waypoint:v1",
+		XDSAddress:           "causeway-controlplane.causeway-system.svc:15012",
+		ControlPlaneIdentity: "spiffe://cluster.local/ns/causeway-system/sa/controlplane",
+		TrustDomain:          "cluster.local",
+		TokenAudience:        "causeway-ca",
+		RootCert:             "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+	}
+}
+
+// renderYAML is what the deployer would apply, as YAML documents.
+func renderYAML(t *testing.T, tmpl *Template, gw *gwv1.Gateway, v Values) string {
+	t.Helper()
+	children, err := tmpl.Render(gw, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []string
+	for _, c := range children {
+		b, err := yaml.Marshal(c.Apply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, string(b))
+	}
+	return strings.Join(docs, "---\n")
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("rendering differs from %s (run with -update after checking):\n%s", path, got)
+	}
+}
+
+func TestDefaultTemplateGolden(t *testing.T) {
+	golden(t, "default.golden.yaml", renderYAML(t, DefaultTemplate(), testGateway(), testValues()))
+
+	gw := testGateway()
+	gw.Name = "edge"
+	gw.Spec.Listeners[0].Port = 16008
+	v := testValues()
+	v.Replicas = 3
+	v.ImagePullPolicy = "Never"
+	golden(t, "port-replicas.golden.yaml", renderYAML(t, DefaultTemplate(), gw, v))
+}
+
+func TestTemplateFromFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tmpl.yaml")
+	text := `
+# a minimal template: a template may leave kinds out
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{quote .Name}}
+  namespace: {{quote .Namespace}}
+  # a template cannot hand its objects to another owner
+  ownerReferences: [{apiVersion: v1, kind: ConfigMap, name: other, uid: "1"}]
+---
+`
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := LoadTemplate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "file.golden.yaml", renderYAML(t, tmpl, testGateway(), testValues()))
+}
+
+func TestTemplateRefusals(t *testing.T) {
+	for _, c := range []struct{ name, text, want string }{
+		{"another kind", "apiVersion: v1\nkind: Secret\nmetadata: {name: '{{.Name}}', namespace: '{{.Namespace}}'}\n", "kind v1 Secret"},
+		{"another name", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: admin, namespace: '{{.Namespace}}'}\n", "must be named shop/waypoint"},
+		{"another namespace", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: '{{.Name}}', namespace: kube-system}\n", "must be named shop/waypoint"},
+		{"no namespace", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: '{{.Name}}'}\n", "must be named shop/waypoint"},
+		{"twice", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: '{{.Name}}', namespace: '{{.Namespace}}'}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: '{{.Name}}', namespace: '{{.Namespace}}'}\n", "a second ServiceAccount"},
+		{"unknown field", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: '{{.Name}}', namespace: '{{.Namespace}}'}\nsecretz: []\n", "unknown field"},
+		{"missing value", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: '{{.Nmae}}'}\n", "Nmae"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tmpl, err := ParseTemplate(c.name, c.text)
+			if err == nil {
+				_, err = tmpl.Render(testGateway(), testValues())
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, c.want)
+			}
+		})
+	}
+	gw := testGateway()
+	gw.Spec.Listeners[0].Protocol = "HTTP"
+	if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), "no listener with protocol HBONE") {
+		t.Fatalf("a Gateway without an HBONE listener: got %v", err)
+	}
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, make([]byte, maxTemplateBytes+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadTemplate(big); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("an oversized template: got %v", err)
+	}
+}
+
+// A name that YAML would read as something else stays a string.
+func TestQuoteKeepsStrings(t *testing.T) {
+	gw := testGateway()
+	v := testValues()
+	v.Image = "img: {x: 1}\n- y"
+	children, err := DefaultTemplate().Render(gw, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := children[len(children)-1].Apply.(*appsv1ac.DeploymentApplyConfiguration)
+	if got := *d.Spec.Template.Spec.Containers[0].Image; got != v.Image {
+		t.Fatalf("image = %q, want %q", got, v.Image)
+	}
+}
