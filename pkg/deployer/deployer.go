@@ -1,0 +1,475 @@
+// Package deployer runs waypoints for Gateways of class causeway-waypoint
+// (DESIGN §10): each becomes a ServiceAccount, a ConfigMap of the mesh roots,
+// a Service, a PodDisruptionBudget and a Deployment rendered from a template,
+// applied with server-side apply (field manager "causeway") and owned by the
+// Gateway, so that deleting the Gateway removes them by garbage collection.
+//
+// The deployer is a controller in the client-go style: informers on Gateways
+// and on the objects it made feed a work queue of Gateway names; a child's
+// change re-enqueues its Gateway, so a deleted or edited Deployment comes
+// back as the template says. It never takes over an object it did not make
+// (one without its owner reference to the Gateway): it refuses and reports.
+// Run it on the leader only: two deployers would fight over nothing, but
+// would double the writes.
+package deployer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+)
+
+// FieldManager is the server-side apply field manager of everything the
+// control plane writes.
+const FieldManager = "causeway"
+
+// Options configure a Deployer.
+type Options struct {
+	Client   kubernetes.Interface
+	Gateways gwclient.Interface
+	// TemplateFile is the waypoint template; empty: the built-in one. It is
+	// re-read every TemplateCheck, and a change re-applies every waypoint.
+	TemplateFile  string
+	TemplateCheck time.Duration // default 10s
+	// Values returns the template's values; it is called for every
+	// reconciliation, and checked for changes every TemplateCheck.
+	Values func() Values
+	Logger *zap.Logger
+	// Workers reconcile different Gateways in parallel (default 2).
+	Workers int
+}
+
+// Deployer is the waypoint controller. Build it with New; Run owns its
+// informers, queue and workers and returns when its context ends.
+type Deployer struct {
+	opts     Options
+	log      *zap.Logger
+	queue    workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	recorder record.EventRecorder
+	events   record.EventBroadcaster
+
+	mu         sync.Mutex
+	tmpl       *Template
+	tmplText   []byte // of TemplateFile, to notice changes
+	lastValues Values
+
+	gateways gwlisters.GatewayLister
+	children map[string]cache.GenericLister // by kind, only objects with the gateway-name label
+}
+
+// New checks the options and loads the template.
+func New(o Options) (*Deployer, error) {
+	if o.Client == nil || o.Gateways == nil || o.Values == nil || o.Logger == nil {
+		return nil, errors.New("deployer: Client, Gateways, Values and Logger are required")
+	}
+	if o.TemplateCheck <= 0 {
+		o.TemplateCheck = 10 * time.Second
+	}
+	if o.Workers <= 0 {
+		o.Workers = 2
+	}
+	d := &Deployer{opts: o, log: o.Logger, tmpl: DefaultTemplate()}
+	if o.TemplateFile != "" {
+		text, tmpl, err := d.readTemplate()
+		if err != nil {
+			return nil, err
+		}
+		d.tmpl, d.tmplText = tmpl, text
+	}
+	return d, nil
+}
+
+func (d *Deployer) readTemplate() ([]byte, *Template, error) {
+	text, err := os.ReadFile(d.opts.TemplateFile)
+	if err != nil {
+		return nil, nil, fmt.Errorf("waypoint template: %w", err)
+	}
+	tmpl, err := LoadTemplate(d.opts.TemplateFile)
+	return text, tmpl, err
+}
+
+// Run starts the informers and workers and blocks until ctx ends.
+func (d *Deployer) Run(ctx context.Context) error {
+	d.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName](),
+		workqueue.TypedRateLimitingQueueConfig[types.NamespacedName]{Name: "waypoint-deployer"})
+	defer d.queue.ShutDown()
+	sch := runtime.NewScheme()
+	utilruntime.Must(scheme.AddToScheme(sch))
+	utilruntime.Must(gwv1.Install(sch))
+	d.events = record.NewBroadcaster(record.WithContext(ctx))
+	defer d.events.Shutdown()
+	d.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: d.opts.Client.CoreV1().Events("")})
+	d.recorder = d.events.NewRecorder(sch, corev1.EventSource{Component: "causeway-waypoint-deployer"})
+
+	gwf := gwinformers.NewSharedInformerFactory(d.opts.Gateways, 0)
+	gwInf := gwf.Gateway().V1().Gateways()
+	d.gateways = gwInf.Lister()
+	if _, err := gwInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: d.enqueueGateway,
+		UpdateFunc: func(old, cur any) {
+			o, c := old.(*gwv1.Gateway), cur.(*gwv1.Gateway)
+			if o.Generation != c.Generation || o.UID != c.UID {
+				d.enqueueGateway(cur) // status writes alone change nothing here
+			}
+		},
+		DeleteFunc: d.enqueueGateway,
+	}); err != nil {
+		return err
+	}
+	// Only the objects carrying the gateway-name label are watched; a
+	// same-named object without it is found by a live read (canManage).
+	kf := informers.NewSharedInformerFactoryWithOptions(d.opts.Client, 0,
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = config.LabelGatewayName }))
+	d.children = map[string]cache.GenericLister{}
+	for kind, k := range kinds {
+		inf, err := kf.ForResource(k.gvr)
+		if err != nil {
+			return err
+		}
+		d.children[kind] = inf.Lister()
+		if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: d.enqueueOwner,
+			UpdateFunc: func(old, cur any) {
+				if childChanged(old, cur) {
+					d.enqueueOwner(cur)
+				}
+			},
+			DeleteFunc: d.enqueueOwner,
+		}); err != nil {
+			return err
+		}
+	}
+	gwf.Start(ctx.Done())
+	kf.Start(ctx.Done())
+	defer gwf.Shutdown()
+	defer kf.Shutdown()
+	for typ, ok := range gwf.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("deployer: cache of %v did not sync", typ)
+		}
+	}
+	for typ, ok := range kf.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("deployer: cache of %v did not sync", typ)
+		}
+	}
+	d.lastValues = d.opts.Values()
+	var wg sync.WaitGroup
+	for range d.opts.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for d.processNext(ctx) {
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		wait.UntilWithContext(ctx, d.checkForChanges, d.opts.TemplateCheck)
+	}()
+	d.log.Info("waypoint deployer started")
+	<-ctx.Done()
+	d.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+// childKind is how the deployer reads, watches and deletes one kind of child.
+type childKind struct {
+	gvr schema.GroupVersionResource
+	get func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error)
+	del func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error
+}
+
+var kinds = map[string]childKind{
+	"ServiceAccount": {corev1.SchemeGroupVersion.WithResource("serviceaccounts"),
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
+			return cs.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
+			return cs.CoreV1().ServiceAccounts(ns).Delete(ctx, name, o)
+		}},
+	"ConfigMap": {corev1.SchemeGroupVersion.WithResource("configmaps"),
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
+			return cs.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
+			return cs.CoreV1().ConfigMaps(ns).Delete(ctx, name, o)
+		}},
+	"Service": {corev1.SchemeGroupVersion.WithResource("services"),
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
+			return cs.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
+			return cs.CoreV1().Services(ns).Delete(ctx, name, o)
+		}},
+	"PodDisruptionBudget": {policyv1.SchemeGroupVersion.WithResource("poddisruptionbudgets"),
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
+			return cs.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
+			return cs.PolicyV1().PodDisruptionBudgets(ns).Delete(ctx, name, o)
+		}},
+	"Deployment": {appsv1.SchemeGroupVersion.WithResource("deployments"),
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
+			return cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
+			return cs.AppsV1().Deployments(ns).Delete(ctx, name, o)
+		}},
+}
+
+// childChanged ignores updates that change only an object's status (a
+// Deployment's replica counts move with every pod).
+func childChanged(old, cur any) bool {
+	o, ok1 := old.(metav1.Object)
+	c, ok2 := cur.(metav1.Object)
+	if !ok1 || !ok2 {
+		return true
+	}
+	if c.GetGeneration() == 0 {
+		return o.GetResourceVersion() != c.GetResourceVersion()
+	}
+	return o.GetGeneration() != c.GetGeneration() ||
+		!reflect.DeepEqual(o.GetLabels(), c.GetLabels()) ||
+		!reflect.DeepEqual(o.GetAnnotations(), c.GetAnnotations()) ||
+		!reflect.DeepEqual(o.GetOwnerReferences(), c.GetOwnerReferences())
+}
+
+func (d *Deployer) enqueueGateway(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err == nil {
+		d.queue.Add(types.NamespacedName{Namespace: ns, Name: name})
+	}
+}
+
+// enqueueOwner enqueues the Gateway that controls a child.
+func (d *Deployer) enqueueOwner(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	if ref := metav1.GetControllerOf(m); ref != nil && ref.Kind == "Gateway" && ref.APIVersion == gwv1.GroupVersion.String() {
+		d.queue.Add(types.NamespacedName{Namespace: m.GetNamespace(), Name: ref.Name})
+	}
+}
+
+// checkForChanges re-reads the template file and the values; a change
+// re-applies every waypoint.
+func (d *Deployer) checkForChanges(ctx context.Context) {
+	changed := false
+	if d.opts.TemplateFile != "" {
+		text, tmpl, err := d.readTemplate()
+		d.mu.Lock()
+		switch {
+		case err != nil:
+			if !bytes.Equal(text, d.tmplText) {
+				d.log.Error("waypoint template rejected; the previous one stays in force", zap.Error(err))
+				d.tmplText = text // report once per change
+			}
+		case !bytes.Equal(text, d.tmplText):
+			d.tmpl, d.tmplText = tmpl, text
+			changed = true
+			d.log.Info("waypoint template changed", zap.String("file", d.opts.TemplateFile))
+		}
+		d.mu.Unlock()
+	}
+	if v := d.opts.Values(); v != d.lastValues {
+		d.lastValues = v
+		changed = true
+	}
+	if changed {
+		d.enqueueAll()
+	}
+}
+
+func (d *Deployer) enqueueAll() {
+	gws, err := d.gateways.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	for _, gw := range gws {
+		d.queue.Add(types.NamespacedName{Namespace: gw.Namespace, Name: gw.Name})
+	}
+}
+
+func (d *Deployer) processNext(ctx context.Context) bool {
+	key, quit := d.queue.Get()
+	if quit {
+		return false
+	}
+	defer d.queue.Done(key)
+	if err := d.Reconcile(ctx, key); err != nil {
+		d.log.Warn("waypoint not reconciled; retrying", zap.Stringer("gateway", key), zap.Error(err))
+		d.queue.AddRateLimited(key)
+		return true
+	}
+	d.queue.Forget(key)
+	return true
+}
+
+// Reconcile brings one Gateway's children in line with the template. A
+// Gateway that is gone needs nothing: garbage collection removes what it
+// owned. A Gateway that is no (longer a) waypoint loses the children it owns.
+func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) error {
+	gw, err := d.gateways.Gateways(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if gw.DeletionTimestamp != nil {
+		return nil
+	}
+	var children []Child
+	if string(gw.Spec.GatewayClassName) == config.WaypointClass {
+		d.mu.Lock()
+		tmpl := d.tmpl
+		d.mu.Unlock()
+		children, err = tmpl.Render(gw, d.opts.Values())
+		if err != nil {
+			d.recorder.Event(gw, corev1.EventTypeWarning, "InvalidWaypoint", err.Error())
+			return err
+		}
+	}
+	rendered := map[string]bool{}
+	for _, c := range children {
+		rendered[c.Kind] = true
+		if err := d.canManage(ctx, gw, c); err != nil {
+			d.recorder.Event(gw, corev1.EventTypeWarning, "NotOwned", err.Error())
+			return err
+		}
+		if err := d.apply(ctx, c); err != nil {
+			d.recorder.Eventf(gw, corev1.EventTypeWarning, "ApplyFailed", "%s %s/%s: %v", c.Kind, c.Namespace, c.Name, err)
+			return fmt.Errorf("%s %s/%s: %w", c.Kind, c.Namespace, c.Name, err)
+		}
+	}
+	return d.prune(ctx, gw, rendered)
+}
+
+// canManage refuses a child that exists without the Gateway's owner
+// reference: someone else's object, or one left by an earlier Gateway of the
+// same name (garbage collection will remove that one, and its deletion
+// re-enqueues the Gateway).
+func (d *Deployer) canManage(ctx context.Context, gw *gwv1.Gateway, c Child) error {
+	existing, err := d.current(ctx, c.Kind, c.Namespace, c.Name)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ownedBy(existing, gw) {
+		return nil
+	}
+	return fmt.Errorf("%s %s/%s exists and is not owned by Gateway %s/%s: not managing it", c.Kind, c.Namespace, c.Name, gw.Namespace, gw.Name)
+}
+
+func ownedBy(m metav1.Object, gw *gwv1.Gateway) bool {
+	for _, r := range m.GetOwnerReferences() {
+		if r.UID == gw.UID {
+			return true
+		}
+	}
+	return false
+}
+
+// current reads a child from the cache, or from the API server when the
+// cache (which holds only labelled objects) does not have it.
+func (d *Deployer) current(ctx context.Context, kind, ns, name string) (metav1.Object, error) {
+	if obj, err := d.children[kind].ByNamespace(ns).Get(name); err == nil {
+		return obj.(metav1.Object), nil
+	}
+	return kinds[kind].get(ctx, d.opts.Client, ns, name)
+}
+
+func (d *Deployer) apply(ctx context.Context, c Child) error {
+	opts := metav1.ApplyOptions{FieldManager: FieldManager, Force: true}
+	cs := d.opts.Client
+	var err error
+	switch o := c.Apply.(type) {
+	case *corev1ac.ServiceAccountApplyConfiguration:
+		_, err = cs.CoreV1().ServiceAccounts(c.Namespace).Apply(ctx, o, opts)
+	case *corev1ac.ConfigMapApplyConfiguration:
+		_, err = cs.CoreV1().ConfigMaps(c.Namespace).Apply(ctx, o, opts)
+	case *corev1ac.ServiceApplyConfiguration:
+		_, err = cs.CoreV1().Services(c.Namespace).Apply(ctx, o, opts)
+	case *policyv1ac.PodDisruptionBudgetApplyConfiguration:
+		_, err = cs.PolicyV1().PodDisruptionBudgets(c.Namespace).Apply(ctx, o, opts)
+	case *appsv1ac.DeploymentApplyConfiguration:
+		_, err = cs.AppsV1().Deployments(c.Namespace).Apply(ctx, o, opts)
+	default:
+		err = fmt.Errorf("unexpected apply configuration %T", c.Apply)
+	}
+	return err
+}
+
+// prune deletes the children this Gateway owns that the template no longer
+// renders (all of them when the Gateway stopped being a waypoint).
+func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, rendered map[string]bool) error {
+	for kind, lister := range d.children {
+		if rendered[kind] {
+			continue
+		}
+		obj, err := lister.ByNamespace(gw.Namespace).Get(gw.Name)
+		if err != nil {
+			continue // not there (the cache holds every labelled child)
+		}
+		m := obj.(metav1.Object)
+		if !ownedBy(m, gw) {
+			continue
+		}
+		uid := m.GetUID()
+		del := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+		err = kinds[kind].del(ctx, d.opts.Client, gw.Namespace, gw.Name, del)
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("deleting %s %s/%s: %w", kind, gw.Namespace, gw.Name, err)
+		}
+		d.log.Info("deleted a waypoint object no longer rendered", zap.String("kind", kind), zap.String("name", gw.Namespace+"/"+gw.Name))
+	}
+	return nil
+}
