@@ -1,0 +1,287 @@
+package deployer
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
+)
+
+func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
+
+// mutableValues lets a test change the deployer's values as it runs.
+type mutableValues struct {
+	mu sync.Mutex
+	v  Values
+}
+
+func (m *mutableValues) get() Values {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.v
+}
+
+func (m *mutableValues) set(f func(*Values)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f(&m.v)
+}
+
+type fixture struct {
+	t      *testing.T
+	ctx    context.Context
+	cs     kubernetes.Interface
+	gw     gwclient.Interface
+	ns     string
+	values *mutableValues
+	tmpl   string // template file
+}
+
+func startDeployer(t *testing.T, ns string) *fixture {
+	env := kubetest.Shared(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &fixture{t: t, ctx: ctx, cs: env.Clientset(t), ns: ns, values: &mutableValues{v: testValues()},
+		tmpl: filepath.Join(t.TempDir(), "waypoint.yaml")}
+	var err error
+	if f.gw, err = gwclient.NewForConfig(env.Config); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f.tmpl, []byte(defaultTemplate), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Client: f.cs, Gateways: f.gw, TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
+		Values: f.values.get, Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("deployer: %v", err)
+		}
+	})
+	return f
+}
+
+func (f *fixture) createGateway(name string, port int32) *gwv1.Gateway {
+	f.t.Helper()
+	gw, err := f.gw.GatewayV1().Gateways(f.ns).Create(f.ctx, &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: gwv1.GatewaySpec{GatewayClassName: config.WaypointClass,
+			Listeners: []gwv1.Listener{{Name: "mesh", Port: gwv1.PortNumber(port), Protocol: config.WaypointProtocol}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return gw
+}
+
+// waitFor polls cond for up to 20 s (a busy two-core machine), failing with what.
+func (f *fixture) waitFor(what string, cond func() (bool, error)) {
+	f.t.Helper()
+	if err := kubetest.WaitFor(f.ctx, 20*time.Second, cond); err != nil {
+		f.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// children returns a waypoint's objects that exist.
+func (f *fixture) children(name string) map[string]metav1.Object {
+	out := map[string]metav1.Object{}
+	for kind, k := range kinds {
+		if o, err := k.get(f.ctx, f.cs, f.ns, name); err == nil {
+			out[kind] = o
+		}
+	}
+	return out
+}
+
+func appliedByCauseway(o metav1.Object) bool {
+	for _, mf := range o.GetManagedFields() {
+		if mf.Manager == FieldManager && mf.Operation == metav1.ManagedFieldsOperationApply {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDeployerCreatesUpdatesAndCollects(t *testing.T) {
+	f := startDeployer(t, "deploy-life")
+	gw := f.createGateway("waypoint", 15008)
+
+	f.waitFor("all five children", func() (bool, error) { return len(f.children("waypoint")) == len(kinds), nil })
+	for kind, o := range f.children("waypoint") {
+		if !ownedBy(o, gw) || metav1.GetControllerOf(o) == nil {
+			t.Errorf("%s: owner references %v, want the Gateway (uid %s) as controller", kind, o.GetOwnerReferences(), gw.UID)
+		}
+		if !appliedByCauseway(o) {
+			t.Errorf("%s: not server-side applied by %q: %v", kind, FieldManager, o.GetManagedFields())
+		}
+		if o.GetLabels()[config.LabelGatewayName] != "waypoint" {
+			t.Errorf("%s: labels %v", kind, o.GetLabels())
+		}
+	}
+	dep, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := dep.Spec.Template
+	if pod.Labels[config.LabelGatewayName] != "waypoint" || pod.Labels[config.LabelDataplaneMode] != config.DataplaneModeNone {
+		t.Errorf("pod labels %v: want the gateway name and dataplane-mode none", pod.Labels)
+	}
+	if pod.Spec.ServiceAccountName != "waypoint" {
+		t.Errorf("pods run as %q, want the waypoint's ServiceAccount", pod.Spec.ServiceAccountName)
+	}
+
+	// A changed Gateway: the new listener port reaches the Service and the pods.
+	cur, err := f.gw.GatewayV1().Gateways(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Listeners[0].Port = 15009
+	if _, err := f.gw.GatewayV1().Gateways(f.ns).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the Service on the new port", func() (bool, error) {
+		s, err := f.cs.CoreV1().Services(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		return err == nil && len(s.Spec.Ports) == 1 && s.Spec.Ports[0].Port == 15009, err
+	})
+
+	// Changed values (new roots) reach the ConfigMap.
+	f.values.set(func(v *Values) { v.RootCert = "NEW ROOTS" })
+	f.waitFor("the new roots", func() (bool, error) {
+		cm, err := f.cs.CoreV1().ConfigMaps(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		return err == nil && cm.Data["root-cert.pem"] == "NEW ROOTS", err
+	})
+
+	// A changed template: more replicas, and no PodDisruptionBudget any more.
+	text := strings.Replace(defaultTemplate, "replicas: {{.Replicas}}", "replicas: 5", 1)
+	i := strings.Index(text, "apiVersion: policy/v1")
+	j := strings.Index(text[i:], "---\n")
+	text = text[:i] + text[i+j+4:]
+	if err := os.WriteFile(f.tmpl, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("five replicas and no PodDisruptionBudget", func() (bool, error) {
+		d, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		if err != nil || *d.Spec.Replicas != 5 {
+			return false, err
+		}
+		_, err = f.cs.PolicyV1().PodDisruptionBudgets(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+
+	// A deleted child comes back.
+	if err := f.cs.AppsV1().Deployments(f.ns).Delete(f.ctx, "waypoint", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the Deployment re-created", func() (bool, error) {
+		d, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		return err == nil && d.UID != dep.UID, nil
+	})
+
+	// A Gateway that stops being a waypoint loses its children.
+	cur, err = f.gw.GatewayV1().Gateways(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.GatewayClassName = "someone-elses"
+	if _, err := f.gw.GatewayV1().Gateways(f.ns).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("children deleted", func() (bool, error) { return len(f.children("waypoint")) == 0, nil })
+}
+
+// Garbage collection is the controller-manager's work; the test runs the
+// real one against the test apiserver.
+func TestDeletedGatewayIsCollected(t *testing.T) {
+	f := startDeployer(t, "deploy-gc")
+	startGarbageCollector(t, kubetest.Shared(t))
+	f.createGateway("waypoint", 15008)
+	f.waitFor("all five children", func() (bool, error) { return len(f.children("waypoint")) == len(kinds), nil })
+	if err := f.gw.GatewayV1().Gateways(f.ns).Delete(f.ctx, "waypoint", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("children collected", func() (bool, error) { return len(f.children("waypoint")) == 0, nil })
+}
+
+func TestDeployerRefusesObjectsItDidNotMake(t *testing.T) {
+	f := startDeployer(t, "deploy-foreign")
+	if _, err := f.cs.CoreV1().ServiceAccounts(f.ns).Create(f.ctx, &corev1.ServiceAccount{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Labels: map[string]string{"team": "payments"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gw := f.createGateway("waypoint", 15008)
+	f.waitFor("a NotOwned event on the Gateway", func() (bool, error) {
+		evs, err := f.cs.CoreV1().Events(f.ns).List(f.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.UID == gw.UID && e.Reason == "NotOwned" && strings.Contains(e.Message, "ServiceAccount deploy-foreign/waypoint exists and is not owned") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	sa, err := f.cs.CoreV1().ServiceAccounts(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sa.OwnerReferences) != 0 || appliedByCauseway(sa) || sa.Labels[config.LabelGatewayName] != "" {
+		t.Errorf("the foreign ServiceAccount was touched: %+v", sa.ObjectMeta)
+	}
+	if _, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a Deployment was made for a waypoint whose identity is someone else's: %v", err)
+	}
+}
+
+// startGarbageCollector runs kube-controller-manager's garbage collector
+// against env until the test ends.
+func startGarbageCollector(t *testing.T, env *kubetest.Env) {
+	bin := filepath.Join(kubetest.BinDir(), "kube-controller-manager")
+	if _, err := os.Stat(bin); err != nil {
+		t.Skipf("kube-controller-manager not found in %s: garbage collection not tested (owner references are, in TestDeployerCreatesUpdatesAndCollects)", kubetest.BinDir())
+	}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "kube-controller-manager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--kubeconfig="+env.Kubeconfig, "--controllers=garbagecollector",
+		"--leader-elect=false", "--secure-port=0", "--v=1")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		_ = cmd.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("kube-controller-manager log:\n%s", b)
+		}
+	})
+}
