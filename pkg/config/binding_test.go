@@ -46,7 +46,21 @@ kind: Gateway
 metadata: {name: shared, namespace: infra, labels: {causeway.dev/waypoint-for: all}}
 spec:
   gatewayClassName: causeway-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE, allowedRoutes: {namespaces: {from: All}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: private, namespace: infra, labels: {causeway.dev/waypoint-for: all}}
+spec:
+  gatewayClassName: causeway-waypoint
   listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: selective, namespace: infra, labels: {causeway.dev/waypoint-for: all}}
+spec:
+  gatewayClassName: causeway-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE, allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {team: infra}}}}}]
 `
 
 func labelsYAML(kv map[string]string) string {
@@ -123,6 +137,7 @@ func TestWaypointBindingTable(t *testing.T) {
 		{name: "pod label naming a service waypoint binds nothing", pod: map[string]string{use: "wp-svc"}},
 		{name: "service label naming a workload waypoint binds nothing", svc: map[string]string{use: "wp-wl"}},
 		{name: "cross-namespace waypoint", ns: map[string]string{use: "shared", useNS: "infra"}, wantSvc: "infra/shared", wantWorkld: "infra/shared"},
+		{name: "cross-namespace waypoint selecting the namespace", ns: map[string]string{use: "selective", useNS: "infra", "team": "infra"}, wantSvc: "infra/selective", wantWorkld: "infra/selective"},
 		{name: "pod label with its own namespace", ns: map[string]string{use: "wp-svc"}, pod: map[string]string{use: "shared", useNS: "infra"}, wantSvc: "app/wp-svc", wantWorkld: "infra/shared"},
 		{name: "namespace none, service binds", ns: map[string]string{use: "none"}, svc: map[string]string{use: "wp-all"}, wantSvc: "app/wp-all"},
 	}
@@ -153,6 +168,28 @@ func TestWaypointBindingDangling(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := translateYAML(t, bindingConfig(c.ns, c.svc, c.pod))
 			wantProblem(t, err, "file0.yaml", "dangling reference")
+			if !strings.Contains(err.Error(), c.object) {
+				t.Errorf("error does not name %s: %v", c.object, err)
+			}
+		})
+	}
+}
+
+// A waypoint in another namespace serves only namespaces its listener admits.
+func TestWaypointBindingNotAdmitted(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		ns, svc, pod map[string]string
+		object       string
+	}{
+		{name: "namespace, default Same", ns: map[string]string{LabelUseWaypoint: "private", LabelUseWaypointNamespace: "infra"}, object: "Namespace app"},
+		{name: "service, selector not matching", svc: map[string]string{LabelUseWaypoint: "selective", LabelUseWaypointNamespace: "infra"}, object: "Service app/s"},
+		{name: "pod, default Same", pod: map[string]string{LabelUseWaypoint: "private", LabelUseWaypointNamespace: "infra"}, object: "Pod app/p"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := translateYAML(t, bindingConfig(c.ns, c.svc, c.pod))
+			wantProblem(t, err, "file0.yaml", "waypoint infra/")
+			wantProblem(t, err, "file0.yaml", "does not admit namespace app")
 			if !strings.Contains(err.Error(), c.object) {
 				t.Errorf("error does not name %s: %v", c.object, err)
 			}

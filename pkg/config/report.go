@@ -160,6 +160,8 @@ func (t *translator) reportServiceBindings() {
 		case g == nil || g.out == nil:
 			b.Problem = fmt.Sprintf("waypoint %s does not exist: no Gateway of class %s named %s in namespace %s",
 				ref, WaypointClass, ref.name, ref.ns)
+		case !WaypointAdmits(g.gw, id.ns, t.namespaces[id.ns].labels()):
+			b.Problem = notAdmitted(ref, id.ns)
 		case g.out.WaypointFor == meshv1.WaypointForWorkload:
 			b.Problem = fmt.Sprintf("waypoint %s serves workload traffic only (label %s=%s)", ref, LabelWaypointFor, g.out.WaypointFor)
 		case s.out == nil:

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -270,9 +271,13 @@ func (t *translator) checkWaypointLabels() {
 		if !set || ref == nil {
 			return
 		}
-		if g := t.gateways[*ref]; g == nil || g.out == nil {
+		g := t.gateways[*ref]
+		switch {
+		case g == nil || g.out == nil:
 			t.problem(origin, obj, "dangling reference: %s=%s names waypoint %s, which is not a Gateway of class %s",
 				LabelUseWaypoint, ref.name, ref, WaypointClass)
+		case !WaypointAdmits(g.gw, ns, t.namespaces[ns].labels()):
+			t.problem(origin, obj, "%s: %s", LabelUseWaypoint, notAdmitted(ref, ns))
 		}
 	}
 	names := make([]string, 0, len(t.namespaces))
@@ -338,6 +343,40 @@ func (t *translator) resolveWaypoint(objLabels map[string]string, ns string) (re
 		return nil, nil
 	}
 	return ref, t.gateways[*ref]
+}
+
+// WaypointAdmits reports whether a waypoint takes the traffic of namespace
+// ns (with labels nsLabels): its own namespace's always, another's only as
+// its HBONE listener's allowedRoutes.namespaces says (from All, or a
+// Selector matching the namespace), as Istio does. Without this, anyone who
+// can label a namespace could send its traffic through, and have it
+// authorized by, a waypoint of another team.
+func WaypointAdmits(gw *gwv1.Gateway, ns string, nsLabels map[string]string) bool {
+	if gw.Namespace == ns {
+		return true
+	}
+	for _, l := range gw.Spec.Listeners {
+		if string(l.Protocol) != WaypointProtocol {
+			continue
+		}
+		if l.AllowedRoutes == nil || l.AllowedRoutes.Namespaces == nil || l.AllowedRoutes.Namespaces.From == nil {
+			return false // the default is Same
+		}
+		switch *l.AllowedRoutes.Namespaces.From {
+		case gwv1.NamespacesFromAll:
+			return true
+		case gwv1.NamespacesFromSelector:
+			sel, err := metav1.LabelSelectorAsSelector(l.AllowedRoutes.Namespaces.Selector)
+			return err == nil && l.AllowedRoutes.Namespaces.Selector != nil && sel.Matches(labels.Set(nsLabels))
+		}
+		return false
+	}
+	return false
+}
+
+func notAdmitted(ref *nsName, ns string) string {
+	return fmt.Sprintf("waypoint %s does not admit namespace %s (its %s listener's allowedRoutes.namespaces must be from All, or a Selector matching the namespace)",
+		ref, ns, WaypointProtocol)
 }
 
 // preparePods parses each pod's addresses and readiness and finds waypoint pods.
