@@ -1,0 +1,68 @@
+package admission
+
+import (
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// Webhook names in the ValidatingWebhookConfiguration.
+const (
+	RoutesWebhook    = "routes.validation.causeway.dev"
+	WorkloadsWebhook = "workloads.validation.causeway.dev"
+)
+
+// Configuration is the ValidatingWebhookConfiguration that sends the
+// apiserver's reviews to the webhook at cc (a Service in the cluster, or a
+// URL), with cc.CABundle the mesh roots.
+//
+//   - Routes (HTTPRoute, GRPCRoute): failurePolicy Fail. A route the mesh
+//     would reject must not slip in while the control plane is away; route
+//     edits can wait for it.
+//   - Workloads (Namespace, Service, Pod): failurePolicy Ignore, and never
+//     for kube-system or the control plane's own namespace, so that an
+//     outage of the control plane cannot stop pods (its own included) from
+//     starting. The translation refuses the same things, so Ignore loses
+//     only the early message.
+//
+// Both have sideEffects None and a 5 s timeout, and match equivalent
+// versions (v1beta1 routes are converted to v1 for review).
+func Configuration(name, controlPlaneNamespace string, cc admissionregistrationv1.WebhookClientConfig) *admissionregistrationv1.ValidatingWebhookConfiguration {
+	none := admissionregistrationv1.SideEffectClassNone
+	fail, ignore := admissionregistrationv1.Fail, admissionregistrationv1.Ignore
+	equivalent := admissionregistrationv1.Equivalent
+	timeout := int32(5)
+	ops := []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+	rule := func(group, version string, resources ...string) admissionregistrationv1.RuleWithOperations {
+		scope := admissionregistrationv1.AllScopes
+		return admissionregistrationv1.RuleWithOperations{Operations: ops, Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{group}, APIVersions: []string{version}, Resources: resources, Scope: &scope}}
+	}
+	return &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:                    RoutesWebhook,
+			ClientConfig:            cc,
+			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(gwv1.GroupName, "v1", "httproutes", "grpcroutes")},
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}, {
+			Name:          WorkloadsWebhook,
+			ClientConfig:  cc,
+			Rules:         []admissionregistrationv1.RuleWithOperations{rule("", "v1", "namespaces", "services", "pods")},
+			FailurePolicy: &ignore,
+			MatchPolicy:   &equivalent,
+			NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+				Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpNotIn,
+				Values: []string{"kube-system", controlPlaneNamespace},
+			}}},
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+}
