@@ -21,9 +21,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/kubernetes"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
@@ -303,7 +303,9 @@ func emptyIndexer() cache.Indexer {
 	return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 }
 
-func emptyGateways(*testing.T) gwlisters.GatewayLister { return gwlisters.NewGatewayLister(emptyIndexer()) }
+func emptyGateways(*testing.T) gwlisters.GatewayLister {
+	return gwlisters.NewGatewayLister(emptyIndexer())
+}
 
 func emptyNamespaces(*testing.T) corelisters.NamespaceLister {
 	return corelisters.NewNamespaceLister(emptyIndexer())
