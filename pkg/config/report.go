@@ -16,6 +16,8 @@ import (
 type Reports struct {
 	// Routes by "HTTPRoute ns/name" or "GRPCRoute ns/name".
 	Routes map[string]*RouteReport
+	// Problems by object ("Kind ns/name"); a route's parentRefs are in its RouteReport.
+	Problems map[string][]string
 	// Services by "ns/name": the waypoint each Service with a
 	// use-waypoint label (its own or its namespace's) is bound to.
 	Services map[string]WaypointBinding
@@ -60,7 +62,7 @@ type WaypointBinding struct {
 // waypoint-labelled Service.
 func Analyze(objs []Object, opts Options) *Reports {
 	t := newTranslator(opts)
-	t.reports = &Reports{Routes: map[string]*RouteReport{}, Services: map[string]WaypointBinding{}}
+	t.reports = &Reports{Routes: map[string]*RouteReport{}, Problems: map[string][]string{}, Services: map[string]WaypointBinding{}}
 	t.run(objs)
 	t.reports.Err = t.ps.err()
 	t.reportServiceBindings()

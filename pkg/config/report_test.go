@@ -67,6 +67,9 @@ spec:
 	if len(refs.Unsupported) != 1 || !strings.Contains(refs.Unsupported[0], "rule 1: unsupported filter ExtensionRef") {
 		t.Errorf("unsupported: %q", refs.Unsupported)
 	}
+	if p := r.Problems["HTTPRoute shop/bad"]; len(p) != 1 {
+		t.Errorf("problems of the bad route by object: %q", p)
+	}
 	bad := r.Routes["HTTPRoute shop/bad"]
 	if len(bad.Problems) != 1 || !strings.Contains(bad.Problems[0], "regular expression") {
 		t.Errorf("bad route problems: %q", bad.Problems)

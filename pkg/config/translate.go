@@ -126,8 +126,15 @@ type translator struct {
 
 func (t *translator) problem(origin, object, format string, args ...any) {
 	t.ps.add(origin, object, format, args...)
+	if t.reports == nil {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if t.reports.Problems != nil {
+		t.reports.Problems[object] = append(t.reports.Problems[object], msg)
+	}
 	if r := t.reports.route(object); r != nil {
-		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+		r.Problems = append(r.Problems, msg)
 	}
 }
 
