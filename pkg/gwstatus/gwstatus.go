@@ -1,0 +1,538 @@
+// Package gwstatus writes the status the mesh owes the Gateway API objects
+// it serves: waypoint Gateways (Accepted, Programmed once the waypoint's
+// pods are ready, addresses), their GatewayClass (Accepted), the parent
+// entries of HTTPRoutes and GRPCRoutes attached to Services (Accepted,
+// ResolvedRefs), and a causeway.dev/WaypointBound condition on Services
+// that name a waypoint. What a route's status says comes from the
+// translation itself (config.Analyze), so status and served configuration
+// cannot disagree.
+//
+// Status is written only when it changes: a condition keeps its
+// lastTransitionTime while its status holds, and an object whose status
+// would not change is not written at all, so a new leader taking over
+// writes nothing. Run it on the leader only.
+package gwstatus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+)
+
+// ControllerName is the waypoint GatewayClass's controller (DESIGN §10).
+const ControllerName gwv1.GatewayController = "causeway.dev/waypoint-controller"
+
+// ConditionWaypointBound is the condition on a Service naming a waypoint.
+const ConditionWaypointBound = "causeway.dev/WaypointBound"
+
+// Options configure a Writer.
+type Options struct {
+	Client      kubernetes.Interface
+	Gateways    gwclient.Interface
+	Translation config.Options
+	Logger      *zap.Logger
+	// Debounce gathers a burst of changes into one pass (default 100ms).
+	Debounce time.Duration
+}
+
+// Writer computes and writes status. Build it with New; Run owns its
+// informers and returns when its context ends.
+type Writer struct {
+	opts     Options
+	log      *zap.Logger
+	recorder record.EventRecorder
+	kick     chan struct{}
+
+	namespaces  corelisters.NamespaceLister
+	services    corelisters.ServiceLister
+	deployments appslisters.DeploymentLister
+	classes     gwlisters.GatewayClassLister
+	gateways    gwlisters.GatewayLister
+	httpRoutes  gwlisters.HTTPRouteLister
+	grpcRoutes  gwlisters.GRPCRouteLister
+	grants      gwlisters.ReferenceGrantLister
+}
+
+// New checks the options.
+func New(o Options) (*Writer, error) {
+	if o.Client == nil || o.Gateways == nil || o.Logger == nil {
+		return nil, errors.New("gwstatus: Client, Gateways and Logger are required")
+	}
+	if o.Debounce <= 0 {
+		o.Debounce = 100 * time.Millisecond
+	}
+	return &Writer{opts: o, log: o.Logger, kick: make(chan struct{}, 1)}, nil
+}
+
+// Run watches the objects and writes status until ctx ends.
+func (w *Writer) Run(ctx context.Context) error {
+	sch := runtime.NewScheme()
+	utilruntime.Must(scheme.AddToScheme(sch))
+	utilruntime.Must(gwv1.Install(sch))
+	events := record.NewBroadcaster(record.WithContext(ctx))
+	defer events.Shutdown()
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: w.opts.Client.CoreV1().Events("")})
+	w.recorder = events.NewRecorder(sch, corev1.EventSource{Component: "causeway-status"})
+
+	kf := informers.NewSharedInformerFactory(w.opts.Client, 0)
+	df := informers.NewSharedInformerFactoryWithOptions(w.opts.Client, 0,
+		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = config.LabelGatewayName }))
+	gf := gwinformers.NewSharedInformerFactory(w.opts.Gateways, 0)
+	w.namespaces = kf.Core().V1().Namespaces().Lister()
+	w.services = kf.Core().V1().Services().Lister()
+	w.deployments = df.Apps().V1().Deployments().Lister()
+	w.classes = gf.Gateway().V1().GatewayClasses().Lister()
+	w.gateways = gf.Gateway().V1().Gateways().Lister()
+	w.httpRoutes = gf.Gateway().V1().HTTPRoutes().Lister()
+	w.grpcRoutes = gf.Gateway().V1().GRPCRoutes().Lister()
+	w.grants = gf.Gateway().V1().ReferenceGrants().Lister()
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { w.trigger() },
+		UpdateFunc: func(any, any) { w.trigger() },
+		DeleteFunc: func(any) { w.trigger() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{
+		kf.Core().V1().Namespaces().Informer(), kf.Core().V1().Services().Informer(),
+		df.Apps().V1().Deployments().Informer(),
+		gf.Gateway().V1().GatewayClasses().Informer(), gf.Gateway().V1().Gateways().Informer(),
+		gf.Gateway().V1().HTTPRoutes().Informer(), gf.Gateway().V1().GRPCRoutes().Informer(),
+		gf.Gateway().V1().ReferenceGrants().Informer(),
+	} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return err
+		}
+	}
+	kf.Start(ctx.Done())
+	df.Start(ctx.Done())
+	gf.Start(ctx.Done())
+	defer kf.Shutdown()
+	defer df.Shutdown()
+	defer gf.Shutdown()
+	for _, synced := range []map[reflect.Type]bool{kf.WaitForCacheSync(ctx.Done()), df.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
+		for typ, ok := range synced {
+			if !ok {
+				return fmt.Errorf("gwstatus: cache of %v did not sync", typ)
+			}
+		}
+	}
+	w.log.Info("status writer started")
+	w.trigger()
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.kick:
+		}
+		// Gather the burst, then write.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(w.opts.Debounce + backoff):
+		}
+		drain(w.kick)
+		if err := w.Sync(ctx); err != nil {
+			// A conflict or an apiserver error: the next pass recomputes
+			// from fresh caches.
+			w.log.Warn("status not fully written; retrying", zap.Error(err))
+			backoff = min(2*backoff+100*time.Millisecond, 10*time.Second)
+			w.trigger()
+			continue
+		}
+		backoff = 0
+	}
+}
+
+func drain(c chan struct{}) {
+	select {
+	case <-c:
+	default:
+	}
+}
+
+func (w *Writer) trigger() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Sync computes every status from the caches and writes what differs.
+func (w *Writer) Sync(ctx context.Context) error {
+	objs, err := w.objects()
+	if err != nil {
+		return err
+	}
+	rep := config.Analyze(objs, w.opts.Translation)
+	var errs []error
+	classes, _ := w.classes.List(labels.Everything())
+	for _, c := range classes {
+		errs = append(errs, w.syncClass(ctx, c))
+	}
+	gws, _ := w.gateways.List(labels.Everything())
+	for _, gw := range gws {
+		errs = append(errs, w.syncGateway(ctx, gw, rep))
+	}
+	hrs, _ := w.httpRoutes.List(labels.Everything())
+	for _, r := range hrs {
+		errs = append(errs, w.syncHTTPRoute(ctx, r, rep))
+	}
+	grs, _ := w.grpcRoutes.List(labels.Everything())
+	for _, r := range grs {
+		errs = append(errs, w.syncGRPCRoute(ctx, r, rep))
+	}
+	svcs, _ := w.services.List(labels.Everything())
+	for _, s := range svcs {
+		errs = append(errs, w.syncService(ctx, s, rep))
+	}
+	return errors.Join(errs...)
+}
+
+// objects are what the route and Service reports depend on, in a fixed
+// order so that messages do not reorder from pass to pass.
+func (w *Writer) objects() ([]config.Object, error) {
+	var objs []config.Object
+	add := func(kind, ns, name string, o runtime.Object) {
+		objs = append(objs, config.Object{Origin: "kubernetes " + kind + " " + ns + "/" + name, Obj: o})
+	}
+	nss, err := w.namespaces.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range nss {
+		add("Namespace", "", o.Name, o.DeepCopy())
+	}
+	svcs, _ := w.services.List(labels.Everything())
+	for _, o := range svcs {
+		add("Service", o.Namespace, o.Name, o.DeepCopy())
+	}
+	gws, _ := w.gateways.List(labels.Everything())
+	for _, o := range gws {
+		add("Gateway", o.Namespace, o.Name, o.DeepCopy())
+	}
+	hrs, _ := w.httpRoutes.List(labels.Everything())
+	for _, o := range hrs {
+		add("HTTPRoute", o.Namespace, o.Name, o.DeepCopy())
+	}
+	grs, _ := w.grpcRoutes.List(labels.Everything())
+	for _, o := range grs {
+		add("GRPCRoute", o.Namespace, o.Name, o.DeepCopy())
+	}
+	rgs, _ := w.grants.List(labels.Everything())
+	for _, o := range rgs {
+		add("ReferenceGrant", o.Namespace, o.Name, o.DeepCopy())
+	}
+	sort.SliceStable(objs, func(i, j int) bool { return objs[i].Origin < objs[j].Origin })
+	return objs, nil
+}
+
+// setConditions applies want to a copy of cur, keeping each condition's
+// lastTransitionTime while its status holds.
+func setConditions(cur []metav1.Condition, want ...metav1.Condition) []metav1.Condition {
+	out := append([]metav1.Condition(nil), cur...)
+	for _, c := range want {
+		meta.SetStatusCondition(&out, c)
+	}
+	return out
+}
+
+func condition(typ string, ok bool, reason, message string, generation int64) metav1.Condition {
+	st := metav1.ConditionFalse
+	if ok {
+		st = metav1.ConditionTrue
+	}
+	return metav1.Condition{Type: typ, Status: st, Reason: reason, Message: truncate(message), ObservedGeneration: generation}
+}
+
+// truncate keeps a message within the API's 32768-byte limit.
+func truncate(s string) string {
+	const limit = 32768
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit-3] + "..."
+}
+
+func (w *Writer) syncClass(ctx context.Context, c *gwv1.GatewayClass) error {
+	if c.Spec.ControllerName != ControllerName {
+		return nil
+	}
+	conds := setConditions(c.Status.Conditions, condition(string(gwv1.GatewayClassConditionStatusAccepted), true,
+		string(gwv1.GatewayClassReasonAccepted), "handled by the Causeway control plane", c.Generation))
+	if equality.Semantic.DeepEqual(conds, c.Status.Conditions) {
+		return nil
+	}
+	cp := c.DeepCopy()
+	cp.Status.Conditions = conds
+	_, err := w.opts.Gateways.GatewayV1().GatewayClasses().UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	return ignoreGone(err)
+}
+
+func (w *Writer) syncGateway(ctx context.Context, gw *gwv1.Gateway, rep *config.Reports) error {
+	if string(gw.Spec.GatewayClassName) != config.WaypointClass {
+		return nil
+	}
+	problems := rep.Problems["Gateway "+gw.Namespace+"/"+gw.Name]
+	accepted := len(problems) == 0
+	acc := condition(string(gwv1.GatewayConditionAccepted), true, string(gwv1.GatewayReasonAccepted), "a waypoint", gw.Generation)
+	if !accepted {
+		acc = condition(string(gwv1.GatewayConditionAccepted), false, string(gwv1.GatewayReasonInvalid), strings.Join(problems, "; "), gw.Generation)
+	}
+	ready, total, why := w.waypointPods(gw)
+	prog := condition(string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed),
+		fmt.Sprintf("%d of %d waypoint pods ready", ready, total), gw.Generation)
+	switch {
+	case !accepted:
+		prog = condition(string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonInvalid), "the Gateway is not accepted", gw.Generation)
+	case ready == 0:
+		prog = condition(string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonPending), why, gw.Generation)
+	}
+	st := gw.Status.DeepCopy()
+	st.Conditions = setConditions(gw.Status.Conditions, acc, prog)
+	st.Addresses = w.addresses(gw)
+	var listeners []gwv1.ListenerStatus
+	for _, l := range gw.Spec.Listeners {
+		var cur []metav1.Condition
+		for _, ls := range gw.Status.Listeners {
+			if ls.Name == l.Name {
+				cur = ls.Conditions
+			}
+		}
+		lc := []metav1.Condition{
+			condition(string(gwv1.ListenerConditionAccepted), accepted, pick(accepted, string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonUnsupportedProtocol)), "", gw.Generation),
+			condition(string(gwv1.ListenerConditionProgrammed), prog.Status == metav1.ConditionTrue, prog.Reason, "", gw.Generation),
+			condition(string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs), "", gw.Generation),
+		}
+		listeners = append(listeners, gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}, Conditions: setConditions(cur, lc...)})
+	}
+	st.Listeners = listeners
+	if equality.Semantic.DeepEqual(st, &gw.Status) {
+		return nil
+	}
+	cp := gw.DeepCopy()
+	cp.Status = *st
+	_, err := w.opts.Gateways.GatewayV1().Gateways(gw.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	return ignoreGone(err)
+}
+
+func pick(ok bool, yes, no string) string {
+	if ok {
+		return yes
+	}
+	return no
+}
+
+// waypointPods counts the ready pods of the Deployment the deployer made.
+func (w *Writer) waypointPods(gw *gwv1.Gateway) (ready, total int32, why string) {
+	d, err := w.deployments.Deployments(gw.Namespace).Get(gw.Name)
+	if err != nil || !controlledBy(d, gw) {
+		return 0, 0, fmt.Sprintf("no waypoint Deployment %s/%s yet", gw.Namespace, gw.Name)
+	}
+	total = 1
+	if d.Spec.Replicas != nil {
+		total = *d.Spec.Replicas
+	}
+	return d.Status.ReadyReplicas, total, fmt.Sprintf("waiting for the waypoint's pods: %d of %d ready", d.Status.ReadyReplicas, total)
+}
+
+func controlledBy(d *appsv1.Deployment, gw *gwv1.Gateway) bool {
+	ref := metav1.GetControllerOf(d)
+	return ref != nil && ref.UID == gw.UID
+}
+
+// addresses are the cluster IPs of the waypoint's Service.
+func (w *Writer) addresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress {
+	s, err := w.services.Services(gw.Namespace).Get(gw.Name)
+	if err != nil {
+		return nil
+	}
+	if ref := metav1.GetControllerOf(s); ref == nil || ref.UID != gw.UID {
+		return nil
+	}
+	ipType := gwv1.IPAddressType
+	var out []gwv1.GatewayStatusAddress
+	for _, ip := range s.Spec.ClusterIPs {
+		if ip != "" && ip != corev1.ClusterIPNone {
+			out = append(out, gwv1.GatewayStatusAddress{Type: &ipType, Value: ip})
+		}
+	}
+	return out
+}
+
+func (w *Writer) syncHTTPRoute(ctx context.Context, r *gwv1.HTTPRoute, rep *config.Reports) error {
+	parents, changed := w.routeParents(r.Status.Parents, r.Spec.ParentRefs, rep.Routes["HTTPRoute "+r.Namespace+"/"+r.Name], r.Generation)
+	if !changed {
+		return nil
+	}
+	cp := r.DeepCopy()
+	cp.Status.Parents = parents
+	_, err := w.opts.Gateways.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	return ignoreGone(err)
+}
+
+func (w *Writer) syncGRPCRoute(ctx context.Context, r *gwv1.GRPCRoute, rep *config.Reports) error {
+	parents, changed := w.routeParents(r.Status.Parents, r.Spec.ParentRefs, rep.Routes["GRPCRoute "+r.Namespace+"/"+r.Name], r.Generation)
+	if !changed {
+		return nil
+	}
+	cp := r.DeepCopy()
+	cp.Status.Parents = parents
+	_, err := w.opts.Gateways.GatewayV1().GRPCRoutes(r.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	return ignoreGone(err)
+}
+
+// routeParents computes a route's status.parents: other controllers'
+// entries as they are, ours one per Service parentRef of the report.
+func (w *Writer) routeParents(cur []gwv1.RouteParentStatus, refs []gwv1.ParentReference, rr *config.RouteReport, generation int64) ([]gwv1.RouteParentStatus, bool) {
+	var out []gwv1.RouteParentStatus
+	ours := map[string][]metav1.Condition{}
+	for _, p := range cur {
+		if p.ControllerName == ControllerName {
+			ours[parentKey(p.ParentRef)] = p.Conditions
+			continue
+		}
+		out = append(out, p)
+	}
+	if rr != nil {
+		for _, pr := range rr.Parents {
+			if pr.Index >= len(refs) {
+				continue
+			}
+			ref := refs[pr.Index]
+			acc, refsCond := routeConditions(rr, pr, generation)
+			out = append(out, gwv1.RouteParentStatus{ParentRef: ref, ControllerName: ControllerName,
+				Conditions: setConditions(ours[parentKey(ref)], acc, refsCond)})
+		}
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	cmp := cur
+	if len(cmp) == 0 {
+		cmp = nil
+	}
+	return out, !equality.Semantic.DeepEqual(out, cmp)
+}
+
+func parentKey(r gwv1.ParentReference) string {
+	s := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	port := ""
+	if r.Port != nil {
+		port = fmt.Sprint(*r.Port)
+	}
+	return strings.Join([]string{s((*string)(r.Group)), s((*string)(r.Kind)), s((*string)(r.Namespace)), string(r.Name), s((*string)(r.SectionName)), port}, "/")
+}
+
+// routeConditions: Accepted says whether the mesh serves the route for this
+// parent; ResolvedRefs whether every backend resolves.
+func routeConditions(rr *config.RouteReport, pr config.ParentReport, gen int64) (accepted, resolved metav1.Condition) {
+	accType, refsType := string(gwv1.RouteConditionAccepted), string(gwv1.RouteConditionResolvedRefs)
+	switch {
+	case pr.Problem != "":
+		accepted = condition(accType, false, string(gwv1.RouteReasonNoMatchingParent), pr.Problem, gen)
+	case len(rr.Problems) > 0:
+		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), strings.Join(rr.Problems, "; "), gen)
+	case len(rr.Unsupported) > 0:
+		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
+			"the mesh cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
+	default:
+		accepted = condition(accType, true, string(gwv1.RouteReasonAccepted), "served by the mesh", gen)
+	}
+	if len(rr.Refs) == 0 {
+		return accepted, condition(refsType, true, string(gwv1.RouteReasonResolvedRefs), "all references resolve", gen)
+	}
+	reason, msgs := rr.Refs[0].Reason, make([]string, 0, len(rr.Refs))
+	for _, ri := range rr.Refs {
+		if refRank(ri.Reason) < refRank(reason) {
+			reason = ri.Reason
+		}
+		msgs = append(msgs, ri.Message)
+	}
+	return accepted, condition(refsType, false, string(reason), strings.Join(msgs, "; ")+" (requests for these backends are answered with 500)", gen)
+}
+
+// refRank orders ResolvedRefs reasons: a refused reference says most.
+func refRank(r gwv1.RouteConditionReason) int {
+	switch r {
+	case gwv1.RouteReasonRefNotPermitted:
+		return 0
+	case gwv1.RouteReasonInvalidKind:
+		return 1
+	}
+	return 2
+}
+
+func (w *Writer) syncService(ctx context.Context, s *corev1.Service, rep *config.Reports) error {
+	b, named := rep.Services[s.Namespace+"/"+s.Name]
+	cur := meta.FindStatusCondition(s.Status.Conditions, ConditionWaypointBound)
+	if !named && cur == nil {
+		return nil
+	}
+	conds := append([]metav1.Condition(nil), s.Status.Conditions...)
+	var event string
+	switch {
+	case !named:
+		meta.RemoveStatusCondition(&conds, ConditionWaypointBound)
+	case b.Problem == "":
+		conds = setConditions(conds, condition(ConditionWaypointBound, true, "Bound", "bound to waypoint "+b.Waypoint, s.Generation))
+	default:
+		conds = setConditions(conds, condition(ConditionWaypointBound, false, "NotBound", b.Problem, s.Generation))
+		if cur == nil || cur.Status != metav1.ConditionFalse || cur.Message != b.Problem {
+			event = b.Problem
+		}
+	}
+	if equality.Semantic.DeepEqual(conds, s.Status.Conditions) {
+		return nil
+	}
+	cp := s.DeepCopy()
+	cp.Status.Conditions = conds
+	if _, err := w.opts.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"}); err != nil {
+		return ignoreGone(err)
+	}
+	if event != "" {
+		w.recorder.Event(s, corev1.EventTypeWarning, "WaypointNotBound", event)
+	}
+	return nil
+}
+
+// ignoreGone: an object deleted since the cache saw it needs no status.
+func ignoreGone(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
