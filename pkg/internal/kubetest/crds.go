@@ -1,13 +1,15 @@
 package kubetest
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -23,34 +25,20 @@ const gatewayAPIModule = "sigs.k8s.io/gateway-api"
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // gatewayCRDDir finds the standard-channel CRDs of the Gateway API module
-// this binary was built with, in the module cache.
+// the tests are built with, in the module cache. (A test binary carries no
+// dependency list in its build info, so the go command is asked.)
 func gatewayCRDDir() (string, error) {
-	version := ""
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, d := range bi.Deps {
-			if d.Path == gatewayAPIModule {
-				version = d.Version
-				if d.Replace != nil {
-					version = d.Replace.Version
-				}
-			}
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", gatewayAPIModule).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
 		}
+		return "", fmt.Errorf("find module %s: go list: %w", gatewayAPIModule, err)
 	}
-	if version == "" {
-		return "", fmt.Errorf("module %s is not in the build info", gatewayAPIModule)
-	}
-	cache := os.Getenv("GOMODCACHE")
-	if cache == "" {
-		gopath := os.Getenv("GOPATH")
-		if gopath == "" {
-			home, _ := os.UserHomeDir()
-			gopath = filepath.Join(home, "go")
-		}
-		cache = filepath.Join(strings.Split(gopath, string(os.PathListSeparator))[0], "pkg", "mod")
-	}
-	dir := filepath.Join(cache, gatewayAPIModule+"@"+version, "config", "crd", "standard")
+	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
 	if _, err := os.Stat(dir); err != nil {
-		return "", fmt.Errorf("gateway API CRDs: %w (set GOMODCACHE)", err)
+		return "", fmt.Errorf("gateway API CRDs: %w", err)
 	}
 	return dir, nil
 }
