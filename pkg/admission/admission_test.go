@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -50,7 +51,6 @@ type cluster struct {
 func startWebhook(t *testing.T) *cluster {
 	env := kubetest.Shared(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	c := &cluster{t: t, ctx: ctx, cs: env.Clientset(t)}
 	var err error
 	if c.gw, err = gwclient.NewForConfig(env.Config); err != nil {
@@ -66,7 +66,7 @@ func startWebhook(t *testing.T) *cluster {
 	gf.Start(ctx.Done())
 	kf.WaitForCacheSync(ctx.Done())
 	gf.WaitForCacheSync(ctx.Done())
-	t.Cleanup(func() { kf.Shutdown(); gf.Shutdown() })
+	t.Cleanup(func() { cancel(); kf.Shutdown(); gf.Shutdown() })
 
 	ca := trusttest.NewCA(t, "cluster.local")
 	id, err := trust.ControlPlaneIdentity("cluster.local")
@@ -115,7 +115,10 @@ func startWebhook(t *testing.T) *cluster {
 			return false, nil
 		}
 		err := c.createPod("captured", "probe", "wp", nil, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil && strings.Contains(err.Error(), "causeway:"), nil
+		if err == nil {
+			err = errors.New("the probe pod was admitted")
+		}
+		return strings.Contains(err.Error(), "causeway:"), err
 	}); err != nil {
 		t.Fatalf("the webhook never refused: %v", err)
 	}
@@ -124,10 +127,17 @@ func startWebhook(t *testing.T) *cluster {
 
 func ptr[T any](v T) *T { return &v }
 
+// namespace creates a namespace with the service accounts its pods use
+// (no controller-manager makes "default" here).
 func (c *cluster) namespace(name string, labels map[string]string) {
 	c.t.Helper()
 	if _, err := c.cs.CoreV1().Namespaces().Create(c.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		c.t.Fatal(err)
+	}
+	for _, sa := range []string{"default", "app", "wp"} {
+		if _, err := c.cs.CoreV1().ServiceAccounts(name).Create(c.ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			c.t.Fatal(err)
+		}
 	}
 }
 
@@ -236,6 +246,7 @@ func TestWebhookWaypointBindings(t *testing.T) {
 		"causeway.dev/use-waypoint=private: waypoint infra/private does not admit namespace team-a")
 	_, err = c.cs.CoreV1().Namespaces().Create(c.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b", Labels: useLabels("shared")}}, metav1.CreateOptions{})
 	admitted(t, "a namespace bound to a waypoint admitting all", err)
+	c.namespace("team-b", nil) // its service accounts
 
 	svc := func(name string, labels map[string]string) error {
 		_, err := c.cs.CoreV1().Services("team-b").Create(c.ctx, &corev1.Service{

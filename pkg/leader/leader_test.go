@@ -83,7 +83,7 @@ func newCandidate(t *testing.T, env *kubetest.Env, id string, lead func(ctx cont
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.e, err = New(Options{Client: cs, Namespace: "causeway-system", Name: t.Name(), Identity: id,
+	c.e, err = New(Options{Client: cs, Namespace: "causeway-system", Name: strings.ToLower(t.Name()), Identity: id,
 		LeaseDuration: testLease, RenewDeadline: testRenew, RetryPeriod: testRetry, Logger: zaptest.NewLogger(t).Named(id)})
 	if err != nil {
 		t.Fatal(err)
