@@ -1,0 +1,41 @@
+package main
+
+import (
+	"flag"
+	"strings"
+	"testing"
+)
+
+func parseKubeFlags(t *testing.T, kubeSource bool, args ...string) (kubeOptions, error) {
+	t.Helper()
+	var k kubeOptions
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	k.register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return k, k.check(fs, kubeSource)
+}
+
+func TestKubeFlags(t *testing.T) {
+	if _, err := parseKubeFlags(t, false, "--waypoint-image", "x"); err == nil || !strings.Contains(err.Error(), "--waypoint-image: only with --source kubernetes") {
+		t.Errorf("a Kubernetes flag without the Kubernetes source: %v", err)
+	}
+	if _, err := parseKubeFlags(t, false); err != nil {
+		t.Errorf("defaults in local mode: %v", err)
+	}
+	k, err := parseKubeFlags(t, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.namespace != "causeway-system" || k.webhookDNSNames[0] != "causeway-controlplane.causeway-system.svc" || k.identity == "" ||
+		k.waypointXDSAddress != "causeway-controlplane.causeway-system.svc:15012" {
+		t.Errorf("defaults: %+v", k)
+	}
+	if _, err := parseKubeFlags(t, true, "--leader-lease-duration", "5s", "--leader-renew-deadline", "5s"); err == nil {
+		t.Error("a lease no longer than the renew deadline was accepted")
+	}
+	if _, err := parseKubeFlags(t, true, "--waypoint-template", "/nonexistent"); err == nil {
+		t.Error("a missing template was accepted")
+	}
+}

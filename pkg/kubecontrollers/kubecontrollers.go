@@ -1,0 +1,343 @@
+// Package kubecontrollers runs the control plane's Kubernetes controllers
+// (DESIGN §10): every replica serves the validating admission webhook; the
+// replica holding the Lease also runs the waypoint deployer, the status
+// writer and the upkeep of the webhook configuration's CA bundle. xDS and
+// the CA are served by every replica, outside this package.
+package kubecontrollers
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/causeway-mesh/causeway/pkg/admission"
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/deployer"
+	"github.com/causeway-mesh/causeway/pkg/gwstatus"
+	"github.com/causeway-mesh/causeway/pkg/leader"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+)
+
+// Options configure the controllers.
+type Options struct {
+	Config *rest.Config
+	// Authority issues the webhook's certificate; its roots go to the
+	// waypoints and to the webhook configuration's CA bundle.
+	Authority   *trust.Authority
+	Identity    trust.Identity // the control plane's
+	Translation config.Options
+	// Election: the Lease Namespace/LeaseName, this replica's identity in it.
+	Election leader.Options
+	// Waypoint values the deployer renders (Image, XDSAddress,
+	// TokenAudience; the rest is filled in) and the template file.
+	Waypoint         deployer.Values
+	WaypointTemplate string
+	// WebhookListen is the webhook's address; empty: no webhook.
+	WebhookListen   string
+	WebhookDNSNames []string // host names (or IPs) in its certificate
+	// WebhookConfiguration names the ValidatingWebhookConfiguration whose
+	// CA bundle the leader keeps equal to the roots; empty: left alone.
+	WebhookConfiguration string
+	Logger               *zap.Logger
+	Registerer           prometheus.Registerer
+}
+
+// Controllers runs the webhook on every replica and the leader's work on
+// the replica holding the Lease. Build it with New; Run owns everything and
+// returns when its context ends.
+type Controllers struct {
+	opts      Options
+	log       *zap.Logger
+	cs        kubernetes.Interface
+	gw        gwclient.Interface
+	authority *trust.Authority
+	identity  trust.Identity
+	elector   *leader.Elector
+	deployer  *deployer.Deployer
+	status    *gwstatus.Writer
+	webhook   *admission.Webhook
+	hookCert  atomic.Pointer[tls.Certificate]
+	informers []interface{ Start(<-chan struct{}) }
+	synced    []func(<-chan struct{}) bool
+	shutdown  []func()
+	webhookLn net.Listener
+}
+
+// New builds the controllers and binds the webhook's port.
+func New(o Options) (*Controllers, error) {
+	if o.Config == nil || o.Authority == nil || o.Logger == nil {
+		return nil, errors.New("kubecontrollers: Config, Authority and Logger are required")
+	}
+	cs, err := kubernetes.NewForConfig(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	gw, err := gwclient.NewForConfig(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	log := o.Logger
+	kc := &Controllers{opts: o, log: log, cs: cs, gw: gw, authority: o.Authority, identity: o.Identity}
+	el := o.Election
+	el.Client, el.Logger = cs, log.Named("leader")
+	if kc.elector, err = leader.New(el); err != nil {
+		return nil, err
+	}
+	values := o.Waypoint
+	values.ControlPlaneIdentity = o.Identity.String()
+	values.TrustDomain = o.Identity.TrustDomain().Name()
+	values.RootCert = string(o.Authority.RootsPEM())
+	if kc.deployer, err = deployer.New(deployer.Options{Client: cs, Gateways: gw, TemplateFile: o.WaypointTemplate,
+		Values: func() deployer.Values { return values }, Logger: log.Named("deployer")}); err != nil {
+		return nil, err
+	}
+	if kc.status, err = gwstatus.New(gwstatus.Options{Client: cs, Gateways: gw, Translation: o.Translation, Logger: log.Named("status")}); err != nil {
+		return nil, err
+	}
+	if o.WebhookListen != "" {
+		kf := informers.NewSharedInformerFactory(cs, 0)
+		gf := gwinformers.NewSharedInformerFactory(gw, 0)
+		if kc.webhook, err = admission.New(admission.Options{Gateways: gf.Gateway().V1().Gateways().Lister(),
+			Namespaces: kf.Core().V1().Namespaces().Lister(), Logger: log.Named("admission"), Registerer: o.Registerer}); err != nil {
+			return nil, err
+		}
+		kc.informers = append(kc.informers, kf, gf)
+		kc.synced = append(kc.synced, func(stop <-chan struct{}) bool { return allSynced(kf.WaitForCacheSync(stop)) },
+			func(stop <-chan struct{}) bool { return allSynced(gf.WaitForCacheSync(stop)) })
+		kc.shutdown = append(kc.shutdown, kf.Shutdown, gf.Shutdown)
+		if err := kc.renewWebhookCert(); err != nil {
+			return nil, err
+		}
+		if kc.webhookLn, err = net.Listen("tcp", o.WebhookListen); err != nil {
+			return nil, fmt.Errorf("webhook: %w", err)
+		}
+	}
+	return kc, nil
+}
+
+// WebhookAddr is the webhook's bound address (nil without a webhook).
+func (kc *Controllers) WebhookAddr() net.Addr {
+	if kc.webhookLn == nil {
+		return nil
+	}
+	return kc.webhookLn.Addr()
+}
+
+func allSynced[K comparable](m map[K]bool) bool {
+	for _, ok := range m {
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// renewWebhookCert issues the webhook's serving certificate: the apiserver
+// checks the Service's host name, so it carries DNS names as well as the
+// control plane's identity.
+func (kc *Controllers) renewWebhookCert() error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	var ips []net.IP
+	var names []string
+	for _, n := range kc.opts.WebhookDNSNames {
+		if ip := net.ParseIP(n); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			names = append(names, n)
+		}
+	}
+	chain, err := kc.authority.SignServing(key.Public(), kc.identity, names, ips, 0)
+	if err != nil {
+		return fmt.Errorf("webhook certificate: %w", err)
+	}
+	cert, err := trust.TLSCertificate(chain, key)
+	if err != nil {
+		return fmt.Errorf("webhook certificate: %w", err)
+	}
+	kc.hookCert.Store(cert)
+	return nil
+}
+
+// Healthy fails when this replica may be leading without holding the Lease.
+func (kc *Controllers) Healthy() error { return kc.elector.Healthy() }
+
+// Leading reports whether this replica runs the leader's work.
+func (kc *Controllers) Leading() bool { return kc.elector.Leading() }
+
+// Run serves the webhook and campaigns for the Lease until ctx ends.
+func (kc *Controllers) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for _, f := range kc.shutdown {
+		defer f()
+	}
+	errc := make(chan error, 2)
+	if kc.webhook != nil {
+		for _, inf := range kc.informers {
+			inf.Start(ctx.Done())
+		}
+		for _, s := range kc.synced {
+			if !s(ctx.Done()) {
+				return errors.New("webhook: informer caches did not sync")
+			}
+		}
+		mux := http.NewServeMux()
+		mux.Handle(admission.Path, kc.webhook)
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+			TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12,
+				GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kc.hookCert.Load(), nil }}}
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := srv.ServeTLS(kc.webhookLn, "", ""); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("webhook: %w", err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			<-ctx.Done()
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kc.rotateWebhookCert(ctx)
+		}()
+		kc.log.Info("admission webhook serving", zap.String("listen", kc.webhookLn.Addr().String()), zap.Strings("dns_names", kc.opts.WebhookDNSNames))
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		errc <- kc.elector.Run(ctx, kc.lead)
+	}()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// lead is the leader's work, until leadership ends.
+func (kc *Controllers) lead(ctx context.Context) {
+	var wg sync.WaitGroup
+	run := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A controller that fails is restarted while this replica leads.
+			for ctx.Err() == nil {
+				if err := f(ctx); err != nil {
+					kc.log.Error(name+" failed; restarting", zap.Error(err))
+					select {
+					case <-ctx.Done():
+					case <-time.After(5 * time.Second):
+					}
+				}
+			}
+		}()
+	}
+	run("waypoint deployer", kc.deployer.Run)
+	run("status writer", kc.status.Run)
+	if kc.opts.WebhookConfiguration != "" {
+		run("webhook configuration upkeep", kc.keepCABundle)
+	}
+	wg.Wait()
+}
+
+// rotateWebhookCert renews the webhook's certificate at half its lifetime.
+func (kc *Controllers) rotateWebhookCert(ctx context.Context) {
+	for {
+		leaf := kc.hookCert.Load().Leaf
+		wait := max(time.Until(leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore)/2)), time.Second)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if err := kc.renewWebhookCert(); err != nil {
+			kc.log.Error("webhook certificate renewal failed; retrying in a minute", zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Minute):
+			}
+		}
+	}
+}
+
+// keepCABundle sets the CA bundle of the webhooks of the configuration (made
+// by the manifests) to the mesh roots, which only the control plane knows
+// when it generated its CA; it checks again every minute.
+func (kc *Controllers) keepCABundle(ctx context.Context) error {
+	roots := kc.authority.RootsPEM()
+	for {
+		if err := kc.applyCABundle(ctx, roots); err != nil {
+			kc.log.Warn("webhook configuration's CA bundle not updated", zap.String("configuration", kc.opts.WebhookConfiguration), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Minute):
+		}
+	}
+}
+
+func (kc *Controllers) applyCABundle(ctx context.Context, roots []byte) error {
+	vwcs := kc.cs.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	cur, err := vwcs.Get(ctx, kc.opts.WebhookConfiguration, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil // not installed: nothing to keep
+	}
+	if err != nil {
+		return err
+	}
+	ac := admissionac.ValidatingWebhookConfiguration(kc.opts.WebhookConfiguration)
+	stale := false
+	for _, w := range cur.Webhooks {
+		if w.Name != admission.RoutesWebhook && w.Name != admission.WorkloadsWebhook {
+			continue
+		}
+		if !bytes.Equal(w.ClientConfig.CABundle, roots) {
+			stale = true
+		}
+		ac.WithWebhooks(admissionac.ValidatingWebhook().WithName(w.Name).
+			WithClientConfig(admissionac.WebhookClientConfig().WithCABundle(roots...)))
+	}
+	if !stale {
+		return nil
+	}
+	_, err = vwcs.Apply(ctx, ac, metav1.ApplyOptions{FieldManager: deployer.FieldManager, Force: true})
+	if err == nil {
+		kc.log.Info("webhook configuration's CA bundle set to the mesh roots", zap.String("configuration", kc.opts.WebhookConfiguration))
+	}
+	return err
+}
