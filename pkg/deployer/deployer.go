@@ -180,11 +180,17 @@ func (d *Deployer) Run(ctx context.Context) error {
 	defer kf.Shutdown()
 	for typ, ok := range gwf.WaitForCacheSync(ctx.Done()) {
 		if !ok {
+			if ctx.Err() != nil {
+				return nil // stopped while starting
+			}
 			return fmt.Errorf("deployer: cache of %v did not sync", typ)
 		}
 	}
 	for typ, ok := range kf.WaitForCacheSync(ctx.Done()) {
 		if !ok {
+			if ctx.Err() != nil {
+				return nil // stopped while starting
+			}
 			return fmt.Errorf("deployer: cache of %v did not sync", typ)
 		}
 	}

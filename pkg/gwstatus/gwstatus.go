@@ -140,6 +140,9 @@ func (w *Writer) Run(ctx context.Context) error {
 	for _, synced := range []map[reflect.Type]bool{kf.WaitForCacheSync(ctx.Done()), df.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
 		for typ, ok := range synced {
 			if !ok {
+				if ctx.Err() != nil {
+					return nil // stopped while starting
+				}
 				return fmt.Errorf("gwstatus: cache of %v did not sync", typ)
 			}
 		}

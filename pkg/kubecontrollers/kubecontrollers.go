@@ -204,6 +204,9 @@ func (kc *Controllers) Run(ctx context.Context) error {
 		}
 		for _, s := range kc.synced {
 			if !s(ctx.Done()) {
+				if ctx.Err() != nil {
+					return nil // stopped while starting
+				}
 				return errors.New("webhook: informer caches did not sync")
 			}
 		}
@@ -254,13 +257,19 @@ func (kc *Controllers) lead(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			// A controller that fails is restarted while this replica leads.
-			for ctx.Err() == nil {
-				if err := f(ctx); err != nil {
-					kc.log.Error(name+" failed; restarting", zap.Error(err))
-					select {
-					case <-ctx.Done():
-					case <-time.After(5 * time.Second):
-					}
+			for {
+				err := f(ctx)
+				if ctx.Err() != nil {
+					return
+				}
+				if err == nil {
+					err = errors.New("stopped")
+				}
+				kc.log.Error(name+" failed; restarting", zap.Error(err))
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(5 * time.Second):
 				}
 			}
 		}()
