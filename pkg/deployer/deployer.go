@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
@@ -60,6 +61,7 @@ const FieldManager = "causeway"
 // Options configure a Deployer.
 type Options struct {
 	Client   kubernetes.Interface
+	Metadata metadata.Interface // reads and deletes children of any kind
 	Gateways gwclient.Interface
 	// TemplateFile is the waypoint template; empty: the built-in one. It is
 	// re-read every TemplateCheck, and a change re-applies every waypoint.
@@ -93,8 +95,8 @@ type Deployer struct {
 
 // New checks the options and loads the template.
 func New(o Options) (*Deployer, error) {
-	if o.Client == nil || o.Gateways == nil || o.Values == nil || o.Logger == nil {
-		return nil, errors.New("deployer: Client, Gateways, Values and Logger are required")
+	if o.Client == nil || o.Metadata == nil || o.Gateways == nil || o.Values == nil || o.Logger == nil {
+		return nil, errors.New("deployer: Client, Metadata, Gateways, Values and Logger are required")
 	}
 	if o.TemplateCheck <= 0 {
 		o.TemplateCheck = 10 * time.Second
@@ -156,8 +158,8 @@ func (d *Deployer) Run(ctx context.Context) error {
 	kf := informers.NewSharedInformerFactoryWithOptions(d.opts.Client, 0,
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = config.LabelGatewayName }))
 	d.children = map[string]cache.GenericLister{}
-	for kind, k := range kinds {
-		inf, err := kf.ForResource(k.gvr)
+	for kind, gvr := range kinds {
+		inf, err := kf.ForResource(gvr)
 		if err != nil {
 			return err
 		}
@@ -216,49 +218,14 @@ func (d *Deployer) Run(ctx context.Context) error {
 	return nil
 }
 
-// childKind is how the deployer reads, watches and deletes one kind of child.
-type childKind struct {
-	gvr schema.GroupVersionResource
-	get func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error)
-	del func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error
-}
-
-var kinds = map[string]childKind{
-	"ServiceAccount": {corev1.SchemeGroupVersion.WithResource("serviceaccounts"),
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
-			return cs.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
-		},
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
-			return cs.CoreV1().ServiceAccounts(ns).Delete(ctx, name, o)
-		}},
-	"ConfigMap": {corev1.SchemeGroupVersion.WithResource("configmaps"),
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
-			return cs.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
-		},
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
-			return cs.CoreV1().ConfigMaps(ns).Delete(ctx, name, o)
-		}},
-	"Service": {corev1.SchemeGroupVersion.WithResource("services"),
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
-			return cs.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-		},
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
-			return cs.CoreV1().Services(ns).Delete(ctx, name, o)
-		}},
-	"PodDisruptionBudget": {policyv1.SchemeGroupVersion.WithResource("poddisruptionbudgets"),
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
-			return cs.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, name, metav1.GetOptions{})
-		},
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
-			return cs.PolicyV1().PodDisruptionBudgets(ns).Delete(ctx, name, o)
-		}},
-	"Deployment": {appsv1.SchemeGroupVersion.WithResource("deployments"),
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string) (metav1.Object, error) {
-			return cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
-		},
-		func(ctx context.Context, cs kubernetes.Interface, ns, name string, o metav1.DeleteOptions) error {
-			return cs.AppsV1().Deployments(ns).Delete(ctx, name, o)
-		}},
+// kinds are the resources of a waypoint's children, by kind; the deployer
+// reads and deletes them through the metadata client, which needs no type.
+var kinds = map[string]schema.GroupVersionResource{
+	"ServiceAccount":      corev1.SchemeGroupVersion.WithResource("serviceaccounts"),
+	"ConfigMap":           corev1.SchemeGroupVersion.WithResource("configmaps"),
+	"Service":             corev1.SchemeGroupVersion.WithResource("services"),
+	"PodDisruptionBudget": policyv1.SchemeGroupVersion.WithResource("poddisruptionbudgets"),
+	"Deployment":          appsv1.SchemeGroupVersion.WithResource("deployments"),
 }
 
 // childChanged ignores updates that change only an object's status (a
@@ -430,7 +397,7 @@ func (d *Deployer) current(ctx context.Context, kind, ns, name string) (metav1.O
 	if obj, err := d.children[kind].ByNamespace(ns).Get(name); err == nil {
 		return obj.(metav1.Object), nil
 	}
-	return kinds[kind].get(ctx, d.opts.Client, ns, name)
+	return d.opts.Metadata.Resource(kinds[kind]).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 }
 
 func (d *Deployer) apply(ctx context.Context, c Child) error {
@@ -471,7 +438,7 @@ func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, rendered map[str
 		}
 		uid := m.GetUID()
 		del := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
-		err = kinds[kind].del(ctx, d.opts.Client, gw.Namespace, gw.Name, del)
+		err = d.opts.Metadata.Resource(kinds[kind]).Namespace(gw.Namespace).Delete(ctx, gw.Name, del)
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("deleting %s %s/%s: %w", kind, gw.Namespace, gw.Name, err)
 		}

@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -47,6 +48,7 @@ type fixture struct {
 	t      *testing.T
 	ctx    context.Context
 	cs     kubernetes.Interface
+	md     metadata.Interface
 	gw     gwclient.Interface
 	ns     string
 	values *mutableValues
@@ -62,13 +64,16 @@ func startDeployer(t *testing.T, ns string) *fixture {
 	if f.gw, err = gwclient.NewForConfig(env.Config); err != nil {
 		t.Fatal(err)
 	}
+	if f.md, err = metadata.NewForConfig(env.Config); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(f.tmpl, []byte(defaultTemplate), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{Client: f.cs, Gateways: f.gw, TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
+	d, err := New(Options{Client: f.cs, Metadata: f.md, Gateways: f.gw, TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
 		Values: f.values.get, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -108,8 +113,8 @@ func (f *fixture) waitFor(what string, cond func() (bool, error)) {
 // children returns a waypoint's objects that exist.
 func (f *fixture) children(name string) map[string]metav1.Object {
 	out := map[string]metav1.Object{}
-	for kind, k := range kinds {
-		if o, err := k.get(f.ctx, f.cs, f.ns, name); err == nil {
+	for kind, gvr := range kinds {
+		if o, err := f.md.Resource(gvr).Namespace(f.ns).Get(f.ctx, name, metav1.GetOptions{}); err == nil {
 			out[kind] = o
 		}
 	}

@@ -223,39 +223,36 @@ func (w *Writer) Sync(ctx context.Context) error {
 // objects are what the route and Service reports depend on, in a fixed
 // order so that messages do not reorder from pass to pass.
 func (w *Writer) objects() ([]config.Object, error) {
-	var objs []config.Object
-	add := func(kind, ns, name string, o runtime.Object) {
-		objs = append(objs, config.Object{Origin: "kubernetes " + kind + " " + ns + "/" + name, Obj: o})
-	}
 	nss, err := w.namespaces.List(labels.Everything())
 	if err != nil {
 		return nil, err
 	}
-	for _, o := range nss {
-		add("Namespace", "", o.Name, o.DeepCopy())
-	}
+	var objs []config.Object
+	objs = appendObjects(objs, "Namespace", nss)
 	svcs, _ := w.services.List(labels.Everything())
-	for _, o := range svcs {
-		add("Service", o.Namespace, o.Name, o.DeepCopy())
-	}
+	objs = appendObjects(objs, "Service", svcs)
 	gws, _ := w.gateways.List(labels.Everything())
-	for _, o := range gws {
-		add("Gateway", o.Namespace, o.Name, o.DeepCopy())
-	}
+	objs = appendObjects(objs, "Gateway", gws)
 	hrs, _ := w.httpRoutes.List(labels.Everything())
-	for _, o := range hrs {
-		add("HTTPRoute", o.Namespace, o.Name, o.DeepCopy())
-	}
+	objs = appendObjects(objs, "HTTPRoute", hrs)
 	grs, _ := w.grpcRoutes.List(labels.Everything())
-	for _, o := range grs {
-		add("GRPCRoute", o.Namespace, o.Name, o.DeepCopy())
-	}
+	objs = appendObjects(objs, "GRPCRoute", grs)
 	rgs, _ := w.grants.List(labels.Everything())
-	for _, o := range rgs {
-		add("ReferenceGrant", o.Namespace, o.Name, o.DeepCopy())
-	}
+	objs = appendObjects(objs, "ReferenceGrant", rgs)
 	sort.SliceStable(objs, func(i, j int) bool { return objs[i].Origin < objs[j].Origin })
 	return objs, nil
+}
+
+// appendObjects adds copies of cached objects (the translation must not
+// touch the cache's).
+func appendObjects[T interface {
+	runtime.Object
+	metav1.Object
+}](objs []config.Object, kind string, list []T) []config.Object {
+	for _, o := range list {
+		objs = append(objs, config.Object{Origin: "kubernetes " + kind + " " + o.GetNamespace() + "/" + o.GetName(), Obj: o.DeepCopyObject()})
+	}
+	return objs
 }
 
 // setConditions applies want to a copy of cur, keeping each condition's

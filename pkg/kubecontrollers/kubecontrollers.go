@@ -27,6 +27,7 @@ import (
 	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
@@ -97,6 +98,10 @@ func New(o Options) (*Controllers, error) {
 	if err != nil {
 		return nil, err
 	}
+	md, err := metadata.NewForConfig(o.Config)
+	if err != nil {
+		return nil, err
+	}
 	log := o.Logger
 	kc := &Controllers{opts: o, log: log, cs: cs, gw: gw, authority: o.Authority, identity: o.Identity}
 	el := o.Election
@@ -108,7 +113,7 @@ func New(o Options) (*Controllers, error) {
 	values.ControlPlaneIdentity = o.Identity.String()
 	values.TrustDomain = o.Identity.TrustDomain().Name()
 	values.RootCert = string(o.Authority.RootsPEM())
-	if kc.deployer, err = deployer.New(deployer.Options{Client: cs, Gateways: gw, TemplateFile: o.WaypointTemplate,
+	if kc.deployer, err = deployer.New(deployer.Options{Client: cs, Metadata: md, Gateways: gw, TemplateFile: o.WaypointTemplate,
 		Values: func() deployer.Values { return values }, Logger: log.Named("deployer")}); err != nil {
 		return nil, err
 	}
