@@ -7,8 +7,8 @@
 //     carry out (config.CheckRoute);
 //   - a Namespace, Service or Pod whose causeway.dev/use-waypoint names a
 //     waypoint in another namespace that does not admit it (config.WaypointAdmits);
-//   - a captured Pod running as a waypoint's service account: its node
-//     proxy would be entitled to the waypoint's certificate.
+//   - a Pod running as a waypoint's service account that is not one of the
+//     waypoint's own: it could obtain the waypoint's certificate.
 //
 // The webhook has no side effects (sideEffects: None) and is served by every
 // control plane replica over TLS from the mesh CA. Its failure policy
@@ -183,8 +183,7 @@ func (w *Webhook) check(req *admissionv1.AdmissionRequest) ([]string, error) {
 		if err := json.Unmarshal(req.Object.Raw, &p); err != nil {
 			return nil, err
 		}
-		nsLabels := w.namespaceLabels(req.Namespace)
-		return append(w.checkUseWaypoint(req.Namespace, p.Labels, nsLabels), w.checkPodIdentity(req.Namespace, &p, nsLabels)...), nil
+		return append(w.checkUseWaypoint(req.Namespace, p.Labels, w.namespaceLabels(req.Namespace)), w.checkPodIdentity(req.Namespace, &p)...), nil
 	}
 	return nil, nil // not ours to judge
 }
@@ -237,23 +236,12 @@ func (w *Webhook) checkUseWaypoint(ns string, labels, nsLabels map[string]string
 		config.LabelUseWaypoint, name, wns, name, ns, config.WaypointProtocol)}
 }
 
-// checkPodIdentity refuses a captured pod whose service account is a
-// waypoint's (the deployer runs a waypoint as the service account bearing
-// its Gateway's name). Waypoint pods themselves are never captured.
-func (w *Webhook) checkPodIdentity(ns string, p *corev1.Pod, nsLabels map[string]string) []string {
-	if p.Spec.HostNetwork {
-		return nil
-	}
-	mode, set := p.Labels[config.LabelDataplaneMode]
-	if !set {
-		mode = nsLabels[config.LabelDataplaneMode]
-	}
-	if mode != config.DataplaneModeMesh {
-		return nil
-	}
-	if gwName := p.Labels[config.LabelGatewayName]; gwName != "" && w.waypoint(ns, gwName) != nil {
-		return nil // a waypoint's own pod
-	}
+// checkPodIdentity refuses a pod whose service account is a waypoint's
+// (the deployer runs a waypoint as the service account bearing its
+// Gateway's name), unless it is one of the waypoint's own pods: as the
+// translation does, since a captured pod's node proxy would obtain the
+// waypoint's certificate, and any pod can present its own token.
+func (w *Webhook) checkPodIdentity(ns string, p *corev1.Pod) []string {
 	sa := p.Spec.ServiceAccountName
 	if sa == "" {
 		sa = "default"
@@ -261,6 +249,9 @@ func (w *Webhook) checkPodIdentity(ns string, p *corev1.Pod, nsLabels map[string
 	if w.waypoint(ns, sa) == nil {
 		return nil
 	}
-	return []string{fmt.Sprintf("service account %s is the identity of waypoint %s/%s: a captured pod running as it would let its node proxy obtain the waypoint's certificate",
+	if gwName := p.Labels[config.LabelGatewayName]; gwName == sa {
+		return nil // the waypoint's own pod
+	}
+	return []string{fmt.Sprintf("service account %s is the identity of waypoint %s/%s, which only the waypoint's own pods may hold: give the application its own service account",
 		sa, ns, sa)}
 }

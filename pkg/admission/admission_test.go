@@ -3,9 +3,6 @@ package admission
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"net"
@@ -73,11 +70,15 @@ func startWebhook(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, csrPEM, err := trust.NewKeyAndCSR(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain, err := ca.Authority.SignServing(key.Public(), id, []string{"causeway-controlplane.causeway-system.svc"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
+	csr, err := trust.ParseCSR(csrPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := ca.Authority.SignServer(csr, id, time.Hour, trust.ServerNames{DNS: []string{"causeway-controlplane.causeway-system.svc"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,8 +268,10 @@ func TestWebhookWaypointIdentity(t *testing.T) {
 	refused(t, "a captured pod running as the waypoint", c.createPod("captured", "thief", "wp", nil, metav1.CreateOptions{}),
 		"service account wp is the identity of waypoint captured/wp")
 	admitted(t, "a captured pod with its own identity", c.createPod("captured", "app", "app", nil, metav1.CreateOptions{}))
-	admitted(t, "an uncaptured pod running as the waypoint", c.createPod("captured", "outside", "wp",
-		map[string]string{config.LabelDataplaneMode: config.DataplaneModeNone}, metav1.CreateOptions{}))
+	refused(t, "an uncaptured pod running as the waypoint", c.createPod("captured", "outside", "wp",
+		map[string]string{config.LabelDataplaneMode: config.DataplaneModeNone}, metav1.CreateOptions{}), "is the identity of waypoint captured/wp")
+	refused(t, "a pod claiming another waypoint's label", c.createPod("captured", "claimer", "wp",
+		map[string]string{config.LabelGatewayName: "other"}, metav1.CreateOptions{}), "is the identity of waypoint captured/wp")
 	admitted(t, "the waypoint's own pod", c.createPod("captured", "wp-1", "wp",
 		map[string]string{config.LabelGatewayName: "wp"}, metav1.CreateOptions{}))
 }

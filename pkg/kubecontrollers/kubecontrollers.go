@@ -8,9 +8,6 @@ package kubecontrollers
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -162,20 +159,23 @@ func allSynced[K comparable](m map[K]bool) bool {
 // checks the Service's host name, so it carries DNS names as well as the
 // control plane's identity.
 func (kc *Controllers) renewWebhookCert() error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, csrPEM, err := trust.NewKeyAndCSR(kc.identity)
 	if err != nil {
 		return err
 	}
-	var ips []net.IP
-	var names []string
+	csr, err := trust.ParseCSR(csrPEM)
+	if err != nil {
+		return err
+	}
+	var names trust.ServerNames
 	for _, n := range kc.opts.WebhookDNSNames {
 		if ip := net.ParseIP(n); ip != nil {
-			ips = append(ips, ip)
+			names.IPs = append(names.IPs, ip)
 		} else {
-			names = append(names, n)
+			names.DNS = append(names.DNS, n)
 		}
 	}
-	chain, err := kc.authority.SignServing(key.Public(), kc.identity, names, ips, 0)
+	chain, err := kc.authority.SignServer(csr, kc.identity, 0, names)
 	if err != nil {
 		return fmt.Errorf("webhook certificate: %w", err)
 	}
