@@ -1,0 +1,79 @@
+# Shared settings of the one-node test cluster (sourced by build.sh, up.sh,
+# down.sh, images.sh). Everything the cluster owns on the host is named here,
+# so cluster-down can remove exactly that.
+# shellcheck shell=bash
+
+K8S_VERSION=v1.37.2
+COREDNS_VERSION=v1.15.0
+
+CACHE=${CAUSEWAY_CACHE:-$HOME/.cache/causeway}
+K8S_BIN=$CACHE/k8s-$K8S_VERSION/bin
+COREDNS_BIN=$CACHE/coredns-$COREDNS_VERSION/bin
+
+# State of the running cluster: certificates, configs, logs, pid files, etcd
+# data, the kubelet's root. admin.kubeconfig in it is the published kubeconfig.
+CLUSTER_DIR=${CAUSEWAY_CLUSTER_DIR:-/var/lib/causeway-cluster}
+RUN_DIR=/run/causeway-cluster
+KUBECONFIG_ADMIN=$CLUSTER_DIR/admin.kubeconfig
+CONTAINERD_SOCK=$RUN_DIR/containerd.sock
+
+NODE_NAME=causeway-node
+# The node address lives on an empty bridge (this kernel has no dummy links);
+# the pod range on the CNI bridge; the service range is routed to the node
+# bridge. None of these is reachable off the machine (see the guard chain).
+NODE_BRIDGE=cw-node
+NODE_IP=10.250.0.1
+NODE_RANGE=10.250.0.0/24
+POD_BRIDGE=cni0
+CLUSTER_CIDR=10.244.0.0/16
+POD_CIDR=10.244.0.0/24
+SERVICE_CIDR=10.96.0.0/24
+API_SERVICE_IP=10.96.0.1
+DNS_SERVICE_IP=10.96.0.10
+CLUSTER_DOMAIN=cluster.local
+GUARD_CHAIN=CAUSEWAY-CLUSTER-GUARD
+
+ETCD_URL=http://127.0.0.1:12379
+ETCD_PEER_URL=http://127.0.0.1:12380
+API_URL=https://$NODE_IP:6443
+
+CNI_CONF=/etc/cni/net.d/10-causeway-bridge.conflist
+
+# Sysctls the kubelet, kube-proxy and the bridge plugin may change; up.sh
+# records them once and down.sh puts them back.
+SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
+  net.ipv4.conf.all.route_localnet net.bridge.bridge-nf-call-iptables
+  net.bridge.bridge-nf-call-ip6tables)
+
+# Daemons in start order (down.sh stops them in reverse).
+DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+
+IMAGE_PAUSE=causeway.dev/pause:dev
+IMAGE_COREDNS=causeway.dev/coredns:$COREDNS_VERSION
+
+step() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+die() { printf '[cluster %s] error: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }
+
+need_root() {
+  [ "$(id -u)" = 0 ] || die "must run as root (it creates bridges, iptables rules, cgroups and mounts)"
+}
+
+# pid_alive NAME: true when NAME's recorded process is running.
+pid_alive() {
+  local f=$CLUSTER_DIR/run/$1.pid
+  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+}
+
+# default_devices: devices holding an IPv4 default route (where the guard drops).
+default_devices() { ip -4 route show default | awk '{for (i=1;i<NF;i++) if ($i=="dev") print $(i+1)}' | sort -u; }
+
+kubectl_admin() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+ctr_k8s() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
+
+# Host directories the cluster writes into: up.sh lists what each held before,
+# down.sh removes what was added (the whole directory if it was not there).
+# Children come before their parents.
+TRACKED_DIRS=(/etc/cni/net.d /etc/cni /opt/cni/bin /opt/cni /var/lib/cni /run/containerd
+  /var/log/containers /var/log/pods /var/lib/kubelet)
+dir_key() { printf 'dir%s' "${1//\//_}"; }
