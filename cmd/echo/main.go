@@ -5,6 +5,10 @@
 //
 // gRPC: every method of every service is answered with a
 // google.protobuf.StringValue holding the same JSON.
+//
+// `echo fetch URL...` is the client side, for images that hold nothing but
+// this binary: it GETs each URL in turn, copies the body to stdout and exits
+// non-zero unless every answer was 2xx.
 package main
 
 import (
@@ -52,6 +56,9 @@ type Echo struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "fetch" {
+		os.Exit(fetchMain(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	var listens stringList
 	flag.Var(&listens, "listen", "address to serve on (repeatable)")
 	pod := flag.String("pod", os.Getenv("POD_NAME"), "pod name reported in answers")
@@ -160,6 +167,43 @@ func grpcEcho(id identity) grpc.StreamHandler {
 		}
 		return stream.SendMsg(wrapperspb.String(string(out)))
 	}
+}
+
+// fetchMain runs `echo fetch [-timeout D] URL...` and returns the exit code.
+func fetchMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("echo fetch", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	timeout := fs.Duration("timeout", 5*time.Second, "bound on each request, answer included")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "usage: echo fetch [-timeout D] URL...")
+		return 2
+	}
+	client := &http.Client{Timeout: *timeout}
+	for _, u := range fs.Args() {
+		if err := fetch(client, u, stdout); err != nil {
+			fmt.Fprintf(stderr, "echo fetch %s: %v\n", u, err)
+			return 1
+		}
+	}
+	return 0
+}
+
+func fetch(client *http.Client, url string, w io.Writer) error {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, io.LimitReader(resp.Body, maxBody)); err != nil {
+		return err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("status %s", resp.Status)
+	}
+	return nil
 }
 
 type stringList []string

@@ -89,3 +89,42 @@ func TestGRPC(t *testing.T) {
 		t.Fatalf("unexpected echo %+v", e)
 	}
 }
+
+func TestFetchPrintsAnswers(t *testing.T) {
+	addr := startEcho(t)
+	var out, errs strings.Builder
+	code := fetchMain([]string{"-timeout", "3s", "http://" + addr + "/a", "http://" + addr + "/b"}, &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errs.String())
+	}
+	dec := json.NewDecoder(strings.NewReader(out.String()))
+	for _, want := range []string{"/a", "/b"} {
+		var e Echo
+		if err := dec.Decode(&e); err != nil {
+			t.Fatalf("answer for %s: %v (stdout %q)", want, err, out.String())
+		}
+		if e.Path != want || e.Pod != "echo-1" || e.Method != http.MethodGet {
+			t.Fatalf("answer %+v, want GET %s from echo-1", e, want)
+		}
+	}
+}
+
+func TestFetchFailsOnErrorStatusAndBadInput(t *testing.T) {
+	addr := startEcho(t)
+	for _, tc := range []struct {
+		args []string
+		code int
+		err  string
+	}{
+		{[]string{"http://" + addr + "/status/503"}, 1, "status 503"},
+		{[]string{"http://" + addr + "/ok", "http://" + addr + "/status/404"}, 1, "status 404"},
+		{[]string{"-timeout", "1s", "http://127.0.0.1:1/"}, 1, "connection refused"},
+		{nil, 2, "usage"},
+		{[]string{"-timeout", "soon", "http://" + addr}, 2, "invalid value"},
+	} {
+		var out, errs strings.Builder
+		if code := fetchMain(tc.args, &out, &errs); code != tc.code || !strings.Contains(errs.String(), tc.err) {
+			t.Errorf("fetch %q: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, errs.String(), tc.code, tc.err)
+		}
+	}
+}
