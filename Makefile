@@ -8,7 +8,7 @@ TEST_FLAGS ?= -count=1 -timeout 14m
 
 BINARIES := controlplane nodeproxy waypoint meshctl echo
 
-.PHONY: all build test lint proto demo bench clean
+.PHONY: all build test lint proto demo bench clean cluster cluster-down images e2e-k8s
 
 all: build
 
@@ -16,8 +16,10 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 
+# Unit and loopback tests, then the cluster tests (skipped, saying so, without root).
 test: lint build
 	$(GO) test $(TEST_FLAGS) ./...
+	hack/cluster/e2e.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
@@ -38,6 +40,20 @@ demo: build
 
 bench: build
 	./bench/run.sh
+
+# The one-node Kubernetes test cluster (root; see README "Kubernetes test cluster").
+cluster:
+	hack/cluster/up.sh
+
+cluster-down:
+	hack/cluster/down.sh
+
+images:
+	hack/cluster/images.sh all
+
+# Against the running cluster, or one brought up and removed for the run.
+e2e-k8s:
+	hack/cluster/e2e.sh
 
 clean:
 	rm -rf $(BIN)

@@ -7,8 +7,8 @@
 // google.protobuf.StringValue holding the same JSON.
 //
 // `echo fetch URL...` is the client side, for images that hold nothing but
-// this binary: it GETs each URL in turn, copies the body to stdout and exits
-// non-zero unless every answer was 2xx.
+// this binary: it GETs each URL in turn, each on a new connection, copies the
+// body to stdout and exits non-zero unless every answer was 2xx.
 package main
 
 import (
@@ -181,7 +181,9 @@ func fetchMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: echo fetch [-timeout D] URL...")
 		return 2
 	}
-	client := &http.Client{Timeout: *timeout}
+	// A connection per URL, so requests to a Service spread over its
+	// endpoints the way separate clients' would.
+	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
 	for _, u := range fs.Args() {
 		if err := fetch(client, u, stdout); err != nil {
 			fmt.Fprintf(stderr, "echo fetch %s: %v\n", u, err)

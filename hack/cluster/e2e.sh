@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# make e2e-k8s: imports the images and runs test/e2e-k8s against the running
+# test cluster, or brings one up for the run and removes it afterwards (also
+# when something fails). Without root there is no cluster: it says so and
+# skips.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+if [ "$(id -u)" != 0 ]; then
+  echo "e2e-k8s: SKIPPED: the test cluster needs root (bridges, iptables, cgroups, mounts); run as root to include it"
+  exit 0
+fi
+if [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] &&
+  kubectl_admin get --raw /readyz --request-timeout=3s >/dev/null 2>&1; then
+  step "e2e-k8s: using the running cluster"
+else
+  step "e2e-k8s: bringing a cluster up for this run (removed afterwards)"
+  trap '"$HERE/down.sh"' EXIT
+  "$HERE/up.sh"
+fi
+"$HERE/images.sh" all
+cd "$HERE/../.."
+CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl \
+  go test -count=1 -timeout 10m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...

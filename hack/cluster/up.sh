@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# Brings up the one-node test cluster (make cluster). Every step is idempotent:
+# a component that is already running is left alone, so running this twice
+# never starts a second cluster, and running it after a half start finishes
+# the job. A component that is not ready within its bound stops the script
+# with its name and the last lines of its log; hack/cluster/down.sh cleans up.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+need_root
+T0=$SECONDS
+PKI=$CLUSTER_DIR/pki
+ETC=$CLUSTER_DIR/etc
+LOG=$CLUSTER_DIR/log
+
+# ensure_packages: containerd, runc, the CNI plugins, iptables and openssl
+# from Debian. Installing containerd starts no service here (policy-rc.d).
+ensure_packages() {
+  local need=() p
+  for p in containerd:containerd runc:runc iptables:iptables openssl:openssl curl:curl; do
+    command -v "${p%%:*}" >/dev/null 2>&1 || need+=("${p#*:}")
+  done
+  [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+  [ ${#need[@]} -eq 0 ] && return
+  step "packages: apt-get install ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+}
+
+# record_host_state: what cluster-down must put back, written once per cluster.
+record_host_state() {
+  local before=$CLUSTER_DIR/before
+  [ -d "$before" ] && return
+  mkdir -p "$before.tmp"
+  local s d
+  for s in "${SYSCTLS[@]}"; do
+    if v=$(sysctl -n "$s" 2>/dev/null); then printf '%s=%s\n' "$s" "$v"; fi
+  done >"$before.tmp/sysctls"
+  for d in "${TRACKED_DIRS[@]}"; do
+    if [ -d "$d" ]; then ls -A "$d" >"$before.tmp/$(dir_key "$d")"; fi
+  done
+  ip netns list 2>/dev/null | awk '{print $1}' >"$before.tmp/netns"
+  mv "$before.tmp" "$before"
+}
+
+setup_network() {
+  if ! ip link show "$NODE_BRIDGE" >/dev/null 2>&1; then
+    ip link add "$NODE_BRIDGE" type bridge
+  fi
+  ip addr replace "$NODE_IP/32" dev "$NODE_BRIDGE"
+  ip link set "$NODE_BRIDGE" up
+  ip route replace "$SERVICE_CIDR" dev "$NODE_BRIDGE" src "$NODE_IP"
+  ip route replace blackhole "$CLUSTER_CIDR"
+  ip route replace blackhole "$NODE_RANGE"
+  install_guard
+}
+
+# install_guard: a chain jumped first from OUTPUT and FORWARD that drops the
+# cluster's ranges on every default-route device, so no pod, node or service
+# address ever leaves the machine. kube-proxy puts its own jumps on top when
+# it starts; calling this again moves ours back to position 1.
+install_guard() {
+  iptables -w -N "$GUARD_CHAIN" 2>/dev/null || iptables -w -F "$GUARD_CHAIN"
+  local dev r
+  for dev in $(default_devices); do
+    for r in "$CLUSTER_CIDR" "$SERVICE_CIDR" "$NODE_RANGE"; do
+      iptables -w -A "$GUARD_CHAIN" -o "$dev" -d "$r" -j DROP
+      iptables -w -A "$GUARD_CHAIN" -o "$dev" -s "$r" -j DROP
+    done
+  done
+  for c in OUTPUT FORWARD; do
+    while iptables -w -D "$c" -j "$GUARD_CHAIN" 2>/dev/null; do :; done
+    iptables -w -I "$c" 1 -j "$GUARD_CHAIN"
+  done
+}
+
+# cert NAME SUBJECT EXTENSIONS...: an EC P-256 key and a certificate signed by the CA.
+cert() {
+  local name=$1 subj=$2; shift 2
+  openssl ecparam -name prime256v1 -genkey -noout -out "$name.key" 2>/dev/null
+  openssl req -new -key "$name.key" -subj "$subj" -out "$name.csr"
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+    -out "$name.crt" -extfile <(printf '%s\n' basicConstraints=critical,CA:FALSE \
+      keyUsage=critical,digitalSignature,keyEncipherment "$@") 2>/dev/null
+  rm -f "$name.csr"
+}
+
+gen_pki() {
+  [ -d "$PKI" ] && return
+  step "certificates: CA, serving and client certificates, service-account key"
+  rm -rf "$PKI.tmp" && mkdir -p "$PKI.tmp"
+  (
+    cd "$PKI.tmp"
+    umask 077
+    openssl ecparam -name prime256v1 -genkey -noout -out ca.key 2>/dev/null
+    openssl req -x509 -new -key ca.key -subj /CN=causeway-cluster-ca -days 3650 -out ca.crt \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+    local san_api="subjectAltName=IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes"
+    san_api+=",DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.$CLUSTER_DOMAIN"
+    cert apiserver /CN=kube-apiserver extendedKeyUsage=serverAuth "$san_api"
+    cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" extendedKeyUsage=serverAuth \
+      "subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
+    cert apiserver-kubelet-client /O=system:masters/CN=kube-apiserver-kubelet-client extendedKeyUsage=clientAuth
+    cert admin /O=system:masters/CN=causeway-admin extendedKeyUsage=clientAuth
+    cert controller-manager /CN=system:kube-controller-manager extendedKeyUsage=clientAuth
+    cert scheduler /CN=system:kube-scheduler extendedKeyUsage=clientAuth
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" extendedKeyUsage=clientAuth
+    cert kube-proxy /CN=system:kube-proxy extendedKeyUsage=clientAuth
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
+    openssl pkey -in sa.key -pubout -out sa.pub
+  )
+  mv "$PKI.tmp" "$PKI"
+}
+
+# kubeconfig NAME CERT: a kubeconfig with the certificates embedded, so it
+# works when copied elsewhere.
+kubeconfig() {
+  local name=$1 c=$2 out=$CLUSTER_DIR/$1.kubeconfig
+  [ -f "$out" ] && return
+  (umask 077 && cat >"$out.tmp" <<KC)
+apiVersion: v1
+kind: Config
+clusters:
+- name: causeway
+  cluster:
+    server: $API_URL
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $name
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/$c.crt")
+    client-key-data: $(base64 -w0 "$PKI/$c.key")
+contexts:
+- name: causeway
+  context: {cluster: causeway, user: $name}
+current-context: causeway
+KC
+  mv "$out.tmp" "$out"
+}
+
+write_configs() {
+  mkdir -p "$ETC" "$LOG" "$CLUSTER_DIR/run" "$RUN_DIR"
+  kubeconfig admin admin
+  kubeconfig controller-manager controller-manager
+  kubeconfig scheduler scheduler
+  kubeconfig kubelet kubelet
+  kubeconfig kube-proxy kube-proxy
+  sed -e "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" -e "s#@RUN_DIR@#$RUN_DIR#g" \
+    -e "s#@CONTAINERD_SOCK@#$CONTAINERD_SOCK#g" -e "s#@IMAGE_PAUSE@#$IMAGE_PAUSE#g" \
+    -e "s#@RUNC@#$(command -v runc)#g" "$HERE/containerd.toml" >"$ETC/containerd.toml"
+  cat >"$ETC/kubelet.yaml" <<CFG
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $PKI/kubelet-serving.crt
+tlsPrivateKeyFile: $PKI/kubelet-serving.key
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+# cgroup v1 here; containerd 1.6 cannot report its driver, so say it.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+# No CAP_SYS_RESOURCE on these machines.
+oomScoreAdj: 0
+clusterDomain: $CLUSTER_DOMAIN
+clusterDNS: [$DNS_SERVICE_IP]
+# Pods get only the cluster's DNS: nothing resolves through the host's.
+resolvConf: ""
+podLogsDir: $CLUSTER_DIR/pod-logs
+failSwapOn: false
+# The images are imported, never pulled: never collect them, and keep
+# working on a busy shared disk.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+CFG
+  cat >"$ETC/kube-proxy.yaml" <<CFG
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $CLUSTER_DIR/kube-proxy.kubeconfig}
+hostnameOverride: $NODE_NAME
+mode: iptables
+clusterCIDR: $CLUSTER_CIDR
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# NodePorts only on the node bridge, never on the host's real interfaces.
+nodePortAddresses: [$NODE_IP/32]
+iptables: {localhostNodePorts: false}
+# Zero leaves the host's conntrack sysctls alone.
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+CFG
+}
+
+setup_cni() {
+  mkdir -p /opt/cni/bin /etc/cni/net.d
+  local p
+  for p in /usr/lib/cni/*; do
+    [ -e "/opt/cni/bin/${p##*/}" ] || ln -s "$p" "/opt/cni/bin/${p##*/}"
+  done
+  # isDefaultGateway and no ipam routes: both together fail ("file exists").
+  cat >"$CNI_CONF.tmp" <<CNI
+{
+  "cniVersion": "1.0.0",
+  "name": "causeway",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$POD_BRIDGE",
+      "isGateway": true,
+      "isDefaultGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "${POD_CIDR%.*}.1"}]]}
+    }
+  ]
+}
+CNI
+  mv "$CNI_CONF.tmp" "$CNI_CONF"
+}
+
+# start NAME CMD...: runs CMD detached (its own session, so no timeout or
+# make process group takes it down) unless NAME already runs.
+start() {
+  local name=$1; shift
+  if pid_alive "$name"; then
+    step "$name: already running (pid $(cat "$CLUSTER_DIR/run/$name.pid"))"
+    return
+  fi
+  step "$name: starting"
+  setsid nohup "$@" >>"$LOG/$name.log" 2>&1 </dev/null &
+  echo $! >"$CLUSTER_DIR/run/$name.pid"
+}
+
+# ready NAME BOUND CHECK...: waits until CHECK succeeds; past BOUND seconds, or
+# when NAME's process is gone, stops with NAME and the end of its log.
+ready() {
+  local name=$1 bound=$2; shift 2
+  local daemon=${name%%/*} t=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    local why=""
+    if [ -f "$CLUSTER_DIR/run/$daemon.pid" ] && ! pid_alive "$daemon"; then
+      why="$daemon exited"
+    elif ((SECONDS - t >= bound)); then
+      why="$name not ready within ${bound}s"
+    fi
+    if [ -n "$why" ]; then
+      printf '[cluster %s] error: %s; last lines of %s:\n' "$(date +%H:%M:%S)" "$why" "$LOG/$daemon.log" >&2
+      tail -n 25 "$LOG/$daemon.log" >&2 2>/dev/null || echo "(no log)" >&2
+      echo "run 'make cluster-down' to clean up" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  step "$name: ready ($((SECONDS - t))s)"
+}
+
+api_get() {
+  curl -fsS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$API_URL$1"
+}
+node_ready() {
+  [ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+coredns_ready() {
+  [ "$(kubectl_admin -n kube-system get deployment coredns -o 'jsonpath={.status.availableReplicas}')" = 1 ]
+}
+default_sa() { kubectl_admin -n default get serviceaccount default; }
+
+step "binaries: $K8S_BIN, $COREDNS_BIN"
+"$HERE/build.sh" all
+ensure_packages
+mkdir -p "$CLUSTER_DIR"
+record_host_state
+step "network: node bridge $NODE_BRIDGE ($NODE_IP), routes, guard chain $GUARD_CHAIN"
+setup_network
+gen_pki
+write_configs
+
+start etcd "$K8S_BIN/etcd" --name causeway --data-dir "$CLUSTER_DIR/etcd" \
+  --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
+  --listen-peer-urls "$ETCD_PEER_URL" --initial-advertise-peer-urls "$ETCD_PEER_URL" \
+  --initial-cluster "causeway=$ETCD_PEER_URL"
+ready etcd 30 curl -fsS --max-time 2 "$ETCD_URL/health"
+
+start kube-apiserver "$K8S_BIN/kube-apiserver" \
+  --etcd-servers "$ETCD_URL" \
+  --bind-address "$NODE_IP" --advertise-address "$NODE_IP" --secure-port 6443 \
+  --service-cluster-ip-range "$SERVICE_CIDR" \
+  --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+  --client-ca-file "$PKI/ca.crt" \
+  --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority "$PKI/ca.crt" \
+  --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+  --service-account-issuer "https://kubernetes.default.svc.$CLUSTER_DOMAIN" \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+  --allow-privileged --profiling=false
+ready kube-apiserver 90 api_get /readyz
+
+start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+  --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --leader-elect=false \
+  --allocate-node-cidrs --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 \
+  --service-cluster-ip-range "$SERVICE_CIDR" \
+  --root-ca-file "$PKI/ca.crt" --service-account-private-key-file "$PKI/sa.key" \
+  --use-service-account-credentials --profiling=false
+start kube-scheduler "$K8S_BIN/kube-scheduler" \
+  --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --leader-elect=false --profiling=false
+ready kube-controller-manager 60 curl -fsSk --max-time 2 https://127.0.0.1:10257/healthz
+ready kube-scheduler 60 curl -fsSk --max-time 2 https://127.0.0.1:10259/healthz
+
+step "cni: $CNI_CONF, plugins linked into /opt/cni/bin"
+setup_cni
+start containerd containerd --config "$ETC/containerd.toml"
+ready containerd 30 ctr --address "$CONTAINERD_SOCK" version
+step "images: $IMAGE_PAUSE, $IMAGE_COREDNS"
+"$HERE/images.sh" system
+
+start kubelet "$K8S_BIN/kubelet" --config "$ETC/kubelet.yaml" \
+  --kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" --root-dir "$CLUSTER_DIR/kubelet" \
+  --hostname-override "$NODE_NAME" --node-ip "$NODE_IP"
+ready kubelet/node-Ready 90 node_ready
+
+start kube-proxy "$K8S_BIN/kube-proxy" --config "$ETC/kube-proxy.yaml"
+ready kube-proxy 60 curl -fsS --max-time 2 http://127.0.0.1:10256/healthz
+install_guard
+
+step "coredns: Deployment and Service kube-system/kube-dns ($DNS_SERVICE_IP)"
+sed -e "s#@IMAGE_COREDNS@#$IMAGE_COREDNS#g" -e "s#@DNS_SERVICE_IP@#$DNS_SERVICE_IP#g" \
+  -e "s#@CLUSTER_DOMAIN@#$CLUSTER_DOMAIN#g" "$HERE/coredns.yaml" | kubectl_admin apply -f - >/dev/null
+ready kubelet/coredns 120 coredns_ready
+ready kube-controller-manager/default-serviceaccount 60 default_sa
+
+step "cluster up in $((SECONDS - T0))s: export KUBECONFIG=$KUBECONFIG_ADMIN"
