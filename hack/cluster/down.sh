@@ -58,9 +58,9 @@ for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop "${DAEMONS[i]}"; done
 # Containers the kubelet did not get to: their shims (found by our socket in
 # their command line) and the processes left in the pod cgroups.
 for p in /proc/[0-9]*; do
-  if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $CONTAINERD_SOCK"; then
-    kill -9 "${p#/proc/}" 2>/dev/null
-  fi
+  case $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) in
+    *containerd-shim*"-address $CONTAINERD_SOCK "*) kill -9 "${p#/proc/}" 2>/dev/null ;;
+  esac
 done
 for cg in $(kubepods_cgroups); do
   [ -f "$cg/cgroup.procs" ] && xargs -r kill -9 <"$cg/cgroup.procs" 2>/dev/null

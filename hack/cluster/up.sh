@@ -97,7 +97,7 @@ gen_pki() {
     openssl ecparam -name prime256v1 -genkey -noout -out ca.key 2>/dev/null
     openssl req -x509 -new -key ca.key -subj /CN=causeway-cluster-ca -days 3650 -out ca.crt \
       -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
-    local san_api="subjectAltName=IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes"
+    san_api="subjectAltName=IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes"
     san_api+=",DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.$CLUSTER_DOMAIN"
     cert apiserver /CN=kube-apiserver extendedKeyUsage=serverAuth "$san_api"
     cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" extendedKeyUsage=serverAuth \
@@ -189,7 +189,6 @@ clientConnection: {kubeconfig: $CLUSTER_DIR/kube-proxy.kubeconfig}
 hostnameOverride: $NODE_NAME
 mode: iptables
 clusterCIDR: $CLUSTER_CIDR
-bindAddress: 127.0.0.1
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 # NodePorts only on the node bridge, never on the host's real interfaces.
