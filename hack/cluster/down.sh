@@ -37,11 +37,6 @@ kubepods_cgroups() {
   done
 }
 
-if [ ! -d "$CLUSTER_DIR" ] && ! ip link show "$NODE_BRIDGE" >/dev/null 2>&1; then
-  step "no cluster here, nothing to do"
-  exit 0
-fi
-
 if [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] && api_up; then
   # Without the controllers nothing recreates the pods deleted next.
   stop kube-controller-manager
@@ -58,7 +53,7 @@ for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop "${DAEMONS[i]}"; done
 # Containers the kubelet did not get to: their shims (found by our socket in
 # their command line) and the processes left in the pod cgroups.
 for p in /proc/[0-9]*; do
-  case $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) in
+  case $(tr '\0' ' ' 2>/dev/null <"$p/cmdline") in
     *containerd-shim*"-address $CONTAINERD_SOCK "*) kill -9 "${p#/proc/}" 2>/dev/null ;;
   esac
 done
@@ -70,6 +65,19 @@ if [ -x "$K8S_BIN/kube-proxy" ]; then
   step "kube-proxy: --cleanup (its iptables rules)"
   "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1
 fi
+# What --cleanup leaves: the kubelet's KUBE-FIREWALL, KUBE-KUBELET-CANARY and
+# KUBE-IPTABLES-HINT, in both families. Only this cluster may run Kubernetes
+# here, so every KUBE- chain is ours.
+step "iptables: the kubelet's KUBE- chains"
+for ipt in iptables ip6tables; do
+  for t in filter nat mangle raw; do
+    "$ipt-save" -t "$t" 2>/dev/null | grep -E '^-A (INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING) .*-j KUBE-' |
+      while IFS= read -r rule; do eval "$ipt -w -t $t ${rule/#-A/-D}"; done
+    chains=$("$ipt-save" -t "$t" 2>/dev/null | sed -n 's/^:\(KUBE-[^ ]*\) .*/\1/p')
+    for c in $chains; do "$ipt" -w -t "$t" -F "$c"; done
+    for c in $chains; do "$ipt" -w -t "$t" -X "$c"; done
+  done
+done
 
 step "network: guard chain, bridges, routes, pod network namespaces"
 for c in OUTPUT FORWARD; do

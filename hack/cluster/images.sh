@@ -31,7 +31,7 @@ esac
 refs+=("$IMAGE_COREDNS=$COREDNS_BIN/coredns")
 cd "$REPO"
 mkdir -p "$STATIC" "$REPO/bin/tools" "$OUT"
-CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$STATIC/" "${pkgs[@]}"
+CGO_ENABLED=0 go build -ldflags "-s -w" -o "$STATIC/" "${pkgs[@]}"
 go build -o "$REPO/bin/tools/images" ./hack/images
 "$REPO/bin/tools/images" -out "$OUT" "${refs[@]}" >"$OUT/.written"
 

@@ -300,6 +300,7 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --kubelet-certificate-authority "$PKI/ca.crt" \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-account-issuer "https://kubernetes.default.svc.$CLUSTER_DOMAIN" \
+  --kubelet-preferred-address-types InternalIP \
   --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
   --allow-privileged --profiling=false
 ready kube-apiserver 90 api_get /readyz
