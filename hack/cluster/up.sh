@@ -286,7 +286,7 @@ write_configs
 start etcd "$K8S_BIN/etcd" --name causeway --data-dir "$CLUSTER_DIR/etcd" \
   --listen-client-urls "$ETCD_URL" --advertise-client-urls "$ETCD_URL" \
   --listen-peer-urls "$ETCD_PEER_URL" --initial-advertise-peer-urls "$ETCD_PEER_URL" \
-  --initial-cluster "causeway=$ETCD_PEER_URL"
+  --initial-cluster "causeway=$ETCD_PEER_URL" --logger zap
 ready etcd 30 curl -fsS --max-time 2 "$ETCD_URL/health"
 
 start kube-apiserver "$K8S_BIN/kube-apiserver" \
