@@ -12,7 +12,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 OUT=${IMAGES_DIR:-$REPO/bin/images}
 STATIC=$REPO/bin/static
-COMMANDS=(controlplane nodeproxy waypoint meshctl echo)
+# One image per command: every directory under cmd/.
+COMMANDS=()
+for d in "$REPO"/cmd/*/; do d=${d%/}; COMMANDS+=("${d##*/}"); done
 
 what=${1:-all}
 pkgs=(./hack/images/pause)
