@@ -30,6 +30,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -174,15 +175,11 @@ func layerArchive(target string, content []byte) ([]byte, error) {
 // writeLayout writes img as an OCI image layout archive (oci-layout,
 // index.json, blobs/sha256/...) whose index names it tag.
 func writeLayout(w io.Writer, img v1.Image, tag name.Tag) error {
+	desc, err := partial.Descriptor(img)
+	if err != nil {
+		return err
+	}
 	manifest, err := img.RawManifest()
-	if err != nil {
-		return err
-	}
-	mt, err := img.MediaType()
-	if err != nil {
-		return err
-	}
-	digest, err := img.Digest()
 	if err != nil {
 		return err
 	}
@@ -198,20 +195,12 @@ func writeLayout(w io.Writer, img v1.Image, tag name.Tag) error {
 	if err != nil {
 		return err
 	}
-	index := v1.IndexManifest{
-		SchemaVersion: 2,
-		MediaType:     types.OCIImageIndex,
-		Manifests: []v1.Descriptor{{
-			MediaType: mt,
-			Size:      int64(len(manifest)),
-			Digest:    digest,
-			Platform:  &v1.Platform{OS: cfgFile.OS, Architecture: cfgFile.Architecture},
-			Annotations: map[string]string{
-				annotationImageName: tag.Name(),
-				annotationRefName:   tag.TagStr(),
-			},
-		}},
+	desc.Platform = &v1.Platform{OS: cfgFile.OS, Architecture: cfgFile.Architecture}
+	desc.Annotations = map[string]string{
+		annotationImageName: tag.Name(),
+		annotationRefName:   tag.TagStr(),
 	}
+	index := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex, Manifests: []v1.Descriptor{*desc}}
 	indexJSON, err := json.Marshal(index)
 	if err != nil {
 		return err
@@ -233,7 +222,7 @@ func writeLayout(w io.Writer, img v1.Image, tag name.Tag) error {
 	if err := file("index.json", indexJSON); err != nil {
 		return err
 	}
-	if err := blob(digest, manifest); err != nil {
+	if err := blob(desc.Digest, manifest); err != nil {
 		return err
 	}
 	if err := blob(cfgName, config); err != nil {

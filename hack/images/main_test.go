@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 )
@@ -27,7 +28,21 @@ func staticBinary(t *testing.T) string {
 	return bin
 }
 
-// unpack extracts an image archive into a directory, as an OCI layout.
+// readArchive reads an image archive back as an OCI layout.
+func readArchive(t *testing.T, archive string) (v1.ImageIndex, *v1.IndexManifest) {
+	t.Helper()
+	idx, err := unpack(t, archive).ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idx, im
+}
+
+// unpack extracts an image archive into a directory.
 func unpack(t *testing.T, archive string) layout.Path {
 	t.Helper()
 	f, err := os.Open(archive)
@@ -36,28 +51,36 @@ func unpack(t *testing.T, archive string) layout.Path {
 	}
 	defer f.Close()
 	dir := t.TempDir()
-	tr := tar.NewReader(f)
+	eachEntry(t, f, func(h *tar.Header, data []byte) {
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	return layout.Path(dir)
+}
+
+// eachEntry calls fn with every entry of the tar stream r and its content.
+func eachEntry(t *testing.T, r io.Reader, fn func(*tar.Header, []byte)) {
+	t.Helper()
+	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			break
+			return
 		}
 		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(dir, filepath.FromSlash(h.Name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		data, err := io.ReadAll(tr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		fn(h, data)
 	}
-	return layout.Path(dir)
 }
 
 func TestArchiveIsANamedOCILayoutRunningTheBinary(t *testing.T) {
@@ -70,14 +93,7 @@ func TestArchiveIsANamedOCILayoutRunningTheBinary(t *testing.T) {
 	if file != filepath.Join(out, "pause.tar") {
 		t.Fatalf("archive %s, want pause.tar in %s", file, out)
 	}
-	idx, err := unpack(t, file).ImageIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	idx, im := readArchive(t, file)
 	if len(im.Manifests) != 1 {
 		t.Fatalf("%d manifests, want 1", len(im.Manifests))
 	}
@@ -113,24 +129,13 @@ func TestArchiveIsANamedOCILayoutRunningTheBinary(t *testing.T) {
 	}
 	defer rc.Close()
 	want, _ := os.ReadFile(bin)
-	tr := tar.NewReader(rc)
 	entries := map[string]int64{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachEntry(t, rc, func(h *tar.Header, data []byte) {
 		entries[h.Name] = h.Mode
-		if h.Name == "usr/local/bin/pause" {
-			got, _ := io.ReadAll(tr)
-			if !bytes.Equal(got, want) {
-				t.Fatal("the layer's binary differs from the input")
-			}
+		if h.Name == "usr/local/bin/pause" && !bytes.Equal(data, want) {
+			t.Fatal("the layer's binary differs from the input")
 		}
-	}
+	})
 	if entries["usr/local/bin/pause"] != 0o755 || entries["tmp/"] != 0o1777 {
 		t.Fatalf("layer entries (name: mode) %v", entries)
 	}
@@ -143,14 +148,7 @@ func TestSameBinarySameDigest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		idx, err := unpack(t, file).ImageIndex()
-		if err != nil {
-			t.Fatal(err)
-		}
-		im, err := idx.IndexManifest()
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, im := readArchive(t, file)
 		return im.Manifests[0].Digest.String()
 	}
 	first := digest()
