@@ -19,7 +19,7 @@ stop() {
   local name=$1 f=$CLUSTER_DIR/run/$1.pid pid
   [ -f "$f" ] || return 0
   pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  if pid_alive "$name"; then
     step "$name: stopping (pid $pid)"
     kill "$pid" 2>/dev/null
     for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done

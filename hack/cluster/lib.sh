@@ -59,10 +59,13 @@ need_root() {
   [ "$(id -u)" = 0 ] || die "must run as root (it creates bridges, iptables rules, cgroups and mounts)"
 }
 
-# pid_alive NAME: true when NAME's recorded process is running.
+# pid_alive NAME: true when NAME's recorded process is running (checked by
+# its executable's name too, so a stale pid file never names a stranger).
 pid_alive() {
-  local f=$CLUSTER_DIR/run/$1.pid
-  [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null
+  local f=$CLUSTER_DIR/run/$1.pid exe
+  [ -f "$f" ] || return 1
+  exe=$(readlink "/proc/$(cat "$f")/exe" 2>/dev/null) || return 1
+  [ "${exe##*/}" = "$1" ]
 }
 
 # default_devices: devices holding an IPv4 default route (where the guard drops).

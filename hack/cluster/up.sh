@@ -140,6 +140,14 @@ KC
   mv "$out.tmp" "$out"
 }
 
+# put FILE: writes stdin to FILE unless FILE already holds exactly that (a
+# running kube-proxy exits when its configuration file is written to).
+put() {
+  local f=$1
+  cat >"$f.tmp"
+  if cmp -s "$f.tmp" "$f"; then rm -f "$f.tmp"; else mv "$f.tmp" "$f"; fi
+}
+
 write_configs() {
   mkdir -p "$ETC" "$LOG" "$CLUSTER_DIR/run" "$RUN_DIR"
   kubeconfig admin admin
@@ -149,8 +157,8 @@ write_configs() {
   kubeconfig kube-proxy kube-proxy
   sed -e "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" -e "s#@RUN_DIR@#$RUN_DIR#g" \
     -e "s#@CONTAINERD_SOCK@#$CONTAINERD_SOCK#g" -e "s#@IMAGE_PAUSE@#$IMAGE_PAUSE#g" \
-    -e "s#@RUNC@#$(command -v runc)#g" "$HERE/containerd.toml" >"$ETC/containerd.toml"
-  cat >"$ETC/kubelet.yaml" <<CFG
+    -e "s#@RUNC@#$(command -v runc)#g" "$HERE/containerd.toml" | put "$ETC/containerd.toml"
+  put "$ETC/kubelet.yaml" <<CFG
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: $NODE_IP
@@ -182,7 +190,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 CFG
-  cat >"$ETC/kube-proxy.yaml" <<CFG
+  put "$ETC/kube-proxy.yaml" <<CFG
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: $CLUSTER_DIR/kube-proxy.kubeconfig}
@@ -206,7 +214,7 @@ setup_cni() {
     [ -e "/opt/cni/bin/${p##*/}" ] || ln -s "$p" "/opt/cni/bin/${p##*/}"
   done
   # isDefaultGateway and no ipam routes: both together fail ("file exists").
-  cat >"$CNI_CONF.tmp" <<CNI
+  put "$CNI_CONF" <<CNI
 {
   "cniVersion": "1.0.0",
   "name": "causeway",
@@ -223,7 +231,6 @@ setup_cni() {
   ]
 }
 CNI
-  mv "$CNI_CONF.tmp" "$CNI_CONF"
 }
 
 # start NAME CMD...: runs CMD detached (its own session, so no timeout or
