@@ -8,7 +8,7 @@ TEST_FLAGS ?= -count=1 -timeout 14m
 
 BINARIES := controlplane nodeproxy waypoint meshctl echo
 
-.PHONY: all build test lint proto demo bench clean cluster cluster-down images e2e-k8s
+.PHONY: all build test lint proto demo bench fuzz faults clean cluster cluster-down images e2e-k8s
 
 all: build
 
@@ -16,10 +16,21 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
 
-# Unit and loopback tests, then the cluster tests (skipped, saying so, without root).
+# Every fuzz target runs for TEST_FUZZTIME in `make test` (its seeds, in
+# testdata/fuzz and f.Add, also run in the plain `go test`), and for
+# FUZZTIME in `make fuzz`.
+TEST_FUZZTIME ?= 10s
+FUZZTIME      ?= 3m
+
+# Unit and loopback tests, every fuzz target briefly, then the cluster tests
+# (skipped, saying so, without root).
 test: lint build
 	$(GO) test $(TEST_FLAGS) ./...
+	GO=$(GO) FUZZTIME=$(TEST_FUZZTIME) ./hack/fuzz.sh
 	hack/cluster/e2e.sh
+
+fuzz:
+	GO=$(GO) FUZZTIME=$(FUZZTIME) ./hack/fuzz.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \

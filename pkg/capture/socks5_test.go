@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	"golang.org/x/net/proxy"
 )
@@ -153,6 +154,91 @@ func FuzzSOCKS5Handshake(f *testing.F) {
 		b.Close()
 		if err == nil && d.Host == "" && !d.Addr.IsValid() {
 			t.Fatalf("accepted invalid destination %+v", d)
+		}
+	})
+}
+
+// outcomeHandler answers every request with one outcome.
+type outcomeHandler struct {
+	o    Outcome
+	seen chan Destination
+}
+
+func (h outcomeHandler) HandleOutbound(_ context.Context, c Conn) {
+	h.seen <- c.Destination()
+	c.Answer(h.o)
+	c.Close()
+}
+
+// scriptedConn is a client that sends a fixed script and then half-closes,
+// recording what the server writes.
+type scriptedConn struct {
+	net.Conn // only the methods below are called
+	in       *bytes.Reader
+	out      bytes.Buffer
+}
+
+func (c *scriptedConn) Read(b []byte) (int, error)  { return c.in.Read(b) }
+func (c *scriptedConn) Write(b []byte) (int, error) { return c.out.Write(b) }
+func (c *scriptedConn) Close() error                { return nil }
+func (c *scriptedConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}
+}
+func (c *scriptedConn) SetDeadline(time.Time) error      { return nil }
+func (c *scriptedConn) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzSOCKS5Exchange runs a whole exchange, request bytes in and the
+// server's method selection and reply out, and checks what the server
+// writes: a well-formed method selection, then at most one well-formed
+// reply whose code is the handler's outcome, or a refusal code when the
+// request never reached the handler.
+func FuzzSOCKS5Exchange(f *testing.F) {
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 1, 0, 80}, byte(Connected))
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 3, 8, 's', 'v', 'c', '.', 's', 'h', 'o', 'p', 0, 80}, byte(HostUnknown))
+	f.Add([]byte{5, 2, 2, 0, 5, 2, 0, 1, 127, 0, 0, 1, 0, 80}, byte(Refused))
+	f.Add([]byte{5, 1, 0, 5, 1, 0, 9}, byte(Unreachable))
+	f.Add([]byte{5, 1, 2}, byte(Connected))
+	f.Fuzz(func(t *testing.T, in []byte, outcome byte) {
+		seen := make(chan Destination, 1)
+		s := &SOCKS5{Handler: outcomeHandler{Outcome(outcome % 8), seen}, Logger: zap.NewNop(), HandshakeTimeout: time.Second}
+		conn := &scriptedConn{in: bytes.NewReader(in)}
+		s.serveConn(context.Background(), conn)
+		got := conn.out.Bytes()
+		var dest *Destination
+		select {
+		case d := <-seen:
+			dest = &d
+		default:
+		}
+		if len(got) == 0 {
+			if dest != nil {
+				t.Fatal("handler reached without a method selection")
+			}
+			return
+		}
+		if len(got) < 2 || got[0] != 5 || (got[1] != methodNoAuth && got[1] != methodNoAcceptable) {
+			t.Fatalf("bad method selection % x", got)
+		}
+		reply := got[2:]
+		if len(reply) == 0 {
+			if dest != nil {
+				t.Fatal("handler answered but no reply was written")
+			}
+			return
+		}
+		if got[1] == methodNoAcceptable {
+			t.Fatalf("reply % x after refusing every method", reply)
+		}
+		if len(reply) != 10 || reply[0] != 5 || reply[2] != 0 || reply[3] != atypIPv4 {
+			t.Fatalf("malformed reply % x", reply)
+		}
+		switch {
+		case dest == nil && reply[1] == repSucceeded:
+			t.Fatal("success reply for a request the handler never saw")
+		case dest != nil && (dest.Host == "" && !dest.Addr.IsValid() || dest.Host == "" && dest.Addr.Port() == 0 || dest.Host != "" && dest.Port == 0):
+			t.Fatalf("handler got invalid destination %+v", *dest)
+		case dest != nil && (reply[1] == repSucceeded) != (Outcome(outcome%8) == Connected):
+			t.Fatalf("outcome %d answered with code %d", outcome%8, reply[1])
 		}
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"golang.org/x/net/http2/hpack"
 )
 
 func TestParseAuthority(t *testing.T) {
@@ -136,6 +138,60 @@ func FuzzParseForwardedFor(f *testing.F) {
 		again, err := ParseForwardedFor(FormatForwardedFor(ap))
 		if err != nil || again != ap {
 			t.Fatalf("%q: round trip %q -> %v, %v", s, FormatForwardedFor(ap), again, err)
+		}
+	})
+}
+
+// FuzzParseRequest feeds a CONNECT header block, one "name: value" field a
+// line, through the checks a stream's headers pass (field rules, request
+// rules, then parseRequest). An accepted request has exactly one target;
+// Forwarded is a valid address or absent, and Baggage is every baggage
+// value in order.
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		":method: CONNECT\n:authority: 10.0.0.1:80\nforwarded: for=\"10.1.2.3:4567\"\nbaggage: k8s.namespace.name=shop\nbaggage: k8s.pod.name=web\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+		":method: CONNECT\n:authority: reviews.shop:9080\nhost: reviews.shop:9080\nforwarded: for=unknown, for=1.2.3.4",
+		":method: CONNECT\n:authority: [fd00::1]:8080\nforwarded: for=\"[fd00::2]:1\";proto=https\nbaggage: ",
+		":method: GET\n:scheme: https\n:path: /\n:authority: 10.0.0.1:80",
+		":method: CONNECT\n:authority: 10.0.0.1:80\nhost: 10.0.0.2:80",
+	} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, block string, hostnames bool) {
+		var b headerBlock
+		var baggage []string
+		for _, line := range strings.Split(block, "\n") {
+			name, value, _ := strings.Cut(line[min(1, len(line)):], ":")
+			name = line[:min(1, len(line))] + name
+			value = strings.TrimPrefix(value, " ")
+			b.addField(hpack.HeaderField{Name: name, Value: value}, 16<<10)
+			if name == "baggage" {
+				baggage = append(baggage, value)
+			}
+		}
+		if _, problem := b.checkRequest(); problem != "" {
+			return
+		}
+		s := &Server{opts: ServerOptions{AllowHostnames: hostnames}}
+		req, code, reason := s.parseRequest(&Request{}, &b)
+		if code != 0 {
+			if req != nil || reason == "" {
+				t.Fatalf("refusal %d with request %v and reason %q", code, req, reason)
+			}
+			return
+		}
+		if req.Authority.IsValid() == (req.Host != "") {
+			t.Fatalf("accepted with authority %v and host %q", req.Authority, req.Host)
+		}
+		if req.Host != "" && !hostnames {
+			t.Fatalf("host name %q accepted without AllowHostnames", req.Host)
+		}
+		if req.Forwarded.IsValid() && (req.Forwarded.Addr().Zone() != "" || req.Forwarded.Addr().Is4In6()) {
+			t.Fatalf("forwarded %v accepted", req.Forwarded)
+		}
+		if !b.truncated && req.Baggage != strings.Join(baggage, ",") {
+			t.Fatalf("baggage %q, want %q", req.Baggage, strings.Join(baggage, ","))
 		}
 	})
 }

@@ -128,7 +128,7 @@ func (e *env) call(t *testing.T, conn *grpc.ClientConn, r request) (*securityapi
 		&securityapi.IstioCertificateRequest{Csr: string(r.csr), ValidityDuration: r.validity, Metadata: md})
 }
 
-func csrPEM(t *testing.T, uris ...string) []byte {
+func csrPEM(t testing.TB, uris ...string) []byte {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
