@@ -460,6 +460,9 @@ type CertificateStatus struct {
 	Identity  string            `json:"identity"`
 	State     string            `json:"state"`
 	CertChain []CertificateInfo `json:"cert_chain"`
+	// RefreshError is why the last refresh failed while the certificate
+	// in use is still valid (State stays Available until it expires).
+	RefreshError string `json:"refresh_error,omitempty"`
 }
 
 // CertificateInfo is one element of a chain, leaf first, roots last.
@@ -477,6 +480,9 @@ func (m *Manager) Snapshot() []CertificateStatus {
 	out := make([]CertificateStatus, 0, len(m.entries))
 	for _, e := range m.entries {
 		s := CertificateStatus{Identity: e.id.String(), State: e.stateLocked(), CertChain: []CertificateInfo{}}
+		if e.lastErr != nil && s.State == StateAvailable {
+			s.RefreshError = e.lastErr.Error()
+		}
 		for _, c := range e.chain {
 			s.CertChain = append(s.CertChain, CertificateInfo{
 				PEM:            string(pemEncode(c.Raw)),
@@ -499,12 +505,16 @@ func (m *Manager) Snapshot() []CertificateStatus {
 	return out
 }
 
+// stateLocked: a certificate that is still valid serves, so its identity is
+// Available however its refreshes fare (readiness follows this state; a
+// CA outage shorter than the remaining lifetime must not take the proxy
+// out of service); Unavailable only once nothing valid is held.
 func (e *entry) stateLocked() string {
 	switch {
-	case e.lastErr != nil:
-		return StateUnavailable + ": " + e.lastErr.Error()
 	case e.cert != nil && time.Now().Before(e.cert.Leaf.NotAfter):
 		return StateAvailable
+	case e.lastErr != nil:
+		return StateUnavailable + ": " + e.lastErr.Error()
 	default:
 		return StateInitializing
 	}

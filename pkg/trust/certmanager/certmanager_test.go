@@ -287,13 +287,18 @@ func TestCAStopped(t *testing.T) {
 	}
 
 	ms.srv.Stop()
+	// While the certificate is valid the identity stays Available (the
+	// proxy stays ready) and the refresh failure shows beside it.
 	eventually(t, "the refresh failure to show", func() bool {
 		s, _ := stateOf(m, id)
-		return strings.HasPrefix(s.State, StateUnavailable+": ")
+		return s.RefreshError != ""
 	})
 	s, _ := stateOf(m, id)
-	if !strings.Contains(s.State, "code = Unavailable") {
-		t.Fatalf("state %q does not carry the CA error", s.State)
+	if time.Now().Before(first.Leaf.NotAfter) && s.State != StateAvailable {
+		t.Fatalf("state %q while the certificate is valid", s.State)
+	}
+	if !strings.Contains(s.RefreshError, "code = Unavailable") {
+		t.Fatalf("refresh error %q does not carry the CA error", s.RefreshError)
 	}
 	if len(s.CertChain) == 0 || s.CertChain[0].SerialNumber != serial {
 		t.Fatalf("snapshot no longer shows the certificate in use: %+v", s.CertChain)
@@ -309,6 +314,9 @@ func TestCAStopped(t *testing.T) {
 	}
 
 	time.Sleep(time.Until(first.Leaf.NotAfter) + 100*time.Millisecond)
+	if s, _ := stateOf(m, id); !strings.HasPrefix(s.State, StateUnavailable+": ") || !strings.Contains(s.State, "code = Unavailable") {
+		t.Fatalf("state %q after expiry with the CA down", s.State)
+	}
 	_, err = m.Get(ctx, id)
 	if err == nil || !strings.Contains(err.Error(), "code = Unavailable") {
 		t.Fatalf("Get after expiry with the CA down: %v", err)
