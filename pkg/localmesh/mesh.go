@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -103,6 +104,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 			if err != nil {
 				return err
 			}
+			p.job = j
 			m.group.add(p)
 			procs = append(procs, p)
 		}
@@ -229,6 +231,72 @@ func (m *Mesh) StopProcess(name string) error {
 		}
 	}
 	return fmt.Errorf("no process %q in the mesh", name)
+}
+
+// Signal sends sig to one process (and what it started), as a fault would:
+// SIGKILL for a crash, SIGTERM for a graceful restart. The mesh does not
+// report its exit on Died; Exited says when it has ended.
+func (m *Mesh) Signal(name string, sig syscall.Signal) error {
+	p, err := m.process(name)
+	if err != nil {
+		return err
+	}
+	p.stopping.Store(true)
+	if p.exited() {
+		return fmt.Errorf("%s has already exited", name)
+	}
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
+// Exited is closed when the named process has ended.
+func (m *Mesh) Exited(name string) (<-chan struct{}, error) {
+	p, err := m.process(name)
+	if err != nil {
+		return nil, err
+	}
+	return p.done, nil
+}
+
+// Restart starts an exited process again with the same arguments and
+// waits until it is ready. Its later exits are not reported on Died.
+func (m *Mesh) Restart(ctx context.Context, name string) error {
+	old, err := m.process(name)
+	if err != nil {
+		return err
+	}
+	if !old.exited() {
+		return fmt.Errorf("%s is still running", name)
+	}
+	j := old.job
+	p, err := startProcess(j.name, j.bin, j.args, j.env, filepath.Join(m.Opts.StateDir, "logs"))
+	if err != nil {
+		return err
+	}
+	p.job = j
+	m.group.mu.Lock()
+	for i, q := range m.group.procs {
+		if q == old {
+			m.group.procs[i] = p
+		}
+	}
+	m.group.mu.Unlock()
+	if j.ready == "" {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, m.Opts.ReadyTimeout)
+	defer cancel()
+	return waitReady(rctx, p, j.ready, j.broken)
+}
+
+func (m *Mesh) process(name string) (*process, error) {
+	m.group.mu.Lock()
+	defer m.group.mu.Unlock()
+	for _, p := range m.group.procs {
+		if p.name == name {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("no process %q in the mesh", name)
 }
 
 // Stop terminates every process, most recently started first.

@@ -25,6 +25,7 @@ type process struct {
 	logPath string
 	done    chan struct{} // closed when the process has exited
 	err     error         // exit status, valid after done
+	job     job           // how it was started, for Restart
 	// stopping is set when the mesh stops the process on purpose.
 	stopping atomic.Bool
 }
