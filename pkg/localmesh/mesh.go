@@ -33,6 +33,9 @@ type Options struct {
 	LogFormat string
 	// ReadyTimeout bounds the wait for each component (default 30 s).
 	ReadyTimeout time.Duration
+	// ControlPlaneArgs are extra flags for the control plane (for example
+	// a short --cert-ttl).
+	ControlPlaneArgs []string
 }
 
 // Mesh is a running local mesh.
@@ -124,7 +127,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	cp := plan.ControlPlane
 	if err := launch([]job{{name: "controlplane", bin: filepath.Join(o.BinDir, "controlplane"), ready: "http://" + cp.Status + "/healthz/ready",
 		args: append([]string{"--listen", cp.GRPC, "--readiness", cp.Status, "--metrics", cp.Status, "--config-dir", o.ConfigDir, "--ca-dir", caDir,
-			"--tokens-file", tokens, "--trusted-node-accounts", NodeAccount}, common...)}}); err != nil {
+			"--tokens-file", tokens, "--trusted-node-accounts", NodeAccount}, append(common, o.ControlPlaneArgs...)...)}}); err != nil {
 		return nil, err
 	}
 	var proxies []job

@@ -37,6 +37,8 @@ type Setup struct {
 	// Edit, if set, may change the plan before anything starts, for
 	// example to drop a node proxy whose part the benchmark plays itself.
 	Edit func(*localmesh.Plan) error
+	// ControlPlaneArgs are extra flags for the control plane.
+	ControlPlaneArgs []string
 }
 
 // Start writes the configuration and starts the mesh; Stop it when done.
@@ -79,7 +81,7 @@ func Start(ctx context.Context, s Setup) (*localmesh.Mesh, error) {
 		}
 	}
 	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: pol,
-		StateDir: filepath.Join(s.WorkDir, "state"), ReadyTimeout: 60 * time.Second})
+		StateDir: filepath.Join(s.WorkDir, "state"), ReadyTimeout: 60 * time.Second, ControlPlaneArgs: s.ControlPlaneArgs})
 }
 
 // PID returns the pid of the named mesh process.

@@ -1,0 +1,439 @@
+// Command faults runs a local mesh (pkg/localmesh: the real binaries on
+// loopback) under a fixed-rate load and injects one fault per row while the
+// load runs: processes killed, restarted gracefully, configuration edited.
+// For each row it prints requests sent, failed (by cause) and the longest
+// gap between successful answers, on new connections (one per request) and
+// on existing ones (keep-alive), then whether the row met its expectation.
+// It exits 1 when any row did not.
+//
+//	go run ./bench/faults -bin bin [-row 20s] [-rate 25] [-only policy] [-base-port 21000]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
+)
+
+type options struct {
+	bin      string
+	work     string
+	basePort int
+	rate     int
+	rowTime  time.Duration
+	only     string
+	keep     bool
+	certTTL  time.Duration
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (make build)")
+	flag.StringVar(&o.work, "work", "", "work directory (default: a new temporary one, removed afterwards)")
+	flag.IntVar(&o.basePort, "base-port", 21000, "first of the 127.0.0.1 ports the mesh's admin and status listeners take")
+	flag.IntVar(&o.rate, "rate", 25, "requests per second on each kind of connection (new, existing)")
+	flag.DurationVar(&o.rowTime, "row", 20*time.Second, "how long the load runs for each row; the fault comes after a quarter of it")
+	flag.StringVar(&o.only, "only", "", "run only the rows whose name matches this regular expression")
+	flag.DurationVar(&o.certTTL, "cert-ttl", 40*time.Second, "lifetime of every mesh certificate (the control plane's --cert-ttl); the CA row keeps the CA down for 60 % of it")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs of every process)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "faults:", err)
+		os.Exit(1)
+	}
+}
+
+// harness is the running mesh, its configuration and the load.
+type harness struct {
+	mesh     *localmesh.Mesh
+	cfg, pol string
+	load     *load
+	rowTime  time.Duration
+	certTTL  time.Duration
+	// policyRev is the revision marker of the policy on disk.
+	policyRev int
+}
+
+// outcome is what injecting a fault observed besides the load: a note for
+// the table and, when the fault's own checks failed, a problem.
+type outcome struct{ note, problem string }
+
+// row is one fault and what it must show.
+type row struct {
+	name, fault, expectation string
+	inject                   func(ctx context.Context, h *harness) (outcome, error)
+	// judge says whether the figures meet the expectation ("" if so).
+	judge func(fresh, existing summary) string
+	// after mends what the fault broke, once the load has stopped.
+	after func(ctx context.Context, h *harness) error
+}
+
+func run(ctx context.Context, o options) error {
+	only, err := regexp.Compile(o.only)
+	if err != nil {
+		return fmt.Errorf("-only: %w", err)
+	}
+	work := o.work
+	if work == "" {
+		if work, err = os.MkdirTemp("", "causeway-faults-"); err != nil {
+			return err
+		}
+	}
+	keep := o.keep
+	defer func() {
+		if keep {
+			fmt.Fprintln(os.Stderr, "faults: work directory kept:", work)
+		} else {
+			os.RemoveAll(work)
+		}
+	}()
+	h := &harness{cfg: filepath.Join(work, "config"), pol: filepath.Join(work, "policies"), rowTime: o.rowTime, certTTL: o.certTTL}
+	if err := os.MkdirAll(h.cfg, 0o755); err != nil {
+		return err
+	}
+	if err := h.writeRoute(50, 50, ""); err != nil {
+		return err
+	}
+	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshTemplate, BasePort: o.basePort,
+		Policies:         map[string]string{"authz.rego": policy(0)},
+		ControlPlaneArgs: []string{"--cert-ttl", o.certTTL.String()}})
+	if err != nil {
+		keep = true
+		return fmt.Errorf("start mesh: %w", err)
+	}
+	defer mesh.Stop()
+	h.mesh = mesh
+	client, err := mesh.Plan.Client("web/frontend")
+	if err != nil {
+		return err
+	}
+	fresh := client.HTTP(false)
+	fresh.Timeout = 10 * time.Second
+	h.load = &load{url: "http://reviews.shop/", rate: o.rate, fresh: fresh,
+		existing: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: client.DialContext,
+			MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4, IdleConnTimeout: time.Minute}}}
+
+	fmt.Printf("faults: %d req/s on new and on existing connections, %v per row, fault after %v\n\n", o.rate, o.rowTime, o.rowTime/4)
+	fmt.Println("| fault | connections | sent | failed (by cause) | longest gap | result |")
+	fmt.Println("|---|---|---|---|---|---|")
+	missed := 0
+	for _, r := range rows() {
+		if !only.MatchString(r.name) {
+			continue
+		}
+		if err := h.settle(ctx); err != nil {
+			keep = true
+			return fmt.Errorf("%s: mesh not serving before the fault: %w", r.name, err)
+		}
+		fresh, existing, out, err := h.window(ctx, r.inject)
+		if err != nil {
+			keep = true
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		verdict := r.judge(fresh, existing)
+		if out.problem != "" {
+			verdict = strings.TrimPrefix(verdict+", "+out.problem, ", ")
+		}
+		result := "met"
+		if verdict != "" {
+			result, missed = "NOT met: "+verdict, missed+1
+		}
+		if out.note != "" {
+			result += " (" + out.note + ")"
+		}
+		for _, k := range []struct {
+			name string
+			s    summary
+		}{{"new", fresh}, {"existing", existing}} {
+			fmt.Printf("| %s | %s | %d | %d (%s) | %v | %s |\n", r.name, k.name, k.s.sent, k.s.failed, k.s.causesText(),
+				k.s.longestGap.Round(time.Millisecond), result)
+		}
+		if r.after != nil {
+			if err := r.after(ctx, h); err != nil {
+				keep = true
+				return fmt.Errorf("%s: mend: %w", r.name, err)
+			}
+		}
+		select {
+		case died := <-mesh.Died:
+			keep = true
+			return fmt.Errorf("%s: a process died: %s", r.name, died)
+		default:
+		}
+	}
+	if missed > 0 {
+		keep = true
+		return fmt.Errorf("%d rows did not meet their expectation", missed)
+	}
+	return nil
+}
+
+// window runs the load for one row, injecting the fault after a quarter
+// of it.
+func (h *harness) window(ctx context.Context, inject func(context.Context, *harness) (outcome, error)) (fresh, existing summary, out outcome, err error) {
+	lctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	from := time.Now()
+	go func() {
+		h.load.run(lctx)
+		close(done)
+	}()
+	sleep(ctx, h.rowTime/4)
+	out, err = inject(ctx, h)
+	sleep(ctx, time.Until(from.Add(h.rowTime)))
+	cancel()
+	<-done
+	rs := h.load.take()
+	to := time.Now()
+	return summarize(rs, "new", from, to), summarize(rs, "existing", from, to), out, err
+}
+
+// settle waits until a request succeeds again, so a row starts on a
+// serving mesh whatever the row before it did.
+func (h *harness) settle(ctx context.Context) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := h.load.one(h.load.fresh)
+		if r.cause == "" {
+			h.load.take()
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("last answer: %s", r.cause)
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+func (h *harness) writeRoute(v1, v2 int, extra string) error {
+	return writeAtomic(filepath.Join(h.cfg, "route.yaml"), route(v1, v2, extra))
+}
+
+// writeAtomic replaces a file by renaming, as an editor or a Git checkout
+// would, so that a reader never sees half of it.
+func writeAtomic(path, content string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// Process names as pkg/localmesh gives them.
+const (
+	controlPlane = "controlplane"
+	nodeProxyA   = "nodeproxy-node-a" // the client's node
+	waypoint0    = "waypoint-shop-waypoint-0"
+	waypoint1    = "waypoint-shop-waypoint-1"
+	backendV2    = "app-shop-reviews-v2"
+)
+
+// kill sends sig to a process and waits (up to grace) for it to exit,
+// returning how long that took.
+func (h *harness) kill(ctx context.Context, name string, sig syscall.Signal, grace time.Duration) (time.Duration, error) {
+	exited, err := h.mesh.Exited(name)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := h.mesh.Signal(name, sig); err != nil {
+		return 0, err
+	}
+	select {
+	case <-exited:
+		return time.Since(start), nil
+	case <-time.After(grace):
+		return 0, fmt.Errorf("%s still running %v after %v", name, grace, sig)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// restart kills a process with sig, starts it again and says how long it
+// took to exit and how long until the new one was ready.
+func restart(sig syscall.Signal, name string, down time.Duration) func(context.Context, *harness) (outcome, error) {
+	return func(ctx context.Context, h *harness) (outcome, error) {
+		exit, err := h.kill(ctx, name, sig, 30*time.Second)
+		if err != nil {
+			return outcome{}, err
+		}
+		sleep(ctx, down)
+		start := time.Now()
+		if err := h.mesh.Restart(ctx, name); err != nil {
+			return outcome{}, err
+		}
+		return outcome{note: fmt.Sprintf("%s exited %v after %v, down %v, ready %v after restart", name, exit.Round(time.Millisecond), sig,
+			down, time.Since(start).Round(time.Millisecond))}, nil
+	}
+}
+
+// certificateStates reads every node proxy's certificates from its
+// /config_dump.
+func (h *harness) certificateStates() ([]certmanager.CertificateStatus, error) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	var all []certmanager.CertificateStatus
+	for _, n := range h.mesh.Plan.Nodes {
+		resp, err := client.Get("http://" + n.Admin + "/config_dump")
+		if err != nil {
+			return nil, err
+		}
+		var dump struct {
+			Certificates []certmanager.CertificateStatus
+		}
+		err = json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(&dump)
+		resp.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s /config_dump: %w", n.Node, err)
+		}
+		all = append(all, dump.Certificates...)
+	}
+	return all, nil
+}
+
+func noFailures(fresh, existing summary) string {
+	var why []string
+	for _, s := range []struct {
+		kind string
+		s    summary
+	}{{"new", fresh}, {"existing", existing}} {
+		if s.s.failed > 0 {
+			why = append(why, fmt.Sprintf("%d failed on %s connections", s.s.failed, s.kind))
+		}
+	}
+	return strings.Join(why, ", ")
+}
+
+func rows() []row {
+	return []row{
+		{
+			name: "controlplane-kill", fault: "control plane killed (SIGKILL), restarted after 5 s",
+			expectation: "0 failed on existing and new connections (last configuration and certificates kept)",
+			inject:      restart(syscall.SIGKILL, controlPlane, 5*time.Second), judge: noFailures,
+		},
+		{
+			name: "ca-unreachable", fault: "CA (the control plane) down for 60 % of a certificate's life",
+			expectation: "traffic continues until expiry; certificates Available (refresh failing) until expiry",
+			inject: func(ctx context.Context, h *harness) (outcome, error) {
+				if _, err := h.kill(ctx, controlPlane, syscall.SIGKILL, 10*time.Second); err != nil {
+					return outcome{}, err
+				}
+				down := h.certTTL * 6 / 10
+				sleep(ctx, down)
+				states, err := h.certificateStates()
+				if err != nil {
+					return outcome{}, err
+				}
+				if err := h.mesh.Restart(ctx, controlPlane); err != nil {
+					return outcome{}, err
+				}
+				var problems []string
+				failing := 0
+				for _, c := range states {
+					if c.State != certmanager.StateAvailable {
+						problems = append(problems, fmt.Sprintf("%s %s before expiry", c.Identity, c.State))
+					}
+					if c.RefreshError != "" {
+						failing++
+					}
+				}
+				return outcome{note: fmt.Sprintf("CA down %v with certificates of %v; then %d of %d certificates Available, %d with a failing refresh",
+					down, h.certTTL, len(states)-len(problems), len(states), failing), problem: strings.Join(problems, "; ")}, nil
+			},
+			judge: noFailures,
+		},
+		{
+			name: "waypoint-sigterm", fault: "waypoint replica restarted gracefully (SIGTERM), 2 replicas",
+			expectation: "0 failed: GOAWAY, drain, exit",
+			inject:      restart(syscall.SIGTERM, waypoint0, 0), judge: noFailures,
+		},
+		{
+			name: "waypoint-kill", fault: "waypoint replica killed (SIGKILL), 2 replicas, left down",
+			expectation: "in-flight requests fail at most once each; new requests 0 failed",
+			inject: func(ctx context.Context, h *harness) (outcome, error) {
+				_, err := h.kill(ctx, waypoint1, syscall.SIGKILL, 10*time.Second)
+				return outcome{note: waypoint1 + " killed"}, err
+			},
+			judge: noFailures,
+			after: func(ctx context.Context, h *harness) error { return h.mesh.Restart(ctx, waypoint1) },
+		},
+		{
+			name: "nodeproxy-restart", fault: "client's node proxy restarted gracefully (SIGTERM)",
+			expectation: "existing connections drained within the deadline; new connections refused for a measured gap",
+			inject:      restart(syscall.SIGTERM, nodeProxyA, 0),
+			judge:       func(summary, summary) string { return "" }, // the figures are the result
+		},
+		{
+			name: "policy-edit", fault: "policy edited every second",
+			expectation: "0 failed; every request decided by exactly one revision",
+			inject: func(ctx context.Context, h *harness) (outcome, error) {
+				n := int(h.rowTime / 2 / time.Second)
+				for i := 1; i <= n && ctx.Err() == nil; i++ {
+					h.policyRev++
+					if err := writeAtomic(filepath.Join(h.pol, "authz.rego"), policy(h.policyRev)); err != nil {
+						return outcome{}, err
+					}
+					sleep(ctx, time.Second)
+				}
+				return outcome{note: fmt.Sprintf("%d edits", n)}, nil
+			},
+			judge: noFailures,
+		},
+		{
+			name: "route-edit", fault: "route edited every second (weights, a new rule)",
+			expectation: "0 failed",
+			inject: func(ctx context.Context, h *harness) (outcome, error) {
+				n := int(h.rowTime / 2 / time.Second)
+				weights := [][2]int{{100, 0}, {0, 100}, {50, 50}}
+				for i := 0; i < n && ctx.Err() == nil; i++ {
+					extra := ""
+					if i%2 == 1 {
+						extra = extraRule
+					}
+					w := weights[i%len(weights)]
+					if err := h.writeRoute(w[0], w[1], extra); err != nil {
+						return outcome{}, err
+					}
+					sleep(ctx, time.Second)
+				}
+				return outcome{note: fmt.Sprintf("%d edits", n)}, h.writeRoute(50, 50, "")
+			},
+			judge: noFailures,
+		},
+		{
+			name: "backend-kill", fault: "backend endpoint reviews-v2 killed (SIGKILL), left down",
+			expectation: "failures within the route's retry policy (2 attempts on 502/503)",
+			inject: func(ctx context.Context, h *harness) (outcome, error) {
+				_, err := h.kill(ctx, backendV2, syscall.SIGKILL, 10*time.Second)
+				return outcome{note: backendV2 + " killed"}, err
+			},
+			judge: noFailures,
+			after: func(ctx context.Context, h *harness) error { return h.mesh.Restart(ctx, backendV2) },
+		},
+	}
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// The harness's own addresses, apart from the sample (127.0.10.x), the
+// end-to-end suite (127.0.40.x) and the benchmarks (127.0.90.x, 127.0.91.x):
+// pods 127.0.83.x, their apps 127.0.183.x, service VIPs 127.0.84.x.
+//
+//	web/frontend (node-a) --GET http://reviews.shop/--> waypoint-0 (node-a) or waypoint-1 (node-b)
+//	                                                  --> reviews-v1 (node-a) / reviews-v2 (node-b)
+const meshTemplate = `
+apiVersion: v1
+kind: Namespace
+metadata: {name: web, labels: {causeway.dev/dataplane-mode: mesh}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {causeway.dev/dataplane-mode: mesh, causeway.dev/use-waypoint: waypoint}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: waypoint, namespace: shop, labels: {causeway.dev/waypoint-for: service}}
+spec:
+  gatewayClassName: causeway-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: waypoint-0, namespace: shop, labels: {gateway.networking.k8s.io/gateway-name: waypoint}}
+spec: {nodeName: node-a, serviceAccountName: waypoint, containers: [{name: waypoint, image: causeway/waypoint}]}
+status: {podIP: 127.0.83.2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: waypoint-1, namespace: shop, labels: {gateway.networking.k8s.io/gateway-name: waypoint}}
+spec: {nodeName: node-b, serviceAccountName: waypoint, containers: [{name: waypoint, image: causeway/waypoint}]}
+status: {podIP: 127.0.83.3}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: frontend, namespace: web, labels: {app: frontend}}
+spec: {nodeName: node-a, serviceAccountName: frontend, containers: [{name: frontend, image: causeway/echo}]}
+status: {podIP: 127.0.83.1}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: reviews-v1
+  namespace: shop
+  labels: {app: reviews, version: v1}
+  annotations: {causeway.dev/local-app: echo, causeway.dev/app-address: 127.0.183.11}
+spec: {nodeName: node-a, serviceAccountName: reviews, containers: [{name: reviews, image: causeway/echo, ports: [{containerPort: 8080, name: http}]}]}
+status: {podIP: 127.0.83.11}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: reviews-v2
+  namespace: shop
+  labels: {app: reviews, version: v2}
+  annotations: {causeway.dev/local-app: echo, causeway.dev/app-address: 127.0.183.12}
+spec: {nodeName: node-b, serviceAccountName: reviews, containers: [{name: reviews, image: causeway/echo, ports: [{containerPort: 8080, name: http}]}]}
+status: {podIP: 127.0.83.12}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews, namespace: shop}
+spec:
+  clusterIP: 127.0.84.1
+  selector: {app: reviews}
+  ports: [{name: http, port: 80, targetPort: 8080, appProtocol: http}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-v1, namespace: shop}
+spec:
+  clusterIP: 127.0.84.2
+  selector: {app: reviews, version: v1}
+  ports: [{name: http, port: 80, targetPort: 8080, appProtocol: http}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: reviews-v2, namespace: shop}
+spec:
+  clusterIP: 127.0.84.3
+  selector: {app: reviews, version: v2}
+  ports: [{name: http, port: 80, targetPort: 8080, appProtocol: http}]
+`
+
+// route is the HTTPRoute of Service reviews: weights for v1 and v2, and
+// extra rules (the route edit adds one), with the retry policy the
+// backend-kill row relies on.
+func route(v1, v2 int, extra string) string {
+	return fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
+  rules:%s
+  - backendRefs: [{name: reviews-v1, port: 80, weight: %d}, {name: reviews-v2, port: 80, weight: %d}]
+    retry: {attempts: 2, codes: [502, 503]}
+`, extra, v1, v2)
+}
+
+// extraRule routes a header to v2 only (the "new route" of the route edit).
+const extraRule = `
+  - matches: [{headers: [{name: x-version, value: v2}]}]
+    backendRefs: [{name: reviews-v2, port: 80}]`
+
+// policy allows the frontend's reads; every allowed request carries the
+// policy's revision marker in x-policy-revision, so each answer shows
+// which revision decided it.
+func policy(rev int) string {
+	return strings.ReplaceAll(`package envoy.authz
+
+default allow := {"allowed": false, "http_status": 403, "body": "denied\n"}
+
+allow := {"allowed": true, "headers": {"x-policy-revision": "read,rev-REV"}} if {
+	input.attributes.source.principal == "spiffe://cluster.local/ns/web/sa/frontend"
+	input.attributes.request.http.method in {"GET", "HEAD"}
+}
+`, "REV", fmt.Sprint(rev))
+}
