@@ -27,6 +27,7 @@ FUZZTIME      ?= 3m
 test: lint build
 	$(GO) test $(TEST_FLAGS) ./...
 	GO=$(GO) FUZZTIME=$(TEST_FUZZTIME) ./hack/fuzz.sh
+	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) -only '^(controlplane-kill|policy-edit)$$' -row 8s
 	hack/cluster/e2e.sh
 
 fuzz:
@@ -65,6 +66,13 @@ images:
 # Against the running cluster, or one brought up and removed for the run.
 e2e-k8s:
 	hack/cluster/e2e.sh
+
+# Faults under load (bench/README.md "Faults"): every row, about 5 minutes.
+# FAULTS_FLAGS: e.g. -row 30s -rate 50 -only policy -keep.
+FAULTS_BASE_PORT ?= 21000
+FAULTS_FLAGS     ?=
+faults: build
+	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) $(FAULTS_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -80,6 +80,8 @@ type row struct {
 	inject                   func(ctx context.Context, h *harness) (outcome, error)
 	// judge says whether the figures meet the expectation ("" if so).
 	judge func(fresh, existing summary) string
+	// before prepares the row (before the mesh is checked to serve).
+	before func(h *harness) error
 	// after mends what the fault broke, once the load has stopped.
 	after func(ctx context.Context, h *harness) error
 }
@@ -136,6 +138,12 @@ func run(ctx context.Context, o options) error {
 	for _, r := range rows() {
 		if !only.MatchString(r.name) {
 			continue
+		}
+		if r.before != nil {
+			if err := r.before(h); err != nil {
+				return fmt.Errorf("%s: %w", r.name, err)
+			}
+			sleep(ctx, 2*time.Second) // the control plane's debounce and push
 		}
 		if err := h.settle(ctx); err != nil {
 			keep = true
@@ -316,6 +324,29 @@ func (h *harness) certificateStates() ([]certmanager.CertificateStatus, error) {
 	return all, nil
 }
 
+// waitRefreshed waits until every node proxy certificate is Available
+// without a failing refresh, and says when that was.
+func (h *harness) waitRefreshed(ctx context.Context, limit time.Duration) (time.Time, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		states, err := h.certificateStates()
+		if err != nil {
+			return time.Time{}, err
+		}
+		done := true
+		for _, c := range states {
+			done = done && c.State == certmanager.StateAvailable && c.RefreshError == ""
+		}
+		if done {
+			return time.Now(), nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return time.Time{}, fmt.Errorf("certificates not refreshed %v after the CA came back: %+v", limit, states)
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
 func noFailures(fresh, existing summary) string {
 	var why []string
 	for _, s := range []struct {
@@ -335,37 +366,6 @@ func rows() []row {
 			name: "controlplane-kill", fault: "control plane killed (SIGKILL), restarted after 5 s",
 			expectation: "0 failed on existing and new connections (last configuration and certificates kept)",
 			inject:      restart(syscall.SIGKILL, controlPlane, 5*time.Second), judge: noFailures,
-		},
-		{
-			name: "ca-unreachable", fault: "CA (the control plane) down for 60 % of a certificate's life",
-			expectation: "traffic continues until expiry; certificates Available (refresh failing) until expiry",
-			inject: func(ctx context.Context, h *harness) (outcome, error) {
-				if _, err := h.kill(ctx, controlPlane, syscall.SIGKILL, 10*time.Second); err != nil {
-					return outcome{}, err
-				}
-				down := h.certTTL * 6 / 10
-				sleep(ctx, down)
-				states, err := h.certificateStates()
-				if err != nil {
-					return outcome{}, err
-				}
-				if err := h.mesh.Restart(ctx, controlPlane); err != nil {
-					return outcome{}, err
-				}
-				var problems []string
-				failing := 0
-				for _, c := range states {
-					if c.State != certmanager.StateAvailable {
-						problems = append(problems, fmt.Sprintf("%s %s before expiry", c.Identity, c.State))
-					}
-					if c.RefreshError != "" {
-						failing++
-					}
-				}
-				return outcome{note: fmt.Sprintf("CA down %v with certificates of %v; then %d of %d certificates Available, %d with a failing refresh",
-					down, h.certTTL, len(states)-len(problems), len(states), failing), problem: strings.Join(problems, "; ")}, nil
-			},
-			judge: noFailures,
 		},
 		{
 			name: "waypoint-sigterm", fault: "waypoint replica restarted gracefully (SIGTERM), 2 replicas",
@@ -426,14 +426,72 @@ func rows() []row {
 			judge: noFailures,
 		},
 		{
-			name: "backend-kill", fault: "backend endpoint reviews-v2 killed (SIGKILL), left down",
+			name: "backend-kill", fault: "one of the two endpoints of the route's backend killed (SIGKILL), left down",
 			expectation: "failures within the route's retry policy (2 attempts on 502/503)",
 			inject: func(ctx context.Context, h *harness) (outcome, error) {
 				_, err := h.kill(ctx, backendV2, syscall.SIGKILL, 10*time.Second)
 				return outcome{note: backendV2 + " killed"}, err
 			},
+			judge:  noFailures,
+			before: func(h *harness) error { return writeAtomic(filepath.Join(h.cfg, "route.yaml"), singleBackendRoute) },
+			after: func(ctx context.Context, h *harness) error {
+				if err := h.writeRoute(50, 50, ""); err != nil {
+					return err
+				}
+				return h.mesh.Restart(ctx, backendV2)
+			},
+		},
+		// Last: certificates may expire while the CA is down, and the
+		// rows after it would measure the recovery instead of their fault.
+		{
+			name: "ca-unreachable", fault: "CA (the control plane) down for 60 % of a certificate's life",
+			expectation: "traffic continues until expiry; certificates Available (refresh failing) until expiry",
+			inject: func(ctx context.Context, h *harness) (outcome, error) {
+				if _, err := h.kill(ctx, controlPlane, syscall.SIGKILL, 10*time.Second); err != nil {
+					return outcome{}, err
+				}
+				down := h.certTTL * 6 / 10
+				sleep(ctx, down)
+				states, err := h.certificateStates()
+				if err != nil {
+					return outcome{}, err
+				}
+				if err := h.mesh.Restart(ctx, controlPlane); err != nil {
+					return outcome{}, err
+				}
+				back := time.Now()
+				refreshed, err := h.waitRefreshed(ctx, 3*h.certTTL)
+				if err != nil {
+					return outcome{}, err
+				}
+				var problems []string
+				valid, failing := 0, 0
+				for _, c := range states {
+					expired := len(c.CertChain) == 0
+					if !expired {
+						notAfter, err := time.Parse(time.RFC3339, c.CertChain[0].ExpirationTime)
+						if err != nil {
+							return outcome{}, fmt.Errorf("%s: expiration time: %w", c.Identity, err)
+						}
+						expired = !time.Now().Before(notAfter)
+					}
+					switch {
+					case !expired && c.State != certmanager.StateAvailable:
+						problems = append(problems, fmt.Sprintf("%s %q before expiry", c.Identity, c.State))
+					case expired && !strings.HasPrefix(c.State, certmanager.StateUnavailable+": "):
+						problems = append(problems, fmt.Sprintf("%s %q after expiry", c.Identity, c.State))
+					}
+					if !expired {
+						valid++
+					}
+					if c.RefreshError != "" {
+						failing++
+					}
+				}
+				return outcome{note: fmt.Sprintf("CA down %v with certificates of %v; at its end %d of %d certificates valid and Available (%d with a failing refresh), the rest expired and Unavailable; all refreshed %v after the CA was back",
+					down, h.certTTL, valid, len(states), failing, refreshed.Sub(back).Round(100*time.Millisecond)), problem: strings.Join(problems, "; ")}, nil
+			},
 			judge: noFailures,
-			after: func(ctx context.Context, h *harness) error { return h.mesh.Restart(ctx, backendV2) },
 		},
 	}
 }

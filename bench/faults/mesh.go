@@ -105,6 +105,18 @@ spec:
 `, extra, v1, v2)
 }
 
+// singleBackendRoute sends everything to Service reviews, whose two
+// endpoints (v1, v2) the waypoint balances and retries across.
+const singleBackendRoute = `apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
+  rules:
+  - backendRefs: [{name: reviews, port: 80}]
+    retry: {attempts: 2, codes: [502, 503]}
+`
+
 // extraRule routes a header to v2 only (the "new route" of the route edit).
 const extraRule = `
   - matches: [{headers: [{name: x-version, value: v2}]}]
