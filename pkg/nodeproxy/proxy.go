@@ -100,6 +100,13 @@ type Proxy struct {
 	// updated is closed, and replaced, by every Update.
 	updated chan struct{}
 	wg      sync.WaitGroup
+
+	// relays is the context of outbound relays: it ends when the drain
+	// does, not when Run is told to stop, so that captured connections
+	// in progress keep flowing while the proxy drains.
+	relays     context.Context
+	stopRelays context.CancelFunc
+	outbound   sync.WaitGroup
 }
 
 type podListeners struct {
@@ -147,6 +154,7 @@ func New(o Options) (*Proxy, error) {
 		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{},
 		updated: make(chan struct{})}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
+	p.relays, p.stopRelays = context.WithCancel(context.Background())
 
 	po := o.Pool
 	po.Bundle, po.Logger, po.Dial = o.Bundle, o.Logger.Named("hbone-client"), o.Dial
@@ -187,6 +195,17 @@ func (p *Proxy) Run(ctx context.Context, drain time.Duration) error {
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	err := p.server.Shutdown(sctx)
+	relaysDone := make(chan struct{})
+	go func() {
+		p.outbound.Wait()
+		close(relaysDone)
+	}()
+	select {
+	case <-relaysDone:
+	case <-sctx.Done():
+	}
+	p.stopRelays()
+	<-relaysDone
 	p.pool.Close()
 	p.wg.Wait()
 	return err
@@ -376,8 +395,11 @@ func (p *Proxy) Dump() (*admin.ConfigDump, error) {
 
 // --- outbound ---
 
-// HandleOutbound carries one captured connection (capture.Handler).
+// HandleOutbound carries one captured connection (capture.Handler). ctx
+// bounds the connect; the relay afterwards lasts until the drain ends.
 func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
+	p.outbound.Add(1)
+	defer p.outbound.Done()
 	start := time.Now()
 	r := p.reg.Load()
 	dst := c.Destination()
@@ -435,7 +457,7 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	rec.sent, rec.received, err = p.join(ctx, c.NetConn(), upstream)
+	rec.sent, rec.received, err = p.join(p.relays, c.NetConn(), upstream)
 	p.finish(rec, start, err)
 }
 

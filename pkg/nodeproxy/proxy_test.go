@@ -471,3 +471,35 @@ func TestIdleConnectionClosed(t *testing.T) {
 		return fmt.Errorf("no access line with an idle timeout: %v", lines)
 	})
 }
+
+// TestOutboundDrainsOnShutdown: a connection the proxy relays when it is
+// told to stop keeps flowing while the proxy drains (new ones are refused
+// by the closed capture listener); it is cut only at the drain deadline.
+func TestOutboundDrainsOnShutdown(t *testing.T) {
+	startApp(t, app(podB)+":8080", "B")
+	m := startMesh(t, "node-a", "node-b")
+	d, err := proxy.SOCKS5("tcp", m.socks["node-a"], nil, &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podA)}, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.Dial("tcp", podB+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(c, "before "); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // relayed before the stop
+	m.cancel()                         // both proxies start draining (2 s)
+	time.Sleep(300 * time.Millisecond)
+	if _, err := io.WriteString(c, "after"); err != nil {
+		t.Fatalf("write while draining: %v", err)
+	}
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	out, err := io.ReadAll(c)
+	if err != nil || string(out) != "B:before after" {
+		t.Fatalf("read while draining: %q, %v", out, err)
+	}
+}
