@@ -465,6 +465,7 @@ func rows() []row {
 				if err != nil {
 					return outcome{}, err
 				}
+				sampled := time.Now()
 				if err := h.mesh.Restart(ctx, controlPlane); err != nil {
 					return outcome{}, err
 				}
@@ -482,7 +483,7 @@ func rows() []row {
 						if err != nil {
 							return outcome{}, fmt.Errorf("%s: expiration time: %w", c.Identity, err)
 						}
-						expired = !time.Now().Before(notAfter)
+						expired = !sampled.Before(notAfter)
 					}
 					switch {
 					case !expired && c.State != certmanager.StateAvailable:
