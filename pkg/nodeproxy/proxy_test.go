@@ -189,15 +189,21 @@ func waitFor(t *testing.T, what string, f func() error) {
 	}
 }
 
-// exchange dials dst through a node's SOCKS5 from a pod IP, sends msg,
-// half-closes, and returns all it reads back.
-func (m *testMesh) exchange(t *testing.T, node, from, dst, msg string) (string, error) {
+// dial connects to dst through a node's SOCKS5 from a pod IP.
+func (m *testMesh) dial(t *testing.T, node, from, dst string) (net.Conn, error) {
 	t.Helper()
 	d, err := proxy.SOCKS5("tcp", m.socks[node], nil, &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := d.Dial("tcp", dst)
+	return d.Dial("tcp", dst)
+}
+
+// exchange dials dst through a node's SOCKS5 from a pod IP, sends msg,
+// half-closes, and returns all it reads back.
+func (m *testMesh) exchange(t *testing.T, node, from, dst, msg string) (string, error) {
+	t.Helper()
+	c, err := m.dial(t, node, from, dst)
 	if err != nil {
 		return "", err
 	}
@@ -445,11 +451,7 @@ func dumpLogs(t *testing.T, m *testMesh) {
 func TestIdleConnectionClosed(t *testing.T) {
 	startApp(t, app(podB)+":8080", "B")
 	m := startMeshWith(t, func(o *Options) { o.IdleTimeout = 300 * time.Millisecond }, "node-a", "node-b")
-	d, err := proxy.SOCKS5("tcp", m.socks["node-a"], nil, &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podA)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := d.Dial("tcp", podB+":8080")
+	c, err := m.dial(t, "node-a", podA, podB+":8080")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,11 +480,7 @@ func TestIdleConnectionClosed(t *testing.T) {
 func TestOutboundDrainsOnShutdown(t *testing.T) {
 	startApp(t, app(podB)+":8080", "B")
 	m := startMesh(t, "node-a", "node-b")
-	d, err := proxy.SOCKS5("tcp", m.socks["node-a"], nil, &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podA)}, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := d.Dial("tcp", podB+":8080")
+	c, err := m.dial(t, "node-a", podA, podB+":8080")
 	if err != nil {
 		t.Fatal(err)
 	}
