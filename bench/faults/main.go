@@ -132,6 +132,12 @@ func run(ctx context.Context, o options) error {
 			MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4, IdleConnTimeout: time.Minute}}}
 
 	fmt.Printf("faults: %d req/s on new and on existing connections, %v per row, fault after %v\n\n", o.rate, o.rowTime, o.rowTime/4)
+	for _, r := range rows() {
+		if only.MatchString(r.name) {
+			fmt.Printf("- %s: %s; expected: %s\n", r.name, r.fault, r.expectation)
+		}
+	}
+	fmt.Println()
 	fmt.Println("| fault | connections | sent | failed (by cause) | longest gap | result |")
 	fmt.Println("|---|---|---|---|---|---|")
 	missed := 0
