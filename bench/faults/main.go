@@ -417,7 +417,14 @@ func rows() []row {
 				}
 				return outcome{note: fmt.Sprintf("%d edits", n)}, nil
 			},
-			judge: noFailures,
+			// The edits must take effect: answers show several revisions.
+			judge: func(fresh, existing summary) string {
+				why := noFailures(fresh, existing)
+				if seen := len(fresh.revisions); seen < 2 {
+					why = strings.TrimPrefix(why+fmt.Sprintf(", answers show %d policy revision(s)", seen), ", ")
+				}
+				return why
+			},
 		},
 		{
 			name: "route-edit", fault: "route edited every second (weights, a new rule)",
