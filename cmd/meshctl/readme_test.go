@@ -182,7 +182,8 @@ func TestReadmeNamesTheTestsThatNeedRoot(t *testing.T) {
 			return err
 		}
 		ast.Inspect(f, func(n ast.Node) bool {
-			if sel, ok := n.(*ast.SelectorExpr); ok && sel.Sel.Name == "Geteuid" {
+			// os.Geteuid, or the capture tests' netnstest.Require.
+			if sel, ok := n.(*ast.SelectorExpr); ok && (sel.Sel.Name == "Geteuid" || isNetnsRequire(sel)) {
 				rel, _ := filepath.Rel(repoRoot, filepath.Dir(p))
 				if !slices.Contains(need, rel) {
 					need = append(need, rel)
@@ -200,6 +201,11 @@ func TestReadmeNamesTheTestsThatNeedRoot(t *testing.T) {
 	if !slices.Equal(need, named) {
 		t.Errorf("README names %q as needing root; the tests checking for root are in %q", named, need)
 	}
+}
+
+func isNetnsRequire(sel *ast.SelectorExpr) bool {
+	pkg, ok := sel.X.(*ast.Ident)
+	return ok && pkg.Name == "netnstest" && sel.Sel.Name == "Require"
 }
 
 func TestMakeDemoTakesBasePort(t *testing.T) {
