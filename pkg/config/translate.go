@@ -470,6 +470,7 @@ func (t *translator) preparePods() {
 			continue
 		}
 		g.out.Identity = ident.String()
+		sort.Strings(addrs) // the same resource whatever order the source lists pods in
 		g.out.Addresses = addrs
 		t.out.waypointIdentities[g.out.Identity] = id.String()
 		t.out.Waypoints[id.String()] = g.out
@@ -571,9 +572,18 @@ func svcPort(svc *corev1.Service, port uint32) *corev1.ServicePort {
 	return nil
 }
 
+// endpointsFromSlices joins the Service's EndpointSlices (any number, by
+// label kubernetes.io/service-name) as kube-proxy does: ready endpoints
+// (ready unset means ready); when there are none, the serving endpoints of
+// terminating pods, so connections still find a backend while a rollout
+// drains the last ones.
 func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sliceInfo) []*meshv1.Endpoint {
-	var out []*meshv1.Endpoint
-	seen := map[string]bool{}
+	type candidate struct {
+		ep  *meshv1.Endpoint
+		pod *podInfo
+	}
+	var ready, terminating []candidate
+	seen := map[string]bool{} // readiness|uid|address
 	for _, si := range slices {
 		sl := si.slice
 		obj := "EndpointSlice " + id.ns + "/" + sl.Name
@@ -591,8 +601,18 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 			}
 			byName[name] = uint32(*p.Port)
 		}
+		ports := map[uint32]uint32{}
+		for _, p := range s.svc.Spec.Ports {
+			if tp, ok := byName[p.Name]; ok && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) {
+				ports[uint32(p.Port)] = tp
+			}
+		}
 		for _, ep := range sl.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			c := ep.Conditions
+			isReady := c.Ready == nil || *c.Ready
+			isServing := c.Serving == nil && isReady || c.Serving != nil && *c.Serving
+			isTerminating := c.Terminating != nil && *c.Terminating
+			if !isReady && !(isServing && isTerminating) {
 				continue
 			}
 			uid := ""
@@ -609,29 +629,35 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 				}
 				uid = pod.uid
 			}
-			ports := map[uint32]uint32{}
-			for _, p := range s.svc.Spec.Ports {
-				if tp, ok := byName[p.Name]; ok && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) {
-					ports[uint32(p.Port)] = tp
-				}
-			}
 			for _, addr := range ep.Addresses {
 				a, err := parseIP(addr)
 				if err != nil {
 					t.problem(si.origin, obj, "endpoint address: %v", err)
 					continue
 				}
-				key := uid + "|" + a
+				key := fmt.Sprintf("%t|%s|%s", isReady, uid, a)
 				if seen[key] {
 					continue
 				}
 				seen[key] = true
-				out = append(out, &meshv1.Endpoint{WorkloadUid: uid, Address: a, Ports: ports})
-			}
-			if pod != nil {
-				for _, tp := range ports {
-					pod.serving[tp] = struct{}{}
+				cand := candidate{ep: &meshv1.Endpoint{WorkloadUid: uid, Address: a, Ports: ports}, pod: pod}
+				if isReady {
+					ready = append(ready, cand)
+				} else {
+					terminating = append(terminating, cand)
 				}
+			}
+		}
+	}
+	if len(ready) == 0 {
+		ready = terminating
+	}
+	out := make([]*meshv1.Endpoint, 0, len(ready))
+	for _, c := range ready {
+		out = append(out, c.ep)
+		if c.pod != nil {
+			for _, tp := range c.ep.Ports {
+				c.pod.serving[tp] = struct{}{}
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -239,4 +240,59 @@ func FuzzDecodeTranslate(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A Service's EndpointSlices are joined; a terminating endpoint serves only
+// when no endpoint of any slice is ready.
+func TestEndpointSlicesJoined(t *testing.T) {
+	svc := `
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: data}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: sql, port: 5432}]
+`
+	slice := func(name, endpoints string) string {
+		return `
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ` + name + `, namespace: data, labels: {kubernetes.io/service-name: db}}
+addressType: IPv4
+ports: [{name: sql, port: 15432}]
+endpoints:` + endpoints
+	}
+	addrs := func(s *Snapshot) []string {
+		var out []string
+		for _, e := range s.Services["data/db"].Endpoints {
+			out = append(out, e.Address)
+			if e.Ports[5432] != 15432 {
+				t.Errorf("endpoint %s ports %v, want 5432->15432", e.Address, e.Ports)
+			}
+		}
+		return out
+	}
+	s := mustTranslate(t, svc,
+		slice("db-a", `
+- addresses: [10.244.0.1]
+- addresses: [10.244.0.9]
+  conditions: {ready: false}`),
+		slice("db-b", `
+- addresses: [10.244.0.2]
+  conditions: {ready: true, serving: true}
+- addresses: [10.244.0.3]
+  conditions: {ready: false, serving: true, terminating: true}`))
+	if got, want := addrs(s), []string{"10.244.0.1", "10.244.0.2"}; !slices.Equal(got, want) {
+		t.Errorf("ready endpoints of two slices: got %v, want %v", got, want)
+	}
+	s = mustTranslate(t, svc,
+		slice("db-a", `
+- addresses: [10.244.0.1]
+  conditions: {ready: false, serving: false, terminating: true}`),
+		slice("db-b", `
+- addresses: [10.244.0.3]
+  conditions: {ready: false, serving: true, terminating: true}`))
+	if got, want := addrs(s), []string{"10.244.0.3"}; !slices.Equal(got, want) {
+		t.Errorf("no ready endpoint: got %v, want the serving terminating one %v", got, want)
+	}
 }
