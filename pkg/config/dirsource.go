@@ -112,12 +112,13 @@ func (s *DirSource) Run(ctx context.Context, emit func(*Snapshot)) error {
 		}
 	}
 	watch()
-	s.reload(emit)
+	s.reload(emit, time.Now())
 
 	rescan := time.NewTicker(s.opts.Rescan)
 	defer rescan.Stop()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
+	var firstEvent time.Time // of the burst the debounce timer waits out
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	if w != nil {
@@ -135,6 +136,9 @@ func (s *DirSource) Run(ctx context.Context, emit func(*Snapshot)) error {
 			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
 				delete(watched, ev.Name) // re-added below if it comes back
 			}
+			if firstEvent.IsZero() {
+				firstEvent = time.Now()
+			}
 			debounce.Reset(s.opts.Debounce)
 		case err, ok := <-errs:
 			if !ok {
@@ -142,20 +146,25 @@ func (s *DirSource) Run(ctx context.Context, emit func(*Snapshot)) error {
 				continue
 			}
 			s.log.Warn("file watch error; rescanning", zap.Error(err))
+			if firstEvent.IsZero() {
+				firstEvent = time.Now()
+			}
 			debounce.Reset(s.opts.Debounce)
 		case <-debounce.C:
 			watch()
-			s.reload(emit)
+			s.reload(emit, firstEvent)
+			firstEvent = time.Time{}
 		case <-rescan.C:
 			watch()
-			s.reload(emit)
+			s.reload(emit, time.Now())
 		}
 	}
 }
 
 // reload reads the directory and, if its content changed since the last
-// attempt, translates it and emits or reports the result.
-func (s *DirSource) reload(emit func(*Snapshot)) {
+// attempt, translates it and emits or reports the result; changedAt is
+// when the first change it may include was noticed.
+func (s *DirSource) reload(emit func(*Snapshot), changedAt time.Time) {
 	files, hash, err := s.read()
 	if err == nil && s.haveLast && hash == s.lastHash {
 		return // nothing changed (a rescan, or an event that changed no content)
@@ -183,6 +192,7 @@ func (s *DirSource) reload(emit func(*Snapshot)) {
 		zap.Int("waypoints", len(snap.Waypoints)),
 		zap.Int("http_routes", len(snap.HTTPRoutes)),
 		zap.Int("grpc_routes", len(snap.GRPCRoutes)))
+	snap.ChangedAt = changedAt
 	emit(snap)
 }
 

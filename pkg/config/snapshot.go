@@ -9,6 +9,7 @@ package config
 import (
 	"sort"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -70,6 +71,11 @@ type Snapshot struct {
 	// LocalApps are the applications local mode starts for pods (annotation
 	// causeway.dev/local-app), by workload uid. No proxy reads them.
 	LocalApps map[string]string
+
+	// ChangedAt is when the source saw the first change this snapshot
+	// includes that the one before it did not (zero: unknown). Push
+	// latency counts from it.
+	ChangedAt time.Time
 
 	// nodeIdentities: node -> identities of captured workloads on that node.
 	nodeIdentities map[string]map[string]struct{}

@@ -129,9 +129,28 @@ func (s *Server) Register(r grpc.ServiceRegistrar) {
 // message; a type left out is emptied) and pushes what changed to the
 // clients that subscribed to it.
 func (s *Server) Update(res map[string]map[string]proto.Message) error {
+	return s.UpdateFrom(res, time.Time{})
+}
+
+// UpdateFrom is Update for a configuration that includes changes made
+// since changedAt (zero: unknown, measured from now): the push latency
+// metric counts from then until every waiting client has its response.
+func (s *Server) UpdateFrom(res map[string]map[string]proto.Message, changedAt time.Time) error {
+	if changedAt.IsZero() {
+		changedAt = time.Now()
+	}
 	changed, err := s.cache.set(res)
 	if err != nil {
 		return fmt.Errorf("xds update: %w", err)
+	}
+	if len(changed) > 0 {
+		total := 0
+		for _, n := range changed {
+			total += n
+		}
+		s.metrics.updates.Inc()
+		s.metrics.changed.Observe(float64(total))
+		s.metrics.latency.Observe(time.Since(changedAt).Seconds())
 	}
 	for t, n := range s.cache.resourceCounts() {
 		s.metrics.resources.WithLabelValues(typeName(t)).Set(float64(n))
@@ -302,6 +321,7 @@ func readerOf(req *discovery.DeltaDiscoveryRequest) reader {
 // OnStreamDeltaResponse implements delta.Callbacks.
 func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
 	s.metrics.pushes.WithLabelValues(typeName(resp.GetTypeUrl())).Inc()
+	s.metrics.pushResources.WithLabelValues(typeName(resp.GetTypeUrl())).Observe(float64(len(resp.GetResources()) + len(resp.GetRemovedResources())))
 	if ce := s.log.Check(zap.DebugLevel, "xDS push"); ce != nil {
 		ce.Write(zap.Int64("stream", id), zap.String("type", typeName(resp.GetTypeUrl())),
 			zap.Int("resources", len(resp.GetResources())), zap.Int("removed", len(resp.GetRemovedResources())),
@@ -372,11 +392,15 @@ func truncate(s string, n int) string {
 }
 
 type serverMetrics struct {
-	clients   prometheus.Gauge
-	pushes    *prometheus.CounterVec
-	nacks     *prometheus.CounterVec
-	refusals  prometheus.Counter
-	resources *prometheus.GaugeVec
+	clients       prometheus.Gauge
+	updates       prometheus.Counter
+	changed       prometheus.Histogram
+	latency       prometheus.Histogram
+	pushes        *prometheus.CounterVec
+	pushResources *prometheus.HistogramVec
+	nacks         *prometheus.CounterVec
+	refusals      prometheus.Counter
+	resources     *prometheus.GaugeVec
 }
 
 func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
@@ -384,8 +408,23 @@ func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
 		clients: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "causeway_xds_connected_clients", Help: "xDS streams currently open.",
 		}),
+		updates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "causeway_xds_updates_total", Help: "Configuration updates that changed served resources (each one pushed to the clients subscribed to what changed).",
+		}),
+		changed: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "causeway_xds_update_changed_resources", Help: "Resources added, changed or removed by one configuration update.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
+		}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "causeway_xds_push_latency_seconds", Help: "From the first configuration change an update includes until its responses are handed to every waiting xDS stream.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, 1, 2.5, 5, 10},
+		}),
 		pushes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "causeway_xds_pushes_total", Help: "xDS responses sent, by resource type.",
+		}, []string{"type"}),
+		pushResources: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "causeway_xds_push_resources", Help: "Resources (updated and removed) in one xDS response, by resource type.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 9),
 		}, []string{"type"}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "causeway_xds_nacks_total", Help: "xDS responses rejected by clients, by resource type.",
@@ -399,11 +438,12 @@ func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
 	}
 	for _, t := range meshv1.TypeURLs { // every series exists from the start, at zero
 		m.pushes.WithLabelValues(typeName(t))
+		m.pushResources.WithLabelValues(typeName(t))
 		m.nacks.WithLabelValues(typeName(t))
 		m.resources.WithLabelValues(typeName(t))
 	}
 	if r != nil {
-		for _, c := range []prometheus.Collector{m.clients, m.pushes, m.nacks, m.refusals, m.resources} {
+		for _, c := range []prometheus.Collector{m.clients, m.updates, m.changed, m.latency, m.pushes, m.pushResources, m.nacks, m.refusals, m.resources} {
 			if err := r.Register(c); err != nil {
 				return nil, fmt.Errorf("xds metrics: %w", err)
 			}

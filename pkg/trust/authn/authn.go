@@ -23,13 +23,20 @@ type Caller struct {
 	// Node is the node the caller runs on, or "" when its credential does
 	// not say (a mesh certificate names no node).
 	Node string
+	// Pod is "<namespace>/<name>" of the pod the credential is bound to
+	// (a Kubernetes bound token), or "".
+	Pod string
 }
 
 func (c Caller) String() string {
-	if c.Node == "" {
-		return c.Account.String()
+	s := c.Account.String()
+	if c.Pod != "" {
+		s += " (pod " + c.Pod + ")"
 	}
-	return c.Account.String() + " on node " + c.Node
+	if c.Node != "" {
+		s += " on node " + c.Node
+	}
+	return s
 }
 
 // Authenticator establishes who is calling from the request context of a

@@ -1,0 +1,370 @@
+// Package kubesource is the control plane's configuration source in a
+// Kubernetes cluster: shared informers (resync off) on Namespaces, Pods,
+// Services, EndpointSlices and the Gateway API Gateways, HTTPRoutes,
+// GRPCRoutes and ReferenceGrants. It hands what the informers hold to the
+// same translation as the directory source (config.Translate), so both
+// sources give the same snapshot for the same objects.
+//
+// Changes are debounced: the first change of a burst starts a timer, and
+// everything that arrives until it fires becomes one snapshot, so a
+// rollout of many pods is one push, never later than the debounce after
+// its first change. A change that does not translate is rejected as in
+// local mode: the problems are logged and the last good snapshot stays in
+// force.
+//
+// The source also answers the CA's questions from its pod informer: does a
+// pod still exist with the uid a token names (authn.PodLookup), and does a
+// captured pod of an identity run on a node (trust.WorkloadIndex, by an
+// index keyed by node and service account).
+package kubesource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+)
+
+// Origin is the Problem.Origin of objects read from the API server.
+const Origin = "kubernetes"
+
+// Options configure a Source.
+type Options struct {
+	Translate config.Options
+	Logger    *zap.Logger
+	// Debounce is how long changes are collected after the first one of a
+	// burst before they are translated and emitted as one snapshot
+	// (default 100ms).
+	Debounce time.Duration
+	// SyncTimeout bounds the wait for the informers' first list (default 2m).
+	SyncTimeout time.Duration
+	// OnRejected, when set, is called with each rejected configuration's
+	// error (an *config.InvalidError).
+	OnRejected func(error)
+}
+
+// Source watches the cluster and emits snapshots.
+type Source struct {
+	opts Options
+	log  *zap.Logger
+	kube kubernetes.Interface
+	gw   gwclient.Interface
+
+	factory    informers.SharedInformerFactory
+	gwFactory  gwinformers.SharedInformerFactory
+	synced     []cache.InformerSynced
+	podsSynced cache.InformerSynced
+
+	namespaces corelisters.NamespaceLister
+	pods       corelisters.PodLister
+	podIndex   cache.Indexer
+	services   corelisters.ServiceLister
+	slices     discoverylisters.EndpointSliceLister
+	gateways   gwlisters.GatewayLister
+	httpRoutes gwlisters.HTTPRouteLister
+	grpcRoutes gwlisters.GRPCRouteLister
+	grants     gwlisters.ReferenceGrantLister
+
+	changed chan time.Time // a change was seen, and when; capacity 1
+	lastErr string
+}
+
+// NewForConfig returns a source reading the cluster cfg points at.
+func NewForConfig(cfg *rest.Config, opts Options) (*Source, error) {
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	gw, err := gwclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return New(kube, gw, opts)
+}
+
+// podIndexName indexes pods by "<node>/<namespace>/<service account>".
+const podIndexName = "node-serviceaccount"
+
+// New returns a source over the given clients. The informers start in Run.
+func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Source, error) {
+	if opts.Debounce <= 0 {
+		opts.Debounce = 100 * time.Millisecond
+	}
+	if opts.SyncTimeout <= 0 {
+		opts.SyncTimeout = 2 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	s := &Source{
+		opts: opts, log: opts.Logger, kube: kube, gw: gw,
+		// Resync off: every change arrives as an event; a periodic resync
+		// would only translate the same objects again.
+		factory:   informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields)),
+		gwFactory: gwinformers.NewSharedInformerFactoryWithOptions(gw, 0, gwinformers.WithTransform(stripManagedFields)),
+		changed:   make(chan time.Time, 1),
+	}
+	core := s.factory.Core().V1()
+	disc := s.factory.Discovery().V1()
+	gwi := s.gwFactory.Gateway().V1()
+	podInformer := core.Pods().Informer()
+	if err := podInformer.AddIndexers(cache.Indexers{podIndexName: indexPodByNodeAndAccount}); err != nil {
+		return nil, err
+	}
+	s.podIndex = podInformer.GetIndexer()
+	s.podsSynced = podInformer.HasSynced
+	for _, inf := range []cache.SharedIndexInformer{
+		core.Namespaces().Informer(), podInformer, core.Services().Informer(), disc.EndpointSlices().Informer(),
+		gwi.Gateways().Informer(), gwi.HTTPRoutes().Informer(), gwi.GRPCRoutes().Informer(), gwi.ReferenceGrants().Informer(),
+	} {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.notify() },
+			UpdateFunc: func(any, any) { s.notify() },
+			DeleteFunc: func(any) { s.notify() },
+		}); err != nil {
+			return nil, err
+		}
+		s.synced = append(s.synced, inf.HasSynced)
+	}
+	s.namespaces, s.pods, s.services = core.Namespaces().Lister(), core.Pods().Lister(), core.Services().Lister()
+	s.slices = disc.EndpointSlices().Lister()
+	s.gateways, s.httpRoutes, s.grpcRoutes, s.grants = gwi.Gateways().Lister(), gwi.HTTPRoutes().Lister(), gwi.GRPCRoutes().Lister(), gwi.ReferenceGrants().Lister()
+	return s, nil
+}
+
+// notify records that something changed; the first change of a burst is
+// the one whose time counts.
+func (s *Source) notify() {
+	select {
+	case s.changed <- time.Now():
+	default: // a change is already pending
+	}
+}
+
+// Run starts the informers, waits for their first list, emits the first
+// snapshot, then emits one after every burst of changes that yields a good
+// one, until ctx ends (then it returns nil). emit is called from Run's
+// goroutine; a snapshot's ChangedAt is the time of the first change it
+// includes (for the first snapshot, when Run started).
+func (s *Source) Run(ctx context.Context, emit func(*config.Snapshot)) error {
+	start := time.Now()
+	if err := s.checkGatewayAPI(); err != nil {
+		return err
+	}
+	s.factory.Start(ctx.Done())
+	s.gwFactory.Start(ctx.Done())
+	defer s.factory.Shutdown()
+	defer s.gwFactory.Shutdown()
+	syncCtx, cancel := context.WithTimeout(ctx, s.opts.SyncTimeout)
+	ok := cache.WaitForCacheSync(syncCtx.Done(), s.synced...)
+	cancel()
+	if !ok {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("kubernetes informers did not sync within %s", s.opts.SyncTimeout)
+	}
+	s.log.Info("kubernetes informers synced", zap.Duration("took", time.Since(start)))
+	// Everything up to here is in the first snapshot.
+	select {
+	case <-s.changed:
+	default:
+	}
+	s.reload(emit, start)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var since time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case at := <-s.changed:
+			if since.IsZero() {
+				since = at
+				timer.Reset(s.opts.Debounce)
+			}
+		case <-timer.C:
+			// Changes arriving during the translation start the next burst.
+			s.reload(emit, since)
+			since = time.Time{}
+		}
+	}
+}
+
+// checkGatewayAPI fails early and clearly when the Gateway API CRDs are
+// missing: the informers would otherwise wait for them forever.
+func (s *Source) checkGatewayAPI() error {
+	res, err := s.kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
+	if err != nil {
+		return fmt.Errorf("Gateway API %s: %w (are its CRDs installed?)", gwv1.GroupVersion, err)
+	}
+	have := map[string]bool{}
+	for _, r := range res.APIResources {
+		have[r.Name] = true
+	}
+	var missing []string
+	for _, r := range []string{"gateways", "httproutes", "grpcroutes", "referencegrants"} {
+		if !have[r] {
+			missing = append(missing, r)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("Gateway API %s does not serve %s: install the standard-channel CRDs", gwv1.GroupVersion, strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// Load translates what the informers hold now (after Run has synced them).
+func (s *Source) Load() (*config.Snapshot, error) {
+	objs, err := s.objects()
+	if err != nil {
+		return nil, err
+	}
+	return config.Translate(objs, s.opts.Translate)
+}
+
+func (s *Source) reload(emit func(*config.Snapshot), since time.Time) {
+	snap, err := s.Load()
+	if err != nil {
+		s.report(err)
+		return
+	}
+	s.lastErr = ""
+	s.log.Info("configuration loaded",
+		zap.Int("workloads", len(snap.Workloads)),
+		zap.Int("services", len(snap.Services)),
+		zap.Int("waypoints", len(snap.Waypoints)),
+		zap.Int("http_routes", len(snap.HTTPRoutes)),
+		zap.Int("grpc_routes", len(snap.GRPCRoutes)),
+		zap.Duration("since_change", time.Since(since)))
+	snap.ChangedAt = since
+	emit(snap)
+}
+
+// report logs a rejected configuration, once per distinct set of problems
+// (every event re-translates, and the same problem would flood the log).
+func (s *Source) report(err error) {
+	if s.opts.OnRejected != nil {
+		s.opts.OnRejected(err)
+	}
+	if err.Error() == s.lastErr {
+		return
+	}
+	s.lastErr = err.Error()
+	var inv *config.InvalidError
+	if errors.As(err, &inv) {
+		for _, p := range inv.Problems {
+			s.log.Error("configuration rejected; the last good configuration stays in force",
+				zap.String("object", p.Object), zap.String("reason", p.Reason))
+		}
+		if inv.Truncated > 0 {
+			s.log.Error("more configuration problems not shown", zap.Int("count", inv.Truncated))
+		}
+		return
+	}
+	s.log.Error("configuration rejected; the last good configuration stays in force", zap.Error(err))
+}
+
+// objects lists everything the informers hold, in a fixed order (kind,
+// namespace, name), so problems are reported the same way every time.
+func (s *Source) objects() ([]config.Object, error) {
+	var out []config.Object
+	add := func(list []runtime.Object) {
+		sort.Slice(list, func(i, j int) bool { return key(list[i]) < key(list[j]) })
+		for _, o := range list {
+			out = append(out, config.Object{Origin: Origin, Obj: o})
+		}
+	}
+	all := labels.Everything()
+	nss, err := s.namespaces.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(nss))
+	pods, err := s.pods.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(pods))
+	svcs, err := s.services.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(svcs))
+	sls, err := s.slices.List(all)
+	if err != nil {
+		return nil, err
+	}
+	// Slices without the service-name label belong to no Service (a
+	// custom controller's); the translation would refuse them.
+	sls = slices.DeleteFunc(sls, func(sl *discoveryv1.EndpointSlice) bool { return sl.Labels[config.LabelServiceName] == "" })
+	add(asObjects(sls))
+	gws, err := s.gateways.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(gws))
+	hrs, err := s.httpRoutes.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(hrs))
+	grs, err := s.grpcRoutes.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(grs))
+	rgs, err := s.grants.List(all)
+	if err != nil {
+		return nil, err
+	}
+	add(asObjects(rgs))
+	return out, nil
+}
+
+func asObjects[T runtime.Object](list []T) []runtime.Object {
+	out := make([]runtime.Object, len(list))
+	for i, o := range list {
+		out[i] = o
+	}
+	return out
+}
+
+func key(o runtime.Object) string {
+	m, err := meta.Accessor(o)
+	if err != nil {
+		return ""
+	}
+	return m.GetNamespace() + "/" + m.GetName()
+}
+
+// stripManagedFields drops what the translation never reads and what makes
+// up much of an object's size in memory.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}

@@ -1,0 +1,99 @@
+package kubesource
+
+import (
+	"errors"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+)
+
+// errNotSynced: the pod informer has not listed the cluster yet.
+var errNotSynced = errors.New("the pod informer has not synced yet")
+
+func podIndexKey(node, namespace, serviceAccount string) string {
+	return node + "/" + namespace + "/" + serviceAccount
+}
+
+func indexPodByNodeAndAccount(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.NodeName == "" {
+		return nil, nil
+	}
+	sa := p.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	return []string{podIndexKey(p.Spec.NodeName, p.Namespace, sa)}, nil
+}
+
+// Pod implements authn.PodLookup from the pod informer.
+func (s *Source) Pod(namespace, name string) (authn.PodInfo, bool, error) {
+	if !s.podsSynced() {
+		return authn.PodInfo{}, false, errNotSynced
+	}
+	p, err := s.pods.Pods(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		return authn.PodInfo{}, false, nil
+	}
+	if err != nil {
+		return authn.PodInfo{}, false, err
+	}
+	return authn.PodInfo{UID: string(p.UID), Node: p.Spec.NodeName}, true, nil
+}
+
+// HasWorkload implements trust.WorkloadIndex: a node proxy on node may
+// have identity id only while a pod with that identity is scheduled there,
+// has not finished, and is captured by the node proxy: enrolled in the mesh
+// (label causeway.dev/dataplane-mode on the pod, else on its namespace), not
+// host-network, and not a waypoint's own pod (a waypoint's identity is its
+// own to ask for, never its node proxy's). Pending pods count: a node proxy
+// fetches a pod's certificate while its sandbox is being set up.
+func (s *Source) HasWorkload(node string, id trust.Identity) bool {
+	if node == "" || id.IsZero() || !s.podsSynced() {
+		return false
+	}
+	if id.TrustDomain().Name() != s.trustDomain() {
+		return false
+	}
+	objs, err := s.podIndex.ByIndex(podIndexName, podIndexKey(node, id.Namespace(), id.ServiceAccount()))
+	if err != nil {
+		return false
+	}
+	for _, o := range objs {
+		p, ok := o.(*corev1.Pod)
+		if !ok || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if p.Spec.HostNetwork || p.Labels[config.LabelGatewayName] != "" {
+			continue
+		}
+		if s.enrolled(p) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Source) enrolled(p *corev1.Pod) bool {
+	if v, ok := p.Labels[config.LabelDataplaneMode]; ok {
+		return v == config.DataplaneModeMesh
+	}
+	ns, err := s.namespaces.Get(p.Namespace)
+	return err == nil && ns.Labels[config.LabelDataplaneMode] == config.DataplaneModeMesh
+}
+
+func (s *Source) trustDomain() string {
+	if td := s.opts.Translate.TrustDomain; td != "" {
+		return td
+	}
+	return trust.DefaultTrustDomain
+}
+
+var (
+	_ authn.PodLookup     = (*Source)(nil)
+	_ trust.WorkloadIndex = (*Source)(nil)
+)
