@@ -21,8 +21,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
@@ -43,6 +47,10 @@ type controlPlane struct {
 	auth      authn.Authenticator
 	model     *config.Model
 	registry  *prometheus.Registry
+	source    source
+	// workloads answers the CA's node authorization: the model's snapshot
+	// in local mode, the pod informer's index in Kubernetes.
+	workloads trust.WorkloadIndex
 
 	rejected   prometheus.Counter
 	loads      prometheus.Counter
@@ -67,24 +75,10 @@ func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
 	if err != nil {
 		return nil, err
 	}
-	peerCert, err := authn.NewPeerCertificate(o.trustDomain)
-	if err != nil {
-		return nil, err
-	}
-	chain := authn.Chain{}
-	if o.tokensFile != "" {
-		tf, err := authn.NewTokenFile(o.tokensFile, o.trustDomain, log.Named("tokens"))
-		if err != nil {
-			return nil, err
-		}
-		chain = append(chain, tf)
-	}
-	chain = append(chain, peerCert)
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cp := &controlPlane{
-		opts: o, log: log, authority: authority, bundle: bundle, identity: id, auth: chain,
+		opts: o, log: log, authority: authority, bundle: bundle, identity: id,
 		model: &config.Model{}, registry: reg, listenedCh: make(chan struct{}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "causeway_config_rejected_total", Help: "Configuration changes rejected (the last good configuration stayed in force).",
@@ -97,10 +91,91 @@ func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
 		}),
 	}
 	reg.MustRegister(cp.rejected, cp.loads, cp.lastGood)
+	if err := cp.setupSource(); err != nil {
+		return nil, err
+	}
 	if err := cp.renewServingCert(); err != nil {
 		return nil, err
 	}
 	return cp, nil
+}
+
+// source is where the configuration comes from (config.DirSource or
+// kubesource.Source).
+type source interface {
+	Run(ctx context.Context, emit func(*config.Snapshot)) error
+}
+
+// setupSource builds the configuration source and the authenticators that
+// go with it: in Kubernetes, service-account tokens checked by TokenReview
+// against the pods the source watches; in local mode, a tokens file. Mesh
+// client certificates authenticate in both.
+func (cp *controlPlane) setupSource() error {
+	o := cp.opts
+	translate := config.Options{TrustDomain: o.trustDomain, ClusterDomain: o.clusterDomain}
+	onRejected := func(error) { cp.rejected.Inc() }
+	chain := authn.Chain{}
+	if o.kubernetes {
+		restCfg, err := kubeRESTConfig(o.kubeconfig)
+		if err != nil {
+			return err
+		}
+		ks, err := kubesource.NewForConfig(restCfg, kubesource.Options{
+			Translate: translate, Logger: cp.log.Named("config"), Debounce: o.debounce, OnRejected: onRejected,
+		})
+		if err != nil {
+			return err
+		}
+		kube, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			return err
+		}
+		tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
+			Reviews: kube.AuthenticationV1().TokenReviews(), Audiences: o.tokenAudiences, TrustDomain: o.trustDomain, Pods: ks,
+		})
+		if err != nil {
+			return err
+		}
+		chain = append(chain, tr)
+		cp.source, cp.workloads = ks, ks
+	} else {
+		if o.tokensFile != "" {
+			tf, err := authn.NewTokenFile(o.tokensFile, o.trustDomain, cp.log.Named("tokens"))
+			if err != nil {
+				return err
+			}
+			chain = append(chain, tf)
+		}
+		cp.source = config.NewDirSource(o.configDir, config.DirOptions{
+			Translate: translate, Logger: cp.log.Named("config"), Debounce: o.debounce, Rescan: o.rescan, OnRejected: onRejected,
+		})
+		cp.workloads = cp.model
+	}
+	peerCert, err := authn.NewPeerCertificate(o.trustDomain)
+	if err != nil {
+		return err
+	}
+	cp.auth = append(chain, peerCert)
+	return nil
+}
+
+// kubeRESTConfig loads a kubeconfig file, or the in-cluster configuration.
+func kubeRESTConfig(path string) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if path != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", path)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	// Informer lists at start and a TokenReview per new caller token: the
+	// client's default 5 requests/s would queue a node's worth of callers.
+	cfg.QPS, cfg.Burst = 100, 200
+	cfg.UserAgent = "causeway-controlplane"
+	return cfg, nil
 }
 
 // renewServingCert issues the control plane's own certificate from its CA.
@@ -204,9 +279,10 @@ func (cp *controlPlane) run(ctx context.Context) error {
 		TrustDomain:         cp.opts.trustDomain,
 		Authenticator:       cp.auth,
 		TrustedNodeAccounts: cp.opts.trustedNodeAccounts,
-		Workloads:           cp.model,
+		Workloads:           cp.workloads,
 		DefaultTTL:          cp.opts.certTTL,
 		Logger:              log,
+		Registerer:          cp.registry,
 	})
 	if err != nil {
 		return err
@@ -238,20 +314,14 @@ func (cp *controlPlane) run(ctx context.Context) error {
 		defer wg.Done()
 		cp.rotateServingCert(bgCtx)
 	}()
-	src := config.NewDirSource(cp.opts.configDir, config.DirOptions{
-		Translate:  config.Options{TrustDomain: cp.opts.trustDomain, ClusterDomain: cp.opts.clusterDomain},
-		Logger:     log.Named("config"),
-		Debounce:   cp.opts.debounce,
-		Rescan:     cp.opts.rescan,
-		OnRejected: func(error) { cp.rejected.Inc() },
-	})
+	srcErr := make(chan error, 1)
 	go func() {
 		defer wg.Done()
-		_ = src.Run(bgCtx, func(s *config.Snapshot) {
+		srcErr <- cp.source.Run(bgCtx, func(s *config.Snapshot) {
 			// The CA's index first: a node proxy that learns of a workload
 			// over xDS may ask for its certificate at once.
 			cp.model.Set(s)
-			if err := xdsServer.Update(s.Resources()); err != nil {
+			if err := xdsServer.UpdateFrom(s.Resources(), s.ChangedAt); err != nil {
 				log.Error("xDS update failed", zap.Error(err))
 				return
 			}
@@ -265,9 +335,13 @@ func (cp *controlPlane) run(ctx context.Context) error {
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(ln) }()
+	srcName := "dir=" + cp.opts.configDir
+	if cp.opts.kubernetes {
+		srcName = "kubernetes"
+	}
 	log.Info("control plane serving xDS and CA",
 		zap.String("listen", ln.Addr().String()), zap.Stringer("identity", cp.identity),
-		zap.String("config_dir", cp.opts.configDir), zap.String("trust_domain", cp.opts.trustDomain))
+		zap.String("source", srcName), zap.String("trust_domain", cp.opts.trustDomain))
 
 	var runErr error
 	select {
@@ -275,6 +349,11 @@ func (cp *controlPlane) run(ctx context.Context) error {
 		log.Info("shutting down")
 	case err := <-serveErr:
 		runErr = fmt.Errorf("gRPC server: %w", err)
+	case err := <-srcErr:
+		if err == nil {
+			err = errors.New("stopped")
+		}
+		runErr = fmt.Errorf("configuration source: %w", err)
 	}
 	stopBG()
 	cp.ready.Store(false)

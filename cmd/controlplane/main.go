@@ -15,6 +15,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 )
 
 func main() {
@@ -57,7 +58,10 @@ func serviceNames(name, namespace, clusterDomain string) []string {
 
 // options are the control plane's flags.
 type options struct {
-	configDir           string
+	configDir           string // --source dir=PATH (or --config-dir)
+	kubernetes          bool   // --source kubernetes
+	kubeconfig          string
+	tokenAudiences      []string
 	listen              string
 	caDir               string
 	trustDomain         string
@@ -77,9 +81,12 @@ type options struct {
 
 func parseFlags(args []string) (options, error) {
 	var o options
-	var trusted, dnsNames string
+	var trusted, dnsNames, source, audiences string
 	fs := flag.NewFlagSet("controlplane", flag.ContinueOnError)
-	fs.StringVar(&o.configDir, "config-dir", "", "directory of Kubernetes YAML (Namespace, Pod, Service, EndpointSlice, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant), watched for changes (required)")
+	fs.StringVar(&source, "source", "", "configuration source: dir=PATH (a directory of Kubernetes YAML, watched for changes) or kubernetes (the cluster's API server, by informers; callers authenticate with service-account tokens checked by TokenReview)")
+	fs.StringVar(&o.configDir, "config-dir", "", "same as --source dir=PATH: a directory of Kubernetes YAML (Namespace, Pod, Service, EndpointSlice, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "with --source kubernetes: kubeconfig file (default: the in-cluster configuration)")
+	fs.StringVar(&audiences, "token-audiences", authn.DefaultTokenAudience, "with --source kubernetes: comma-separated audiences a caller's service-account token must be issued for")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:15012", "address of the gRPC port serving xDS and the CA over TLS")
 	fs.StringVar(&o.caDir, "ca-dir", "", "CA directory in Istio's plug-in layout (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem); generated when empty (required)")
 	fs.StringVar(&o.trustDomain, "trust-domain", trust.DefaultTrustDomain, "trust domain of the mesh")
@@ -102,8 +109,33 @@ func parseFlags(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if o.configDir == "" {
-		return o, fmt.Errorf("--config-dir is required")
+	switch dir, isDir := strings.CutPrefix(source, "dir="); {
+	case source == "":
+	case o.configDir != "":
+		return o, fmt.Errorf("--source and --config-dir both name a source; give one")
+	case isDir && dir != "":
+		o.configDir = dir
+	case source == "kubernetes":
+		o.kubernetes = true
+	default:
+		return o, fmt.Errorf("--source %q: want dir=PATH or kubernetes", source)
+	}
+	if o.configDir == "" && !o.kubernetes {
+		return o, fmt.Errorf("a configuration source is required: --source dir=PATH (or --config-dir PATH) or --source kubernetes")
+	}
+	if o.kubeconfig != "" && !o.kubernetes {
+		return o, fmt.Errorf("--kubeconfig is for --source kubernetes")
+	}
+	if o.kubernetes && o.tokensFile != "" {
+		return o, fmt.Errorf("--tokens-file is for a directory source: in Kubernetes, callers present service-account tokens checked by TokenReview")
+	}
+	for _, a := range strings.Split(audiences, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			o.tokenAudiences = append(o.tokenAudiences, a)
+		}
+	}
+	if o.kubernetes && len(o.tokenAudiences) == 0 {
+		return o, fmt.Errorf("--token-audiences is empty")
 	}
 	if o.caDir == "" {
 		return o, fmt.Errorf("--ca-dir is required")

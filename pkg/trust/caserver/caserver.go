@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -49,6 +50,8 @@ type Options struct {
 	DefaultTTL time.Duration
 	// Logger records every issuance and refusal (default: none).
 	Logger *zap.Logger
+	// Registerer receives the server's metrics (default: not registered).
+	Registerer prometheus.Registerer
 }
 
 // Server implements istio.v1.auth.IstioCertificateService.
@@ -62,6 +65,8 @@ type Server struct {
 	workloads  trust.WorkloadIndex
 	defaultTTL time.Duration
 	log        *zap.Logger
+	issued     prometheus.Counter
+	refused    *prometheus.CounterVec
 }
 
 // New checks the options and returns a server.
@@ -93,7 +98,7 @@ func New(o Options) (*Server, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	return &Server{
+	s := &Server{
 		authority:  o.Authority,
 		td:         td,
 		authn:      o.Authenticator,
@@ -101,7 +106,24 @@ func New(o Options) (*Server, error) {
 		workloads:  o.Workloads,
 		defaultTTL: min(o.DefaultTTL, o.Authority.MaxTTL()),
 		log:        o.Logger.Named("ca"),
-	}, nil
+		issued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "causeway_ca_certificates_issued_total", Help: "Workload certificates issued.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "causeway_ca_refusals_total", Help: "Certificate requests refused, by gRPC status code (Unauthenticated, PermissionDenied, InvalidArgument, Unavailable, ...).",
+		}, []string{"code"}),
+	}
+	for _, c := range []codes.Code{codes.Unauthenticated, codes.PermissionDenied, codes.InvalidArgument, codes.Unavailable} {
+		s.refused.WithLabelValues(c.String()) // every common series exists from the start
+	}
+	if o.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.issued, s.refused} {
+			if err := o.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("CA server metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
 }
 
 // Register puts the service on a gRPC server (the control plane's, on
@@ -121,6 +143,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCe
 	caller, err := s.authn.Authenticate(ctx)
 	if err != nil {
 		st := authn.StatusError(err)
+		s.refused.WithLabelValues(status.Code(st).String()).Inc()
 		s.log.Warn("certificate refused", zap.String("remote", remote), zap.String("caller", "unauthenticated"),
 			zap.Stringer("code", status.Code(st)), zap.Error(err))
 		return nil, st
@@ -130,12 +153,14 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCe
 		var chain []string
 		chain, err = s.sign(id, req)
 		if err == nil {
+			s.issued.Inc()
 			s.logIssued(caller, remote, id, impersonating, chain)
 			return &securityapi.IstioCertificateResponse{CertChain: chain}, nil
 		}
 	}
+	s.refused.WithLabelValues(status.Code(err).String()).Inc()
 	fields := []zap.Field{zap.String("remote", remote), zap.Stringer("caller", caller.Account),
-		zap.String("node", caller.Node), zap.Stringer("code", status.Code(err)), zap.String("reason", status.Convert(err).Message())}
+		zap.String("pod", caller.Pod), zap.String("node", caller.Node), zap.Stringer("code", status.Code(err)), zap.String("reason", status.Convert(err).Message())}
 	if !id.IsZero() {
 		fields = append(fields, zap.Stringer("identity", id))
 	}
