@@ -35,7 +35,9 @@ type running struct {
 	snaps chan *config.Snapshot
 }
 
-func startSource(t *testing.T, env *kubetest.Env, debounce time.Duration) *running {
+// startSource runs a source; each snapshot goes to also (if given), then
+// to the channel.
+func startSource(t *testing.T, env *kubetest.Env, debounce time.Duration, also ...func(*config.Snapshot)) *running {
 	t.Helper()
 	src, err := kubesource.NewForConfig(env.Config, kubesource.Options{Debounce: debounce})
 	if err != nil {
@@ -44,7 +46,14 @@ func startSource(t *testing.T, env *kubetest.Env, debounce time.Duration) *runni
 	r := &running{src: src, snaps: make(chan *config.Snapshot, 1000)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, func(s *config.Snapshot) { r.snaps <- s }) }()
+	go func() {
+		done <- src.Run(ctx, func(s *config.Snapshot) {
+			for _, f := range also {
+				f(s)
+			}
+			r.snaps <- s
+		})
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -1,0 +1,421 @@
+package kubesource_test
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
+	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// callers is the CA and the xDS server in front of the test apiserver, as
+// the control plane runs them with --source kubernetes: callers
+// authenticated by TokenReview, node authorization by the source's pod
+// index, xDS fed from the source's snapshots.
+type callers struct {
+	t       *testing.T
+	env     *kubetest.Env
+	ca      *trusttest.CA
+	caAddr  string
+	xdsAddr string
+	cpID    trust.Identity
+	logs    *observer.ObservedLogs
+	metrics *prometheus.Registry
+	pods    map[string]*corev1.Pod // by name
+}
+
+func pod(ns, name, node, sa, ip string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip},
+	}
+}
+
+func startCallers(t *testing.T) *callers {
+	t.Helper()
+	env := kubetest.Shared(t)
+	k := &callers{t: t, env: env, pods: map[string]*corev1.Pod{}, metrics: prometheus.NewRegistry()}
+	created := env.Create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "causeway-system"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kshop", Labels: map[string]string{"causeway.dev/dataplane-mode": "mesh"}}},
+		pod("causeway-system", "nodeproxy-a", "node-a", "nodeproxy", "127.0.31.1"),
+		pod("causeway-system", "nodeproxy-b", "node-b", "nodeproxy", "127.0.31.2"),
+		pod("kshop", "web", "node-a", "web", "127.0.30.1"),
+		pod("kshop", "db", "node-b", "db", "127.0.30.2"),
+	)
+	for _, o := range created[2:] {
+		p := o.(*corev1.Pod)
+		k.pods[p.Name] = p
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	k.logs = logs
+	log := zap.New(core)
+
+	// The xDS server first: the source feeds it.
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var auth authn.Chain // filled below; no stream arrives before the server listens
+	trusted := []trust.Identity{trusttest.Identity(t, nodeProxyID)}
+	xdsServer, err := xds.NewServer(ctx, xds.ServerOptions{Logger: log, TrustedNodeAccounts: trusted, Authenticator: &auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startSource(t, env, 50*time.Millisecond, func(s *config.Snapshot) {
+		if err := xdsServer.Update(s.Resources()); err != nil {
+			t.Errorf("xDS update: %v", err)
+		}
+	})
+	r.next(t, "the first snapshot", func(*config.Snapshot) bool { return true })
+	tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
+		Reviews: env.Clientset(t).AuthenticationV1().TokenReviews(), TrustDomain: "cluster.local", Pods: r.src,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth = authn.Chain{tr}
+
+	k.ca = trusttest.NewCA(t, "cluster.local")
+	srv := k.ca.StartCAServer(t, caserver.Options{
+		Authenticator: &auth, TrustedNodeAccounts: trusted, Workloads: r.src, Logger: log, Registerer: k.metrics,
+	})
+	k.caAddr, k.cpID = srv.Addr, srv.Identity
+	cert := k.ca.Certificate(t, srv.Identity, 0)
+	g := grpc.NewServer(append(xds.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(
+		trust.ServerConfig(k.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return cert, nil }, trust.VerifyIfGiven))))...)
+	xdsServer.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.xdsAddr = ln.Addr().String()
+	go func() { _ = g.Serve(ln) }()
+	t.Cleanup(func() {
+		cancel() // ends the streams first, so that Stop does not wait on them
+		g.Stop()
+	})
+	return k
+}
+
+// token asks the TokenRequest API for a token of the pod's service
+// account, bound to the pod, for the audience.
+func (k *callers) token(podName, audience string) string {
+	k.t.Helper()
+	p := k.pods[podName]
+	tr, err := k.env.Clientset(k.t).CoreV1().ServiceAccounts(p.Namespace).CreateToken(context.Background(), p.Spec.ServiceAccountName,
+		&authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+			Audiences:      []string{audience},
+			BoundObjectRef: &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+		}}, metav1.CreateOptions{})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// tokenFile writes a token where a projected volume would put it.
+func tokenFile(t *testing.T, token string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	writeToken(t, path, token)
+	return path
+}
+
+func writeToken(t *testing.T, path, token string) {
+	t.Helper()
+	// As the kubelet does: a new file swapped in, never a partial write.
+	if err := os.WriteFile(path+".new", []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fetch asks the CA for identity id with the token in path.
+func (k *callers) fetch(cc *caclient.Client, id string) error {
+	k.t.Helper()
+	ident, err := trust.ParseIdentity(id)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	_, csr, err := trust.NewKeyAndCSR(ident)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	_, err = cc.Fetch(ctx, ident, csr, 0)
+	return err
+}
+
+func (k *callers) caClient(tokenPath string) *caclient.Client {
+	k.t.Helper()
+	cc, err := caclient.New(caclient.Options{Address: k.caAddr, Bundle: k.ca.Bundle, ServerIdentity: k.cpID, Token: caclient.TokenFromFile(tokenPath)})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func wantRefused(t *testing.T, err error, code codes.Code, msg string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("accepted; want %v containing %q", code, msg)
+	}
+	st, _ := status.FromError(errorsCause(err))
+	if st.Code() != code || !strings.Contains(st.Message(), msg) {
+		t.Fatalf("got %v, want %v containing %q", err, code, msg)
+	}
+}
+
+// errorsCause finds the gRPC status inside a wrapped error.
+func errorsCause(err error) error {
+	for e := err; e != nil; {
+		if _, ok := status.FromError(e); ok {
+			return e
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			break
+		}
+		e = u.Unwrap()
+	}
+	return err
+}
+
+const (
+	webID       = "spiffe://cluster.local/ns/kshop/sa/web"
+	dbID        = "spiffe://cluster.local/ns/kshop/sa/db"
+	nodeProxyID = "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy"
+)
+
+// In Kubernetes, the CA and the xDS server authenticate callers by
+// TokenReview against the cluster's apiserver.
+func TestKubernetesCallers(t *testing.T) {
+	k := startCallers(t)
+	t.Run("CA", func(t *testing.T) { testCAAuthentication(t, k) })
+	t.Run("xDS", func(t *testing.T) { testXDSAuthentication(t, k) })
+}
+
+// The CA authorizes node proxies by the pods on their node; every refusal
+// says why.
+func testCAAuthentication(t *testing.T, k *callers) {
+
+	// Accepted: a node proxy's bound token, read from its file, gets its
+	// node's workload identity and its own.
+	nodeA := k.caClient(tokenFile(t, k.token("nodeproxy-a", "causeway-ca")))
+	if err := k.fetch(nodeA, webID); err != nil {
+		t.Fatalf("node-a proxy for web (on node-a): %v", err)
+	}
+	if err := k.fetch(nodeA, nodeProxyID); err != nil {
+		t.Fatalf("node-a proxy for itself: %v", err)
+	}
+
+	// Off-node impersonation.
+	wantRefused(t, k.fetch(nodeA, dbID), codes.PermissionDenied, "no workload with identity "+dbID+" on node node-a")
+
+	// A workload's own token: its identity only.
+	web := k.caClient(tokenFile(t, k.token("web", "causeway-ca")))
+	if err := k.fetch(web, webID); err != nil {
+		t.Fatalf("web for itself: %v", err)
+	}
+	wantRefused(t, k.fetch(web, dbID), codes.PermissionDenied, "account "+webID+" is not a trusted node account")
+
+	// Wrong audience; the client re-reads its token file, so a rotated
+	// token takes effect without a new client.
+	path := tokenFile(t, k.token("nodeproxy-a", "kubernetes"))
+	rotating := k.caClient(path)
+	wantRefused(t, k.fetch(rotating, webID), codes.Unauthenticated, "token review")
+	writeToken(t, path, k.token("nodeproxy-a", "causeway-ca"))
+	if err := k.fetch(rotating, webID); err != nil {
+		t.Fatalf("after the token file was rotated: %v", err)
+	}
+
+	// Expired: signed with the apiserver's key, bound to a live pod, past its expiry.
+	p := k.pods["nodeproxy-a"]
+	sa, err := k.env.Clientset(t).CoreV1().ServiceAccounts(p.Namespace).Get(context.Background(), "nodeproxy", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(-10 * time.Minute)
+	expired, err := k.env.SignToken(map[string]any{
+		"iss": kubetest.Issuer, "sub": "system:serviceaccount:causeway-system:nodeproxy", "aud": []string{"causeway-ca"},
+		"iat": exp.Add(-time.Hour).Unix(), "nbf": exp.Add(-time.Hour).Unix(), "exp": exp.Unix(),
+		"kubernetes.io": map[string]any{
+			"namespace":      "causeway-system",
+			"pod":            map[string]any{"name": p.Name, "uid": string(p.UID)},
+			"serviceaccount": map[string]any{"name": "nodeproxy", "uid": string(sa.UID)},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, k.fetch(k.caClient(tokenFile(t, expired)), webID), codes.Unauthenticated, "expired")
+
+	// Deleted pod: node-b's proxy is accepted, its pod is replaced by one
+	// of the same name, and its token (reviewed and cached) stops working.
+	nodeB := k.caClient(tokenFile(t, k.token("nodeproxy-b", "causeway-ca")))
+	if err := k.fetch(nodeB, dbID); err != nil {
+		t.Fatalf("node-b proxy for db (on node-b): %v", err)
+	}
+	pods := k.env.Clientset(t).CoreV1().Pods("causeway-system")
+	if err := pods.Delete(context.Background(), "nodeproxy-b", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	k.env.Create(t, pod("causeway-system", "nodeproxy-b", "node-b", "nodeproxy", "127.0.31.2"))
+	const replaced = "which no longer exists (the pod of that name has uid"
+	var last error
+	eventually(t, "the replaced pod's token is refused", func() bool {
+		last = k.fetch(nodeB, dbID)
+		return last != nil && strings.Contains(last.Error(), replaced)
+	})
+	wantRefused(t, last, codes.Unauthenticated, replaced)
+
+	// Every refusal is logged with its reason and counted by code.
+	for _, want := range []string{"no workload with identity", "not a trusted node account", "token review", "no longer exists"} {
+		found := false
+		for _, e := range k.logs.FilterMessage("certificate refused").All() {
+			f := e.ContextMap()
+			if strings.Contains(fmt.Sprint(f["reason"], f["error"]), want) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no refusal logged mentioning %q", want)
+		}
+	}
+	if n := refusals(t, k.metrics, "PermissionDenied"); n != 2 {
+		t.Errorf("%v PermissionDenied refusals counted, want 2", n)
+	}
+	if n := refusals(t, k.metrics, "Unauthenticated"); n < 3 {
+		t.Errorf("%v Unauthenticated refusals counted, want at least 3", n)
+	}
+}
+
+// The xDS server authenticates node proxies by the same TokenReview and
+// keeps its per-caller rules: a node proxy's node id must name its node.
+func testXDSAuthentication(t *testing.T, k *callers) {
+	tok := caclient.TokenFromFile(tokenFile(t, k.token("nodeproxy-a", "causeway-ca")))
+	subs := []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}
+	c, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle, Token: tok, NodeID: xds.NodeProxyID("node-a"),
+		Subscriptions: subs, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = c.Run(ctx) }()
+	wctx, wcancel := context.WithTimeout(ctx, patience)
+	defer wcancel()
+	if err := c.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, w := range c.State().Workloads {
+		if w.Namespace == "kshop" && w.Name == "web" && w.Node == "node-a" && w.Identity == webID {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("node-a proxy's workloads lack kshop/web: %d workloads", len(c.State().Workloads))
+	}
+
+	liar, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle, Token: tok, NodeID: xds.NodeProxyID("node-b"),
+		Subscriptions: subs, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = liar.Run(ctx) }()
+	eventually(t, "the server refuses node-a's token for node id nodeproxy~node-b", func() bool {
+		for _, e := range k.logs.FilterMessage("xDS request refused").All() {
+			if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "names node node-b, but the credential is for node node-a") {
+				return true
+			}
+		}
+		return false
+	})
+	if liar.Ready() {
+		t.Fatal("the client naming another node got its data")
+	}
+
+	// A token for another audience opens no stream.
+	stranger, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle,
+		Token: caclient.StaticToken(k.token("nodeproxy-a", "kubernetes")), NodeID: xds.NodeProxyID("node-a"),
+		Subscriptions: subs, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = stranger.Run(ctx) }()
+	eventually(t, "the server refuses a token for another audience", func() bool {
+		for _, e := range k.logs.FilterMessage("xDS stream refused").All() {
+			if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "token review") {
+				return true
+			}
+		}
+		return false
+	})
+	if stranger.Ready() {
+		t.Fatal("the client with a token for another audience got data")
+	}
+}
+
+// refusals reads causeway_ca_refusals_total{code}.
+func refusals(t *testing.T, reg *prometheus.Registry, code string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "causeway_ca_refusals_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "code" && l.GetValue() == code {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for: %s", patience, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
