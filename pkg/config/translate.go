@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -402,6 +403,11 @@ func (t *translator) preparePods() {
 				p.ready = false
 			}
 		}
+		for _, f := range [][2]string{{"spec.hostname", p.pod.Spec.Hostname}, {"spec.subdomain", p.pod.Spec.Subdomain}} {
+			if why := badLabel(f[1]); why != "" {
+				t.problem(p.origin, obj, "%s %q: %s", f[0], f[1], why)
+			}
+		}
 		p.serving = map[uint32]struct{}{}
 		if !p.pod.Spec.HostNetwork {
 			// Host-network pods share their node's address; they are not addressable workloads.
@@ -629,6 +635,10 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 				}
 				uid = pod.uid
 			}
+			if why := badLabel(ptrValue(ep.Hostname)); why != "" {
+				t.problem(si.origin, obj, "endpoint hostname %q: %s", *ep.Hostname, why)
+				continue
+			}
 			for _, addr := range ep.Addresses {
 				a, err := parseIP(addr)
 				if err != nil {
@@ -640,7 +650,7 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 					continue
 				}
 				seen[key] = true
-				cand := candidate{ep: &meshv1.Endpoint{WorkloadUid: uid, Address: a, Ports: ports}, pod: pod}
+				cand := candidate{ep: &meshv1.Endpoint{WorkloadUid: uid, Address: a, Ports: ports, Hostname: t.endpointHostname(s, ptrValue(ep.Hostname))}, pod: pod}
 				if isReady {
 					ready = append(ready, cand)
 				} else {
@@ -662,6 +672,33 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 		}
 	}
 	return out
+}
+
+// endpointHostname is the per-pod DNS name of an endpoint of a headless
+// Service (<hostname>.<service>.<namespace>.svc.<domain>, as cluster DNS
+// publishes it for StatefulSet pods), or "" when there is none. Hostnames
+// are checked where they are read (pods, slices).
+func (t *translator) endpointHostname(s *serviceInfo, hostname string) string {
+	if hostname == "" || s.svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		return ""
+	}
+	return hostname + "." + s.svc.Name + "." + s.svc.Namespace + ".svc." + t.opts.ClusterDomain
+}
+
+// badLabel explains why s is not a DNS label (RFC 1123), or returns "".
+func badLabel(s string) string {
+	if s == "" {
+		return ""
+	}
+	return strings.Join(validation.IsDNS1123Label(s), "; ")
+}
+
+func ptrValue[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // endpointsFromSelector derives endpoints as the EndpointSlice controller
@@ -697,8 +734,12 @@ func (t *translator) endpointsFromSelector(id nsName, s *serviceInfo) []*meshv1.
 		if tcpPorts > 0 && len(ports) == 0 {
 			continue
 		}
+		host := ""
+		if p.pod.Spec.Subdomain == id.name {
+			host = t.endpointHostname(s, p.pod.Spec.Hostname)
+		}
 		for _, a := range p.ips {
-			out = append(out, &meshv1.Endpoint{WorkloadUid: p.uid, Address: a, Ports: ports})
+			out = append(out, &meshv1.Endpoint{WorkloadUid: p.uid, Address: a, Ports: ports, Hostname: host})
 		}
 	}
 	return out

@@ -296,3 +296,65 @@ endpoints:` + endpoints
 		t.Errorf("no ready endpoint: got %v, want the serving terminating one %v", got, want)
 	}
 }
+
+// A headless Service's endpoints carry their pods' own names when the pods
+// have a stable hostname under it (StatefulSet pods), from the selector and
+// from EndpointSlices alike; a Service with a VIP has none.
+func TestHeadlessServiceAddressesPods(t *testing.T) {
+	pod := func(name, ip string) string {
+		return `
+apiVersion: v1
+kind: Pod
+metadata: {name: ` + name + `, namespace: data, labels: {app: ring}}
+spec: {nodeName: node-a, hostname: ` + name + `, subdomain: ring, containers: [{name: c, image: i}]}
+status: {podIP: ` + ip + `}
+`
+	}
+	svc := func(name, clusterIP string) string {
+		return `
+apiVersion: v1
+kind: Service
+metadata: {name: ` + name + `, namespace: data}
+spec: {clusterIP: ` + clusterIP + `, selector: {app: ring}, ports: [{port: 7000}]}
+`
+	}
+	s := mustTranslate(t, pod("ring-0", "127.0.10.1"), pod("ring-1", "127.0.10.2"), svc("ring", "None"), svc("other", "127.0.20.9"), `
+apiVersion: v1
+kind: Service
+metadata: {name: sliced, namespace: data}
+spec: {clusterIP: None, ports: [{name: p, port: 7000}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: sliced-1, namespace: data, labels: {kubernetes.io/service-name: sliced}}
+addressType: IPv4
+ports: [{name: p, port: 7000}]
+endpoints:
+- addresses: [127.0.10.1]
+  hostname: ring-0
+  targetRef: {kind: Pod, name: ring-0}
+`)
+	hosts := func(svc string) []string {
+		var out []string
+		for _, e := range s.Services["data/"+svc].Endpoints {
+			out = append(out, e.Address+"="+e.Hostname)
+		}
+		return out
+	}
+	if got, want := hosts("ring"), []string{"127.0.10.1=ring-0.ring.data.svc.cluster.local", "127.0.10.2=ring-1.ring.data.svc.cluster.local"}; !slices.Equal(got, want) {
+		t.Errorf("headless service: %v, want %v", got, want)
+	}
+	if got, want := hosts("sliced"), []string{"127.0.10.1=ring-0.sliced.data.svc.cluster.local"}; !slices.Equal(got, want) {
+		t.Errorf("headless service by slices: %v, want %v", got, want)
+	}
+	if got, want := hosts("other"), []string{"127.0.10.1=", "127.0.10.2="}; !slices.Equal(got, want) {
+		t.Errorf("service with a VIP: %v, want %v", got, want)
+	}
+	_, err := translateYAML(t, `
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: data}
+spec: {hostname: Not_A_Label, containers: [{name: c, image: i}]}
+`)
+	wantProblem(t, err, "", `spec.hostname "Not_A_Label"`)
+}

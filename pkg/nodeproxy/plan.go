@@ -72,11 +72,16 @@ func (r *Registry) planOutbound(dst capture.Destination, hbonePort uint16, allow
 		return Plan{}, fmt.Errorf("%w: port %d is a mesh port", errRefused, port)
 	}
 	if dst.Host != "" {
-		svc, ok := r.ResolveHost(dst.Host)
-		if !ok {
-			return Plan{}, fmt.Errorf("%w: %s is not a mesh service", errHostUnknown, dst.Host)
+		if ip, ok := r.ResolvePodHost(dst.Host); ok {
+			// One pod of a headless service: as if addressed by its IP.
+			dst = capture.Destination{Addr: netip.AddrPortFrom(ip, port)}
+		} else {
+			svc, ok := r.ResolveHost(dst.Host)
+			if !ok {
+				return Plan{}, fmt.Errorf("%w: %s is not a mesh service", errHostUnknown, dst.Host)
+			}
+			return r.planService(svc, port, hbonePort)
 		}
-		return r.planService(svc, port, hbonePort)
 	}
 	if svc, ok := r.ServiceByVIP(dst.Addr.Addr()); ok {
 		return r.planService(svc, port, hbonePort)

@@ -27,6 +27,8 @@ func testRegistry() *Registry {
 		{Name: "direct", Namespace: "shop", Hostname: "direct.shop.svc.cluster.local", Vips: []string{"127.0.20.2"}, Ports: port,
 			Endpoints: []*meshv1.Endpoint{{WorkloadUid: "shop/reviews-v1", Address: "127.0.10.11"}, {WorkloadUid: "db/legacy", Address: "127.0.10.50"}}},
 		{Name: "empty", Namespace: "shop", Vips: []string{"127.0.20.3"}, Ports: port},
+		{Name: "ring", Namespace: "shop", Hostname: "ring.shop.svc.cluster.local", Ports: port, // headless
+			Endpoints: []*meshv1.Endpoint{{WorkloadUid: "shop/reviews-v2", Address: "127.0.10.12", Hostname: "ring-1.ring.shop.svc.cluster.local"}}},
 	}
 	wps := []*meshv1.Waypoint{{Name: "waypoint", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/waypoint", Addresses: []string{"127.0.10.2"}, HbonePort: 15008}}
 	return NewRegistry("node-a", ws, ss, wps)
@@ -52,6 +54,8 @@ func TestPlanOutbound(t *testing.T) {
 			{Direct, "127.0.10.11:15008", "127.0.10.11:8080", "spiffe://cluster.local/ns/shop/sa/reviews"},
 			{PlainTCP, "127.0.10.50:8080", "", ""}}},
 		{"pod IP of a waypoint-bound service: direct", addr("127.0.10.12:9090"), []hop{{Direct, "127.0.10.12:15008", "127.0.10.12:9090", "spiffe://cluster.local/ns/shop/sa/reviews"}}},
+		{"a headless service's pod by its own name", capture.Destination{Host: "ring-1.ring.shop.svc.cluster.local", Port: 7000},
+			[]hop{{Direct, "127.0.10.12:15008", "127.0.10.12:7000", "spiffe://cluster.local/ns/shop/sa/reviews"}}},
 		{"pod IP bound to a waypoint", addr("127.0.10.60:8080"), []hop{{ViaWaypoint, "127.0.10.2:15008", "127.0.10.60:8080", "spiffe://cluster.local/ns/shop/sa/waypoint"}}},
 		{"pod outside the mesh", addr("127.0.10.50:5432"), []hop{{PlainTCP, "127.0.10.50:5432", "", ""}}},
 		{"unknown with passthrough", addr("127.0.99.1:443"), []hop{{Passthrough, "127.0.99.1:443", "", ""}}},

@@ -22,6 +22,7 @@ type Registry struct {
 	byUID      map[string]*meshv1.Workload
 	byVIP      map[netip.Addr]*meshv1.Service
 	byHost     map[string]*meshv1.Service
+	podHosts   map[string]netip.Addr // per-pod names of headless services' endpoints
 	waypoints  map[string]*meshv1.Waypoint // "<ns>/<name>"
 	ingressWPs map[string][]*meshv1.Ref    // workload uid -> waypoints it must be reached through
 	services   []*meshv1.Service
@@ -35,6 +36,7 @@ func NewRegistry(node string, workloads []*meshv1.Workload, services []*meshv1.S
 		byUID:      map[string]*meshv1.Workload{},
 		byVIP:      map[netip.Addr]*meshv1.Service{},
 		byHost:     map[string]*meshv1.Service{},
+		podHosts:   map[string]netip.Addr{},
 		waypoints:  map[string]*meshv1.Waypoint{},
 		ingressWPs: map[string][]*meshv1.Ref{},
 		services:   services,
@@ -61,6 +63,13 @@ func NewRegistry(node string, workloads []*meshv1.Workload, services []*meshv1.S
 		}
 		r.byHost[strings.ToLower(s.GetName()+"."+s.GetNamespace())] = s
 		r.byHost[strings.ToLower(s.GetName()+"."+s.GetNamespace()+".svc")] = s
+		for _, ep := range s.GetEndpoints() {
+			if h := ep.GetHostname(); h != "" {
+				if ip, err := netip.ParseAddr(ep.GetAddress()); err == nil {
+					r.podHosts[strings.ToLower(h)] = ip.Unmap()
+				}
+			}
+		}
 		// Endpoints of a waypoint-bound service may only be reached through it.
 		if s.GetWaypoint() != nil {
 			for _, ep := range s.GetEndpoints() {
@@ -118,6 +127,13 @@ func (r *Registry) LocalWorkloads() []*meshv1.Workload {
 func (r *Registry) ServiceByVIP(ip netip.Addr) (*meshv1.Service, bool) {
 	s, ok := r.byVIP[ip.Unmap()]
 	return s, ok
+}
+
+// ResolvePodHost maps the per-pod name of a headless service's endpoint
+// (a StatefulSet pod's <hostname>.<service>.<ns>.svc.<domain>) to its address.
+func (r *Registry) ResolvePodHost(host string) (netip.Addr, bool) {
+	ip, ok := r.podHosts[strings.ToLower(strings.TrimSuffix(host, "."))]
+	return ip, ok
 }
 
 // ResolveHost maps name.ns, name.ns.svc or the full hostname to a service.

@@ -497,7 +497,12 @@ type Endpoint struct {
 	WorkloadUid string                 `protobuf:"bytes,1,opt,name=workload_uid,json=workloadUid,proto3" json:"workload_uid,omitempty"`
 	Address     string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	// Service port -> port on this endpoint.
-	Ports         map[uint32]uint32 `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Ports map[uint32]uint32 `protobuf:"bytes,3,rep,name=ports,proto3" json:"ports,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The endpoint's own DNS name, <hostname>.<service hostname>, when the
+	// Service is headless and the pod has a stable hostname (a StatefulSet
+	// pod: spec.hostname and spec.subdomain naming the Service). Empty
+	// otherwise.
+	Hostname      string `protobuf:"bytes,4,opt,name=hostname,proto3" json:"hostname,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +556,13 @@ func (x *Endpoint) GetPorts() map[uint32]uint32 {
 		return x.Ports
 	}
 	return nil
+}
+
+func (x *Endpoint) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
 }
 
 // Service is a Kubernetes Service. Resource name: <namespace>/<name>.
@@ -2253,11 +2265,12 @@ const file_mesh_proto_rawDesc = "" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x03 \x01(\rR\n" +
 	"targetPort\x12!\n" +
-	"\fapp_protocol\x18\x04 \x01(\tR\vappProtocol\"\xbe\x01\n" +
+	"\fapp_protocol\x18\x04 \x01(\tR\vappProtocol\"\xda\x01\n" +
 	"\bEndpoint\x12!\n" +
 	"\fworkload_uid\x18\x01 \x01(\tR\vworkloadUid\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12;\n" +
-	"\x05ports\x18\x03 \x03(\v2%.causeway.mesh.v1.Endpoint.PortsEntryR\x05ports\x1a8\n" +
+	"\x05ports\x18\x03 \x03(\v2%.causeway.mesh.v1.Endpoint.PortsEntryR\x05ports\x12\x1a\n" +
+	"\bhostname\x18\x04 \x01(\tR\bhostname\x1a8\n" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +

@@ -181,6 +181,11 @@ func validateService(s *Service) error {
 				return fmt.Errorf("service %s: endpoint %s: port mapping %d->%d out of range", name, e.GetAddress(), sp, tp)
 			}
 		}
+		if h := e.GetHostname(); h != "" {
+			if label, rest, ok := strings.Cut(h, "."); !ok || rest != s.GetHostname() || !isDNSLabel(label) {
+				return fmt.Errorf("service %s: endpoint %s: hostname %q is not <DNS label>.%s", name, e.GetAddress(), h, s.GetHostname())
+			}
+		}
 	}
 	if s.GetWaypoint() != nil {
 		if err := checkRef(s.GetWaypoint()); err != nil {
@@ -378,4 +383,19 @@ func checkPort(p uint32) error {
 		return fmt.Errorf("port %d out of range", p)
 	}
 	return nil
+}
+
+// isDNSLabel: 1-63 lower-case letters, digits and '-', starting and ending
+// with a letter or digit (RFC 1123), as a pod's hostname must be.
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
