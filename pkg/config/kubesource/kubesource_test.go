@@ -100,7 +100,7 @@ func sampleObjects(t *testing.T) []config.Object {
 // side: the uids and creation times it assigns and the kubernetes Service
 // it creates.
 func TestSourceEqualsDirectory(t *testing.T) {
-	env := kubetest.Shared(t)
+	env := kubetest.Start(t) // its own apiserver: nothing but the sample in it
 	objs := sampleObjects(t)
 	var sample []runtime.Object
 	for _, o := range objs {
