@@ -415,6 +415,35 @@ func TestFlags(t *testing.T) {
 	}
 }
 
+func TestSourceFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--source", "dir=/etc/mesh", "--ca-dir", "y"})
+	if err != nil || o.configDir != "/etc/mesh" || o.kubernetes {
+		t.Errorf("--source dir=: %+v, %v", o, err)
+	}
+	o, err = parseFlags([]string{"--source", "kubernetes", "--kubeconfig", "/k", "--ca-dir", "y", "--token-audiences", "a, b"})
+	if err != nil || !o.kubernetes || o.kubeconfig != "/k" || strings.Join(o.tokenAudiences, "|") != "a|b" {
+		t.Errorf("--source kubernetes: %+v, %v", o, err)
+	}
+	if o, _ := parseFlags([]string{"--source", "kubernetes", "--ca-dir", "y"}); strings.Join(o.tokenAudiences, "|") != "causeway-ca" {
+		t.Errorf("default audiences %q", o.tokenAudiences)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--source", "git=x"}, `want dir=PATH or kubernetes`},
+		{[]string{"--source", "dir="}, `want dir=PATH or kubernetes`},
+		{[]string{"--source", "kubernetes", "--config-dir", "x"}, "give one"},
+		{[]string{"--config-dir", "x", "--kubeconfig", "k"}, "--kubeconfig is for --source kubernetes"},
+		{[]string{"--source", "kubernetes", "--tokens-file", "t"}, "--tokens-file is for a directory source"},
+		{[]string{"--source", "kubernetes", "--token-audiences", " , "}, "--token-audiences is empty"},
+	} {
+		if _, err := parseFlags(append(tc.args, "--ca-dir", "y")); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 func grepLines(s, substr string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {
