@@ -22,7 +22,7 @@ type Registry struct {
 	byUID      map[string]*meshv1.Workload
 	byVIP      map[netip.Addr]*meshv1.Service
 	byHost     map[string]*meshv1.Service
-	podHosts   map[string]netip.Addr // per-pod names of headless services' endpoints
+	podHosts   map[string]netip.Addr       // per-pod names of headless services' endpoints
 	waypoints  map[string]*meshv1.Waypoint // "<ns>/<name>"
 	ingressWPs map[string][]*meshv1.Ref    // workload uid -> waypoints it must be reached through
 	services   []*meshv1.Service
