@@ -190,25 +190,10 @@ func wantRefused(t *testing.T, err error, code codes.Code, msg string) {
 	if err == nil {
 		t.Fatalf("accepted; want %v containing %q", code, msg)
 	}
-	st, _ := status.FromError(errorsCause(err))
+	st, _ := status.FromError(err) // sees through wrapping
 	if st.Code() != code || !strings.Contains(st.Message(), msg) {
 		t.Fatalf("got %v, want %v containing %q", err, code, msg)
 	}
-}
-
-// errorsCause finds the gRPC status inside a wrapped error.
-func errorsCause(err error) error {
-	for e := err; e != nil; {
-		if _, ok := status.FromError(e); ok {
-			return e
-		}
-		u, ok := e.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		e = u.Unwrap()
-	}
-	return err
 }
 
 const (
@@ -324,16 +309,8 @@ func testCAAuthentication(t *testing.T, k *callers) {
 // keeps its per-caller rules: a node proxy's node id must name its node.
 func testXDSAuthentication(t *testing.T, k *callers) {
 	tok := caclient.TokenFromFile(tokenFile(t, k.token("nodeproxy-a", "causeway-ca")))
-	subs := []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}
-	c, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle, Token: tok, NodeID: xds.NodeProxyID("node-a"),
-		Subscriptions: subs, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = c.Run(ctx) }()
-	wctx, wcancel := context.WithTimeout(ctx, patience)
+	c := k.xdsClient(t, tok, "node-a")
+	wctx, wcancel := context.WithTimeout(context.Background(), patience)
 	defer wcancel()
 	if err := c.WaitReady(wctx); err != nil {
 		t.Fatal(err)
@@ -348,43 +325,44 @@ func testXDSAuthentication(t *testing.T, k *callers) {
 		t.Fatalf("node-a proxy's workloads lack kshop/web: %d workloads", len(c.State().Workloads))
 	}
 
-	liar, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle, Token: tok, NodeID: xds.NodeProxyID("node-b"),
-		Subscriptions: subs, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = liar.Run(ctx) }()
-	eventually(t, "the server refuses node-a's token for node id nodeproxy~node-b", func() bool {
-		for _, e := range k.logs.FilterMessage("xDS request refused").All() {
-			if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "names node node-b, but the credential is for node node-a") {
-				return true
+	for _, tc := range []struct {
+		what    string
+		token   caclient.TokenSource
+		node    string
+		log, is string
+	}{
+		{"node-a's token for node id nodeproxy~node-b", tok, "node-b", "xDS request refused", "names node node-b, but the credential is for node node-a"},
+		{"a token for another audience", caclient.StaticToken(k.token("nodeproxy-a", "kubernetes")), "node-a", "xDS stream refused", "token review"},
+	} {
+		refused := k.xdsClient(t, tc.token, tc.node)
+		eventually(t, "the server refuses "+tc.what, func() bool {
+			for _, e := range k.logs.FilterMessage(tc.log).All() {
+				if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), tc.is) {
+					return true
+				}
 			}
+			return false
+		})
+		if refused.Ready() {
+			t.Fatalf("the client with %s got data", tc.what)
 		}
-		return false
-	})
-	if liar.Ready() {
-		t.Fatal("the client naming another node got its data")
 	}
+}
 
-	// A token for another audience opens no stream.
-	stranger, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle,
-		Token: caclient.StaticToken(k.token("nodeproxy-a", "kubernetes")), NodeID: xds.NodeProxyID("node-a"),
-		Subscriptions: subs, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
+// xdsClient runs a node proxy's workload subscription until the test ends.
+func (k *callers) xdsClient(t *testing.T, token caclient.TokenSource, node string) *xds.Client {
+	t.Helper()
+	c, err := xds.NewClient(xds.ClientOptions{Address: k.xdsAddr, Bundle: k.ca.Bundle, Token: token, NodeID: xds.NodeProxyID(node),
+		Subscriptions:  []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
+		InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = stranger.Run(ctx) }()
-	eventually(t, "the server refuses a token for another audience", func() bool {
-		for _, e := range k.logs.FilterMessage("xDS stream refused").All() {
-			if strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "token review") {
-				return true
-			}
-		}
-		return false
-	})
-	if stranger.Ready() {
-		t.Fatal("the client with a token for another audience got data")
-	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
 }
 
 // refusals reads causeway_ca_refusals_total{code}.
