@@ -36,6 +36,7 @@ func newTranslator(opts Options) *translator {
 		opts:       opts.withDefaults(),
 		namespaces: map[string]*namespaceInfo{},
 		pods:       map[nsName]*podInfo{},
+		podsByNS:   map[string][]nsName{},
 		services:   map[nsName]*serviceInfo{},
 		slices:     map[nsName][]*sliceInfo{},
 		gateways:   map[nsName]*gatewayInfo{},
@@ -112,6 +113,7 @@ type translator struct {
 	namespaces map[string]*namespaceInfo
 	pods       map[nsName]*podInfo
 	podOrder   []nsName
+	podsByNS   map[string][]nsName // podOrder by namespace: services and waypoints select in theirs
 	services   map[nsName]*serviceInfo
 	svcOrder   []nsName
 	slices     map[nsName][]*sliceInfo // by the Service they belong to
@@ -193,6 +195,7 @@ func (t *translator) collect(objs []Object) {
 		case *corev1.Pod:
 			t.pods[id] = &podInfo{origin: o.Origin, pod: v}
 			t.podOrder = append(t.podOrder, id)
+			t.podsByNS[ns] = append(t.podsByNS[ns], id)
 		case *corev1.Service:
 			t.services[id] = &serviceInfo{origin: o.Origin, svc: v}
 			t.svcOrder = append(t.svcOrder, id)
@@ -455,7 +458,7 @@ func (t *translator) preparePods() {
 		}
 		sa := ""
 		var addrs []string
-		for _, pid := range t.podOrder {
+		for _, pid := range t.podsByNS[id.ns] { // a waypoint's pods are in its namespace
 			p := t.pods[pid]
 			if p.waypoint != g || !p.active {
 				continue
@@ -711,9 +714,9 @@ func (t *translator) endpointsFromSelector(id nsName, s *serviceInfo) []*meshv1.
 	}
 	sel := labels.SelectorFromSet(s.svc.Spec.Selector)
 	var out []*meshv1.Endpoint
-	for _, pid := range t.podOrder {
+	for _, pid := range t.podsByNS[id.ns] {
 		p := t.pods[pid]
-		if pid.ns != id.ns || !p.active || len(p.ips) == 0 || !sel.Matches(labels.Set(p.pod.Labels)) {
+		if !p.active || len(p.ips) == 0 || !sel.Matches(labels.Set(p.pod.Labels)) {
 			continue
 		}
 		if !p.ready && !s.svc.Spec.PublishNotReadyAddresses {
