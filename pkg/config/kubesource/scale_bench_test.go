@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -229,6 +230,7 @@ func startControlPlane(b *testing.B, bin, kubeconfig string) *controlPlaneProc {
 		b.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // gone with the benchmark, however it ends
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
