@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -200,15 +201,16 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 		return r.trusted || e.in(r.namespace) || c.grants.allows(r.namespace, w.typeURL, name)
 	}
 	returned := w.sub.ReturnedResources()
-	next := map[string]string{}
+	var next map[string]string
 	var updated, removed []string
 
 	if w.sub.IsWildcard() {
+		// Lookups only: most watches of a large mesh find nothing to send
+		// for most changes, and need no new version map then.
 		for name, e := range resources {
 			if !readable(name, e) {
 				continue
 			}
-			next[name] = e.version
 			if v, ok := returned[name]; !ok || v != e.version {
 				updated = append(updated, name)
 			}
@@ -218,7 +220,21 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 				removed = append(removed, name)
 			}
 		}
+		if len(updated) == 0 && len(removed) == 0 && !w.replyEvenIfEmpty {
+			return nil
+		}
+		next = maps.Clone(returned)
+		if next == nil {
+			next = map[string]string{}
+		}
+		for _, name := range removed {
+			delete(next, name)
+		}
+		for _, name := range updated {
+			next[name] = resources[name].version
+		}
 	} else {
+		next = map[string]string{}
 		want := map[string]bool{}
 		for name := range w.sub.SubscribedResources() {
 			if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); ok {

@@ -130,6 +130,7 @@ func BenchmarkKubernetesScale(b *testing.B) {
 	uid := string(target.UID)
 	watched.Store(uid)
 	var perChange, perClient []time.Duration
+	cpuBefore := procCPU(b, cp.cmd.Process.Pid)
 	for i := range podChanges {
 		rev := strconv.Itoa(i)
 		target.Labels["rev"] = rev
@@ -149,6 +150,8 @@ func BenchmarkKubernetesScale(b *testing.B) {
 	fmt.Printf("bench: k8s_pod_change_push_all_clients_p50 %.0f ms\n", ms(percentile(perChange, 50)))
 	fmt.Printf("bench: k8s_pod_change_push_all_clients_p99 %.0f ms\n", ms(percentile(perChange, 99)))
 	fmt.Printf("bench: k8s_pod_change_push_per_client_p99 %.0f ms\n", ms(percentile(perClient, 99)))
+	// CPU per change says what a change costs whatever else the machine runs.
+	fmt.Printf("bench: controlplane_cpu_per_pod_change %.0f ms\n", ms(procCPU(b, cp.cmd.Process.Pid)-cpuBefore)/podChanges)
 	rss, hwm := procMemory(b, cp.cmd.Process.Pid)
 	fmt.Printf("bench: controlplane_rss %.0f MiB\n", rss)
 	fmt.Printf("bench: controlplane_peak_rss %.0f MiB\n", hwm)
@@ -374,6 +377,22 @@ func percentile(ds []time.Duration, p int) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// procCPU reads the user and system CPU time pid has used.
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name (which may hold spaces): state is
+	// field 3; utime and stime are fields 14 and 15, in clock ticks (100/s).
+	rest := string(data[strings.LastIndexByte(string(data), ')')+2:])
+	f := strings.Fields(rest)
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
 
 // procMemory reads VmRSS and VmHWM (peak) of pid in MiB.
 func procMemory(b *testing.B, pid int) (rss, hwm float64) {
