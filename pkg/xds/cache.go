@@ -71,6 +71,12 @@ type deltaWatch struct {
 	req     *cache.DeltaRequest
 	sub     cache.Subscription
 	ch      chan cache.DeltaResponse
+	// current: the watch was parked after respond found nothing to send at
+	// cache version parkedAt, so (for a wildcard) the client holds exactly
+	// what it may read of that version; a set that changes only some names
+	// then needs to look at those names alone.
+	current  bool
+	parkedAt uint64
 	// replyEvenIfEmpty: the client waits for an answer (first request of a
 	// type, or new names) even if there is nothing to send.
 	replyEvenIfEmpty bool
@@ -115,21 +121,23 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	changed := map[string]int{}
+	changedNames := map[string][]string{}
 	for typeURL, entries := range next {
 		old := c.types[typeURL]
-		n := 0
+		var names []string
 		for name, e := range entries {
 			if o, ok := old[name]; !ok || o.version != e.version {
-				n++
+				names = append(names, name)
 			}
 		}
 		for name := range old {
 			if _, ok := entries[name]; !ok {
-				n++
+				names = append(names, name)
 			}
 		}
-		if n > 0 {
-			changed[typeURL] = n
+		if len(names) > 0 {
+			changed[typeURL] = len(names)
+			changedNames[typeURL] = names
 		}
 		c.types[typeURL] = entries
 	}
@@ -137,7 +145,8 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 	for t := range changed {
 		answer[t] = true
 	}
-	if !reflect.DeepEqual(g, c.grants) {
+	grantsChanged := !reflect.DeepEqual(g, c.grants)
+	if grantsChanged {
 		// Who may read which Service and Workload changed: answer those
 		// watches again, even if the resources did not change.
 		answer[meshv1.ServiceTypeURL], answer[meshv1.WorkloadTypeURL] = true, true
@@ -146,14 +155,26 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 	wasReady := c.ready
 	c.ready = true
 	if len(answer) > 0 || !wasReady {
+		prev := c.version
 		c.version++
 		for id, w := range c.watches {
 			if !answer[w.typeURL] && wasReady {
+				if w.current && w.parkedAt == prev {
+					w.parkedAt = c.version // nothing of its type changed
+				}
 				continue
 			}
-			if resp := c.respond(w); resp != nil {
+			var resp cache.DeltaResponse
+			if w.current && w.parkedAt == prev && !grantsChanged && w.sub.IsWildcard() {
+				resp = c.respondChanged(w, changedNames[w.typeURL])
+			} else {
+				resp = c.respond(w)
+			}
+			if resp != nil {
 				w.ch <- resp
 				delete(c.watches, id)
+			} else {
+				w.current, w.parkedAt = true, c.version
 			}
 		}
 	}
@@ -180,6 +201,7 @@ func (c *deltaCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 			ch <- resp
 			return func() {}, nil
 		}
+		w.current, w.parkedAt = true, c.version
 	}
 	c.nextID++
 	id := c.nextID
@@ -276,6 +298,47 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 	if len(updated) == 0 && len(removed) == 0 && !w.replyEvenIfEmpty {
 		return nil
 	}
+	return c.response(w, updated, removed, next)
+}
+
+// respondChanged is respond for a wildcard watch that is current (see
+// deltaWatch) as of the version before this one: only the names the last
+// set changed can differ.
+func (c *deltaCache) respondChanged(w *deltaWatch, names []string) cache.DeltaResponse {
+	resources := c.types[w.typeURL]
+	r := readerOf(w.req)
+	returned := w.sub.ReturnedResources()
+	var updated, removed []string
+	for _, name := range names {
+		e, ok := resources[name]
+		readable := ok && (r.trusted || e.namespace == r.namespace || c.grants.allows(r.namespace, w.typeURL, name))
+		_, held := returned[name]
+		switch {
+		case readable:
+			updated = append(updated, name)
+		case held:
+			removed = append(removed, name)
+		}
+	}
+	if len(updated) == 0 && len(removed) == 0 {
+		return nil
+	}
+	next := maps.Clone(returned)
+	if next == nil {
+		next = map[string]string{}
+	}
+	for _, name := range removed {
+		delete(next, name)
+	}
+	for _, name := range updated {
+		next[name] = resources[name].version
+	}
+	return c.response(w, updated, removed, next)
+}
+
+// response builds the answer to w. Must hold c.mu.
+func (c *deltaCache) response(w *deltaWatch, updated, removed []string, next map[string]string) cache.DeltaResponse {
+	resources := c.types[w.typeURL]
 	sort.Strings(updated)
 	sort.Strings(removed)
 	out := &discovery.DeltaDiscoveryResponse{

@@ -1,12 +1,16 @@
 package xds
 
 import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -128,5 +132,89 @@ func TestCacheNamesAndNamespaces(t *testing.T) {
 	}
 	if _, err := c.CreateDeltaWatch(&discovery.DeltaDiscoveryRequest{TypeUrl: "type.googleapis.com/x.Y"}, &ws, ch); err == nil {
 		t.Error("unknown type accepted")
+	}
+}
+
+// A parked wildcard watch answered from the names a set changed gets what
+// a full comparison would give it, over a random run of changes.
+func TestChangedNamesAnswerEqualsFullAnswer(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	res := map[string]map[string]proto.Message{meshv1.WorkloadTypeURL: {}}
+	put := func(i int) {
+		w := workload("a", fmt.Sprintf("w%d", i), fmt.Sprintf("127.0.10.%d", i+1))
+		w.Labels = map[string]string{"rev": fmt.Sprint(rng.IntN(1000))}
+		res[meshv1.WorkloadTypeURL][w.Uid] = w
+	}
+	for i := range 20 {
+		put(i)
+	}
+	c := newDeltaCache()
+	if _, err := c.set(res); err != nil {
+		t.Fatal(err)
+	}
+	type watcher struct {
+		sub stream.Subscription
+		ch  chan cache.DeltaResponse
+	}
+	open := func(w *watcher, first bool) func() {
+		req := &discovery.DeltaDiscoveryRequest{TypeUrl: meshv1.WorkloadTypeURL}
+		if first {
+			req.ResourceNamesSubscribe = []string{"*"}
+		} else {
+			req.ResponseNonce = "n"
+		}
+		stampReader(req, reader{trusted: true})
+		cancel, err := c.CreateDeltaWatch(req, &w.sub, w.ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cancel
+	}
+	take := func(w *watcher) *discovery.DeltaDiscoveryResponse {
+		select {
+		case r := <-w.ch:
+			w.sub.SetReturnedResources(r.GetReturnedResources())
+			out, _ := r.GetDeltaDiscoveryResponse()
+			return out
+		default:
+			return nil
+		}
+	}
+	fast := &watcher{sub: stream.NewDeltaSubscription([]string{"*"}, nil, nil, false), ch: make(chan cache.DeltaResponse, 1)}
+	open(fast, true)
+	take(fast)
+	parked := false
+	for step := range 200 {
+		if !parked {
+			open(fast, false) // parked, current
+			parked = true
+		}
+		for range 1 + rng.IntN(3) {
+			i := rng.IntN(25)
+			if rng.IntN(4) == 0 {
+				delete(res[meshv1.WorkloadTypeURL], fmt.Sprintf("a/w%d", i))
+			} else {
+				put(i)
+			}
+		}
+		// The reference: a client holding what fast held, compared in full.
+		ref := &watcher{sub: stream.NewDeltaSubscription([]string{"*"}, nil, maps.Clone(fast.sub.ReturnedResources()), false), ch: make(chan cache.DeltaResponse, 1)}
+		if _, err := c.set(res); err != nil {
+			t.Fatal(err)
+		}
+		got := take(fast)
+		parked = got == nil
+		cancelRef := open(ref, false)
+		want := take(ref)
+		cancelRef()
+		if respNames(got) != respNames(want) {
+			t.Fatalf("step %d: answered %q, a full comparison gives %q", step, respNames(got), respNames(want))
+		}
+		if got == nil {
+			continue
+		}
+		if !maps.Equal(fast.sub.ReturnedResources(), ref.sub.ReturnedResources()) {
+			t.Fatalf("step %d: version maps differ", step)
+		}
 	}
 }
