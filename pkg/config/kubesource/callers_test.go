@@ -22,8 +22,10 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
@@ -47,6 +49,7 @@ type callers struct {
 	cpID    trust.Identity
 	logs    *observer.ObservedLogs
 	metrics *prometheus.Registry
+	src     *kubesource.Source
 	pods    map[string]*corev1.Pod // by name
 }
 
@@ -56,6 +59,12 @@ func pod(ns, name, node, sa, ip string) *corev1.Pod {
 		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "i"}}},
 		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip},
 	}
+}
+
+func waypointPod() *corev1.Pod {
+	p := pod("kshop", "wp-0", "node-b", "wp", "127.0.30.4")
+	p.Labels = map[string]string{"gateway.networking.k8s.io/gateway-name": "wp"}
+	return p
 }
 
 func startCallers(t *testing.T) *callers {
@@ -69,10 +78,14 @@ func startCallers(t *testing.T) *callers {
 		pod("causeway-system", "nodeproxy-b", "node-b", "nodeproxy", "127.0.31.2"),
 		pod("kshop", "web", "node-a", "web", "127.0.30.1"),
 		pod("kshop", "db", "node-b", "db", "127.0.30.2"),
+		waypointPod(),
+		&gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "wp", Namespace: "kshop"}, Spec: gwv1.GatewaySpec{
+			GatewayClassName: "causeway-waypoint", Listeners: []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}}},
 	)
 	for _, o := range created[2:] {
-		p := o.(*corev1.Pod)
-		k.pods[p.Name] = p
+		if p, ok := o.(*corev1.Pod); ok {
+			k.pods[p.Name] = p
+		}
 	}
 	core, logs := observer.New(zapcore.InfoLevel)
 	k.logs = logs
@@ -92,7 +105,7 @@ func startCallers(t *testing.T) *callers {
 			t.Errorf("xDS update: %v", err)
 		}
 	})
-	r.next(t, "the first snapshot", func(*config.Snapshot) bool { return true })
+	r.next(t, "the waypoint", func(s *config.Snapshot) bool { return len(s.Waypoints) > 0 })
 	tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
 		Reviews: env.Clientset(t).AuthenticationV1().TokenReviews(), TrustDomain: "cluster.local", Pods: r.src,
 	})
@@ -100,6 +113,7 @@ func startCallers(t *testing.T) *callers {
 		t.Fatal(err)
 	}
 	auth = authn.Chain{tr}
+	k.src = r.src
 
 	k.ca = trusttest.NewCA(t, "cluster.local")
 	srv := k.ca.StartCAServer(t, caserver.Options{
@@ -200,6 +214,7 @@ const (
 	webID       = "spiffe://cluster.local/ns/kshop/sa/web"
 	dbID        = "spiffe://cluster.local/ns/kshop/sa/db"
 	nodeProxyID = "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy"
+	wpID        = "spiffe://cluster.local/ns/kshop/sa/wp"
 )
 
 // In Kubernetes, the CA and the xDS server authenticate callers by
@@ -226,6 +241,15 @@ func testCAAuthentication(t *testing.T, k *callers) {
 
 	// Off-node impersonation.
 	wantRefused(t, k.fetch(nodeA, dbID), codes.PermissionDenied, "no workload with identity "+dbID+" on node node-a")
+	// A waypoint's identity, though a captured pod on node-a runs as it
+	// (the translation refuses that configuration; the last good one, which
+	// knows the waypoint, stays in force while the pod index sees the pod).
+	k.env.Create(t, pod("kshop", "impostor", "node-a", "wp", "127.0.30.3"))
+	eventually(t, "the pod index sees the impostor", func() bool { return k.src.HasWorkload("node-a", trusttest.Identity(t, wpID)) })
+	wantRefused(t, k.fetch(nodeA, wpID), codes.PermissionDenied, "identity "+wpID+" belongs to a waypoint")
+	if err := k.env.Clientset(t).CoreV1().Pods("kshop").Delete(context.Background(), "impostor", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
 
 	// A workload's own token: its identity only.
 	web := k.caClient(tokenFile(t, k.token("web", "causeway-ca")))
@@ -297,8 +321,8 @@ func testCAAuthentication(t *testing.T, k *callers) {
 			t.Errorf("no refusal logged mentioning %q", want)
 		}
 	}
-	if n := refusals(t, k.metrics, "PermissionDenied"); n != 2 {
-		t.Errorf("%v PermissionDenied refusals counted, want 2", n)
+	if n := refusals(t, k.metrics, "PermissionDenied"); n != 3 {
+		t.Errorf("%v PermissionDenied refusals counted, want 3", n)
 	}
 	if n := refusals(t, k.metrics, "Unauthenticated"); n < 3 {
 		t.Errorf("%v Unauthenticated refusals counted, want at least 3", n)

@@ -25,6 +25,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -88,6 +89,7 @@ type Source struct {
 
 	changed chan time.Time // a change was seen, and when; capacity 1
 	lastErr string
+	last    atomic.Pointer[config.Snapshot] // the last good snapshot (IsWaypoint)
 }
 
 // NewForConfig returns a source reading the cluster cfg points at.
@@ -260,6 +262,7 @@ func (s *Source) reload(emit func(*config.Snapshot), since time.Time) {
 		zap.Int("grpc_routes", len(snap.GRPCRoutes)),
 		zap.Duration("since_change", time.Since(since)))
 	snap.ChangedAt = since
+	s.last.Store(snap)
 	emit(snap)
 }
 

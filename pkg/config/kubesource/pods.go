@@ -78,6 +78,12 @@ func (s *Source) HasWorkload(node string, id trust.Identity) bool {
 	return false
 }
 
+// IsWaypoint implements trust.WorkloadIndex from the last good snapshot:
+// the translation decides which identities are waypoints', as in local mode.
+func (s *Source) IsWaypoint(id trust.Identity) bool {
+	return s.last.Load().IsWaypoint(id)
+}
+
 func (s *Source) enrolled(p *corev1.Pod) bool {
 	if v, ok := p.Labels[config.LabelDataplaneMode]; ok {
 		return v == config.DataplaneModeMesh
