@@ -245,16 +245,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 		if len(updated) == 0 && len(removed) == 0 && !w.replyEvenIfEmpty {
 			return nil
 		}
-		next = maps.Clone(returned)
-		if next == nil {
-			next = map[string]string{}
-		}
-		for _, name := range removed {
-			delete(next, name)
-		}
-		for _, name := range updated {
-			next[name] = resources[name].version
-		}
+		next = nextVersions(returned, resources, updated, removed)
 	} else {
 		next = map[string]string{}
 		want := map[string]bool{}
@@ -323,6 +314,12 @@ func (c *deltaCache) respondChanged(w *deltaWatch, names []string) cache.DeltaRe
 	if len(updated) == 0 && len(removed) == 0 {
 		return nil
 	}
+	return c.response(w, updated, removed, nextVersions(returned, resources, updated, removed))
+}
+
+// nextVersions is what a client holding returned holds once it has the
+// updated resources and the removals.
+func nextVersions(returned map[string]string, resources map[string]*entry, updated, removed []string) map[string]string {
 	next := maps.Clone(returned)
 	if next == nil {
 		next = map[string]string{}
@@ -333,7 +330,7 @@ func (c *deltaCache) respondChanged(w *deltaWatch, names []string) cache.DeltaRe
 	for _, name := range updated {
 		next[name] = resources[name].version
 	}
-	return c.response(w, updated, removed, next)
+	return next
 }
 
 // response builds the answer to w. Must hold c.mu.
