@@ -27,6 +27,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
+	"github.com/causeway-mesh/causeway/pkg/kubecontrollers"
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
@@ -51,6 +52,8 @@ type controlPlane struct {
 	// workloads answers the CA's node authorization: the model's snapshot
 	// in local mode, the pod informer's index in Kubernetes.
 	workloads trust.WorkloadIndex
+	// kube: the webhook, deployer and status writer (Kubernetes only).
+	kube *kubecontrollers.Controllers
 
 	rejected   prometheus.Counter
 	loads      prometheus.Counter
@@ -138,6 +141,9 @@ func (cp *controlPlane) setupSource() error {
 		}
 		chain = append(chain, tr)
 		cp.source, cp.workloads = ks, ks
+		if cp.kube, err = o.kube.controllers(restCfg, cp); err != nil {
+			return err
+		}
 	} else {
 		if o.tokensFile != "" {
 			tf, err := authn.NewTokenFile(o.tokensFile, o.trustDomain, cp.log.Named("tokens"))
@@ -333,6 +339,14 @@ func (cp *controlPlane) run(ctx context.Context) error {
 		})
 	}()
 
+	kubeErr := make(chan error, 1)
+	if cp.kube != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kubeErr <- cp.kube.Run(bgCtx)
+		}()
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(ln) }()
 	srcName := "dir=" + cp.opts.configDir
@@ -354,6 +368,11 @@ func (cp *controlPlane) run(ctx context.Context) error {
 			err = errors.New("stopped")
 		}
 		runErr = fmt.Errorf("configuration source: %w", err)
+	case err := <-kubeErr:
+		if err == nil {
+			err = errors.New("stopped")
+		}
+		runErr = fmt.Errorf("kubernetes controllers: %w", err)
 	}
 	stopBG()
 	cp.ready.Store(false)
@@ -397,6 +416,16 @@ func (cp *controlPlane) startHTTP(xdsServer *xds.Server) ([]*http.Server, error)
 				return
 			}
 			fmt.Fprintln(w, "ready")
+		})
+		// Liveness: a replica that may lead without holding its Lease is restarted.
+		mux(a).HandleFunc("/healthz/live", func(w http.ResponseWriter, _ *http.Request) {
+			if cp.kube != nil {
+				if err := cp.kube.Healthy(); err != nil {
+					http.Error(w, err.Error(), http.StatusServiceUnavailable)
+					return
+				}
+			}
+			fmt.Fprintln(w, "alive")
 		})
 	}
 	if a := cp.opts.metricsAddr; a != "" {

@@ -77,6 +77,7 @@ type options struct {
 	debounce            time.Duration
 	rescan              time.Duration
 	shutdownGrace       time.Duration
+	kube                kubeOptions // the Kubernetes controllers' (kube.go)
 }
 
 func parseFlags(args []string) (options, error) {
@@ -103,6 +104,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.debounce, "config-debounce", 100*time.Millisecond, "quiet time after a configuration change before it is read")
 	fs.DurationVar(&o.rescan, "config-rescan", 10*time.Second, "period of full configuration re-reads (catches missed file events)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 5*time.Second, "how long shutdown waits for calls in flight")
+	o.kube.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -136,6 +138,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.kubernetes && len(o.tokenAudiences) == 0 {
 		return o, fmt.Errorf("--token-audiences is empty")
+	}
+	if err := o.kube.check(fs, o.kubernetes); err != nil {
+		return o, err
 	}
 	if o.caDir == "" {
 		return o, fmt.Errorf("--ca-dir is required")
