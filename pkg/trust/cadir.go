@@ -89,58 +89,59 @@ func LoadCA(dir string, maxTTL time.Duration) (*Authority, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(present) != len(caFiles) {
-		var missing []string
-		for _, f := range caFiles {
-			if !present[f] {
-				missing = append(missing, f)
-			}
+	files := map[string][]byte{}
+	for name := range present {
+		data, err := readBounded(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
 		}
-		return nil, fmt.Errorf("CA directory %s is incomplete: missing %s (a plug-in CA needs %s)",
-			dir, strings.Join(missing, ", "), strings.Join(caFiles, ", "))
+		files[name] = data
 	}
-	read := func(name string) ([]byte, error) { return readBounded(filepath.Join(dir, name)) }
+	return ParseCA(files, "CA directory "+dir, maxTTL)
+}
 
-	certPEM, err := read(CACertFile)
-	if err != nil {
-		return nil, err
+// ParseCA builds the authority from the four files of Istio's plug-in CA
+// layout (CACertFile, CAKeyFile, RootCertFile, CertChainFile), wherever they
+// are kept (a directory, a Kubernetes Secret); source names where they came
+// from in errors.
+func ParseCA(files map[string][]byte, source string, maxTTL time.Duration) (*Authority, error) {
+	var missing []string
+	for _, f := range caFiles {
+		if _, ok := files[f]; !ok {
+			missing = append(missing, f)
+		}
 	}
-	caCerts, err := ParseCertificatesPEM(certPEM)
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s is incomplete: missing %s (a plug-in CA needs %s)",
+			source, strings.Join(missing, ", "), strings.Join(caFiles, ", "))
+	}
+	where := func(name string) string { return source + ": " + name }
+
+	caCerts, err := ParseCertificatesPEM(files[CACertFile])
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CACertFile), err)
+		return nil, fmt.Errorf("%s: %w", where(CACertFile), err)
 	}
 	if len(caCerts) != 1 {
-		return nil, fmt.Errorf("%s: want exactly one certificate, found %d", filepath.Join(dir, CACertFile), len(caCerts))
+		return nil, fmt.Errorf("%s: want exactly one certificate, found %d", where(CACertFile), len(caCerts))
 	}
 	caCert := caCerts[0]
 
-	keyPEM, err := read(CAKeyFile)
+	key, err := parsePrivateKeyPEM(files[CAKeyFile])
 	if err != nil {
-		return nil, err
-	}
-	key, err := parsePrivateKeyPEM(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CAKeyFile), err)
+		return nil, fmt.Errorf("%s: %w", where(CAKeyFile), err)
 	}
 
-	rootPEM, err := read(RootCertFile)
+	roots, err := ParseCertificatesPEM(files[RootCertFile])
 	if err != nil {
-		return nil, err
-	}
-	roots, err := ParseCertificatesPEM(rootPEM)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, RootCertFile), err)
+		return nil, fmt.Errorf("%s: %w", where(RootCertFile), err)
 	}
 	for _, r := range roots {
 		if !r.IsCA {
-			return nil, fmt.Errorf("%s: certificate %q is not a CA", filepath.Join(dir, RootCertFile), r.Subject)
+			return nil, fmt.Errorf("%s: certificate %q is not a CA", where(RootCertFile), r.Subject)
 		}
 	}
 
-	chainPEM, err := read(CertChainFile)
-	if err != nil {
-		return nil, err
-	}
+	chainPEM := files[CertChainFile]
 	// cert-chain.pem runs from ca-cert.pem up to the root; Istio's own
 	// tooling includes both ends, others include neither. Keep what lies
 	// between them.
@@ -148,7 +149,7 @@ func LoadCA(dir string, maxTTL time.Duration) (*Authority, error) {
 	if len(bytes.TrimSpace(chainPEM)) > 0 {
 		certs, err := ParseCertificatesPEM(chainPEM)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CertChainFile), err)
+			return nil, fmt.Errorf("%s: %w", where(CertChainFile), err)
 		}
 		for i, c := range certs {
 			if i == 0 && c.Equal(caCert) {
@@ -158,7 +159,7 @@ func LoadCA(dir string, maxTTL time.Duration) (*Authority, error) {
 				continue
 			}
 			if !c.IsCA {
-				return nil, fmt.Errorf("%s: certificate %q is not a CA", filepath.Join(dir, CertChainFile), c.Subject)
+				return nil, fmt.Errorf("%s: certificate %q is not a CA", where(CertChainFile), c.Subject)
 			}
 			chain = append(chain, c)
 		}
@@ -166,12 +167,12 @@ func LoadCA(dir string, maxTTL time.Duration) (*Authority, error) {
 
 	now := time.Now()
 	if now.After(caCert.NotAfter) || now.Before(caCert.NotBefore) {
-		return nil, fmt.Errorf("%s: certificate %q is valid only from %s to %s", filepath.Join(dir, CACertFile),
+		return nil, fmt.Errorf("%s: certificate %q is valid only from %s to %s", where(CACertFile),
 			caCert.Subject, caCert.NotBefore.UTC().Format(time.RFC3339), caCert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	a, err := NewAuthority(key, chain, roots, maxTTL)
 	if err != nil {
-		return nil, fmt.Errorf("CA directory %s: %w", dir, err)
+		return nil, fmt.Errorf("%s: %w", source, err)
 	}
 	return a, nil
 }
@@ -209,27 +210,9 @@ func presentCAFiles(dir string) (map[string]bool, error) {
 // writeSelfSignedCA generates and writes a CA into dir. lost reports that
 // another process was writing one at the same time (and won).
 func writeSelfSignedCA(dir, trustDomain string) (lost bool, _ error) {
-	m, err := GenerateSelfSigned(trustDomain, DefaultRootTTL)
+	content, err := SelfSignedCAFiles(trustDomain)
 	if err != nil {
 		return false, fmt.Errorf("CA directory %s: %w", dir, err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(m.Key)
-	if err != nil {
-		return false, fmt.Errorf("CA directory %s: encode key: %w", dir, err)
-	}
-	var chain, roots strings.Builder
-	for _, c := range m.Chain {
-		chain.WriteString(encodeCert(c.Raw))
-	}
-	for _, r := range m.Roots {
-		roots.WriteString(encodeCert(r.Raw))
-		chain.WriteString(encodeCert(r.Raw))
-	}
-	content := map[string][]byte{
-		CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-		CACertFile:    []byte(encodeCert(m.Chain[0].Raw)),
-		CertChainFile: []byte(chain.String()),
-		RootCertFile:  []byte(roots.String()),
 	}
 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -261,6 +244,35 @@ func writeSelfSignedCA(dir, trustDomain string) (lost bool, _ error) {
 		return false, fmt.Errorf("CA directory %s: sync: %w", dir, err)
 	}
 	return false, nil
+}
+
+// SelfSignedCAFiles generates a self-signed root and an intermediate for
+// trustDomain and returns them as the four files of the plug-in layout. The
+// root's key is not kept: the root can only be replaced, never used to sign
+// again.
+func SelfSignedCAFiles(trustDomain string) (map[string][]byte, error) {
+	m, err := GenerateSelfSigned(trustDomain, DefaultRootTTL)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(m.Key)
+	if err != nil {
+		return nil, fmt.Errorf("encode key: %w", err)
+	}
+	var chain, roots strings.Builder
+	for _, c := range m.Chain {
+		chain.WriteString(encodeCert(c.Raw))
+	}
+	for _, r := range m.Roots {
+		roots.WriteString(encodeCert(r.Raw))
+		chain.WriteString(encodeCert(r.Raw))
+	}
+	return map[string][]byte{
+		CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		CACertFile:    []byte(encodeCert(m.Chain[0].Raw)),
+		CertChainFile: []byte(chain.String()),
+		RootCertFile:  []byte(roots.String()),
+	}, nil
 }
 
 // writeNewFile creates dir/name (mode 0600) with data, durably, failing with
