@@ -73,8 +73,8 @@ type Agent struct {
 }
 
 type capturedPod struct {
-	uid, netns string
-	cfg        rules.Config
+	uid, namespace, name, netns string
+	cfg                         rules.Config
 }
 
 // New checks the options.
@@ -114,8 +114,8 @@ func (a *Agent) CapturePod(r RunningPod) error {
 	return a.capture(runningKey(r), r.Pod, r.Netns, r.Gateways, a.opts.Handoff.AddPod)
 }
 
-// runningKey records a pod found running; a pod watch releases it by
-// calling Del with this container id.
+// runningKey records a pod found running (no sandbox id is known for it);
+// Release lets it go.
 func runningKey(r RunningPod) string { return "running:" + r.Pod.UID }
 
 func (a *Agent) capture(sandbox string, pod Pod, netnsPath string, gateways []netip.Addr, hand func(handoff.Pod, *os.File) error) error {
@@ -143,7 +143,7 @@ func (a *Agent) capture(sandbox string, pod Pod, netnsPath string, gateways []ne
 		return err
 	}
 	a.mu.Lock()
-	a.captured[sandbox] = capturedPod{uid: pod.UID, netns: netnsPath, cfg: cfg}
+	a.captured[sandbox] = capturedPod{uid: pod.UID, namespace: pod.Namespace, name: pod.Name, netns: netnsPath, cfg: cfg}
 	a.mu.Unlock()
 	a.log.Info("pod captured", zap.String("pod", pod.Namespace+"/"+pod.Name), zap.String("uid", pod.UID))
 	return nil
@@ -166,8 +166,40 @@ func (a *Agent) Del(_ context.Context, ev cni.Event) error {
 		rerr = a.opts.Rules.Delete(int(nsh.Fd()))
 		nsh.Close()
 	}
-	a.log.Info("pod released", zap.String("pod", ev.Namespace+"/"+ev.PodName), zap.String("uid", cp.uid))
+	a.log.Info("pod released", zap.String("pod", cp.namespace+"/"+cp.name), zap.String("uid", cp.uid))
 	return errors.Join(herr, rerr)
+}
+
+// Captured reports whether the pod with this uid is captured, by a CNI
+// ADD or as a running pod.
+func (a *Agent) Captured(uid string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, cp := range a.captured {
+		if cp.uid == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// Release lets a captured pod go, however it was captured (the pod watch's
+// way out: its namespace or pod was un-enrolled, or the pod is gone).
+// Releasing a pod that is not captured succeeds.
+func (a *Agent) Release(uid string) error {
+	a.mu.Lock()
+	var sandboxes []string
+	for sb, cp := range a.captured {
+		if cp.uid == uid {
+			sandboxes = append(sandboxes, sb)
+		}
+	}
+	a.mu.Unlock()
+	var errs []error
+	for _, sb := range sandboxes {
+		errs = append(errs, a.Del(context.Background(), cni.Event{ContainerID: sb}))
+	}
+	return errors.Join(errs...)
 }
 
 // Check handles a CNI CHECK: an enrolled pod must be captured, with its

@@ -17,6 +17,11 @@ const (
 // DefaultAgentSocket is where the node agent listens (DESIGN §10).
 const DefaultAgentSocket = "/var/run/causeway/cni.sock"
 
+// DefaultExcludeNamespaces are never captured: kube-system, and
+// causeway-system, where the agent itself runs (its own sandbox must not
+// wait for it).
+var DefaultExcludeNamespaces = []string{"kube-system", "causeway-system"}
+
 // MaxBody bounds an event or a reply on the wire.
 const MaxBody = 64 << 10
 

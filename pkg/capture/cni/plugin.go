@@ -29,9 +29,8 @@ type Config struct {
 	// Timeout bounds the whole wait for the agent (default 30s): the
 	// sandbox fails, and kubelet retries, rather than hang.
 	Timeout string `json:"timeout,omitempty"`
-	// ExcludeNamespaces are never sent to the agent (default kube-system
-	// and causeway-system, where the agent itself runs: its own sandbox
-	// must not wait for it).
+	// ExcludeNamespaces are never sent to the agent (default
+	// DefaultExcludeNamespaces).
 	ExcludeNamespaces []string `json:"exclude_namespaces,omitempty"`
 }
 
@@ -58,7 +57,7 @@ func parseConfig(stdin []byte) (*Config, time.Duration, error) {
 		c.AgentSocket = DefaultAgentSocket
 	}
 	if c.ExcludeNamespaces == nil {
-		c.ExcludeNamespaces = []string{"kube-system", "causeway-system"}
+		c.ExcludeNamespaces = DefaultExcludeNamespaces
 	}
 	timeout := 30 * time.Second
 	if c.Timeout != "" {

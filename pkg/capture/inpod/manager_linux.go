@@ -22,6 +22,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
+	"github.com/causeway-mesh/causeway/pkg/capture/podns"
 )
 
 // Proxy is what takes the connections of captured pods.
@@ -132,7 +133,7 @@ func (m *Manager) AddPod(_ context.Context, info handoff.Pod, netns *os.File) er
 }
 
 func (m *Manager) open(info handoff.Pod, nsh ns.NetNS) (*pod, error) {
-	ips, err := addresses(nsh)
+	ips, err := podns.Addresses(nsh)
 	if err != nil {
 		return nil, fmt.Errorf("list addresses: %w", err)
 	}

@@ -68,30 +68,6 @@ func (s sockets) dial(ctx context.Context, netns ns.NetNS, local netip.Addr, rem
 	return c, err
 }
 
-// addresses lists the namespace's own unicast addresses (not loopback,
-// not link-local): the pod's IPs.
-func addresses(netns ns.NetNS) ([]netip.Addr, error) {
-	var out []netip.Addr
-	err := netns.Do(func(ns.NetNS) error {
-		addrs, err := net.InterfaceAddrs()
-		if err != nil {
-			return err
-		}
-		for _, a := range addrs {
-			pfx, err := netip.ParsePrefix(a.String())
-			if err != nil {
-				continue
-			}
-			ip := pfx.Addr().Unmap()
-			if ip.IsGlobalUnicast() {
-				out = append(out, ip)
-			}
-		}
-		return nil
-	})
-	return out, err
-}
-
 // migrateRequests lets the kernel move connections still queued at a
 // closing listener to another of its SO_REUSEPORT group
 // (net.ipv4.tcp_migrate_req, per namespace, Linux 5.14+): when an old node

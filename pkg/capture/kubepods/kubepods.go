@@ -1,0 +1,258 @@
+// Package kubepods is the node agent's view of Kubernetes: the pods on its
+// own node (an informer restricted by spec.nodeName, so a node's agent
+// never holds the cluster's pods) and the namespaces' labels. It answers
+// the agent's pod lookups at CNI ADD, finds the enrolled pods already
+// running when the agent starts, and watches enrollment: a namespace or
+// pod labelled causeway.dev/dataplane-mode=mesh after its pods started gets
+// them captured without a restart; removing the label releases them.
+//
+// A running pod's network namespace is found by its IP among the
+// namespaces the container runtime names under /var/run/netns (Index):
+// a pod IP is unique on its node, the path is the one the CNI plugin is
+// given at ADD, and it needs neither the runtime's socket (root on the
+// node) nor the host's process table (hostPID and CAP_SYS_PTRACE).
+package kubepods
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/causeway-mesh/causeway/pkg/capture/agent"
+	"github.com/causeway-mesh/causeway/pkg/capture/cni"
+	"github.com/causeway-mesh/causeway/pkg/capture/podns"
+)
+
+// DefaultNetnsDir is where containerd and CRI-O name pod sandboxes'
+// network namespaces.
+const DefaultNetnsDir = "/var/run/netns"
+
+// Options configure a Cluster.
+type Options struct {
+	Client kubernetes.Interface
+	// Node is this node's name.
+	Node string
+	// NetnsDir holds the pod sandboxes' namespaces (default DefaultNetnsDir).
+	NetnsDir string
+	// ExcludeNamespaces are never captured by the watch (default the CNI
+	// plugin's: cni.DefaultExcludeNamespaces).
+	ExcludeNamespaces []string
+	// SyncTimeout bounds the wait for the first listing (default 1m).
+	SyncTimeout time.Duration
+	Logger      *zap.Logger
+}
+
+// Capturer is the agent (agent.Agent) as the watch drives it.
+type Capturer interface {
+	CapturePod(agent.RunningPod) error
+	Release(uid string) error
+	Captured(uid string) bool
+}
+
+// Cluster holds the informers. Pod and Running are safe for concurrent use.
+type Cluster struct {
+	o          Options
+	log        *zap.Logger
+	factories  []informers.SharedInformerFactory
+	podInf     cache.SharedIndexInformer
+	pods       corelisters.PodLister
+	namespaces corelisters.NamespaceLister
+	queue      workqueue.TypedRateLimitingInterface[podRef]
+}
+
+// podRef names a pod to reconcile; the uid tells a deleted pod from a new
+// one of the same name.
+type podRef struct{ Namespace, Name, UID string }
+
+// New sets up the informers; Start runs them.
+func New(o Options) (*Cluster, error) {
+	if o.Client == nil || o.Node == "" {
+		return nil, errors.New("kubepods: Client and Node are required")
+	}
+	if o.NetnsDir == "" {
+		o.NetnsDir = DefaultNetnsDir
+	}
+	if o.ExcludeNamespaces == nil {
+		o.ExcludeNamespaces = cni.DefaultExcludeNamespaces
+	}
+	if o.SyncTimeout <= 0 {
+		o.SyncTimeout = time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	onNode := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
+		lo.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", o.Node).String()
+	}))
+	all := informers.NewSharedInformerFactory(o.Client, 0)
+	c := &Cluster{o: o, log: o.Logger, factories: []informers.SharedInformerFactory{onNode, all},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podRef](),
+			workqueue.TypedRateLimitingQueueConfig[podRef]{Name: "kubepods"})}
+	podInf := onNode.Core().V1().Pods()
+	nsInf := all.Core().V1().Namespaces()
+	c.podInf, c.pods, c.namespaces = podInf.Informer(), podInf.Lister(), nsInf.Lister()
+	for _, inf := range []cache.SharedIndexInformer{c.podInf, nsInf.Informer()} {
+		if err := inf.SetTransform(stripManagedFields); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := c.podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueuePod,
+		UpdateFunc: func(_, obj any) { c.enqueuePod(obj) },
+		DeleteFunc: c.enqueuePod,
+	}); err != nil {
+		return nil, err
+	}
+	if _, err := nsInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: c.enqueueNamespace,
+		UpdateFunc: func(old, obj any) {
+			o, n := old.(*corev1.Namespace), obj.(*corev1.Namespace)
+			if o.Labels[agent.LabelDataplaneMode] != n.Labels[agent.LabelDataplaneMode] {
+				c.enqueueNamespace(obj)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// stripManagedFields keeps the cache small: nothing here reads them.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// Start runs the informers until ctx ends and waits, bounded, for their
+// first listing.
+func (c *Cluster) Start(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, c.o.SyncTimeout)
+	defer cancel()
+	for _, f := range c.factories {
+		f.Start(ctx.Done())
+		for typ, ok := range f.WaitForCacheSync(sctx.Done()) {
+			if !ok {
+				return fmt.Errorf("kubepods: no listing of %v within %s", typ, c.o.SyncTimeout)
+			}
+		}
+	}
+	return nil
+}
+
+// Pod looks a pod up for the agent: from the informers, or from the API
+// server when they have not seen it yet (a pod just bound to the node).
+func (c *Cluster) Pod(ctx context.Context, namespace, name string) (agent.Pod, error) {
+	p, err := c.pods.Pods(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		p, err = c.o.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
+	if err != nil {
+		return agent.Pod{}, err
+	}
+	ns, err := c.namespaces.Get(namespace)
+	if apierrors.IsNotFound(err) {
+		ns, err = c.o.Client.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
+	}
+	if err != nil {
+		return agent.Pod{}, err
+	}
+	return agentPod(p, ns), nil
+}
+
+func agentPod(p *corev1.Pod, ns *corev1.Namespace) agent.Pod {
+	return agent.Pod{UID: string(p.UID), Name: p.Name, Namespace: p.Namespace, ServiceAccount: p.Spec.ServiceAccountName,
+		Labels: p.Labels, NamespaceLabels: ns.Labels}
+}
+
+// Running lists the enrolled pods running on the node, with their
+// namespaces (Start must have returned). A pod whose namespace is not
+// found is logged and left out: its CNI ADD, or the watch, comes later.
+func (c *Cluster) Running(context.Context) ([]agent.RunningPod, error) {
+	pods, err := c.pods.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	var idx podns.Index
+	var out []agent.RunningPod
+	for _, p := range pods {
+		ap, ok := c.candidate(p)
+		if enrolled, _ := agent.Enrolled(ap); !ok || !enrolled {
+			continue
+		}
+		if idx == nil {
+			if idx, err = podns.Scan(c.o.NetnsDir); err != nil {
+				return nil, fmt.Errorf("kubepods: %w", err)
+			}
+		}
+		r, err := running(ap, p, idx)
+		if err != nil {
+			c.log.Warn("running pod left for later", zap.String("pod", p.Namespace+"/"+p.Name), zap.Error(err))
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// candidate is the agent's view of a pod that could be captured now:
+// sandboxed with its own network (an IP, not the host's), not finished,
+// not in an excluded namespace.
+func (c *Cluster) candidate(p *corev1.Pod) (agent.Pod, bool) {
+	if p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 || p.DeletionTimestamp != nil ||
+		p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+		slices.Contains(c.o.ExcludeNamespaces, p.Namespace) {
+		return agent.Pod{}, false
+	}
+	ns, err := c.namespaces.Get(p.Namespace)
+	if err != nil {
+		return agent.Pod{}, false
+	}
+	return agentPod(p, ns), true
+}
+
+func running(ap agent.Pod, p *corev1.Pod, idx podns.Index) (agent.RunningPod, error) {
+	var ips []netip.Addr
+	for _, s := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(s.IP); err == nil {
+			ips = append(ips, a)
+		}
+	}
+	path, err := idx.Lookup(ips...)
+	if err != nil {
+		return agent.RunningPod{}, err
+	}
+	gws, err := gateways(path)
+	if err != nil {
+		return agent.RunningPod{}, err
+	}
+	return agent.RunningPod{Pod: ap, Netns: path, Gateways: gws}, nil
+}
+
+// gateways are the default gateways inside the namespace at path: where
+// the node reaches the pod from, kubelet's probes included.
+func gateways(path string) ([]netip.Addr, error) {
+	netns, err := ns.GetNS(path)
+	if err != nil {
+		return nil, err
+	}
+	defer netns.Close()
+	return podns.Gateways(netns)
+}
