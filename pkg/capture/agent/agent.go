@@ -68,6 +68,8 @@ type Agent struct {
 	opts Options
 	log  *zap.Logger
 
+	restored chan struct{} // closed once Start has captured the running pods
+
 	mu       sync.Mutex
 	captured map[string]capturedPod // by container (sandbox) id
 }
@@ -85,7 +87,7 @@ func New(o Options) (*Agent, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	return &Agent{opts: o, log: o.Logger, captured: map[string]capturedPod{}}, nil
+	return &Agent{opts: o, log: o.Logger, restored: make(chan struct{}), captured: map[string]capturedPod{}}, nil
 }
 
 // Add handles a CNI ADD: it returns once the pod is captured (rules in
@@ -187,10 +189,20 @@ func (a *Agent) Captured(uid string) bool {
 // way out: its namespace or pod was un-enrolled, or the pod is gone).
 // Releasing a pod that is not captured succeeds.
 func (a *Agent) Release(uid string) error {
+	return a.release(func(cp capturedPod) bool { return cp.uid == uid })
+}
+
+// ReleaseAll lets every captured pod go: their traffic flows as it did
+// before capture (the mesh is being uninstalled from the node).
+func (a *Agent) ReleaseAll() error {
+	return a.release(func(capturedPod) bool { return true })
+}
+
+func (a *Agent) release(which func(capturedPod) bool) error {
 	a.mu.Lock()
 	var sandboxes []string
 	for sb, cp := range a.captured {
-		if cp.uid == uid {
+		if which(cp) {
 			sandboxes = append(sandboxes, sb)
 		}
 	}
@@ -201,6 +213,11 @@ func (a *Agent) Release(uid string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Restored is closed once Start has captured the running pods: a pod
+// watch that captures and releases pods begins then, or it would race
+// the restore.
+func (a *Agent) Restored() <-chan struct{} { return a.restored }
 
 // Check handles a CNI CHECK: an enrolled pod must be captured, with its
 // rules intact.
@@ -246,6 +263,7 @@ func (a *Agent) Start(ctx context.Context, serveHandoff func(context.Context) er
 	} else {
 		a.log.Warn("no source of running pods: pods captured before this agent started are not replayed to the node proxy")
 	}
+	close(a.restored)
 	errc := make(chan error, 2)
 	go func() { errc <- serveHandoff(ctx) }()
 	go func() { errc <- a.ServeCNI(ctx, cniLn) }()
