@@ -155,7 +155,9 @@ func run(c config) error {
 	serveCtx, stopServing := context.WithCancel(context.Background())
 	defer stopServing()
 	served := make(chan error, 1)
-	go func() { served <- a.Start(serveCtx, func(ctx context.Context) error { return hs.Serve(ctx, hln) }, cln) }()
+	go func() {
+		served <- a.Start(serveCtx, func(ctx context.Context) error { return hs.Serve(ctx, hln) }, cln)
+	}()
 	go func() {
 		select {
 		case <-a.Restored():
