@@ -135,7 +135,7 @@ func (c *capturer) get(uid string) (agent.RunningPod, bool) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	if err := kubetest.WaitFor(context.Background(), 15*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
+	if err := kubetest.WaitFor(context.Background(), 20*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
 }
