@@ -17,6 +17,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/agent"
 	"github.com/causeway-mesh/causeway/pkg/capture/cni"
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
+	"github.com/causeway-mesh/causeway/pkg/capture/internal/handofftest"
 	"github.com/causeway-mesh/causeway/pkg/capture/internal/netnstest"
 	"github.com/causeway-mesh/causeway/pkg/capture/rules"
 )
@@ -29,35 +30,6 @@ func (s staticPods) Pod(_ context.Context, namespace, name string) (agent.Pod, e
 		return agent.Pod{}, fmt.Errorf("pod %s/%s not found", namespace, name)
 	}
 	return p, nil
-}
-
-// proxySide records the pods handed over, taking delay to accept each.
-type proxySide struct {
-	mu    sync.Mutex
-	pods  map[string]*os.File
-	delay time.Duration
-}
-
-func (p *proxySide) AddPod(_ context.Context, pod handoff.Pod, netns *os.File) error {
-	time.Sleep(p.delay)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.pods[pod.UID] = netns
-	return nil
-}
-
-func (p *proxySide) RemovePod(uid string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.pods[uid].Close()
-	delete(p.pods, uid)
-}
-
-func (p *proxySide) has(uid string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.pods[uid]
-	return ok
 }
 
 var (
@@ -92,7 +64,7 @@ type fixture struct {
 	pod      *netnstest.Pod
 	dir      string
 	cniSock  string
-	proxy    *proxySide
+	proxy    *handofftest.Proxy
 	handoff  *handoff.Server
 	agent    *agent.Agent
 	stopProx func()
@@ -105,7 +77,7 @@ func start(t *testing.T, connectProxy bool, delay time.Duration) *fixture {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("needs the go tool to build the plugin")
 	}
-	f := &fixture{net: netnstest.NewNet(t), dir: t.TempDir(), proxy: &proxySide{pods: map[string]*os.File{}, delay: delay}}
+	f := &fixture{net: netnstest.NewNet(t), dir: t.TempDir(), proxy: &handofftest.Proxy{Delay: delay}}
 	f.pod = f.net.AddPod(t, "app")
 	f.cniSock = filepath.Join(f.dir, "cni.sock")
 	handoffSock := filepath.Join(f.dir, "handoff.sock")
@@ -194,10 +166,10 @@ func TestPluginCapturesEnrolledPod(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ADD: %v", err)
 	}
-	if d := time.Since(begin); d < f.proxy.delay {
-		t.Errorf("ADD returned after %s, before the proxy took the pod (%s)", d, f.proxy.delay)
+	if d := time.Since(begin); d < f.proxy.Delay {
+		t.Errorf("ADD returned after %s, before the proxy took the pod (%s)", d, f.proxy.Delay)
 	}
-	if !f.proxy.has("uid-app") {
+	if !f.proxy.Has("uid-app") {
 		t.Fatal("ADD returned but the node proxy does not have the pod")
 	}
 	var res map[string]any
@@ -218,7 +190,7 @@ func TestPluginCapturesEnrolledPod(t *testing.T) {
 	if _, err := f.run(t, "DEL", "t", "app", ""); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if f.proxy.has("uid-app") || f.rulesInPlace(t) {
+	if f.proxy.Has("uid-app") || f.rulesInPlace(t) {
 		t.Error("DEL left the pod with the proxy or its rules in place")
 	}
 	if _, err := f.run(t, "DEL", "t", "app", ""); err != nil {
@@ -243,7 +215,7 @@ func TestPluginLeavesOthersAlone(t *testing.T) {
 		}
 	}
 	for _, uid := range []string{"uid-app", "uid-plain", "uid-wp"} {
-		if f.proxy.has(uid) {
+		if f.proxy.Has(uid) {
 			t.Errorf("the proxy got %s", uid)
 		}
 	}
@@ -297,7 +269,7 @@ func TestAgentRestoresRunningPods(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go a.Start(ctx, func(ctx context.Context) error { return hs.Serve(ctx, hln) }, cln)
-	ps := &proxySide{pods: map[string]*os.File{}}
+	ps := &handofftest.Proxy{}
 	snap := make(chan struct{}, 1)
 	c := &handoff.Client{Path: filepath.Join(dir, "h.sock"), State: handoff.NewState(ps), OnSnapshot: func() { snap <- struct{}{} }}
 	go c.Run(ctx)
@@ -306,7 +278,7 @@ func TestAgentRestoresRunningPods(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no snapshot")
 	}
-	if !ps.has("uid-run") {
+	if !ps.Has("uid-run") {
 		t.Error("the running pod was not replayed")
 	}
 	if err := (rules.NFTables{}).Check(p.Fd(), rules.Config{}); err != nil {

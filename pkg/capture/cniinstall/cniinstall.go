@@ -23,6 +23,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 // PluginType is the plugin's type in a conflist (its binary's name).
@@ -141,7 +143,7 @@ func (in *Installer) Write() (bool, error) {
 	if filepath.Base(primary) < in.confName() {
 		return false, fmt.Errorf("cniinstall: the primary configuration %s sorts before %s and would still be loaded first: choose a configuration name that sorts first", primary, in.confName())
 	}
-	raw, err := readBounded(primary)
+	raw, err := readlimit.File(primary, maxConf)
 	if err != nil {
 		return false, fmt.Errorf("cniinstall: %w", err)
 	}
@@ -149,7 +151,7 @@ func (in *Installer) Write() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("cniinstall: chain %s: %w", primary, err)
 	}
-	if have, err := readBounded(ours); err == nil && bytes.Equal(have, want) {
+	if have, err := readlimit.File(ours, maxConf); err == nil && bytes.Equal(have, want) {
 		return false, nil
 	}
 	if err := writeAtomic(ours, bytes.NewReader(want), 0o644); err != nil {
@@ -183,19 +185,6 @@ func CopyBinary(src, dir string) error {
 		return fmt.Errorf("cniinstall: %w", err)
 	}
 	return nil
-}
-
-func readBounded(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxConf+1))
-	if err == nil && len(b) > maxConf {
-		err = fmt.Errorf("%s exceeds %d bytes", path, maxConf)
-	}
-	return b, err
 }
 
 // writeAtomic writes through a temporary file in the same directory,

@@ -22,39 +22,13 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/agent"
 	"github.com/causeway-mesh/causeway/pkg/capture/cniinstall"
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
+	"github.com/causeway-mesh/causeway/pkg/capture/internal/handofftest"
 	"github.com/causeway-mesh/causeway/pkg/capture/internal/netnstest"
 	"github.com/causeway-mesh/causeway/pkg/capture/rules"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 )
 
 // TestAgentOnANode (below) runs cmd/causeway-agent.
-
-// proxySide is the node proxy's end of the handoff, recording pods.
-type proxySide struct {
-	mu   sync.Mutex
-	pods map[string]*os.File
-}
-
-func (p *proxySide) AddPod(_ context.Context, pod handoff.Pod, netns *os.File) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.pods[pod.UID] = netns
-	return nil
-}
-
-func (p *proxySide) RemovePod(uid string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.pods[uid].Close()
-	delete(p.pods, uid)
-}
-
-func (p *proxySide) has(uid string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.pods[uid]
-	return ok
-}
 
 // fatal fails the test on err; its first parameter takes the object a
 // client call returns alongside.
@@ -71,7 +45,7 @@ func runningPod(t *testing.T, c kubernetes.Interface, ns, name, ip string) strin
 	t.Helper()
 	ctx := context.Background()
 	p, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "app", Image: "app"}}}}, metav1.CreateOptions{})
+		Spec: corev1.PodSpec{NodeName: "agent-node", Containers: []corev1.Container{{Name: "app", Image: "app"}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +63,7 @@ type node struct {
 // start runs the agent binary as the DaemonSet would.
 func (n *node) start(t *testing.T) (stop func() string) {
 	t.Helper()
-	cmd := exec.Command(n.bin, "--node=node-a", "--kubeconfig="+n.kubeconfig, "--namespace=causeway-system",
+	cmd := exec.Command(n.bin, "--node=agent-node", "--kubeconfig="+n.kubeconfig, "--namespace=causeway-system",
 		"--cni-socket="+filepath.Join(n.run, "cni.sock"), "--handoff-socket="+filepath.Join(n.run, "handoff.sock"),
 		"--netns-dir="+n.netnsDir, "--cni-conf-dir="+n.confDir, "--cni-bin-dir="+n.binDir, "--log-format=console")
 	var out bytes.Buffer
@@ -155,7 +129,7 @@ func TestAgentOnANode(t *testing.T) {
 	for _, ns := range []struct {
 		name   string
 		labels map[string]string
-	}{{"causeway-system", nil}, {"enrolled", map[string]string{agent.LabelDataplaneMode: agent.ModeMesh}}, {"later", nil}} {
+	}{{"causeway-system", nil}, {"agent-enrolled", map[string]string{agent.LabelDataplaneMode: agent.ModeMesh}}, {"agent-later", nil}} {
 		fatal(t)(c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns.name, Labels: ns.labels}}, metav1.CreateOptions{}))
 		fatal(t)(c.CoreV1().ServiceAccounts(ns.name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
 	}
@@ -165,10 +139,10 @@ func TestAgentOnANode(t *testing.T) {
 		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: sel}, Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "agent"}}}}},
 	}, metav1.CreateOptions{}))
-	earlyUID := runningPod(t, c, "enrolled", "early", early.IP4.String())
-	lateUID := runningPod(t, c, "later", "late", late.IP4.String())
+	earlyUID := runningPod(t, c, "agent-enrolled", "early", early.IP4.String())
+	lateUID := runningPod(t, c, "agent-later", "late", late.IP4.String())
 
-	proxy := &proxySide{pods: map[string]*os.File{}}
+	proxy := &handofftest.Proxy{}
 	var snapshots sync.WaitGroup
 	var snapMu sync.Mutex
 	snaps := 0
@@ -187,7 +161,7 @@ func TestAgentOnANode(t *testing.T) {
 		probes.ProbeSources = append(probes.ProbeSources, net.Gateway6)
 	}
 	rulesIn := func(p *netnstest.Pod) bool { return (rules.NFTables{}).Check(p.Fd(), probes) == nil }
-	captured := func(p *netnstest.Pod, uid string) bool { return proxy.has(uid) && rulesIn(p) }
+	captured := func(p *netnstest.Pod, uid string) bool { return proxy.Has(uid) && rulesIn(p) }
 
 	stop := n.start(t)
 	waitFor(t, "the running enrolled pod replayed to the node proxy", func() bool { return snapshotsSeen() >= 1 && captured(early, earlyUID) })
@@ -198,7 +172,7 @@ func TestAgentOnANode(t *testing.T) {
 	if captured(late, lateUID) {
 		t.Fatal("a pod of a namespace not enrolled is captured")
 	}
-	ns, err := c.CoreV1().Namespaces().Get(ctx, "later", metav1.GetOptions{})
+	ns, err := c.CoreV1().Namespaces().Get(ctx, "agent-later", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +207,7 @@ func TestAgentOnANode(t *testing.T) {
 	if !exists(filepath.Join(n.confDir, "10-bridge.conflist")) {
 		t.Error("uninstall removed the primary configuration")
 	}
-	if rulesIn(early) || rulesIn(late) || proxy.has(earlyUID) || proxy.has(lateUID) {
+	if rulesIn(early) || rulesIn(late) || proxy.Has(earlyUID) || proxy.Has(lateUID) {
 		t.Error("uninstall left pods captured")
 	}
 }
