@@ -43,6 +43,11 @@ import (
 // network namespaces.
 const DefaultNetnsDir = "/var/run/netns"
 
+// maxRetryDelay caps the backoff of a failed capture: the usual failure
+// is a node proxy not connected yet, and the pod's rules are already in
+// place (its traffic fails closed) until a retry hands it over.
+const maxRetryDelay = 10 * time.Second
+
 // Options configure a Cluster.
 type Options struct {
 	Client kubernetes.Interface
@@ -102,7 +107,7 @@ func New(o Options) (*Cluster, error) {
 	}))
 	all := informers.NewSharedInformerFactory(o.Client, 0)
 	c := &Cluster{o: o, log: o.Logger, factories: []informers.SharedInformerFactory{onNode, all},
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[podRef](),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.NewTypedItemExponentialFailureRateLimiter[podRef](100*time.Millisecond, maxRetryDelay),
 			workqueue.TypedRateLimitingQueueConfig[podRef]{Name: "kubepods"})}
 	podInf := onNode.Core().V1().Pods()
 	nsInf := all.Core().V1().Namespaces()
@@ -212,11 +217,12 @@ func (c *Cluster) Running(context.Context) ([]agent.RunningPod, error) {
 	return out, nil
 }
 
-// candidate is the agent's view of a pod that could be captured now:
-// sandboxed with its own network (an IP, not the host's), not finished,
-// not in an excluded namespace.
+// candidate is the agent's view of a pod that can be captured: sandboxed
+// with its own network (an IP, not the host's), not finished, not in an
+// excluded namespace. (A terminating pod is one: an agent restarting
+// while it drains keeps it captured.)
 func (c *Cluster) candidate(p *corev1.Pod) (agent.Pod, bool) {
-	if p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 || p.DeletionTimestamp != nil ||
+	if p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 ||
 		p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
 		slices.Contains(c.o.ExcludeNamespaces, p.Namespace) {
 		return agent.Pod{}, false

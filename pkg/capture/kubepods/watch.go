@@ -78,7 +78,7 @@ func (c *Cluster) reconcile(ref podRef, to Capturer) error {
 	enrolled, _ := agent.Enrolled(ap)
 	captured := to.Captured(ref.UID)
 	switch {
-	case ok && enrolled && !captured:
+	case ok && enrolled && !captured && p.DeletionTimestamp == nil:
 		idx, err := podns.Scan(c.o.NetnsDir)
 		if err != nil {
 			return err
