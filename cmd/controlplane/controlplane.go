@@ -32,6 +32,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
+	"github.com/causeway-mesh/causeway/pkg/trust/kubeca"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 )
 
@@ -66,7 +67,7 @@ type controlPlane struct {
 }
 
 func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
-	authority, err := trust.LoadOrCreateCA(o.caDir, o.trustDomain, o.certTTL)
+	authority, err := loadCA(o)
 	if err != nil {
 		return nil, err
 	}
@@ -163,6 +164,35 @@ func (cp *controlPlane) setupSource() error {
 	}
 	cp.auth = append(chain, peerCert)
 	return nil
+}
+
+// loadCA returns the mesh CA: from --ca-dir, or from the --ca-secret Secret
+// (created on first start), whose roots every replica then publishes for
+// the node proxies, which mount them.
+func loadCA(o options) (*trust.Authority, error) {
+	if o.caSecret == "" {
+		return trust.LoadOrCreateCA(o.caDir, o.trustDomain, o.certTTL)
+	}
+	restCfg, err := kubeRESTConfig(o.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, err := kubeca.LoadOrCreate(ctx, client, o.kube.namespace, o.caSecret, o.trustDomain, o.certTTL)
+	if err != nil {
+		return nil, err
+	}
+	if o.rootsConfigMap != "" {
+		if err := kubeca.PublishRoots(ctx, client, o.kube.namespace, o.rootsConfigMap, a.RootsPEM()); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
 }
 
 // kubeRESTConfig loads a kubeconfig file, or the in-cluster configuration.

@@ -444,6 +444,26 @@ func TestSourceFlags(t *testing.T) {
 	}
 }
 
+// The CA comes from one place: a directory, or in Kubernetes a Secret.
+func TestCAFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--source", "kubernetes", "--ca-secret", "causeway-ca"})
+	if err != nil || o.caSecret != "causeway-ca" || o.rootsConfigMap != "causeway-root-cert" {
+		t.Errorf("--ca-secret: %+v, %v", o, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config-dir", "x"}, "--ca-dir (or, with --source kubernetes, --ca-secret) is required"},
+		{[]string{"--config-dir", "x", "--ca-secret", "s"}, "--ca-secret is for --source kubernetes"},
+		{[]string{"--source", "kubernetes", "--ca-secret", "s", "--ca-dir", "d"}, "give one"},
+	} {
+		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 func grepLines(s, substr string) string {
 	var out []string
 	for _, l := range strings.Split(s, "\n") {

@@ -64,6 +64,8 @@ type options struct {
 	tokenAudiences      []string
 	listen              string
 	caDir               string
+	caSecret            string // with --source kubernetes: the CA kept in this Secret
+	rootsConfigMap      string // where the roots are published for node proxies
 	trustDomain         string
 	clusterDomain       string
 	dnsNames            []string // DNS SANs of the serving certificate
@@ -89,7 +91,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "with --source kubernetes: kubeconfig file (default: the in-cluster configuration)")
 	fs.StringVar(&audiences, "token-audiences", authn.DefaultTokenAudience, "with --source kubernetes: comma-separated audiences a caller's service-account token must be issued for")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:15012", "address of the gRPC port serving xDS and the CA over TLS")
-	fs.StringVar(&o.caDir, "ca-dir", "", "CA directory in Istio's plug-in layout (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem); generated when empty (required)")
+	fs.StringVar(&o.caDir, "ca-dir", "", "CA directory in Istio's plug-in layout (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem); generated when empty (required unless --ca-secret)")
+	fs.StringVar(&o.caSecret, "ca-secret", "", "with --source kubernetes: Secret in the control plane's namespace ($POD_NAMESPACE) holding the CA in the --ca-dir layout; created with a new self-signed CA when missing, never replaced")
+	fs.StringVar(&o.rootsConfigMap, "roots-configmap", "causeway-root-cert", "with --ca-secret: ConfigMap in the control plane's namespace where the CA's roots (root-cert.pem) are published for node proxies")
 	fs.StringVar(&o.trustDomain, "trust-domain", trust.DefaultTrustDomain, "trust domain of the mesh")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "cluster.local", "DNS domain of service hostnames")
 	fs.StringVar(&dnsNames, "dns-names", "", "comma-separated DNS names clients verify the serving certificate by (default: the names of Service "+
@@ -142,8 +146,13 @@ func parseFlags(args []string) (options, error) {
 	if err := o.kube.check(fs, o.kubernetes); err != nil {
 		return o, err
 	}
-	if o.caDir == "" {
-		return o, fmt.Errorf("--ca-dir is required")
+	switch {
+	case o.caSecret != "" && !o.kubernetes:
+		return o, fmt.Errorf("--ca-secret is for --source kubernetes")
+	case o.caSecret != "" && o.caDir != "":
+		return o, fmt.Errorf("--ca-dir and --ca-secret both name the CA; give one")
+	case o.caSecret == "" && o.caDir == "":
+		return o, fmt.Errorf("--ca-dir (or, with --source kubernetes, --ca-secret) is required")
 	}
 	o.dnsNames = serviceNames(serviceName, trust.SystemNamespace, o.clusterDomain)
 	fs.Visit(func(f *flag.Flag) {
