@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every benchmark under bench/ (what `make bench` does after `make
-# build`). Each prints "bench: <name> <value> <unit>" lines (DESIGN §9);
+# build`). Each prints "bench: <name> <value> <unit>" lines (docs/design.md §9);
 # see bench/README.md for what they mean. About 3 minutes on 2 cores.
 #   BIN      directory of the built binaries (default bin)
 #   GO       go command (default go)

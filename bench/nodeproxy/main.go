@@ -1,5 +1,5 @@
 // Command nodeproxy benchmarks the node proxy pair on the direct path
-// (DESIGN §5.1): pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B
+// (docs/design.md §5.1): pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B
 // -> pod B, with the real binaries of a two-node local mesh, against plain
 // TCP from pod A's address straight to pod B's app in the same run. It
 // prints `bench: <name> <value> <unit>` lines:

@@ -1,4 +1,4 @@
-// Command waypoint benchmarks the waypoint (DESIGN §5.2) against nginx in
+// Command waypoint benchmarks the waypoint (docs/design.md §5.2) against nginx in
 // the same run, with the same load generator and the same backend:
 //
 //	load -> HBONE (mTLS) -> waypoint (HTTPRoute, OPA allow) -> HBONE (mTLS) -> backend

@@ -1,4 +1,4 @@
-// Command causeway-agent is the node agent of in-pod capture (DESIGN §10),
+// Command causeway-agent is the node agent of in-pod capture (docs/design.md §10),
 // a container of the node proxy's DaemonSet pod. It
 //
 //   - answers the chained CNI plugin on a unix socket: for each enrolled

@@ -1,5 +1,5 @@
 // Command controlplane watches the mesh configuration and serves it over
-// delta xDS, next to the mesh CA, on one gRPC port over TLS (DESIGN §1).
+// delta xDS, next to the mesh CA, on one gRPC port over TLS (docs/design.md §1).
 package main
 
 import (

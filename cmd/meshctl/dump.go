@@ -32,7 +32,7 @@ func init() {
 // maxDump bounds how much of a config dump is read.
 const maxDump = 64 << 20
 
-// dump is the part of /config_dump (DESIGN §8) that meshctl reads.
+// dump is the part of /config_dump (docs/design.md §8) that meshctl reads.
 type dump struct {
 	ByAddr       map[string]json.RawMessage      `json:"by_addr"`
 	ByVIP        map[string]json.RawMessage      `json:"by_vip"`
@@ -165,7 +165,7 @@ func runCertificates(args []string) error {
 	return writeCertificates(os.Stdout, d.Certificates, time.Now())
 }
 
-// writeCertificates prints the table of DESIGN §8.
+// writeCertificates prints the table of docs/design.md §8.
 func writeCertificates(w io.Writer, certs []certmanager.CertificateStatus, now time.Time) error {
 	sort.Slice(certs, func(i, j int) bool { return certs[i].Identity < certs[j].Identity })
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)

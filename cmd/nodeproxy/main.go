@@ -1,7 +1,7 @@
 // Command nodeproxy is Causeway's per-node proxy (DaemonSet): it captures
 // workload traffic, carries it over HBONE with the source workload's
 // certificate, terminates HBONE for its node's pods and enforces
-// waypoint-only ingress (DESIGN §5).
+// waypoint-only ingress (docs/design.md §5).
 package main
 
 import (

@@ -1,4 +1,4 @@
-// Command waypoint is Causeway's per-namespace L7 proxy (DESIGN §5): it
+// Command waypoint is Causeway's per-namespace L7 proxy (docs/design.md §5): it
 // terminates HBONE, routes with Gateway API semantics, authorizes every
 // request with OPA and re-tunnels to the destination node proxies.
 package main

@@ -1,6 +1,6 @@
 // Package admin serves the operator endpoints every Causeway proxy exposes:
 // the admin port (/config_dump, /logging, /debug/pprof/), readiness and
-// Prometheus metrics (DESIGN §2, §8).
+// Prometheus metrics (docs/design.md §2, §8).
 package admin
 
 import (
@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// ConfigDump is the /config_dump document (DESIGN §8). Workloads and
+// ConfigDump is the /config_dump document (docs/design.md §8). Workloads and
 // services are the proxy's current view; Certificates its certificate
 // manager's snapshot; Policies and Routes what a waypoint enforces.
 type ConfigDump struct {
@@ -63,7 +63,7 @@ func Handler(o Options) http.Handler {
 // StatusHandlers maps each address to its handler: /healthz/ready (200
 // with "ready" and what ready describes when it returns no error, 503 with
 // the reason otherwise) and the extra routes on readinessAddr, and /metrics
-// from reg on metricsAddr (DESIGN §2: 15021 and 15020). Equal addresses
+// from reg on metricsAddr (docs/design.md §2: 15021 and 15020). Equal addresses
 // share one handler, so a host short of ports can use one.
 func StatusHandlers(readinessAddr string, ready func() (string, error), extra map[string]http.Handler, metricsAddr string, reg prometheus.Gatherer) map[string]http.Handler {
 	readiness := http.NewServeMux()

@@ -61,7 +61,7 @@ func serveOps(t *testing.T, f *Flags, ready func() error) {
 	t.Cleanup(func() { cancel(); wait() })
 }
 
-// DESIGN §2: readiness on 15021 and metrics on 15020 are separate ports.
+// docs/design.md §2: readiness on 15021 and metrics on 15020 are separate ports.
 func TestReadinessAndMetricsOnTheirOwnPorts(t *testing.T) {
 	f := &Flags{Admin: freeAddr(t), Readiness: freeAddr(t), Metrics: freeAddr(t)}
 	var synced atomic.Bool

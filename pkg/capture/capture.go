@@ -12,7 +12,7 @@ import (
 	"strconv"
 )
 
-// The in-pod contract (DESIGN §2, §10) between the rules written in a pod
+// The in-pod contract (docs/design.md §2, §10) between the rules written in a pod
 // and the node proxy's listeners there.
 const (
 	OutboundPort = 15001 // redirected outbound TCP

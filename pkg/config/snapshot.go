@@ -1,7 +1,7 @@
 // Package config turns the mesh's configuration (Kubernetes objects: Pods,
 // Services, EndpointSlices, Namespaces, Gateway API waypoints and routes) into
 // the resources the control plane serves (pkg/xds/meshv1), following the rules
-// of DESIGN §6. Sources (a watched directory now, Kubernetes informers later)
+// of docs/design.md §6. Sources (a watched directory now, Kubernetes informers later)
 // produce []Object; Translate turns them into a Snapshot; a Model holds the
 // snapshot in force and answers the CA's node-authorization question.
 package config

@@ -327,7 +327,7 @@ func useWaypoint(l map[string]string, ns string) (ref *nsName, set bool) {
 	return &nsName{ns, v}, true
 }
 
-// bindWaypoint applies DESIGN §6: the most specific object that carries
+// bindWaypoint applies docs/design.md §6: the most specific object that carries
 // use-waypoint decides (objLabels before the namespace's), "none" opts out,
 // and the binding holds only if the waypoint serves that kind of traffic
 // (want: service or workload).

@@ -1,5 +1,5 @@
 // Package deployer runs waypoints for Gateways of class causeway-waypoint
-// (DESIGN §10): each becomes a ServiceAccount, a ConfigMap of the mesh roots,
+// (docs/design.md §10): each becomes a ServiceAccount, a ConfigMap of the mesh roots,
 // a Service, a PodDisruptionBudget and a Deployment rendered from a template,
 // applied with server-side apply (field manager "causeway") and owned by the
 // Gateway, so that deleting the Gateway removes them by garbage collection.

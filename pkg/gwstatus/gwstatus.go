@@ -48,7 +48,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 )
 
-// ControllerName is the waypoint GatewayClass's controller (DESIGN §10).
+// ControllerName is the waypoint GatewayClass's controller (docs/design.md §10).
 const ControllerName gwv1.GatewayController = "causeway.dev/waypoint-controller"
 
 // ConditionWaypointBound is the condition on a Service naming a waypoint.

@@ -1,5 +1,5 @@
 // Package hbone carries TCP over HBONE: HTTP/2 CONNECT over mutual TLS 1.3,
-// wire-compatible with Istio's ztunnel (DESIGN.md §4).
+// wire-compatible with Istio's ztunnel (docs/design.md §4).
 //
 // Server side: a Server accepts TLS connections (trust.ServerConfig), serves
 // HTTP/2 on each and hands every CONNECT to a Handler together with the peer

@@ -1,5 +1,5 @@
 // Package kubecontrollers runs the control plane's Kubernetes controllers
-// (DESIGN §10): every replica serves the validating admission webhook; the
+// (docs/design.md §10): every replica serves the validating admission webhook; the
 // replica holding the Lease also runs the waypoint deployer, the status
 // writer and the upkeep of the webhook configuration's CA bundle. xDS and
 // the CA are served by every replica, outside this package.

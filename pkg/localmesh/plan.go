@@ -1,5 +1,5 @@
 // Package localmesh runs a whole mesh on one machine without root or
-// Kubernetes (DESIGN §6 local mode): the control plane, a node proxy per
+// Kubernetes (docs/design.md §6 local mode): the control plane, a node proxy per
 // node, a waypoint per waypoint pod and the sample application pods, each as
 // its own process on its loopback addresses. meshctl up, meshctl demo and the
 // end-to-end tests share it.

@@ -61,7 +61,7 @@ var (
 // reservedPorts are the proxy's own ports: never valid destinations.
 var reservedPorts = map[uint16]bool{15001: true, 15006: true, 15008: true, 15080: true}
 
-// planOutbound decides where a connection to dst goes (DESIGN §5).
+// planOutbound decides where a connection to dst goes (docs/design.md §5).
 // hbonePort is the port HBONE listens on at pods.
 func (r *Registry) planOutbound(dst capture.Destination, hbonePort uint16, allowPassthrough bool) (Plan, error) {
 	port := dst.Addr.Port()

@@ -367,7 +367,7 @@ func (p *Proxy) Ready() error {
 	return nil
 }
 
-// Dump builds the /config_dump document (DESIGN §8).
+// Dump builds the /config_dump document (docs/design.md §8).
 func (p *Proxy) Dump() (*admin.ConfigDump, error) {
 	r := p.reg.Load()
 	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{},

@@ -1,5 +1,5 @@
 // Package nodeproxy is the per-node proxy: it takes captured workload
-// connections, decides where they go (DESIGN §5), carries them over HBONE,
+// connections, decides where they go (docs/design.md §5), carries them over HBONE,
 // terminates HBONE for the pods of its node and enforces waypoint-only
 // ingress.
 package nodeproxy

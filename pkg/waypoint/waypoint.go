@@ -1,7 +1,7 @@
 // Package waypoint is the per-namespace L7 proxy: it terminates HBONE,
 // treats TLS-only tunnels as unauthenticated, routes and authorizes each
 // request (pkg/l7, pkg/policy) and re-tunnels to the destination pods' node
-// proxies under its own identity (DESIGN §5 paths 2 and 3).
+// proxies under its own identity (docs/design.md §5 paths 2 and 3).
 package waypoint
 
 import (

@@ -1,5 +1,5 @@
 // Package e2e runs the real binaries as `meshctl up` does, on loopback
-// addresses of their own, and checks every traffic path of DESIGN §5 with
+// addresses of their own, and checks every traffic path of docs/design.md §5 with
 // real clients.
 package e2e
 

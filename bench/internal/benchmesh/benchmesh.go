@@ -2,7 +2,7 @@
 // bench/waypoint) share: a local mesh of the real binaries started from a
 // YAML document on loopback addresses of their own, figures read from
 // /proc for its processes, and the `bench: <name> <value> <unit>` lines of
-// DESIGN §9.
+// docs/design.md §9.
 package benchmesh
 
 import (
@@ -22,7 +22,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
 
-// Report prints one figure as DESIGN §9 wants it.
+// Report prints one figure as docs/design.md §9 wants it.
 func Report(name string, value float64, unit string) {
 	fmt.Printf("bench: %s %.3f %s\n", name, value, unit)
 }
@@ -31,7 +31,7 @@ func Report(name string, value float64, unit string) {
 type Setup struct {
 	BinDir   string            // controlplane, nodeproxy, waypoint, echo
 	WorkDir  string            // config, policies and state go below it
-	Mesh     string            // local-mode YAML (DESIGN §6)
+	Mesh     string            // local-mode YAML (docs/design.md §6)
 	Policies map[string]string // file name -> Rego, for waypoints
 	BasePort int
 	// Edit, if set, may change the plan before anything starts, for

@@ -1,4 +1,4 @@
-// Package agent is the node agent of in-pod capture (DESIGN §10). For each
+// Package agent is the node agent of in-pod capture (docs/design.md §10). For each
 // pod sandbox the CNI plugin reports, it decides whether the pod is
 // enrolled, writes the redirection rules inside the pod's network
 // namespace and hands the namespace to the node proxy; on deletion it

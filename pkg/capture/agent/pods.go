@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Labels the agent reads (DESIGN §6).
+// Labels the agent reads (docs/design.md §6).
 const (
 	LabelDataplaneMode = "causeway.dev/dataplane-mode"
 	ModeMesh           = "mesh"

@@ -14,7 +14,7 @@ const (
 	PathCheck = "/v1/cni/check"
 )
 
-// DefaultAgentSocket is where the node agent listens (DESIGN §10).
+// DefaultAgentSocket is where the node agent listens (docs/design.md §10).
 const DefaultAgentSocket = "/var/run/causeway/cni.sock"
 
 // DefaultExcludeNamespaces are never captured: kube-system, and

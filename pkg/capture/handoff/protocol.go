@@ -1,5 +1,5 @@
 // Package handoff carries pods' network namespaces from the node agent to
-// the node proxy (DESIGN §10): a unix SOCK_SEQPACKET socket on the node,
+// the node proxy (docs/design.md §10): a unix SOCK_SEQPACKET socket on the node,
 // one JSON message per packet, the namespace as an SCM_RIGHTS descriptor.
 //
 // The agent serves the socket; a node proxy connects and says hello. The

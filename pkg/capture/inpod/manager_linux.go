@@ -36,7 +36,7 @@ type Proxy interface {
 	PodGone(ips []netip.Addr)
 }
 
-// Options configure a Manager; zero values take the defaults of DESIGN §2.
+// Options configure a Manager; zero values take the defaults of docs/design.md §2.
 type Options struct {
 	OutboundPort, InboundPort, HBONEPort uint16
 	// Mark is set on every socket the proxy opens in a pod (default 0x539).

@@ -1,6 +1,6 @@
 // Package rules writes the redirection rules inside a pod's network
 // namespace that send its TCP traffic through the node proxy's in-pod
-// listeners (DESIGN §2, §10):
+// listeners (docs/design.md §2, §10):
 //
 //   - outbound TCP leaving the pod (not over loopback) is redirected to the
 //     outbound port (15001), where the original destination is read back

@@ -1,7 +1,7 @@
 // Package caserver is the mesh CA as a gRPC service, wire-compatible with
 // Istio's istio.v1.auth.IstioCertificateService, so ztunnel-style clients
 // can use it. It authenticates callers (authn), authorizes the identity they
-// ask for (node authorization, DESIGN §3) and signs their CSRs.
+// ask for (node authorization, docs/design.md §3) and signs their CSRs.
 package caserver
 
 import (

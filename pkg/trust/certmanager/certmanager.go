@@ -1,5 +1,5 @@
 // Package certmanager keeps one certificate per identity for a node proxy
-// (DESIGN §3): it fetches them from the CA with keys generated here (the
+// (docs/design.md §3): it fetches them from the CA with keys generated here (the
 // keys never leave the process), prefetches at low priority, serves
 // traffic's urgent requests first, refreshes at half the lifetime with
 // jitter, backs off per identity on errors, keeps serving a still-valid
@@ -455,7 +455,7 @@ func (m *Manager) Forget(id trust.Identity) {
 	}
 }
 
-// CertificateStatus is one identity in the admin dump (DESIGN §8).
+// CertificateStatus is one identity in the admin dump (docs/design.md §8).
 type CertificateStatus struct {
 	Identity  string            `json:"identity"`
 	State     string            `json:"state"`
