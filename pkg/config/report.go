@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -80,24 +81,25 @@ func CheckRoute(route any) []string {
 	var obj string
 	switch r := route.(type) {
 	case *gwv1.HTTPRoute:
-		c := routeCtx{origin: "admission", obj: "HTTPRoute " + r.Namespace + "/" + r.Name, ns: r.Namespace, kind: "HTTPRoute"}
-		obj = c.obj
-		t.reports.route(obj)
-		for i, rule := range r.Spec.Rules {
-			t.httpRule(c, i, rule)
-		}
+		obj = checkRules(t, "HTTPRoute", &r.ObjectMeta, r.Spec.Rules, t.httpRule)
 	case *gwv1.GRPCRoute:
-		c := routeCtx{origin: "admission", obj: "GRPCRoute " + r.Namespace + "/" + r.Name, ns: r.Namespace, kind: "GRPCRoute"}
-		obj = c.obj
-		t.reports.route(obj)
-		for i, rule := range r.Spec.Rules {
-			t.grpcRule(c, i, rule)
-		}
+		obj = checkRules(t, "GRPCRoute", &r.ObjectMeta, r.Spec.Rules, t.grpcRule)
 	default:
 		return []string{fmt.Sprintf("not a route: %T", route)}
 	}
 	rep := t.reports.Routes[obj]
 	return append(rep.Problems, rep.Unsupported...)
+}
+
+// checkRules translates a route's rules for CheckRoute and returns the
+// route's report name.
+func checkRules[GR, R any](t *translator, kind string, m *metav1.ObjectMeta, rules []GR, rule func(routeCtx, int, GR) R) string {
+	c := newRouteCtx("admission", kind, m)
+	t.reports.route(c.obj)
+	for i, r := range rules {
+		rule(c, i, r)
+	}
+	return c.obj
 }
 
 // route returns the report of the route named by a problem's object, or nil

@@ -125,6 +125,34 @@ metadata: {name: g, namespace: shop}
 spec:
   rules: [{matches: [{method: {type: Exact}}]}]
 `, want: []string{"rule 0: a method match needs service or method"}},
+		{name: "unknown match types, repeated names, misplaced filters", route: `
+kind: HTTPRoute
+metadata: {name: r, namespace: shop}
+spec:
+  rules:
+  - matches:
+    - path: {type: Glob, value: /a}
+      headers: [{name: X-A, type: Glob, value: a}, {name: x-a, type: RegularExpression, value: "["}, {name: "", value: b}]
+      queryParams: [{name: q, type: RegularExpression, value: "("}, {name: Q, type: Glob, value: c}]
+    - path: {value: /c}
+    filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}, {type: ExternalAuth}]
+    backendRefs:
+    - {name: b, port: 80, weight: -1, filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}, {type: Bogus}]}
+`, want: []string{`rule 0: unknown path match type "Glob"`, "rule 0 header x-a: unknown match type", "rule 0 header : empty name",
+			"rule 0 query q: regular expression", "rule 0 query Q: unknown match type", "rule 0: ReplacePrefixMatch needs exactly one PathPrefix match",
+			"rule 0: backend weight -1 is negative", "rule 0: unsupported filter ExternalAuth",
+			"rule 0 backend b: unsupported backend filter URLRewrite with ReplacePrefixMatch", `rule 0 backend b: unsupported filter type "Bogus"`}},
+		{name: "grpc unknown match types and filters", route: `
+kind: GRPCRoute
+metadata: {name: g, namespace: shop}
+spec:
+  rules:
+  - matches: [{method: {type: Glob, service: s}, headers: [{name: h, type: Glob, value: v}, {name: H, value: w}]}, {method: {type: RegularExpression, method: "("}}]
+    filters: [{type: URLRewrite}]
+    backendRefs: [{name: b, port: 80, filters: [{type: RequestMirror}, {type: Bogus}]}]
+`, want: []string{`rule 0: unknown method match type "Glob"`, "rule 0 header h: unknown match type", "rule 0 method: regular expression",
+			"rule 0 backend b: filter type RequestMirror needs field requestMirror", `rule 0: unsupported filter type "URLRewrite"`,
+			`rule 0 backend b: unsupported filter type "Bogus"`}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var route any = &gwv1.HTTPRoute{}

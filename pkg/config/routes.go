@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -29,6 +30,10 @@ type routeCtx struct {
 	parents               []*meshv1.ParentRef
 }
 
+func newRouteCtx(origin, kind string, m *metav1.ObjectMeta) routeCtx {
+	return routeCtx{origin: origin, obj: kind + " " + m.Namespace + "/" + m.Name, ns: m.Namespace, kind: kind}
+}
+
 // isParent reports whether the Service ns/name is one of the route's parents.
 func (c routeCtx) isParent(ns, name string) bool {
 	for _, p := range c.parents {
@@ -41,53 +46,49 @@ func (c routeCtx) isParent(ns, name string) bool {
 
 func (t *translator) translateRoutes() {
 	for _, r := range t.httpRoutes {
-		if out := t.httpRoute(r.origin, r.route); out != nil {
-			t.out.HTTPRoutes[out.Namespace+"/"+out.Name] = out
+		s := &r.route.Spec
+		if o := translateRoute(t, r.origin, "HTTPRoute", &r.route.ObjectMeta, s.ParentRefs, s.Hostnames, s.Rules, t.httpRule); o != nil {
+			t.out.HTTPRoutes[o.key()] = &meshv1.HTTPRoute{Name: o.name, Namespace: o.namespace, CreationTime: o.created, Parents: o.parents, Hostnames: o.hostnames, Rules: o.rules}
 		}
 	}
 	for _, r := range t.grpcRoutes {
-		if out := t.grpcRoute(r.origin, r.route); out != nil {
-			t.out.GRPCRoutes[out.Namespace+"/"+out.Name] = out
+		s := &r.route.Spec
+		if o := translateRoute(t, r.origin, "GRPCRoute", &r.route.ObjectMeta, s.ParentRefs, s.Hostnames, s.Rules, t.grpcRule); o != nil {
+			t.out.GRPCRoutes[o.key()] = &meshv1.GRPCRoute{Name: o.name, Namespace: o.namespace, CreationTime: o.created, Parents: o.parents, Hostnames: o.hostnames, Rules: o.rules}
 		}
 	}
 }
 
-func (t *translator) httpRoute(origin string, r *gwv1.HTTPRoute) *meshv1.HTTPRoute {
-	c := routeCtx{origin: origin, obj: "HTTPRoute " + r.Namespace + "/" + r.Name, ns: r.Namespace, kind: "HTTPRoute"}
-	parents := t.parents(c, r.Spec.ParentRefs)
-	if len(parents) == 0 {
-		return nil
-	}
-	c.parents = parents
-	out := &meshv1.HTTPRoute{
-		Name:         r.Name,
-		Namespace:    r.Namespace,
-		CreationTime: creationTime(r.CreationTimestamp.Time),
-		Parents:      parents,
-		Hostnames:    hostnames(r.Spec.Hostnames),
-	}
-	for i, rule := range r.Spec.Rules {
-		out.Rules = append(out.Rules, t.httpRule(c, i, rule))
-	}
-	return out
+// meshRoute is a translated route of either kind, with rules of type R.
+type meshRoute[R any] struct {
+	name, namespace string
+	created         *timestamppb.Timestamp
+	parents         []*meshv1.ParentRef
+	hostnames       []string
+	rules           []R
 }
 
-func (t *translator) grpcRoute(origin string, r *gwv1.GRPCRoute) *meshv1.GRPCRoute {
-	c := routeCtx{origin: origin, obj: "GRPCRoute " + r.Namespace + "/" + r.Name, ns: r.Namespace, kind: "GRPCRoute"}
-	parents := t.parents(c, r.Spec.ParentRefs)
-	if len(parents) == 0 {
+func (r *meshRoute[R]) key() string { return r.namespace + "/" + r.name }
+
+// translateRoute translates an HTTPRoute or GRPCRoute, whose rules (of type
+// GR) rule translates. It returns nil when no parent is a mesh Service: the
+// route attaches to no mesh traffic.
+func translateRoute[GR, R any](t *translator, origin, kind string, m *metav1.ObjectMeta, refs []gwv1.ParentReference, hs []gwv1.Hostname,
+	rules []GR, rule func(routeCtx, int, GR) R) *meshRoute[R] {
+	c := newRouteCtx(origin, kind, m)
+	c.parents = t.parents(c, refs)
+	if len(c.parents) == 0 {
 		return nil
 	}
-	c.parents = parents
-	out := &meshv1.GRPCRoute{
-		Name:         r.Name,
-		Namespace:    r.Namespace,
-		CreationTime: creationTime(r.CreationTimestamp.Time),
-		Parents:      parents,
-		Hostnames:    hostnames(r.Spec.Hostnames),
+	out := &meshRoute[R]{
+		name:      m.Name,
+		namespace: m.Namespace,
+		created:   creationTime(m.CreationTimestamp.Time),
+		parents:   c.parents,
+		hostnames: hostnames(hs),
 	}
-	for i, rule := range r.Spec.Rules {
-		out.Rules = append(out.Rules, t.grpcRule(c, i, rule))
+	for i, r := range rules {
+		out.rules = append(out.rules, rule(c, i, r))
 	}
 	return out
 }
@@ -153,30 +154,17 @@ func isCoreGroup(g string) bool { return g == "" || g == "core" }
 
 func (t *translator) httpRule(c routeCtx, i int, rule gwv1.HTTPRouteRule) *meshv1.HTTPRouteRule {
 	where := fmt.Sprintf("rule %d", i)
-	out := &meshv1.HTTPRouteRule{}
-	if rule.Name != nil {
-		out.Name = string(*rule.Name)
-	}
-	for _, m := range rule.Matches {
-		out.Matches = append(out.Matches, t.httpMatch(c, where, m))
-	}
-	if len(out.Matches) == 0 {
-		out.Matches = []*meshv1.HTTPRouteMatch{{Path: &meshv1.PathMatch{Type: meshv1.PathMatch_PATH_PREFIX, Value: "/"}}}
-	}
-	var unsupported []string
-	for _, f := range rule.Filters {
-		if mf, reason := t.httpFilter(c, where, f); reason != "" {
-			unsupported = append(unsupported, t.unsupported(c, where, reason))
-		} else if mf != nil {
-			if usesPrefixRewrite(mf) && !singlePrefixMatch(out.Matches) {
-				t.problem(c.origin, c.obj, "%s: ReplacePrefixMatch needs exactly one PathPrefix match", where)
-			}
-			out.Filters = append(out.Filters, mf)
+	out := &meshv1.HTTPRouteRule{Name: ruleName(rule.Name), Matches: translateMatches(c, where, rule.Matches, t.httpMatch, func() *meshv1.HTTPRouteMatch {
+		return &meshv1.HTTPRouteMatch{Path: &meshv1.PathMatch{Type: meshv1.PathMatch_PATH_PREFIX, Value: "/"}}
+	})}
+	out.Filters, out.InvalidReason = translateFilters(t, c, where, rule.Filters, t.httpFilter, func(mf *meshv1.HTTPRouteFilter) string {
+		if usesPrefixRewrite(mf) && !singlePrefixMatch(out.Matches) {
+			t.problem(c.origin, c.obj, "%s: ReplacePrefixMatch needs exactly one PathPrefix match", where)
 		}
-	}
-	out.InvalidReason = strings.Join(unsupported, "; ")
+		return ""
+	})
 	for _, b := range rule.BackendRefs {
-		out.Backends = append(out.Backends, t.httpBackend(c, where, b.BackendRef, b.Filters))
+		out.Backends = append(out.Backends, translateBackend(t, c, where, b.BackendRef, b.Filters, t.httpFilter, notOnBackends))
 	}
 	if to := rule.Timeouts; to != nil {
 		out.RequestTimeout = t.duration(c, where+" timeouts.request", to.Request)
@@ -208,6 +196,53 @@ func (t *translator) httpRule(c routeCtx, i int, rule gwv1.HTTPRouteRule) *meshv
 	return out
 }
 
+// ruleName is a rule's optional name.
+func ruleName(n *gwv1.SectionName) string {
+	if n == nil {
+		return ""
+	}
+	return string(*n)
+}
+
+// translateMatches translates a rule's matches; a rule without any matches
+// every request (all).
+func translateMatches[GM, M any](c routeCtx, where string, ms []GM, match func(routeCtx, string, GM) M, all func() M) []M {
+	out := make([]M, 0, max(len(ms), 1))
+	for _, m := range ms {
+		out = append(out, match(c, where, m))
+	}
+	if len(out) == 0 {
+		out = append(out, all())
+	}
+	return out
+}
+
+// filterFunc translates one HTTPRoute or GRPCRoute filter; see httpFilter.
+type filterFunc[F any] func(c routeCtx, where string, f F) (*meshv1.HTTPRouteFilter, string)
+
+// translateFilters translates the filters of a rule or of one of its
+// backends. check, when given, sees each translated filter and says why it
+// cannot stand here ("": it can). What the mesh cannot carry out is reported
+// and joined into the reason that marks the rule or backend invalid
+// (requests get 500, as the spec requires).
+func translateFilters[F any](t *translator, c routeCtx, where string, fs []F, filter filterFunc[F],
+	check func(*meshv1.HTTPRouteFilter) string) ([]*meshv1.HTTPRouteFilter, string) {
+	var out []*meshv1.HTTPRouteFilter
+	var unsupported []string
+	for _, f := range fs {
+		mf, reason := filter(c, where, f)
+		if reason == "" && mf != nil && check != nil {
+			reason = check(mf)
+		}
+		if reason != "" {
+			unsupported = append(unsupported, t.unsupported(c, where, reason))
+		} else if mf != nil {
+			out = append(out, mf)
+		}
+	}
+	return out, strings.Join(unsupported, "; ")
+}
+
 func usesPrefixRewrite(f *meshv1.HTTPRouteFilter) bool {
 	if rw := f.GetUrlRewrite(); rw != nil && rw.GetPath() != nil && rw.GetPath().GetType() == meshv1.PathModifier_REPLACE_PREFIX_MATCH {
 		return true
@@ -225,18 +260,7 @@ func singlePrefixMatch(ms []*meshv1.HTTPRouteMatch) bool {
 func (t *translator) httpMatch(c routeCtx, where string, m gwv1.HTTPRouteMatch) *meshv1.HTTPRouteMatch {
 	out := &meshv1.HTTPRouteMatch{Path: &meshv1.PathMatch{Type: meshv1.PathMatch_PATH_PREFIX, Value: "/"}}
 	if p := m.Path; p != nil {
-		if p.Type != nil {
-			switch *p.Type {
-			case gwv1.PathMatchPathPrefix:
-				out.Path.Type = meshv1.PathMatch_PATH_PREFIX
-			case gwv1.PathMatchExact:
-				out.Path.Type = meshv1.PathMatch_EXACT
-			case gwv1.PathMatchRegularExpression:
-				out.Path.Type = meshv1.PathMatch_REGULAR_EXPRESSION
-			default:
-				t.problem(c.origin, c.obj, "%s: unknown path match type %q", where, *p.Type)
-			}
-		}
+		out.Path.Type = matchType(t, c, where, "path", p.Type, pathMatchTypes)
 		if p.Value != nil {
 			out.Path.Value = *p.Value
 		}
@@ -254,45 +278,71 @@ func (t *translator) httpMatch(c routeCtx, where string, m gwv1.HTTPRouteMatch) 
 			}
 		}
 	}
-	seen := map[string]bool{}
-	for _, h := range m.Headers {
-		name := strings.ToLower(string(h.Name))
-		if seen[name] {
-			continue // the spec: only the first entry with an equivalent name counts
-		}
-		seen[name] = true
-		out.Headers = append(out.Headers, t.stringMatch(c, where+" header "+name, name, h.Value,
-			h.Type != nil && *h.Type == gwv1.HeaderMatchRegularExpression, h.Type != nil && *h.Type != gwv1.HeaderMatchExact && *h.Type != gwv1.HeaderMatchRegularExpression))
-	}
-	seenQ := map[string]bool{}
-	for _, q := range m.QueryParams {
-		name := string(q.Name) // query parameter names are case-sensitive
-		if seenQ[name] {
-			continue
-		}
-		seenQ[name] = true
-		out.QueryParams = append(out.QueryParams, t.stringMatch(c, where+" query "+name, name, q.Value,
-			q.Type != nil && *q.Type == gwv1.QueryParamMatchRegularExpression, q.Type != nil && *q.Type != gwv1.QueryParamMatchExact && *q.Type != gwv1.QueryParamMatchRegularExpression))
-	}
+	out.Headers = stringMatches(t, c, where+" header", m.Headers, func(h gwv1.HTTPHeaderMatch) (string, string, *gwv1.HeaderMatchType) {
+		return strings.ToLower(string(h.Name)), h.Value, h.Type
+	}, gwv1.HeaderMatchExact, gwv1.HeaderMatchRegularExpression)
+	out.QueryParams = stringMatches(t, c, where+" query", m.QueryParams, func(q gwv1.HTTPQueryParamMatch) (string, string, *gwv1.QueryParamMatchType) {
+		return string(q.Name), q.Value, q.Type // query parameter names are case-sensitive
+	}, gwv1.QueryParamMatchExact, gwv1.QueryParamMatchRegularExpression)
 	if m.Method != nil {
 		out.Method = string(*m.Method)
 	}
 	return out
 }
 
-func (t *translator) stringMatch(c routeCtx, where, name, value string, regex, unknown bool) *meshv1.StringMatch {
-	if unknown {
-		t.problem(c.origin, c.obj, "%s: unknown match type", where)
+// stringMatches translates header or query parameter matches; entry gives
+// a match's name as compared (header names fold case), value and type (nil:
+// Exact). Of entries with equal names only the first counts, as the spec
+// says.
+func stringMatches[M any, T comparable](t *translator, c routeCtx, where string, ms []M, entry func(M) (string, string, *T), exact, regex T) []*meshv1.StringMatch {
+	var out []*meshv1.StringMatch
+	seen := map[string]bool{}
+	for _, m := range ms {
+		name, value, typ := entry(m)
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		where := where + " " + name
+		if typ != nil && *typ != exact && *typ != regex {
+			t.problem(c.origin, c.obj, "%s: unknown match type", where)
+		}
+		if name == "" {
+			t.problem(c.origin, c.obj, "%s: empty name", where)
+		}
+		sm := &meshv1.StringMatch{Type: meshv1.StringMatch_EXACT, Name: name, Value: value}
+		if typ != nil && *typ == regex {
+			sm.Type = meshv1.StringMatch_REGULAR_EXPRESSION
+			t.checkRegex(c, where, value)
+		}
+		out = append(out, sm)
 	}
-	if name == "" {
-		t.problem(c.origin, c.obj, "%s: empty name", where)
+	return out
+}
+
+var (
+	pathMatchTypes = map[gwv1.PathMatchType]meshv1.PathMatch_Type{
+		gwv1.PathMatchPathPrefix:        meshv1.PathMatch_PATH_PREFIX,
+		gwv1.PathMatchExact:             meshv1.PathMatch_EXACT,
+		gwv1.PathMatchRegularExpression: meshv1.PathMatch_REGULAR_EXPRESSION,
 	}
-	sm := &meshv1.StringMatch{Type: meshv1.StringMatch_EXACT, Name: name, Value: value}
-	if regex {
-		sm.Type = meshv1.StringMatch_REGULAR_EXPRESSION
-		t.checkRegex(c, where, value)
+	methodMatchTypes = map[gwv1.GRPCMethodMatchType]meshv1.GRPCMethodMatch_Type{
+		gwv1.GRPCMethodMatchExact:             meshv1.GRPCMethodMatch_EXACT,
+		gwv1.GRPCMethodMatchRegularExpression: meshv1.GRPCMethodMatch_REGULAR_EXPRESSION,
 	}
-	return sm
+)
+
+// matchType maps a path or method match type to meshv1's; nil, or a type
+// this mesh does not know (reported), is the spec's default, the zero value.
+func matchType[G ~string, M comparable](t *translator, c routeCtx, where, what string, g *G, types map[G]M) M {
+	var m M
+	if g != nil {
+		var ok bool
+		if m, ok = types[*g]; !ok {
+			t.problem(c.origin, c.obj, "%s: unknown %s match type %q", where, what, *g)
+		}
+	}
+	return m
 }
 
 func (t *translator) checkRegex(c routeCtx, where, re string) {
@@ -468,7 +518,10 @@ func (t *translator) mirror(c routeCtx, where string, m *gwv1.HTTPRequestMirrorF
 	return &meshv1.HTTPRouteFilter{Filter: &meshv1.HTTPRouteFilter_RequestMirror{RequestMirror: out}}
 }
 
-func (t *translator) httpBackend(c routeCtx, where string, b gwv1.BackendRef, filters []gwv1.HTTPRouteFilter) *meshv1.HTTPBackendRef {
+// translateBackend translates one backendRef of a rule with its filters
+// (see translateFilters).
+func translateBackend[F any](t *translator, c routeCtx, where string, b gwv1.BackendRef, fs []F, filter filterFunc[F],
+	check func(*meshv1.HTTPRouteFilter) string) *meshv1.HTTPBackendRef {
 	out := &meshv1.HTTPBackendRef{Backend: t.backendRef(c, b.BackendObjectReference), Weight: 1}
 	if b.Weight != nil {
 		if *b.Weight < 0 {
@@ -477,34 +530,24 @@ func (t *translator) httpBackend(c routeCtx, where string, b gwv1.BackendRef, fi
 			out.Weight = uint32(*b.Weight)
 		}
 	}
-	var unsupported []string
-	for _, f := range filters {
-		bwhere := where + " backend " + string(b.Name)
-		if mf, reason := t.httpFilter(c, bwhere, f); reason != "" {
-			unsupported = append(unsupported, t.unsupported(c, bwhere, reason))
-		} else if mf != nil {
-			if mf.GetRequestRedirect() != nil || usesPrefixRewrite(mf) {
-				// Backend-level redirects and prefix rewrites have no match to act on.
-				unsupported = append(unsupported, t.unsupported(c, bwhere, "unsupported backend filter "+filterName(mf)))
-				continue
-			}
-			out.Filters = append(out.Filters, mf)
-		}
-	}
-	if len(unsupported) > 0 && out.Backend.InvalidReason == "" {
-		out.Backend.InvalidReason = strings.Join(unsupported, "; ")
+	var invalid string
+	out.Filters, invalid = translateFilters(t, c, where+" backend "+string(b.Name), fs, filter, check)
+	if invalid != "" && out.Backend.InvalidReason == "" {
+		out.Backend.InvalidReason = invalid
 	}
 	return out
 }
 
-func filterName(f *meshv1.HTTPRouteFilter) string {
+// notOnBackends refuses the filters that have no match to act on at the
+// level of a backend: redirects and prefix rewrites.
+func notOnBackends(f *meshv1.HTTPRouteFilter) string {
 	switch {
 	case f.GetRequestRedirect() != nil:
-		return "RequestRedirect"
-	case f.GetUrlRewrite() != nil:
-		return "URLRewrite with ReplacePrefixMatch"
+		return "unsupported backend filter RequestRedirect"
+	case usesPrefixRewrite(f):
+		return "unsupported backend filter URLRewrite with ReplacePrefixMatch"
 	}
-	return "?"
+	return ""
 }
 
 // backendRef resolves a reference to a Service port. What cannot be served
@@ -597,77 +640,37 @@ var gatewayDuration = regexp.MustCompile(`^([0-9]{1,5}(h|m|s|ms)){1,4}$`)
 
 func (t *translator) grpcRule(c routeCtx, i int, rule gwv1.GRPCRouteRule) *meshv1.GRPCRouteRule {
 	where := fmt.Sprintf("rule %d", i)
-	out := &meshv1.GRPCRouteRule{}
-	if rule.Name != nil {
-		out.Name = string(*rule.Name)
-	}
-	for _, m := range rule.Matches {
-		gm := &meshv1.GRPCRouteMatch{}
-		if mm := m.Method; mm != nil {
-			gm.Method = &meshv1.GRPCMethodMatch{Type: meshv1.GRPCMethodMatch_EXACT}
-			if mm.Type != nil {
-				switch *mm.Type {
-				case gwv1.GRPCMethodMatchExact:
-				case gwv1.GRPCMethodMatchRegularExpression:
-					gm.Method.Type = meshv1.GRPCMethodMatch_REGULAR_EXPRESSION
-				default:
-					t.problem(c.origin, c.obj, "%s: unknown method match type %q", where, *mm.Type)
-				}
-			}
-			if mm.Service != nil {
-				gm.Method.Service = *mm.Service
-			}
-			if mm.Method != nil {
-				gm.Method.Method = *mm.Method
-			}
-			if gm.Method.Service == "" && gm.Method.Method == "" {
-				t.problem(c.origin, c.obj, "%s: a method match needs service or method", where)
-			}
-			if gm.Method.Type == meshv1.GRPCMethodMatch_REGULAR_EXPRESSION {
-				t.checkRegex(c, where+" service", gm.Method.Service)
-				t.checkRegex(c, where+" method", gm.Method.Method)
-			}
-		}
-		seen := map[string]bool{}
-		for _, h := range m.Headers {
-			name := strings.ToLower(string(h.Name))
-			if seen[name] {
-				continue
-			}
-			seen[name] = true
-			gm.Headers = append(gm.Headers, t.stringMatch(c, where+" header "+name, name, h.Value,
-				h.Type != nil && *h.Type == gwv1.GRPCHeaderMatchRegularExpression, h.Type != nil && *h.Type != gwv1.GRPCHeaderMatchExact && *h.Type != gwv1.GRPCHeaderMatchRegularExpression))
-		}
-		out.Matches = append(out.Matches, gm)
-	}
-	if len(out.Matches) == 0 {
-		out.Matches = []*meshv1.GRPCRouteMatch{{}} // matches every request
-	}
-	var unsupported []string
-	for _, f := range rule.Filters {
-		if mf, reason := t.grpcFilter(c, where, f); reason != "" {
-			unsupported = append(unsupported, t.unsupported(c, where, reason))
-		} else if mf != nil {
-			out.Filters = append(out.Filters, mf)
-		}
-	}
-	out.InvalidReason = strings.Join(unsupported, "; ")
+	out := &meshv1.GRPCRouteRule{Name: ruleName(rule.Name), Matches: translateMatches(c, where, rule.Matches, t.grpcMatch, func() *meshv1.GRPCRouteMatch {
+		return &meshv1.GRPCRouteMatch{} // matches every request
+	})}
+	out.Filters, out.InvalidReason = translateFilters(t, c, where, rule.Filters, t.grpcFilter, nil)
 	for _, b := range rule.BackendRefs {
-		hb := t.httpBackend(c, where, b.BackendRef, nil)
-		var bad []string
-		for _, f := range b.Filters {
-			bwhere := where + " backend " + string(b.Name)
-			if mf, reason := t.grpcFilter(c, bwhere, f); reason != "" {
-				bad = append(bad, t.unsupported(c, bwhere, reason))
-			} else if mf != nil {
-				hb.Filters = append(hb.Filters, mf)
-			}
-		}
-		if len(bad) > 0 && hb.Backend.InvalidReason == "" {
-			hb.Backend.InvalidReason = strings.Join(bad, "; ")
-		}
-		out.Backends = append(out.Backends, hb)
+		out.Backends = append(out.Backends, translateBackend(t, c, where, b.BackendRef, b.Filters, t.grpcFilter, nil))
 	}
+	return out
+}
+
+func (t *translator) grpcMatch(c routeCtx, where string, m gwv1.GRPCRouteMatch) *meshv1.GRPCRouteMatch {
+	out := &meshv1.GRPCRouteMatch{}
+	if mm := m.Method; mm != nil {
+		out.Method = &meshv1.GRPCMethodMatch{Type: matchType(t, c, where, "method", mm.Type, methodMatchTypes)}
+		if mm.Service != nil {
+			out.Method.Service = *mm.Service
+		}
+		if mm.Method != nil {
+			out.Method.Method = *mm.Method
+		}
+		if out.Method.Service == "" && out.Method.Method == "" {
+			t.problem(c.origin, c.obj, "%s: a method match needs service or method", where)
+		}
+		if out.Method.Type == meshv1.GRPCMethodMatch_REGULAR_EXPRESSION {
+			t.checkRegex(c, where+" service", out.Method.Service)
+			t.checkRegex(c, where+" method", out.Method.Method)
+		}
+	}
+	out.Headers = stringMatches(t, c, where+" header", m.Headers, func(h gwv1.GRPCHeaderMatch) (string, string, *gwv1.GRPCHeaderMatchType) {
+		return strings.ToLower(string(h.Name)), h.Value, h.Type
+	}, gwv1.GRPCHeaderMatchExact, gwv1.GRPCHeaderMatchRegularExpression)
 	return out
 }
 
