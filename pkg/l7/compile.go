@@ -207,19 +207,25 @@ const defaultRetryBackoff = 25 * time.Millisecond
 // sent nothing to the backend, so one more endpoint is tried.
 var defaultRetry = retryPolicy{retries: 1, connectOnly: true, backoff: 0}
 
-type httpEntry struct {
+// matcher is a compiled match of either route kind (httpMatch, grpcMatch).
+type matcher[M any] interface {
+	*M
+	matches(v *reqView) bool
+	compare(o *M) int // precedence: -1 when the receiver comes first
+}
+
+// entry is one match of a rule, as a route table holds it.
+type entry[M any] struct {
 	route    *routeMeta
 	rule     *rule
-	match    httpMatch
+	match    M
 	matchIdx int
 }
 
-type grpcEntry struct {
-	route    *routeMeta
-	rule     *rule
-	match    grpcMatch
-	matchIdx int
-}
+type (
+	httpEntry = entry[httpMatch]
+	grpcEntry = entry[grpcMatch]
+)
 
 // routeTable is the compiled routing of one service port, for every caller
 // or (consumer set) for the callers of one namespace.
@@ -275,8 +281,8 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 	}
 
 	attached := make(map[consumerKey]*attachments) // ns "": producer routes
-	attach(c, attached, routes, c.compileHTTPRoute, func(a *attachments, cr *compiledHTTPRoute) { a.http = append(a.http, cr) })
-	attach(c, attached, grpcRoutes, c.compileGRPCRoute, func(a *attachments, cr *compiledGRPCRoute) { a.grpc = append(a.grpc, cr) })
+	attach(c, attached, routes, c.compileHTTPRoute, func(a *attachments, cr *compiledRoute[httpMatch]) { a.http = append(a.http, cr) })
+	attach(c, attached, grpcRoutes, c.compileGRPCRoute, func(a *attachments, cr *compiledRoute[grpcMatch]) { a.grpc = append(a.grpc, cr) })
 
 	for ref, si := range c.services {
 		for port, sp := range si.ports {
@@ -365,8 +371,8 @@ func (c *Config) addService(s *meshv1.Service) {
 }
 
 type attachments struct {
-	http []*compiledHTTPRoute
-	grpc []*compiledGRPCRoute
+	http []*compiledRoute[httpMatch]
+	grpc []*compiledRoute[grpcMatch]
 }
 
 // route is what attach needs of an HTTPRoute or GRPCRoute.
@@ -381,18 +387,18 @@ type route interface {
 // attach compiles routes in name order and adds each to the tables of the
 // service ports it attaches to: the producer table of a service in the
 // route's namespace, the consumer table of the route's namespace otherwise.
-func attach[R route, C interface{ routeMeta() *routeMeta }](c *Config, attached map[consumerKey]*attachments, routes []R,
-	compile func(R) C, add func(*attachments, C)) {
+func attach[R route, M any](c *Config, attached map[consumerKey]*attachments, routes []R,
+	compile func(R) *compiledRoute[M], add func(*attachments, *compiledRoute[M])) {
 	sorted := slices.Clone(routes)
 	slices.SortFunc(sorted, func(a, b R) int {
 		return cmp.Compare(a.GetNamespace()+"/"+a.GetName(), b.GetNamespace()+"/"+b.GetName())
 	})
 	for _, r := range sorted {
 		cr := compile(r)
-		meta := cr.routeMeta() // nil: the route could not be compiled
-		if meta == nil {
-			continue
+		if cr == nil {
+			continue // the route could not be compiled
 		}
+		meta := cr.meta
 		for _, k := range c.parentTables(meta, r.GetParents()) {
 			ck := consumerKey{tableKey: k}
 			if k.svc.Namespace != meta.namespace {
@@ -454,28 +460,10 @@ func (c *Config) parentTables(meta *routeMeta, parents []*meshv1.ParentRef) []ta
 	return slices.Compact(out)
 }
 
-type compiledHTTPRoute struct {
+// compiledRoute is a route's rules, one entry a match.
+type compiledRoute[M any] struct {
 	meta    *routeMeta
-	entries []*httpEntry
-}
-
-type compiledGRPCRoute struct {
-	meta    *routeMeta
-	entries []*grpcEntry
-}
-
-func (r *compiledHTTPRoute) routeMeta() *routeMeta {
-	if r == nil {
-		return nil
-	}
-	return r.meta
-}
-
-func (r *compiledGRPCRoute) routeMeta() *routeMeta {
-	if r == nil {
-		return nil
-	}
-	return r.meta
+	entries []*entry[M]
 }
 
 func newRouteMeta(c *Config, kind string, r route) (*routeMeta, bool) {
@@ -518,57 +506,61 @@ func compileMatches[P any, M any](c *Config, meta *routeMeta, i int, pms []P, co
 	return matches
 }
 
-func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledHTTPRoute {
-	meta, ok := newRouteMeta(c, "HTTPRoute", r)
+// ruleProto is what compileRoute reads of an HTTPRoute or GRPCRoute rule
+// whose matches are of type PM.
+type ruleProto[PM any] interface {
+	GetName() string
+	GetMatches() []PM
+	GetInvalidReason() string
+	GetFilters() []*meshv1.HTTPRouteFilter
+	GetBackends() []*meshv1.HTTPBackendRef
+}
+
+// compileRoute compiles the rules of a route of either kind: compile
+// compiles a match (all: a rule without any), kindRule sets what only the
+// route's kind has on a rule before its filters and backends compile.
+func compileRoute[PR ruleProto[PM], PM, M any](c *Config, kind string, r route, rules []PR,
+	compile func(PM) (M, error), all M, kindRule func(ru *rule, pr PR, matches []M)) *compiledRoute[M] {
+	meta, ok := newRouteMeta(c, kind, r)
 	if !ok {
 		return nil
 	}
-	cr := &compiledHTTPRoute{meta: meta}
-	for i, pr := range r.GetRules() {
-		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry}
-		matches := compileMatches(c, meta, i, pr.GetMatches(), compileHTTPMatch, httpMatch{path: defaultPathMatch})
+	cr := &compiledRoute[M]{meta: meta}
+	for i, pr := range rules {
+		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry, invalid: pr.GetInvalidReason()}
+		matches := compileMatches(c, meta, i, pr.GetMatches(), compile, all)
+		kindRule(ru, pr, matches)
+		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends())
+		if len(matches) == 0 {
+			c.problem("%s %s rule %d: no usable match; rule ignored", kind, meta, i)
+			continue
+		}
+		for j, m := range matches {
+			cr.entries = append(cr.entries, &entry[M]{route: meta, rule: ru, match: m, matchIdx: j})
+		}
+	}
+	return cr
+}
+
+func (c *Config) compileHTTPRoute(r *meshv1.HTTPRoute) *compiledRoute[httpMatch] {
+	return compileRoute(c, "HTTPRoute", r, r.GetRules(), compileHTTPMatch, httpMatch{path: defaultPathMatch}, func(ru *rule, pr *meshv1.HTTPRouteRule, matches []httpMatch) {
 		if len(pr.GetMatches()) == 0 || len(pr.GetMatches()) == 1 && len(matches) == 1 && matches[0].path.kind == pathPrefix {
 			ru.prefix, ru.hasPrefix = matches[0].path.value, true
 		}
-		ru.invalid = pr.GetInvalidReason()
-		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends(), false)
+		meta, i := ru.route, ru.index
 		ru.requestTimeout = c.duration(meta, i, "request timeout", pr.GetRequestTimeout().AsDuration(), pr.GetRequestTimeout() != nil)
 		ru.requestTimeoutSet = pr.GetRequestTimeout() != nil
 		ru.backendTimeout = c.duration(meta, i, "backendRequest timeout", pr.GetBackendRequestTimeout().AsDuration(), pr.GetBackendRequestTimeout() != nil)
 		if rt := pr.GetRetry(); rt != nil {
 			ru.retry = compileRetry(rt)
 		}
-		if len(matches) == 0 {
-			c.problem("HTTPRoute %s rule %d: no usable match; rule ignored", meta, i)
-			continue
-		}
-		for j, m := range matches {
-			cr.entries = append(cr.entries, &httpEntry{route: meta, rule: ru, match: m, matchIdx: j})
-		}
-	}
-	return cr
+	})
 }
 
-func (c *Config) compileGRPCRoute(r *meshv1.GRPCRoute) *compiledGRPCRoute {
-	meta, ok := newRouteMeta(c, "GRPCRoute", r)
-	if !ok {
-		return nil
-	}
-	cr := &compiledGRPCRoute{meta: meta}
-	for i, pr := range r.GetRules() {
-		ru := &rule{route: meta, index: i, name: pr.GetName(), retry: defaultRetry, grpc: true}
-		matches := compileMatches(c, meta, i, pr.GetMatches(), compileGRPCMatch, grpcMatch{})
-		ru.invalid = pr.GetInvalidReason()
-		c.compileRuleAction(ru, meta, pr.GetFilters(), pr.GetBackends(), true)
-		if len(matches) == 0 {
-			c.problem("GRPCRoute %s rule %d: no usable match; rule ignored", meta, i)
-			continue
-		}
-		for j, m := range matches {
-			cr.entries = append(cr.entries, &grpcEntry{route: meta, rule: ru, match: m, matchIdx: j})
-		}
-	}
-	return cr
+func (c *Config) compileGRPCRoute(r *meshv1.GRPCRoute) *compiledRoute[grpcMatch] {
+	return compileRoute(c, "GRPCRoute", r, r.GetRules(), compileGRPCMatch, grpcMatch{}, func(ru *rule, _ *meshv1.GRPCRouteRule, _ []grpcMatch) {
+		ru.grpc = true
+	})
 }
 
 func (c *Config) duration(meta *routeMeta, rule int, what string, d time.Duration, set bool) time.Duration {
@@ -602,15 +594,15 @@ func compileRetry(rt *meshv1.HTTPRouteRetry) retryPolicy {
 
 // compileRuleAction compiles a rule's filters and backends. A rule that
 // cannot be carried out as written is marked invalid (500), never trimmed.
-func (c *Config) compileRuleAction(ru *rule, meta *routeMeta, filters []*meshv1.HTTPRouteFilter, backends []*meshv1.HTTPBackendRef, grpc bool) {
+func (c *Config) compileRuleAction(ru *rule, meta *routeMeta, filters []*meshv1.HTTPRouteFilter, backends []*meshv1.HTTPBackendRef) {
 	var err error
-	if ru.filters, err = c.compileFilters(filters, ru, meta, grpc); err != nil && ru.invalid == "" {
+	if ru.filters, err = c.compileFilters(filters, ru, meta, ru.grpc); err != nil && ru.invalid == "" {
 		ru.invalid = err.Error()
 	}
 	for _, hb := range backends {
 		b := c.resolveBackend(hb.GetBackend(), meta.namespace)
 		b.weight = hb.GetWeight()
-		if b.filters, err = c.compileFilters(hb.GetFilters(), ru, meta, grpc); err != nil && b.invalid == "" {
+		if b.filters, err = c.compileFilters(hb.GetFilters(), ru, meta, ru.grpc); err != nil && b.invalid == "" {
 			b.invalid = err.Error()
 		}
 		ru.backends = append(ru.backends, b)
@@ -665,8 +657,8 @@ func (c *Config) buildTable(t *routeTable, a *attachments) {
 	// only the older (then alphabetically first) is accepted.
 	type candidate struct {
 		meta *routeMeta
-		h    *compiledHTTPRoute
-		g    *compiledGRPCRoute
+		h    *compiledRoute[httpMatch]
+		g    *compiledRoute[grpcMatch]
 	}
 	var all []candidate
 	for _, r := range a.http {
@@ -704,12 +696,15 @@ func (c *Config) buildTable(t *routeTable, a *attachments) {
 			t.grpc = append(t.grpc, r.g.entries...)
 		}
 	}
-	slices.SortStableFunc(t.http, func(x, y *httpEntry) int {
-		return cmp.Or(x.match.compare(&y.match), x.route.compareAge(y.route),
-			cmp.Compare(x.rule.index, y.rule.index), cmp.Compare(x.matchIdx, y.matchIdx))
-	})
-	slices.SortStableFunc(t.grpc, func(x, y *grpcEntry) int {
-		return cmp.Or(x.match.compare(&y.match), x.route.compareAge(y.route),
+	sortEntries(t.http)
+	sortEntries(t.grpc)
+}
+
+// sortEntries orders a table's entries by match precedence, then the
+// cross-route tie-breakers, then rule and match order.
+func sortEntries[M any, PM matcher[M]](es []*entry[M]) {
+	slices.SortStableFunc(es, func(x, y *entry[M]) int {
+		return cmp.Or(PM(&x.match).compare(&y.match), x.route.compareAge(y.route),
 			cmp.Compare(x.rule.index, y.rule.index), cmp.Compare(x.matchIdx, y.matchIdx))
 	})
 }
@@ -730,36 +725,36 @@ func (t *routeTable) route(v *reqView) *rule {
 	if t.implicit != nil {
 		return t.implicit
 	}
-	var best *rule
-	var bestScore hostScore
+	// Two loops rather than one generic scan: a match called through a
+	// type parameter is an indirect call, and v would escape to the heap.
+	var b bestRule
 	if v.grpc {
 		for _, e := range t.grpc {
-			s, ok := e.route.hosts.score(v.host)
-			if !ok || best != nil && !s.better(bestScore) {
-				continue
-			}
-			if e.match.matches(v) {
-				best, bestScore = e.rule, s
-				if !t.hostnames {
-					return best
+			if s, ok := e.route.hosts.score(v.host); ok && b.beaten(s) && e.match.matches(v) {
+				if b.rule, b.score = e.rule, s; !t.hostnames {
+					return b.rule // no route names hostnames: the first match wins
 				}
 			}
 		}
 	}
 	for _, e := range t.http {
-		s, ok := e.route.hosts.score(v.host)
-		if !ok || best != nil && !s.better(bestScore) {
-			continue
-		}
-		if e.match.matches(v) {
-			best, bestScore = e.rule, s
-			if !t.hostnames {
-				return best
+		if s, ok := e.route.hosts.score(v.host); ok && b.beaten(s) && e.match.matches(v) {
+			if b.rule, b.score = e.rule, s; !t.hostnames {
+				return b.rule
 			}
 		}
 	}
-	return best
+	return b.rule
 }
+
+// bestRule is the best rule a route scan has found, with its host's score.
+type bestRule struct {
+	rule  *rule
+	score hostScore
+}
+
+// beaten reports whether a rule whose host scores s would beat the best so far.
+func (b *bestRule) beaten(s hostScore) bool { return b.rule == nil || s.better(b.score) }
 
 // wrr is smooth weighted round robin (as nginx does it): over any window of
 // sum(weights) picks, each backend gets exactly its share, interleaved.
