@@ -207,11 +207,13 @@ func (w *Writer) Sync(ctx context.Context) error {
 	}
 	hrs, _ := w.httpRoutes.List(labels.Everything())
 	for _, r := range hrs {
-		errs = append(errs, w.syncHTTPRoute(ctx, r, rep))
+		errs = append(errs, syncRoute(ctx, w, rep, "HTTPRoute", r, r.Spec.ParentRefs,
+			func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus }, w.opts.Gateways.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus))
 	}
 	grs, _ := w.grpcRoutes.List(labels.Everything())
 	for _, r := range grs {
-		errs = append(errs, w.syncGRPCRoute(ctx, r, rep))
+		errs = append(errs, syncRoute(ctx, w, rep, "GRPCRoute", r, r.Spec.ParentRefs,
+			func(r *gwv1.GRPCRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus }, w.opts.Gateways.GatewayV1().GRPCRoutes(r.Namespace).UpdateStatus))
 	}
 	svcs, _ := w.services.List(labels.Everything())
 	for _, s := range svcs {
@@ -388,25 +390,22 @@ func (w *Writer) addresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress {
 	return out
 }
 
-func (w *Writer) syncHTTPRoute(ctx context.Context, r *gwv1.HTTPRoute, rep *config.Reports) error {
-	parents, changed := w.routeParents(r.Status.Parents, r.Spec.ParentRefs, rep.Routes["HTTPRoute "+r.Namespace+"/"+r.Name], r.Generation)
+// syncRoute writes the status.parents of an HTTPRoute or GRPCRoute when
+// they changed: status finds a route's RouteStatus, update is the kind's
+// UpdateStatus.
+func syncRoute[R any, PR interface {
+	*R
+	metav1.Object
+	DeepCopy() *R
+}](ctx context.Context, w *Writer, rep *config.Reports, kind string, r PR, refs []gwv1.ParentReference,
+	status func(PR) *gwv1.RouteStatus, update func(context.Context, PR, metav1.UpdateOptions) (PR, error)) error {
+	parents, changed := w.routeParents(status(r).Parents, refs, rep.Routes[kind+" "+r.GetNamespace()+"/"+r.GetName()], r.GetGeneration())
 	if !changed {
 		return nil
 	}
-	cp := r.DeepCopy()
-	cp.Status.Parents = parents
-	_, err := w.opts.Gateways.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
-	return ignoreGone(err)
-}
-
-func (w *Writer) syncGRPCRoute(ctx context.Context, r *gwv1.GRPCRoute, rep *config.Reports) error {
-	parents, changed := w.routeParents(r.Status.Parents, r.Spec.ParentRefs, rep.Routes["GRPCRoute "+r.Namespace+"/"+r.Name], r.Generation)
-	if !changed {
-		return nil
-	}
-	cp := r.DeepCopy()
-	cp.Status.Parents = parents
-	_, err := w.opts.Gateways.GatewayV1().GRPCRoutes(r.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	cp := PR(r.DeepCopy())
+	status(cp).Parents = parents
+	_, err := update(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
 	return ignoreGone(err)
 }
 

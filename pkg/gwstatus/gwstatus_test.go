@@ -102,6 +102,10 @@ func (f *fixture) create(doc string) {
 		var o gwv1.HTTPRoute
 		f.decode(doc, &o)
 		_, err = f.gw.GatewayV1().HTTPRoutes(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
+	case "GRPCRoute":
+		var o gwv1.GRPCRoute
+		f.decode(doc, &o)
+		_, err = f.gw.GatewayV1().GRPCRoutes(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
 	case "ReferenceGrant":
 		var o gwv1.ReferenceGrant
 		f.decode(doc, &o)
@@ -185,10 +189,12 @@ func is(c *metav1.Condition, status metav1.ConditionStatus, reason string) bool 
 	return c != nil && c.Status == status && c.Reason == reason
 }
 
-func ourParent(r *gwv1.HTTPRoute) *gwv1.RouteParentStatus {
-	for i := range r.Status.Parents {
-		if r.Status.Parents[i].ControllerName == ControllerName {
-			return &r.Status.Parents[i]
+func ourParent(r *gwv1.HTTPRoute) *gwv1.RouteParentStatus { return ours(r.Status.Parents) }
+
+func ours(ps []gwv1.RouteParentStatus) *gwv1.RouteParentStatus {
+	for i := range ps {
+		if ps[i].ControllerName == ControllerName {
+			return &ps[i]
 		}
 	}
 	return nil
@@ -329,6 +335,24 @@ spec:
 		}
 		a := cond(p.Conditions, "Accepted")
 		return is(a, metav1.ConditionFalse, "UnsupportedValue") && strings.Contains(a.Message, "unsupported filter ExtensionRef"), nil
+	})
+
+	// A GRPCRoute's status, through the same path.
+	f.create(`
+kind: GRPCRoute
+metadata: {name: g1, namespace: st-rt}
+spec:
+  parentRefs: [{group: "", kind: Service, name: v2, port: 80}]
+  rules: [{backendRefs: [{name: absent, port: 80}]}]
+`)
+	f.waitFor("g1: accepted, its backend not found", func() (bool, error) {
+		g, err := f.gw.GatewayV1().GRPCRoutes("st-rt").Get(f.ctx, "g1", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		p := ours(g.Status.Parents)
+		return p != nil && is(cond(p.Conditions, "Accepted"), metav1.ConditionTrue, "Accepted") &&
+			is(cond(p.Conditions, "ResolvedRefs"), metav1.ConditionFalse, "BackendNotFound"), nil
 	})
 
 	// Services naming a waypoint.
