@@ -206,16 +206,30 @@ func (m *pathMod) rewritten(p, rulePrefix string) string {
 	return replacePrefix(p, rulePrefix, m.value)
 }
 
-type redirectSpec struct {
-	scheme   string
+// hostPath is what redirects and rewrites both replace: the hostname
+// ("": kept) and the path (nil: kept).
+type hostPath struct {
 	hostname string
-	port     uint32
 	path     *pathMod
-	status   int
+}
+
+func compileHostPath(hostname string, p *meshv1.PathModifier, ru *rule) (hostPath, error) {
+	if err := checkHostname(hostname); err != nil {
+		return hostPath{}, err
+	}
+	pm, err := compilePathMod(p, ru)
+	return hostPath{hostname: hostname, path: pm}, err
+}
+
+type redirectSpec struct {
+	hostPath
+	scheme string
+	port   uint32
+	status int
 }
 
 func compileRedirect(r *meshv1.RequestRedirect, ru *rule) (*redirectSpec, error) {
-	s := &redirectSpec{scheme: strings.ToLower(r.GetScheme()), hostname: r.GetHostname(), port: r.GetPort(), status: int(r.GetStatusCode())}
+	s := &redirectSpec{scheme: strings.ToLower(r.GetScheme()), port: r.GetPort(), status: int(r.GetStatusCode())}
 	switch s.scheme {
 	case "", "http", "https":
 	default:
@@ -231,11 +245,8 @@ func compileRedirect(r *meshv1.RequestRedirect, ru *rule) (*redirectSpec, error)
 	if s.port > 65535 {
 		return nil, fmt.Errorf("port %d out of range", s.port)
 	}
-	if err := checkHostname(s.hostname); err != nil {
-		return nil, err
-	}
 	var err error
-	if s.path, err = compilePathMod(r.GetPath(), ru); err != nil {
+	if s.hostPath, err = compileHostPath(r.GetHostname(), r.GetPath(), ru); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -300,21 +311,14 @@ func hostWithoutPort(h string) string {
 	return strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")
 }
 
-type rewriteSpec struct {
-	hostname string
-	path     *pathMod
-}
+type rewriteSpec struct{ hostPath }
 
 func compileRewrite(r *meshv1.URLRewrite, ru *rule) (*rewriteSpec, error) {
-	s := &rewriteSpec{hostname: r.GetHostname()}
-	if err := checkHostname(s.hostname); err != nil {
+	hp, err := compileHostPath(r.GetHostname(), r.GetPath(), ru)
+	if err != nil {
 		return nil, err
 	}
-	var err error
-	if s.path, err = compilePathMod(r.GetPath(), ru); err != nil {
-		return nil, err
-	}
-	return s, nil
+	return &rewriteSpec{hp}, nil
 }
 
 // ---- mirror ----
