@@ -1,8 +1,9 @@
 // Package kubecontrollers runs the control plane's Kubernetes controllers
 // (docs/design.md §10): every replica serves the validating admission webhook; the
 // replica holding the Lease also runs the waypoint deployer, the status
-// writer and the upkeep of the webhook configuration's CA bundle. xDS and
-// the CA are served by every replica, outside this package.
+// writer, the upkeep of the webhook configuration's CA bundle and of the
+// waypoint GatewayClass. xDS and the CA are served by every replica,
+// outside this package.
 package kubecontrollers
 
 import (
@@ -26,6 +27,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
@@ -284,6 +287,7 @@ func (kc *Controllers) lead(ctx context.Context) {
 	if kc.opts.WebhookConfiguration != "" {
 		run("webhook configuration upkeep", kc.keepCABundle)
 	}
+	run("gatewayclass upkeep", kc.keepGatewayClass)
 	wg.Wait()
 }
 
@@ -304,6 +308,41 @@ func (kc *Controllers) rotateWebhookCert(ctx context.Context) {
 				return
 			case <-time.After(time.Minute):
 			}
+		}
+	}
+}
+
+// classCheck is how often the leader makes sure the waypoint GatewayClass
+// exists.
+const classCheck = 30 * time.Second
+
+// keepGatewayClass creates the GatewayClass causeway-waypoint when it is
+// missing, as istiod does for its classes: the manifests cannot carry it,
+// since one `kubectl apply -k` of a CRD and an object of its kind fails on
+// a fresh cluster (the kind is not served yet when the object is sent). A
+// class that exists is left as it is, even with another controller: it is
+// the operator's.
+func (kc *Controllers) keepGatewayClass(ctx context.Context) error {
+	classes := kc.gw.GatewayV1().GatewayClasses()
+	for {
+		_, err := classes.Get(ctx, config.WaypointClass, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = classes.Create(ctx, &gwv1.GatewayClass{
+				ObjectMeta: metav1.ObjectMeta{Name: config.WaypointClass, Labels: map[string]string{"app.kubernetes.io/managed-by": "causeway"}},
+				Spec: gwv1.GatewayClassSpec{ControllerName: gwstatus.ControllerName,
+					Description: ptr.To("Causeway waypoints: per-namespace L7 proxies for the mesh")},
+			}, metav1.CreateOptions{FieldManager: deployer.FieldManager})
+			if err == nil {
+				kc.log.Info("waypoint GatewayClass created", zap.String("gatewayclass", config.WaypointClass))
+			}
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			kc.log.Warn("waypoint GatewayClass not ensured", zap.String("gatewayclass", config.WaypointClass), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(classCheck):
 		}
 	}
 }

@@ -3,6 +3,7 @@ package kubecontrollers
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/admission"
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/deployer"
+	"github.com/causeway-mesh/causeway/pkg/gwstatus"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 	"github.com/causeway-mesh/causeway/pkg/leader"
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -134,6 +136,20 @@ func TestKubeControllers(t *testing.T) {
 		}
 		c := meta.FindStatusCondition(g.Status.Conditions, "Accepted")
 		return c != nil && c.Status == metav1.ConditionTrue, nil
+	})
+	wait("the leader creates the waypoint GatewayClass, which the status writer accepts", func() (bool, error) {
+		c, err := gw.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if c.Spec.ControllerName != gwstatus.ControllerName {
+			return false, fmt.Errorf("GatewayClass %s has controller %q", c.Name, c.Spec.ControllerName)
+		}
+		a := meta.FindStatusCondition(c.Status.Conditions, "Accepted")
+		return a != nil && a.Status == metav1.ConditionTrue, nil
 	})
 	if err := kc.Healthy(); err != nil {
 		t.Errorf("healthy: %v", err)
