@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"sync"
@@ -145,8 +146,10 @@ func (d *Deployer) Run(ctx context.Context) error {
 		AddFunc: d.enqueueGateway,
 		UpdateFunc: func(old, cur any) {
 			o, c := old.(*gwv1.Gateway), cur.(*gwv1.Gateway)
-			if o.Generation != c.Generation || o.UID != c.UID {
-				d.enqueueGateway(cur) // status writes alone change nothing here
+			// Status writes alone change nothing here; annotations (the
+			// policy source) do, without a new generation.
+			if o.Generation != c.Generation || o.UID != c.UID || !maps.Equal(o.Annotations, c.Annotations) {
+				d.enqueueGateway(cur)
 			}
 		},
 		DeleteFunc: d.enqueueGateway,

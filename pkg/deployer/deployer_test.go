@@ -172,6 +172,34 @@ func TestDeployerCreatesUpdatesAndCollects(t *testing.T) {
 		return err == nil && len(s.Spec.Ports) == 1 && s.Spec.Ports[0].Port == 15009, err
 	})
 
+	// A changed policy annotation (no new generation) reaches the pods,
+	// once the port change has settled (its own re-applies would carry it).
+	f.waitFor("the pods on the new port", func() (bool, error) {
+		d, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		return err == nil && d.Spec.Template.Spec.Containers[0].Ports[0].ContainerPort == 15009, err
+	})
+	time.Sleep(time.Second)
+	cur, err = f.gw.GatewayV1().Gateways(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Annotations = map[string]string{AnnotationPolicyConfigMap: "shop-rego"}
+	if _, err := f.gw.GatewayV1().Gateways(f.ns).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the policies from the annotation's ConfigMap", func() (bool, error) {
+		d, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "waypoint", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.Name == "policies" && v.ConfigMap != nil && v.ConfigMap.Name == "shop-rego" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+
 	// Changed values (new roots) reach the ConfigMap.
 	f.values.set(func(v *Values) { v.RootCert = "NEW ROOTS" })
 	f.waitFor("the new roots", func() (bool, error) {

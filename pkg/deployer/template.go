@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 	"text/template"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
@@ -46,6 +48,66 @@ type templateData struct {
 	Values
 	Name, Namespace string
 	HBONEPort       int32
+	Policy          PolicySource
+}
+
+// Annotations of a waypoint Gateway naming its policy source.
+const (
+	// AnnotationPolicyConfigMap names a ConfigMap of Rego files (and data
+	// files) in the Gateway's namespace, mounted as the policy directory
+	// (default "<gateway>-policies").
+	AnnotationPolicyConfigMap = "causeway.dev/policy-configmap"
+	// AnnotationPolicyGitURL names an https Git repository of policies the
+	// waypoint fetches itself; the ref, sub-directory and a Secret holding
+	// a token (key "token") go in the annotations after it.
+	AnnotationPolicyGitURL    = "causeway.dev/policy-git-url"
+	AnnotationPolicyGitRef    = "causeway.dev/policy-git-ref"
+	AnnotationPolicyGitDir    = "causeway.dev/policy-git-dir"
+	AnnotationPolicyGitSecret = "causeway.dev/policy-git-secret"
+)
+
+// PolicySource is where a waypoint's policies come from: a ConfigMap, or
+// a Git repository when GitURL is set. Either way the waypoint denies every
+// request until it has compiled a policy (its pods do not start while the
+// ConfigMap is missing, and are not ready before the first fetch).
+type PolicySource struct {
+	ConfigMap                         string
+	GitURL, GitRef, GitDir, GitSecret string
+}
+
+// policySource reads a Gateway's policy annotations.
+func policySource(gw *gwv1.Gateway) (PolicySource, error) {
+	a := gw.Annotations
+	p := PolicySource{ConfigMap: a[AnnotationPolicyConfigMap], GitURL: a[AnnotationPolicyGitURL],
+		GitRef: a[AnnotationPolicyGitRef], GitDir: a[AnnotationPolicyGitDir], GitSecret: a[AnnotationPolicyGitSecret]}
+	if p.GitURL == "" {
+		for _, k := range []string{AnnotationPolicyGitRef, AnnotationPolicyGitDir, AnnotationPolicyGitSecret} {
+			if _, ok := a[k]; ok {
+				return p, fmt.Errorf("annotation %s needs %s", k, AnnotationPolicyGitURL)
+			}
+		}
+		if p.ConfigMap == "" {
+			p.ConfigMap = gw.Name + "-policies"
+		}
+		if errs := validation.IsDNS1123Subdomain(p.ConfigMap); len(errs) > 0 {
+			return p, fmt.Errorf("annotation %s: %q is not a ConfigMap name: %s", AnnotationPolicyConfigMap, p.ConfigMap, strings.Join(errs, "; "))
+		}
+		return p, nil
+	}
+	if p.ConfigMap != "" {
+		return p, fmt.Errorf("annotations %s and %s name two policy sources: give one", AnnotationPolicyConfigMap, AnnotationPolicyGitURL)
+	}
+	// ssh needs host keys and a private key the default template has no
+	// place for; an operator's own template can pass them.
+	if u, err := url.Parse(p.GitURL); err != nil || u.Scheme != "https" || u.Host == "" {
+		return p, fmt.Errorf("annotation %s: %q is not an https:// URL", AnnotationPolicyGitURL, p.GitURL)
+	}
+	if p.GitSecret != "" {
+		if errs := validation.IsDNS1123Subdomain(p.GitSecret); len(errs) > 0 {
+			return p, fmt.Errorf("annotation %s: %q is not a Secret name: %s", AnnotationPolicyGitSecret, p.GitSecret, strings.Join(errs, "; "))
+		}
+	}
+	return p, nil
 }
 
 // Template renders a waypoint's objects. It is immutable once built.
@@ -142,6 +204,10 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 	if err != nil {
 		return nil, err
 	}
+	policy, err := policySource(gw)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+	}
 	if v.ImagePullPolicy == "" {
 		v.ImagePullPolicy = "IfNotPresent"
 	}
@@ -149,7 +215,7 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 		v.Replicas = 2
 	}
 	var out bytes.Buffer
-	if err := t.tmpl.Execute(&out, templateData{Values: v, Name: gw.Name, Namespace: gw.Namespace, HBONEPort: port}); err != nil {
+	if err := t.tmpl.Execute(&out, templateData{Values: v, Name: gw.Name, Namespace: gw.Namespace, HBONEPort: port, Policy: policy}); err != nil {
 		return nil, fmt.Errorf("waypoint template: %w", err)
 	}
 	owner := metav1ac.OwnerReference().

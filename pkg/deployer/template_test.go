@@ -83,6 +83,42 @@ func TestDefaultTemplateGolden(t *testing.T) {
 	golden(t, "port-replicas.golden.yaml", renderYAML(t, DefaultTemplate(), gw, v))
 }
 
+// The Gateway's annotations choose the policy source: a ConfigMap of its
+// choosing, or a Git repository with a token from a Secret.
+func TestTemplatePolicySource(t *testing.T) {
+	gw := testGateway()
+	gw.Annotations = map[string]string{AnnotationPolicyConfigMap: "shop-rego"}
+	children, err := DefaultTemplate().Render(gw, testValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := children[len(children)-1].Apply.(*appsv1ac.DeploymentApplyConfiguration).Spec.Template.Spec
+	if got := *spec.Volumes[len(spec.Volumes)-1].ConfigMap.Name; got != "shop-rego" {
+		t.Fatalf("policies volume from ConfigMap %q, want shop-rego", got)
+	}
+
+	gw.Annotations = map[string]string{AnnotationPolicyGitURL: "https://git.example/policies.git",
+		AnnotationPolicyGitRef: "main", AnnotationPolicyGitDir: "shop", AnnotationPolicyGitSecret: "git-token"}
+	golden(t, "git.golden.yaml", renderYAML(t, DefaultTemplate(), gw, testValues()))
+
+	for _, c := range []struct {
+		annotations map[string]string
+		want        string
+	}{
+		{map[string]string{AnnotationPolicyConfigMap: "a", AnnotationPolicyGitURL: "https://git.example/p.git"}, "two policy sources"},
+		{map[string]string{AnnotationPolicyGitRef: "main"}, "needs " + AnnotationPolicyGitURL},
+		{map[string]string{AnnotationPolicyGitURL: "ssh://git@git.example/p.git"}, "not an https:// URL"},
+		{map[string]string{AnnotationPolicyGitURL: "/srv/policies"}, "not an https:// URL"},
+		{map[string]string{AnnotationPolicyConfigMap: "Not_A_Name"}, "not a ConfigMap name"},
+		{map[string]string{AnnotationPolicyGitURL: "https://git.example/p.git", AnnotationPolicyGitSecret: "a b"}, "not a Secret name"},
+	} {
+		gw.Annotations = c.annotations
+		if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("annotations %v: got %v, want an error mentioning %q", c.annotations, err, c.want)
+		}
+	}
+}
+
 func TestTemplateFromFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tmpl.yaml")
 	text := `
