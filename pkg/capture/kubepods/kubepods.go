@@ -198,8 +198,8 @@ func (c *Cluster) Running(context.Context) ([]agent.RunningPod, error) {
 	var idx podns.Index
 	var out []agent.RunningPod
 	for _, p := range pods {
-		ap, ok := c.candidate(p)
-		if enrolled, _ := agent.Enrolled(ap); !ok || !enrolled {
+		ap, ok, _ := c.candidate(p)
+		if enrolled, _ := agent.Enrolled(ap); !ok || !enrolled || len(p.Status.PodIPs) == 0 {
 			continue
 		}
 		if idx == nil {
@@ -218,20 +218,21 @@ func (c *Cluster) Running(context.Context) ([]agent.RunningPod, error) {
 }
 
 // candidate is the agent's view of a pod that can be captured: sandboxed
-// with its own network (an IP, not the host's), not finished, not in an
-// excluded namespace. (A terminating pod is one: an agent restarting
-// while it drains keeps it captured.)
-func (c *Cluster) candidate(p *corev1.Pod) (agent.Pod, bool) {
-	if p.Spec.HostNetwork || len(p.Status.PodIPs) == 0 ||
-		p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+// with its own network (not the host's), not finished, not in an excluded
+// namespace. (A terminating pod is one: an agent restarting while it
+// drains keeps it captured.) known is false while the informers have not
+// seen the pod's namespace: the pod is then neither captured nor released
+// (the namespace's arrival enqueues it again). The pod may have no IP yet.
+func (c *Cluster) candidate(p *corev1.Pod) (ap agent.Pod, ok, known bool) {
+	if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
 		slices.Contains(c.o.ExcludeNamespaces, p.Namespace) {
-		return agent.Pod{}, false
+		return agent.Pod{}, false, true
 	}
 	ns, err := c.namespaces.Get(p.Namespace)
 	if err != nil {
-		return agent.Pod{}, false
+		return agent.Pod{}, false, false
 	}
-	return agentPod(p, ns), true
+	return agentPod(p, ns), true, true
 }
 
 func running(ap agent.Pod, p *corev1.Pod, idx podns.Index) (agent.RunningPod, error) {

@@ -172,7 +172,7 @@ func TestRunningAndWatch(t *testing.T) {
 	namespace(t, c, "enrolled", mesh)
 	namespace(t, c, "later", nil)
 	pEarly := pod(t, c, "enrolled", "early", "node-a", early.IP4, nil)
-	pod(t, c, "enrolled", "pending", "node-a", netip.Addr{}, nil)
+	pPending := pod(t, c, "enrolled", "pending", "node-a", netip.Addr{}, nil)
 	pod(t, c, "enrolled", "remote", "node-b", late.IP4, nil)
 	pod(t, c, "enrolled", "hostnet", "node-a", early.IP4, nil, func(s *corev1.PodSpec) { s.HostNetwork = true })
 	pLate := pod(t, c, "later", "late", "node-a", late.IP4, nil)
@@ -197,6 +197,10 @@ func TestRunningAndWatch(t *testing.T) {
 	for _, r := range running {
 		capt.CapturePod(r)
 	}
+	// The plugin captures a pod in its sandbox's ADD, before the kubelet
+	// posts its IPs: the watch must not take it for un-enrolled.
+	pending := string(pPending.UID)
+	capt.CapturePod(agent.RunningPod{Pod: agent.Pod{UID: pending, Namespace: "enrolled", Name: "pending"}, Netns: paths[0]})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go cl.Watch(ctx, capt)
@@ -257,7 +261,10 @@ func TestRunningAndWatch(t *testing.T) {
 	if !capt.Captured(string(pEarly.UID)) {
 		t.Error("the watch released the pod captured at start")
 	}
-	if len(capt.captured) != 1 {
+	if !capt.Captured(pending) {
+		t.Error("the watch released the pod the plugin captured before its IPs were posted")
+	}
+	if len(capt.captured) != 2 {
 		t.Errorf("captured %v", capt.captured)
 	}
 }

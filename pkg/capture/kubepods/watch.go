@@ -74,11 +74,17 @@ func (c *Cluster) reconcile(ref podRef, to Capturer) error {
 	if err != nil {
 		return err
 	}
-	ap, ok := c.candidate(p)
+	ap, ok, known := c.candidate(p)
+	if !known {
+		return nil
+	}
 	enrolled, _ := agent.Enrolled(ap)
 	captured := to.Captured(ref.UID)
 	switch {
 	case ok && enrolled && !captured && p.DeletionTimestamp == nil:
+		if len(p.Status.PodIPs) == 0 {
+			return nil // its status update with the IPs enqueues it again
+		}
 		idx, err := podns.Scan(c.o.NetnsDir)
 		if err != nil {
 			return err
@@ -89,7 +95,10 @@ func (c *Cluster) reconcile(ref podRef, to Capturer) error {
 		}
 		return to.CapturePod(r)
 	case captured && !(ok && enrolled) && p.DeletionTimestamp == nil:
-		// Un-enrolled (a terminating pod keeps its capture until it is gone).
+		// Un-enrolled (a terminating pod keeps its capture until it is
+		// gone). A pod the plugin captured before the kubelet posted its
+		// IPs is not un-enrolled: judging it by its missing IPs released
+		// it while its containers started.
 		c.log.Info("pod no longer enrolled", zap.String("pod", p.Namespace+"/"+p.Name))
 		return to.Release(ref.UID)
 	}
