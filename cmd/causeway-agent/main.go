@@ -12,13 +12,13 @@
 //     DaemonSet's init container, `causeway-cni install`).
 //
 // Uninstall rule: on SIGTERM the plugin's configuration and binary are
-// removed, and every pod released, only when the agent's DaemonSet is
-// gone or being deleted. A restart, an upgrade or a deleted pod leaves them
+// removed, and every pod released, only when the agent's DaemonSet, or its
+// namespace, is gone or being deleted. A restart, an upgrade or a deleted pod leaves them
 // in place: enrolled pods created meanwhile wait for the next agent (the
 // plugin fails their sandbox and kubelet retries) instead of starting
 // uncaptured. When the API server cannot say (it is unreachable, or the
 // agent's RBAC went first in a `kubectl delete -k`), the last state the
-// agent's watch of its DaemonSet saw decides.
+// agent's watches of its DaemonSet and namespace saw decides.
 package main
 
 import (

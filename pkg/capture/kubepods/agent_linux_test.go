@@ -210,4 +210,26 @@ func TestAgentOnANode(t *testing.T) {
 	if rulesIn(early) || rulesIn(late) || proxy.Has(earlyUID) || proxy.Has(lateUID) {
 		t.Error("uninstall left pods captured")
 	}
+
+	// `kubectl delete -k` deletes the namespace first, and the namespace
+	// controller may stop the pod while the DaemonSet still stands (this
+	// API server runs no controllers: the namespace stays terminating and
+	// the DaemonSet untouched).
+	fatal(t)(c.AppsV1().DaemonSets("causeway-system").Create(ctx, &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "causeway-nodeproxy"},
+		Spec: appsv1.DaemonSetSpec{Selector: &metav1.LabelSelector{MatchLabels: sel}, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "agent"}}}}},
+	}, metav1.CreateOptions{}))
+	os.WriteFile(filepath.Join(n.binDir, cniinstall.PluginType), []byte("plugin"), 0o755)
+	stop = n.start(t)
+	waitFor(t, "the chained configuration again", func() bool { return exists(ours) })
+	if err := c.CoreV1().Namespaces().Delete(ctx, "causeway-system", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if log := stop(); !strings.Contains(log, "uninstalling: the DaemonSet's namespace") {
+		t.Errorf("the agent did not uninstall with its namespace deleted:\n%s", log)
+	}
+	if exists(ours) || exists(filepath.Join(n.binDir, cniinstall.PluginType)) {
+		t.Error("uninstall with the namespace deleted left the configuration or the binary")
+	}
 }
