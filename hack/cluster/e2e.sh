@@ -21,6 +21,11 @@ else
   "$HERE/up.sh"
 fi
 "$HERE/images.sh" all
+# The upgrade test rolls the node proxy to "another" image: the same one
+# under a second tag.
+UPGRADE_IMAGE=causeway.dev/nodeproxy:e2e-upgrade
+ctr_k8s images tag --force causeway.dev/nodeproxy:dev "$UPGRADE_IMAGE" >/dev/null
 cd "$HERE/../.."
 CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl \
-  go test -count=1 -timeout 10m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...
+  CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \
+  go test -count=1 -timeout 15m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...

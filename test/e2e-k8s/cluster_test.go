@@ -136,11 +136,23 @@ func kubectlExec(ns, pod, container string, argv ...string) (string, error) {
 
 // echoAnswer is the part of cmd/echo's JSON answer the tests look at.
 type echoAnswer struct {
-	Path      string `json:"path"`
-	Host      string `json:"host"`
-	Pod       string `json:"pod"`
-	Namespace string `json:"namespace"`
-	Remote    string `json:"remote"`
+	Path      string              `json:"path"`
+	Host      string              `json:"host"`
+	Headers   map[string][]string `json:"headers"`
+	Pod       string              `json:"pod"`
+	Namespace string              `json:"namespace"`
+	Remote    string              `json:"remote"`
+}
+
+// runKubectl runs kubectl against the cluster under test (bounded by ctx)
+// and returns its combined output.
+func runKubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
 }
 
 // fetchFrom GETs each URL from inside the pod with `echo fetch` and returns

@@ -1,0 +1,540 @@
+package e2ek8s
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
+)
+
+// The install as README "On Kubernetes" tells a user to run it, its sample
+// and the mesh's behaviour on the real cluster, in one install reused by
+// every step (the steps depend on each other; a failed step ends the test,
+// and the install is removed either way).
+const (
+	systemNS   = "causeway-system"
+	trustDom   = "cluster.local"
+	nodeProxy  = "causeway-nodeproxy"
+	nodeName   = "causeway-node"
+	principalH = "X-Causeway-Source-Principal"
+	// Where the node's container runtime reads CNI configurations and
+	// plugins (hack/cluster/containerd.toml).
+	cniConfDir = "/etc/cni/net.d"
+	cniBinDir  = "/opt/cni/bin"
+)
+
+var repoRoot = filepath.Join("..", "..")
+
+func TestInstall(t *testing.T) {
+	requireCluster(t)
+	ctx := context.Background()
+	step := func(name string, f func(t *testing.T)) {
+		t.Helper()
+		if !t.Run(name, f) {
+			t.FailNow()
+		}
+	}
+	kc := func(t *testing.T, bound time.Duration, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		out, err := runKubectl(ctx, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	manifests := filepath.Join(repoRoot, "manifests")
+	overlay := filepath.Join(manifests, "overlays", "local-images")
+	sample := filepath.Join(repoRoot, "examples", "kubernetes", "local-images")
+
+	uninstalled := false
+	uninstall := func(t *testing.T) {
+		// The sample first (its pods are released while the agent runs),
+		// then the mesh; --wait: the objects are gone when it returns.
+		kc(t, 3*time.Minute, "delete", "-k", sample, "--ignore-not-found", "--wait=true")
+		kc(t, 3*time.Minute, "delete", "-k", overlay, "--ignore-not-found", "--wait=true")
+		uninstalled = true
+	}
+	t.Cleanup(func() {
+		if !uninstalled {
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+			defer cancel()
+			runKubectl(ctx, "delete", "-k", sample, "--ignore-not-found", "--wait=true")
+			runKubectl(ctx, "delete", "-k", overlay, "--ignore-not-found", "--wait=true")
+		}
+	})
+
+	// The real API server's validation, admission and the CRDs' schemas
+	// accept every object (a dry run creates nothing, so the CRDs and the
+	// namespace are created for real first).
+	step("server-side dry run", func(t *testing.T) {
+		kc(t, time.Minute, "apply", "--server-side", "-k", filepath.Join(manifests, "crds"))
+		kc(t, time.Minute, "apply", "--server-side", "-f", filepath.Join(manifests, "core", "namespace.yaml"))
+		kc(t, time.Minute, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+		kc(t, time.Minute, "apply", "--server-side", "--dry-run=server", "-k", overlay)
+	})
+
+	step("install", func(t *testing.T) {
+		kc(t, 2*time.Minute, "apply", "--server-side", "-k", overlay)
+		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
+		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
+		// The leader made the GatewayClass, and accepted it.
+		kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
+		for _, f := range []string{filepath.Join(cniConfDir, "05-causeway.conflist"), filepath.Join(cniBinDir, "causeway-cni")} {
+			if _, err := os.Stat(f); err != nil {
+				t.Errorf("the node proxy's installer left no %s on the node: %v", f, err)
+			}
+		}
+	})
+
+	var pods map[string]corev1.Pod // the sample's, by app label
+	step("sample", func(t *testing.T) {
+		kc(t, 2*time.Minute, "apply", "-k", sample)
+		// README: the policy is the shop's Rego of examples/local.
+		kc(t, time.Minute, "-n", "shop", "create", "configmap", "waypoint-policies",
+			"--from-file="+filepath.Join(repoRoot, "examples", "local", "policies"))
+		pods = map[string]corev1.Pod{}
+		for ns, apps := range map[string][]string{"web": {"frontend", "admin"}, "shop": {"reviews", "ratings"}, "outside": {"outsider"}} {
+			for _, app := range apps {
+				n := 1
+				if app == "reviews" {
+					n = 2
+				}
+				ps := readyPods(t, ns, "app="+app, n)
+				pods[app] = ps[0]
+			}
+		}
+		readyPods(t, "shop", "gateway.networking.k8s.io/gateway-name=waypoint", 2)
+		kc(t, 2*time.Minute, "-n", "shop", "wait", "--for=condition=Programmed", "--timeout=120s", "gateway/waypoint")
+	})
+
+	// The control plane's CA issued the node proxy the certificates of its
+	// node's workloads, and the waypoints their own, each caller
+	// authenticated by the token of its projected volume (the log names
+	// the caller's identity and node from the TokenReview).
+	step("certificates from projected tokens", func(t *testing.T) {
+		want := map[string]string{
+			"spiffe://cluster.local/ns/web/sa/frontend":    "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy",
+			"spiffe://cluster.local/ns/shop/sa/reviews":    "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy",
+			"spiffe://cluster.local/ns/shop/sa/waypoint":   "spiffe://cluster.local/ns/shop/sa/waypoint",
+			"spiffe://cluster.local/ns/outside/sa/default": "", // not enrolled: never asked for
+		}
+		eventually(t, time.Minute, "certificates issued", func() error {
+			issued, err := issuedCertificates(ctx)
+			if err != nil {
+				return err
+			}
+			for id, caller := range want {
+				got, ok := issued[id]
+				switch {
+				case caller == "" && ok:
+					return fmt.Errorf("%s was issued a certificate (caller %s) though it is outside the mesh", id, got.Caller)
+				case caller != "" && !ok:
+					return fmt.Errorf("no certificate issued for %s; issued: %v", id, issued)
+				case caller != "" && (got.Caller != caller || got.Node != nodeName):
+					return fmt.Errorf("%s issued to caller %s on node %q, want %s on %s", id, got.Caller, got.Node, caller, nodeName)
+				}
+			}
+			return nil
+		})
+	})
+
+	t.Run("traffic through the waypoint", func(t *testing.T) {
+		path := "/e2e-" + randomHex()
+		a := fetchOK(t, "web", pods["frontend"].Name, "http://reviews.shop"+path)
+		if !strings.HasPrefix(a.Pod, "reviews-") || a.Headers[principalH] == nil || a.Headers[principalH][0] != "spiffe://cluster.local/ns/web/sa/frontend" {
+			t.Fatalf("answer from %s with %s %v, want a reviews pod told the frontend's identity", a.Pod, principalH, a.Headers[principalH])
+		}
+		// The waypoint's access log names the caller's identity.
+		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+			return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
+		})
+	})
+
+	t.Run("outside the mesh: hairpinned, unauthenticated", func(t *testing.T) {
+		// To the Service and straight to a pod: the destination's node
+		// proxy sends both through the waypoint with no identity, which
+		// the policy denies but for /public.
+		target := "http://" + net.JoinHostPort(pods["reviews"].Status.PodIP, "8080")
+		for _, base := range []string{"http://reviews.shop", target} {
+			denied := "/e2e-" + randomHex()
+			expectDenied(t, "outside", pods["outsider"].Name, base+denied, "unauthenticated callers may only read /public")
+			a := fetchOK(t, "outside", pods["outsider"].Name, base+"/public/"+randomHex())
+			if p := a.Headers[principalH]; p != nil {
+				t.Errorf("%s: an unauthenticated caller reached the app as %v", base, p)
+			}
+			eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+				return waypointLogged(ctx, denied, "unauthenticated", 403)
+			})
+		}
+	})
+
+	// A namespace labelled after its pod started: the running pod is
+	// captured without a restart and speaks with its own identity (which
+	// the policy does not allow: an authenticated denial).
+	t.Run("late enrollment", func(t *testing.T) {
+		ns := newNamespace(t, "e2e-late")
+		client, err := startEcho(ctx, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectDenied(t, ns, client.Name, "http://reviews.shop/e2e-"+randomHex(), "unauthenticated callers may only read /public")
+		kc(t, time.Minute, "label", "namespace", ns, "causeway.dev/dataplane-mode=mesh")
+		eventually(t, time.Minute, "the labelled namespace's pod captured", func() error {
+			return denied(ns, client.Name, "http://reviews.shop/e2e-"+randomHex(), "no rule allows this request")
+		})
+		a := fetchOK(t, ns, client.Name, "http://reviews.shop/public/"+randomHex())
+		if want := "spiffe://cluster.local/ns/" + ns + "/sa/default"; a.Headers[principalH] == nil || a.Headers[principalH][0] != want {
+			t.Errorf("%s %v, want %s", principalH, a.Headers[principalH], want)
+		}
+		p, err := clientPod(ctx, ns, client.Name)
+		if err != nil || p.UID != client.UID || p.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Errorf("the pod was restarted or replaced: %v", err)
+		}
+	})
+
+	// The CA takes a node proxy's token (read from its projected volume on
+	// the node) for identities with a pod on its node, and refuses it for
+	// one whose only pod is bound to another node.
+	t.Run("CA node authorization", func(t *testing.T) {
+		kubeletDir := os.Getenv("CAUSEWAY_E2E_KUBELET_DIR")
+		if kubeletDir == "" {
+			t.Skip("CAUSEWAY_E2E_KUBELET_DIR is not set (make e2e-k8s sets it): the node proxy's projected token is read from the kubelet's pod directory")
+		}
+		np := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		token := filepath.Join(kubeletDir, "pods", string(np.UID), "volumes", "kubernetes.io~projected", "token", "token")
+		ca, err := caClient(ctx, caclient.TokenFromFile(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ca.Close()
+
+		ns := newNamespace(t, "e2e-offnode")
+		if _, err := client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "away"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Bound to a node that does not exist: never scheduled, never run;
+		// its status says Running so only the node tells it apart.
+		away, err := client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "away"},
+			Spec: corev1.PodSpec{NodeName: "elsewhere", ServiceAccountName: "away",
+				Containers: []corev1.Container{{Name: "app", Image: echoImage, ImagePullPolicy: corev1.PullNever}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		away.Status.Phase = corev1.PodRunning
+		away.Status.PodIP, away.Status.PodIPs = "10.244.0.250", []corev1.PodIP{{IP: "10.244.0.250"}}
+		if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, away, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+
+		fetch := func(ns, sa string) error {
+			id, err := trust.NewIdentity(trustDom, ns, sa)
+			if err != nil {
+				return err
+			}
+			_, csr, err := trust.NewKeyAndCSR(id)
+			if err != nil {
+				return err
+			}
+			fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			_, err = ca.Fetch(fctx, id, csr, time.Hour)
+			return err
+		}
+		if err := fetch("web", "frontend"); err != nil {
+			t.Fatalf("the node proxy's own token for a workload on its node: %v", err)
+		}
+		err = fetch(ns, "away")
+		want := fmt.Sprintf("no workload with identity spiffe://cluster.local/ns/%s/sa/away on node %s", ns, nodeName)
+		if err == nil || !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), want) {
+			t.Fatalf("the node proxy's token for a workload on another node: %v, want PermissionDenied: %s", err, want)
+		}
+	})
+
+	// Captured pods keep their rules while the node proxy pod is replaced;
+	// the new one gets their namespaces replayed and serves them again.
+	t.Run("node proxy pod deleted", func(t *testing.T) {
+		old := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		if err := client.CoreV1().Pods(systemNS).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 2*time.Minute, "a new node proxy pod ready", func() error {
+			return newReadyNodeProxy(ctx, old.UID)
+		})
+		expectCaptured(t, pods["frontend"])
+	})
+
+	t.Run("upgrade", func(t *testing.T) {
+		image := os.Getenv("CAUSEWAY_E2E_UPGRADE_IMAGE")
+		if image == "" {
+			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
+		}
+		old := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		kc(t, time.Minute, "-n", systemNS, "set", "image", "daemonset/"+nodeProxy, "nodeproxy="+image)
+		kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
+		cur := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		if cur.UID == old.UID || containerImage(cur, "nodeproxy") != image {
+			t.Fatalf("after set image: pod %s with %s, want a new pod with %s", cur.Name, containerImage(cur, "nodeproxy"), image)
+		}
+		expectCaptured(t, pods["frontend"])
+	})
+
+	// kubectl delete -k leaves the node without the plugin's configuration
+	// and binary (the container runtime would otherwise keep calling it).
+	step("uninstall", func(t *testing.T) {
+		uninstall(t)
+		eventually(t, 2*time.Minute, "the node proxy pods gone", func() error {
+			list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return err
+			}
+			if list != nil && len(list.Items) > 0 {
+				return fmt.Errorf("%d left", len(list.Items))
+			}
+			return nil
+		})
+		for _, dir := range []string{cniConfDir, cniBinDir} {
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if strings.Contains(e.Name(), "causeway") && e.Name() != "10-causeway-bridge.conflist" { // the cluster's own primary
+					t.Errorf("uninstall left %s", filepath.Join(dir, e.Name()))
+				}
+			}
+		}
+	})
+}
+
+func randomHex() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// fetchOK fetches url from the pod's echo container, retrying briefly (a
+// route or endpoint still converging), and returns the answer.
+func fetchOK(t *testing.T, ns, pod, url string) echoAnswer {
+	t.Helper()
+	var a echoAnswer
+	eventually(t, 30*time.Second, "GET "+url+" from "+ns+"/"+pod, func() error {
+		answers, err := fetchFrom(ns, pod, url)
+		if err != nil {
+			return err
+		}
+		a = answers[0]
+		return nil
+	})
+	return a
+}
+
+// expectDenied: the request gets the policy's 403 with reason in the body.
+func expectDenied(t *testing.T, ns, pod, url, reason string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "GET "+url+" from "+ns+"/"+pod+" denied", func() error {
+		return denied(ns, pod, url, reason)
+	})
+}
+
+// denied: GET url from the pod is answered 403 with reason in the body
+// (echo fetch prints the body, and exits 1 naming the status).
+func denied(ns, pod, url, reason string) error {
+	body, err := kubectlExec(ns, pod, "echo", "/usr/local/bin/echo", "fetch", "-timeout", "3s", url)
+	var ee *execError
+	if errors.As(err, &ee) && strings.Contains(ee.stderr, "status 403") && strings.Contains(body, reason) {
+		return nil
+	}
+	return fmt.Errorf("want 403 %q, got %q (%v)", reason, body, err)
+}
+
+// expectCaptured: the frontend (not restarted) still reaches reviews
+// through the waypoint with its identity.
+func expectCaptured(t *testing.T, frontend corev1.Pod) {
+	t.Helper()
+	eventually(t, time.Minute, "the frontend through the mesh", func() error {
+		answers, err := fetchFrom(frontend.Namespace, frontend.Name, "http://reviews.shop/e2e-"+randomHex())
+		if err != nil {
+			return err
+		}
+		if p := answers[0].Headers[principalH]; p == nil || p[0] != "spiffe://cluster.local/ns/web/sa/frontend" {
+			return fmt.Errorf("reached %s as %v", answers[0].Pod, p)
+		}
+		return nil
+	})
+	p, err := clientPod(context.Background(), frontend.Namespace, frontend.Name)
+	if err != nil || p.UID != frontend.UID || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("the frontend was restarted or replaced: %v", err)
+	}
+}
+
+func clientPod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	return client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+func containerImage(p corev1.Pod, name string) string {
+	for _, c := range p.Spec.Containers {
+		if c.Name == name {
+			return c.Image
+		}
+	}
+	return ""
+}
+
+func newReadyNodeProxy(ctx context.Context, old types.UID) error {
+	list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy})
+	if err != nil {
+		return err
+	}
+	for _, p := range list.Items {
+		if p.UID != old && p.DeletionTimestamp == nil && podReady(p) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%d node proxy pods, none new and ready", len(list.Items))
+}
+
+// startEcho runs one echo pod (not enrolled: its namespace has no label)
+// and waits for it to be ready.
+func startEcho(ctx context.Context, ns string) (*corev1.Pod, error) {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "client", Labels: map[string]string{"app": "client"}}, Spec: echoPodSpec()}
+	created := false
+	var err error
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if !created {
+			// Refused until the namespace's default ServiceAccount exists.
+			_, err = client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+			created = err == nil
+			continue
+		}
+		cur, err := clientPod(ctx, ns, p.Name)
+		if err == nil && podReady(*cur) {
+			return cur, nil
+		}
+	}
+	return nil, fmt.Errorf("pod %s/%s not ready within 2m (%v)", ns, p.Name, err)
+}
+
+// issuance is what the CA logged for one identity.
+type issuance struct{ Caller, Node string }
+
+// issuedCertificates reads the "certificate issued" lines of every control
+// plane replica's log.
+func issuedCertificates(ctx context.Context) (map[string]issuance, error) {
+	out := map[string]issuance{}
+	err := eachLogLine(ctx, systemNS, "app.kubernetes.io/name=causeway-controlplane", "controlplane", func(line map[string]any) {
+		if line["msg"] != "certificate issued" {
+			return
+		}
+		id, _ := line["identity"].(string)
+		caller, _ := line["caller"].(string)
+		node, _ := line["node"].(string)
+		out[id] = issuance{caller, node}
+	})
+	return out, err
+}
+
+// waypointLogged finds the waypoint's access log line of a request to path
+// with the identity and status.
+func waypointLogged(ctx context.Context, path, identity string, status int) error {
+	found := false
+	err := eachLogLine(ctx, "shop", "gateway.networking.k8s.io/gateway-name=waypoint", "waypoint", func(line map[string]any) {
+		if line["msg"] == "request" && line["path"] == path && line["identity"] == identity && line["status"] == float64(status) {
+			found = true
+		}
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("no access log line for %s with identity %s and status %d", path, identity, status)
+	}
+	return err
+}
+
+// eachLogLine calls f with every JSON line of the container's logs in the
+// pods matching selector.
+func eachLogLine(ctx context.Context, ns, selector, container string, f func(map[string]any)) error {
+	list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return err
+	}
+	for _, p := range list.Items {
+		rc, err := client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: container}).Stream(ctx)
+		if err != nil {
+			return fmt.Errorf("logs of %s: %w", p.Name, err)
+		}
+		sc := bufio.NewScanner(rc)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil {
+				f(line)
+			}
+		}
+		rc.Close()
+	}
+	return nil
+}
+
+// caClient dials a control plane replica's CA at its pod IP (inside the
+// cluster's pod network), trusting the roots it publishes.
+func caClient(ctx context.Context, token caclient.TokenSource) (*caclient.Client, error) {
+	cm, err := client.CoreV1().ConfigMaps(systemNS).Get(ctx, "causeway-root-cert", metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	roots, err := trust.ParseCertificatesPEM([]byte(cm.Data["root-cert.pem"]))
+	if err != nil {
+		return nil, err
+	}
+	bundle, err := trust.NewBundle(trustDom, roots)
+	if err != nil {
+		return nil, err
+	}
+	id, err := trust.ControlPlaneIdentity(trustDom)
+	if err != nil {
+		return nil, err
+	}
+	list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=causeway-controlplane"})
+	if err != nil || len(list.Items) == 0 {
+		return nil, fmt.Errorf("no control plane pod: %v", err)
+	}
+	ip := list.Items[0].Status.PodIP
+	if err := onClusterBridge(ip); err != nil {
+		return nil, err
+	}
+	return caclient.New(caclient.Options{Address: net.JoinHostPort(ip, "15012"), Bundle: bundle, ServerIdentity: id, Token: token})
+}
+
+// onClusterBridge refuses an address the host would not route to the
+// cluster's pod bridge (nothing may leave the machine).
+func onClusterBridge(ip string) error {
+	out, err := exec.Command("ip", "route", "get", ip).Output()
+	if err != nil {
+		return fmt.Errorf("ip route get %s: %v", ip, err)
+	}
+	if !slices.Contains(strings.Fields(string(out)), "cni0") {
+		return fmt.Errorf("%s is not routed to the cluster's bridge cni0: %s", ip, out)
+	}
+	return nil
+}
