@@ -222,3 +222,33 @@ func TestMakeDemoTakesBasePort(t *testing.T) {
 		t.Errorf("make -n demo BASE_PORT=19999:\n%s", out)
 	}
 }
+
+// The README's kubectl commands name directories and files that exist:
+// every -k, -f and --from-file path, from the repository root.
+func TestReadmeKubectlPathsExist(t *testing.T) {
+	n := 0
+	for _, line := range readmeCode(t, "sh") {
+		words, _ := splitComment(line)
+		if len(words) == 0 || words[0] != "kubectl" {
+			continue
+		}
+		for i, w := range words {
+			var path string
+			switch {
+			case (w == "-k" || w == "-f") && i+1 < len(words):
+				path = words[i+1]
+			case strings.HasPrefix(w, "--from-file="):
+				path = strings.TrimPrefix(w, "--from-file=")
+			default:
+				continue
+			}
+			n++
+			if _, err := os.Stat(filepath.Join(repoRoot, path)); err != nil {
+				t.Errorf("README line names a path that does not exist: %v\n%s", err, line)
+			}
+		}
+	}
+	if n < 4 {
+		t.Fatalf("found %d paths in the README's kubectl commands, want the install, the sample, its policies and the uninstall", n)
+	}
+}
