@@ -99,6 +99,7 @@ func TestInstall(t *testing.T) {
 		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
 		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
 		// The leader made the GatewayClass, and accepted it.
+		kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
 		kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
 		for _, f := range []string{filepath.Join(cniConfDir, "05-causeway.conflist"), filepath.Join(cniBinDir, "causeway-cni")} {
 			if _, err := os.Stat(f); err != nil {
