@@ -244,6 +244,11 @@ func TestInstall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// No kubelet will confirm its deletion: without grace it goes at
+		// once (else it keeps its namespace terminating).
+		t.Cleanup(func() {
+			_ = client.CoreV1().Pods(ns).Delete(context.Background(), "away", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		})
 		away.Status.Phase = corev1.PodRunning
 		away.Status.PodIP, away.Status.PodIPs = "10.244.0.250", []corev1.PodIP{{IP: "10.244.0.250"}}
 		if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, away, metav1.UpdateOptions{}); err != nil {
