@@ -40,7 +40,14 @@ func kubectl(t *testing.T) string {
 // render returns the objects of a kustomization under manifests/.
 func render(t *testing.T, dir string) []*unstructured.Unstructured {
 	t.Helper()
-	out, err := exec.Command(kubectl(t), "kustomize", filepath.Join("..", "..", "manifests", dir)).Output()
+	return renderPath(t, filepath.Join("manifests", dir))
+}
+
+// renderPath returns the objects of the kustomization at dir, relative to
+// the repository's root.
+func renderPath(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := exec.Command(kubectl(t), "kustomize", filepath.Join("..", "..", dir)).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -117,6 +124,46 @@ func TestInvariants(t *testing.T) {
 				}
 			}
 			checkRBAC(t, objs)
+		})
+	}
+}
+
+// The sample of examples/kubernetes renders, enrolls its namespaces, has
+// its waypoint, holds its apps to the same container rules, and its
+// local-images overlay carries only the locally built, never pulled image.
+func TestExample(t *testing.T) {
+	for _, dir := range []string{"examples/kubernetes/shop", "examples/kubernetes/local-images"} {
+		t.Run(dir, func(t *testing.T) {
+			objs := renderPath(t, dir)
+			enrolled, waypoint := map[string]bool{}, false
+			for _, u := range objs {
+				switch u.GetKind() {
+				case "Namespace":
+					enrolled[u.GetName()] = u.GetLabels()["causeway.dev/dataplane-mode"] == "mesh"
+				case "Gateway":
+					class, _, _ := unstructured.NestedString(u.Object, "spec", "gatewayClassName")
+					waypoint = waypoint || (u.GetNamespace() == "shop" && class == "causeway-waypoint")
+				}
+			}
+			if !enrolled["web"] || !enrolled["shop"] || enrolled["outside"] {
+				t.Errorf("namespaces enrolled %v, want web and shop, not outside", enrolled)
+			}
+			if !waypoint {
+				t.Error("no causeway-waypoint Gateway in shop")
+			}
+			specs := podSpecs(t, objs)
+			if len(specs) != 6 {
+				t.Errorf("%d workloads, want the sample's six", len(specs))
+			}
+			for name, spec := range specs {
+				for _, c := range spec.Containers {
+					checkContainer(t, name+"/"+c.Name, c)
+					local := c.Image == "causeway.dev/echo:dev" && c.ImagePullPolicy == corev1.PullNever
+					if strings.HasSuffix(dir, "local-images") != local {
+						t.Errorf("%s/%s: image %s (pull %s)", name, c.Name, c.Image, c.ImagePullPolicy)
+					}
+				}
+			}
 		})
 	}
 }
