@@ -167,7 +167,7 @@ func TestWaypointBindingDangling(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := translateYAML(t, bindingConfig(c.ns, c.svc, c.pod))
-			wantProblem(t, err, "file0.yaml", "dangling reference")
+			wantProblem(t, err, "file0.yaml", "does not exist: no Gateway of class causeway-waypoint")
 			if !strings.Contains(err.Error(), c.object) {
 				t.Errorf("error does not name %s: %v", c.object, err)
 			}
@@ -268,7 +268,9 @@ status: {podIPs: [{ip: 127.0.10.2}, {ip: "fd00::2"}]}
 // pod's node proxy would get the waypoint's certificate and pass every
 // waypoint-only check, and any pod may present its service-account token.
 func TestPodWithWaypointIdentityRefused(t *testing.T) {
+	ips := 0
 	pod := func(name, sa, labels string) string {
+		ips++ // every pod its own address: a shared one would be refused first
 		return fmt.Sprintf(`
 ---
 apiVersion: v1
@@ -276,7 +278,7 @@ kind: Pod
 metadata: {name: %s, namespace: app, labels: %s}
 spec: {nodeName: node-a, serviceAccountName: %s, containers: [{name: c, image: i}]}
 status: {podIP: 127.0.10.%d}
-`, name, labels, sa, 20+len(name))
+`, name, labels, sa, 20+ips)
 	}
 	base := bindingConfig(map[string]string{LabelDataplaneMode: "mesh"}, nil, nil)
 	waypointPod := pod("wp-all-0", "wp-all-sa", "{gateway.networking.k8s.io/gateway-name: wp-all}")

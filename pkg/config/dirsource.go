@@ -44,14 +44,18 @@ type DirOptions struct {
 
 // DirSource is the local-mode configuration source: a directory of
 // multi-document Kubernetes YAML (*.yaml, *.yml, *.json; hidden files and
-// directories skipped), read as one configuration. Any problem in any file
-// rejects the whole change and the last good snapshot stays in force: a
-// partial configuration could drop a waypoint binding and let traffic skip
-// L7 policy.
+// directories skipped), read as one configuration. A directory that is not
+// a configuration (a file that cannot be read or does not parse, a limit
+// exceeded, an unsupported kind, an object without a name or defined twice)
+// rejects the whole change and the last good snapshot stays in force: what
+// the files hold is not known, so nothing in them can be refused alone.
+// Objects that parse are translated as in Kubernetes: one the mesh cannot
+// serve is refused alone and fails closed (Translate), the rest applies.
 type DirSource struct {
-	dir  string
-	opts DirOptions
-	log  *zap.Logger
+	dir        string
+	opts       DirOptions
+	log        *zap.Logger
+	rejections *RejectionLog
 
 	lastHash [sha256.Size]byte
 	haveLast bool
@@ -70,7 +74,8 @@ func NewDirSource(dir string, opts DirOptions) *DirSource {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &DirSource{dir: dir, opts: opts, log: log.With(zap.String("config_dir", dir))}
+	log = log.With(zap.String("config_dir", dir))
+	return &DirSource{dir: dir, opts: opts, log: log, rejections: NewRejectionLog(log)}
 }
 
 // Load reads and translates the directory once.
@@ -86,7 +91,8 @@ func (s *DirSource) Load() (*Snapshot, error) {
 // (from Run's goroutine) with the first good snapshot and after every change
 // that yields a new good one. Rejected changes are logged, one entry per
 // problem with its file and reason, and leave the last good snapshot in
-// force. Run returns nil when ctx ends.
+// force; refused objects are logged as they come and go. Run returns nil
+// when ctx ends.
 func (s *DirSource) Run(ctx context.Context, emit func(*Snapshot)) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -185,8 +191,10 @@ func (s *DirSource) reload(emit func(*Snapshot), changedAt time.Time) {
 		s.report(err)
 		return
 	}
+	s.rejections.Update(snap.Rejected)
 	s.log.Info("configuration loaded",
 		zap.Int("files", len(files)),
+		zap.Int("refusals", len(snap.Rejected)),
 		zap.Int("workloads", len(snap.Workloads)),
 		zap.Int("services", len(snap.Services)),
 		zap.Int("waypoints", len(snap.Waypoints)),

@@ -29,6 +29,14 @@ spec: {containers: [{name: c, image: i}]}
 status: {podIP: 127.0.10.2}
 `
 
+const svcS = `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: ns}
+spec: {clusterIP: 127.0.20.1, ports: [{port: 80}]}
+`
+
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -103,28 +111,55 @@ func TestDirSourceRunKeepsLastGood(t *testing.T) {
 	if s := next("new file"); len(s.Workloads) != 2 {
 		t.Fatalf("after adding b.yaml: %v", s.Workloads)
 	}
-	// Same IP as pod a: rejected, reported with the file, nothing emitted.
-	writeFile(t, filepath.Join(dir, "b.yaml"), strings.Replace(podB, "127.0.10.2", "127.0.10.1", 1))
+	// A file that does not parse: the directory is not a configuration,
+	// rejected as a whole, reported with the file, nothing emitted.
+	writeFile(t, filepath.Join(dir, "b.yaml"), podB+"\n  bad: [indent\n")
 	select {
 	case err := <-rejected:
-		wantProblem(t, err, filepath.Join(dir, "b.yaml"), "duplicate address")
+		wantProblem(t, err, filepath.Join(dir, "b.yaml"), "YAML")
 	case <-time.After(10 * time.Second):
-		t.Fatal("duplicate IP not rejected")
+		t.Fatal("unparsable file not rejected")
 	}
 	var found bool
 	for _, e := range logs.FilterMessage("configuration rejected; the last good configuration stays in force").All() {
-		m := e.ContextMap()
-		if m["file"] == filepath.Join(dir, "b.yaml") && strings.Contains(m["reason"].(string), "127.0.10.1") && m["object"] == "Pod ns/b" {
+		if e.ContextMap()["file"] == filepath.Join(dir, "b.yaml") {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("rejection not logged with file, object and reason: %v", logs.All())
+		t.Errorf("rejection not logged with its file: %v", logs.All())
 	}
 	select {
 	case s := <-snaps:
 		t.Fatalf("a rejected change emitted a snapshot: %v", s.Workloads)
 	case <-time.After(200 * time.Millisecond):
+	}
+	// Same IP as pod a: both pods are refused (neither can be trusted with
+	// the address), each logged with kind, namespace, name and reason; the
+	// rest of the configuration is served.
+	writeFile(t, filepath.Join(dir, "b.yaml"), strings.Replace(podB, "127.0.10.2", "127.0.10.1", 1)+svcS)
+	s := next("duplicate address")
+	if len(s.Workloads) != 0 || s.Services["ns/s"] == nil || len(RejectedByKind(s.Rejected)) != 1 || RejectedByKind(s.Rejected)["Pod"] != 2 {
+		t.Fatalf("duplicate address: workloads %v, services %v, rejected %v", s.Workloads, s.Services, s.Rejected)
+	}
+	found = false
+	for _, e := range logs.FilterMessage("object refused; it fails closed and the rest of the configuration is served").All() {
+		m := e.ContextMap()
+		if m["origin"] == filepath.Join(dir, "b.yaml") && m["kind"] == "Pod" && m["namespace"] == "ns" && m["name"] == "b" &&
+			strings.Contains(m["reason"].(string), "duplicate address: pod IP 127.0.10.1") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("refusal not logged with origin, kind, namespace, name and reason: %v", logs.All())
+	}
+	// Fixing the address brings both pods in.
+	writeFile(t, filepath.Join(dir, "b.yaml"), podB+svcS)
+	if s := next("fixed"); len(s.Workloads) != 2 || len(s.Rejected) != 0 {
+		t.Fatalf("after the fix: workloads %v, rejected %v", s.Workloads, s.Rejected)
+	}
+	if logs.FilterMessage("object no longer refused").Len() != 2 {
+		t.Errorf("the end of the refusals is not logged: %v", logs.FilterMessage("object no longer refused").All())
 	}
 	// Deleting the bad file restores a good configuration without pod b.
 	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {

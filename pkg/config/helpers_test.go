@@ -10,6 +10,9 @@ import (
 )
 
 // translateYAML decodes docs (one origin per element) and translates them.
+// Objects the translation refuses are returned as an *InvalidError next to
+// the snapshot, so a test of a check can ask for its problem (wantProblem)
+// and mustTranslate fails on any refusal.
 func translateYAML(t *testing.T, docs ...string) (*Snapshot, error) {
 	t.Helper()
 	var objs []Object
@@ -29,7 +32,11 @@ func translateYAML(t *testing.T, docs ...string) (*Snapshot, error) {
 	if err := ps.err(); err != nil {
 		return nil, err
 	}
-	return Translate(objs, Options{})
+	s, err := Translate(objs, Options{})
+	if err == nil && len(s.Rejected) > 0 {
+		err = &InvalidError{Problems: s.Rejected}
+	}
+	return s, err
 }
 
 func originName(i int) string { return "file" + string(rune('0'+i)) + ".yaml" }

@@ -5,12 +5,12 @@ import (
 	"strings"
 )
 
-// Problem is one reason a configuration was rejected, with where it came
-// from: the file (local mode) or the API object (Kubernetes), the object
-// concerned when known, and why.
+// Problem is one reason a configuration, or one object of it, was refused,
+// with where it came from: the file (local mode) or the API object
+// (Kubernetes), the object concerned when known, and why.
 type Problem struct {
 	Origin string // file path, or another description of the source
-	Object string // "Kind namespace/name", or "document N" before decoding
+	Object string // "Kind namespace/name", "Kind name", or "document N" before decoding
 	Reason string
 }
 
@@ -26,8 +26,33 @@ func (p Problem) String() string {
 	return b.String()
 }
 
-// InvalidError is returned when a configuration is rejected. It lists every
-// problem found (up to maxProblems), so an operator can fix them in one pass.
+// Kind, Namespace and Name split Object ("Kind ns/name" or "Kind name").
+func (p Problem) Kind() string {
+	kind, _, _ := strings.Cut(p.Object, " ")
+	return kind
+}
+
+// Namespace is empty for cluster-scoped objects.
+func (p Problem) Namespace() string {
+	_, ref, _ := strings.Cut(p.Object, " ")
+	ns, _, found := strings.Cut(ref, "/")
+	if !found {
+		return ""
+	}
+	return ns
+}
+
+func (p Problem) Name() string {
+	_, ref, _ := strings.Cut(p.Object, " ")
+	if i := strings.LastIndexByte(ref, '/'); i >= 0 {
+		return ref[i+1:]
+	}
+	return ref
+}
+
+// InvalidError is returned when a configuration is rejected as a whole. It
+// lists every problem found (up to maxProblems), so an operator can fix
+// them in one pass.
 type InvalidError struct {
 	Problems []Problem
 	// Truncated counts problems left out beyond the limit.
@@ -49,29 +74,25 @@ func (e *InvalidError) Error() string {
 	return "invalid configuration: " + strings.Join(parts, "; ")
 }
 
-// problems collects Problems up to the limit.
+// problems collects Problems; err bounds what it reports.
 type problems struct {
-	list      []Problem
-	truncated int
+	list []Problem
 }
 
 func (ps *problems) add(origin, object, format string, args ...any) {
-	if len(ps.list) >= maxProblems {
-		ps.truncated++
-		return
-	}
 	ps.list = append(ps.list, Problem{Origin: origin, Object: object, Reason: fmt.Sprintf(format, args...)})
 }
 
 func (ps *problems) addAll(other []Problem) {
-	for _, p := range other {
-		ps.add(p.Origin, p.Object, "%s", p.Reason)
-	}
+	ps.list = append(ps.list, other...)
 }
 
 func (ps *problems) err() error {
 	if len(ps.list) == 0 {
 		return nil
 	}
-	return &InvalidError{Problems: ps.list, Truncated: ps.truncated}
+	if len(ps.list) > maxProblems {
+		return &InvalidError{Problems: ps.list[:maxProblems:maxProblems], Truncated: len(ps.list) - maxProblems}
+	}
+	return &InvalidError{Problems: ps.list}
 }

@@ -11,9 +11,8 @@ import (
 )
 
 // Reports is what translating a set of objects found about each route and
-// Service, for whoever writes their status. Analyze fills it even when the
-// configuration as a whole is rejected, so an object's status tells its own
-// story rather than the whole configuration's.
+// Service, for whoever writes their status: an object's status tells its
+// own story (why it was refused), not the whole configuration's.
 type Reports struct {
 	// Routes by "HTTPRoute ns/name" or "GRPCRoute ns/name".
 	Routes map[string]*RouteReport
@@ -22,7 +21,8 @@ type Reports struct {
 	// Services by "ns/name": the waypoint each Service with a
 	// use-waypoint label (its own or its namespace's) is bound to.
 	Services map[string]WaypointBinding
-	// Err is what Translate returns for the same objects.
+	// Err is what Translate returns for the same objects: set only when
+	// they are not a configuration at all.
 	Err error
 }
 
@@ -65,7 +65,7 @@ func Analyze(objs []Object, opts Options) *Reports {
 	t := newTranslator(opts)
 	t.reports = &Reports{Routes: map[string]*RouteReport{}, Problems: map[string][]string{}, Services: map[string]WaypointBinding{}}
 	t.run(objs)
-	t.reports.Err = t.ps.err()
+	t.reports.Err = t.fatal.err()
 	t.reportServiceBindings()
 	return t.reports
 }
@@ -125,10 +125,11 @@ func (r *RouteReport) addParent(i int, problem string) {
 	}
 }
 
-// parentProblem rejects the configuration for a parentRef that does not
-// resolve, and reports it as that parent's problem rather than the route's.
+// parentProblem refuses a parentRef that does not resolve: the route is not
+// attached to that parent, and the problem is that parent's rather than the
+// route's.
 func (t *translator) parentProblem(c routeCtx, i int, format string, args ...any) {
-	t.ps.add(c.origin, c.obj, format, args...)
+	t.ps.add(c.origin, c.obj, "parentRefs[%d]: %s", i, fmt.Sprintf(format, args...))
 	t.reports.route(c.obj).addParent(i, fmt.Sprintf(format, args...))
 }
 
@@ -160,12 +161,9 @@ func (t *translator) reportServiceBindings() {
 			continue
 		}
 		b := WaypointBinding{Waypoint: ref.String()}
-		switch {
-		case g == nil || g.out == nil:
-			b.Problem = fmt.Sprintf("waypoint %s does not exist: no Gateway of class %s named %s in namespace %s",
-				ref, WaypointClass, ref.name, ref.ns)
-		case !WaypointAdmits(g.gw, id.ns, t.namespaces[id.ns].labels()):
-			b.Problem = notAdmitted(ref, id.ns)
+		switch why := t.bindingProblem(ref, id.ns); {
+		case why != "":
+			b.Problem = why + "; the Service's traffic is refused"
 		case g.out.WaypointFor == meshv1.WaypointForWorkload:
 			b.Problem = fmt.Sprintf("waypoint %s serves workload traffic only (label %s=%s)", ref, LabelWaypointFor, g.out.WaypointFor)
 		case s.out == nil:

@@ -43,8 +43,8 @@ spec:
   parentRefs: [{group: "", kind: Service, name: reviews}]
   rules: [{matches: [{path: {type: RegularExpression, value: "("}}]}]
 `)
-	if r.Err == nil {
-		t.Fatal("want the configuration rejected (a missing parent and a bad regex)")
+	if r.Err != nil {
+		t.Fatalf("a missing parent and a bad regex refuse those objects, not the configuration: %v", r.Err)
 	}
 	good := r.Routes["HTTPRoute shop/good"]
 	if want := (&RouteReport{Parents: []ParentReport{{Index: 0}}}); !reflect.DeepEqual(good, want) {
@@ -90,7 +90,7 @@ spec: {clusterIP: 127.0.20.91, ports: [{port: 80}]}
 `)
 	want := map[string]WaypointBinding{
 		"app/s":         {Waypoint: "app/wp-svc"},
-		"app/lost":      {Waypoint: "app/gone", Problem: "waypoint app/gone does not exist: no Gateway of class causeway-waypoint named gone in namespace app"},
+		"app/lost":      {Waypoint: "app/gone", Problem: "waypoint app/gone does not exist: no Gateway of class causeway-waypoint named gone in namespace app; the Service's traffic is refused"},
 		"app/wrongkind": {Waypoint: "app/wp-wl", Problem: "waypoint app/wp-wl serves workload traffic only (label causeway.dev/waypoint-for=workload)"},
 	}
 	if !reflect.DeepEqual(r.Services, want) {

@@ -44,16 +44,19 @@ func (c routeCtx) isParent(ns, name string) bool {
 	return false
 }
 
+// translateRoutes programs every route the mesh accepts. A refused route
+// is not programmed (its status says why); a parentRef that does not
+// resolve leaves only that parent out.
 func (t *translator) translateRoutes() {
 	for _, r := range t.httpRoutes {
 		s := &r.route.Spec
-		if o := translateRoute(t, r.origin, "HTTPRoute", &r.route.ObjectMeta, s.ParentRefs, s.Hostnames, s.Rules, t.httpRule); o != nil {
+		if o := translateRoute(t, r.origin, "HTTPRoute", &r.route.ObjectMeta, s.ParentRefs, s.Hostnames, s.Rules, t.httpRule); o != nil && !t.refused("HTTPRoute "+o.key()) {
 			t.out.HTTPRoutes[o.key()] = &meshv1.HTTPRoute{Name: o.name, Namespace: o.namespace, CreationTime: o.created, Parents: o.parents, Hostnames: o.hostnames, Rules: o.rules}
 		}
 	}
 	for _, r := range t.grpcRoutes {
 		s := &r.route.Spec
-		if o := translateRoute(t, r.origin, "GRPCRoute", &r.route.ObjectMeta, s.ParentRefs, s.Hostnames, s.Rules, t.grpcRule); o != nil {
+		if o := translateRoute(t, r.origin, "GRPCRoute", &r.route.ObjectMeta, s.ParentRefs, s.Hostnames, s.Rules, t.grpcRule); o != nil && !t.refused("GRPCRoute "+o.key()) {
 			t.out.GRPCRoutes[o.key()] = &meshv1.GRPCRoute{Name: o.name, Namespace: o.namespace, CreationTime: o.created, Parents: o.parents, Hostnames: o.hostnames, Rules: o.rules}
 		}
 	}

@@ -63,6 +63,10 @@ func (o Options) withDefaults() Options {
 // built: readers share it without locks, and its messages must not be
 // modified.
 type Snapshot struct {
+	// Rejected lists the objects the translation refused, with why; each
+	// fails closed as Translate describes and the rest is served.
+	Rejected []Problem
+
 	Workloads  map[string]*meshv1.Workload // by uid
 	Services   map[string]*meshv1.Service  // by "<namespace>/<name>"
 	Waypoints  map[string]*meshv1.Waypoint

@@ -18,16 +18,25 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
-// Translate turns a complete set of objects into a Snapshot. It either
-// returns a snapshot in which every reference resolves and every address is
-// unique, or an *InvalidError listing the problems with their origins; there
-// is no partial result, so a caller keeps its last good snapshot.
+// Translate turns a complete set of objects into a Snapshot. An object the
+// mesh cannot serve as written is refused on its own and fails closed
+// (docs/design.md §6): a Pod gets no workload (no endpoint, no identity), a
+// Service is served with invalid_reason so that its traffic is refused, a
+// Gateway is no waypoint (what binds to it fails closed), a Namespace's
+// broken use-waypoint label refuses the traffic of what inherits it, a
+// route is not programmed, an EndpointSlice's bad endpoint is skipped;
+// Snapshot.Rejected lists every refusal with its reason, and everything
+// else is translated as if the refused objects were fixed. Only a set of
+// objects that is not a configuration at all (an object of an unsupported
+// type, without a name, or defined twice) returns an *InvalidError and no
+// snapshot, so the caller keeps its last one.
 func Translate(objs []Object, opts Options) (*Snapshot, error) {
 	t := newTranslator(opts)
 	t.run(objs)
-	if err := t.ps.err(); err != nil {
+	if err := t.fatal.err(); err != nil {
 		return nil, err
 	}
+	t.out.Rejected = t.ps.list
 	return t.out, nil
 }
 
@@ -42,19 +51,27 @@ func newTranslator(opts Options) *translator {
 		gateways:   map[nsName]*gatewayInfo{},
 		grants:     map[string][]*gwv1.ReferenceGrant{},
 		seen:       map[string]string{},
+		reasons:    map[string][]string{},
 		out:        newSnapshot(),
 	}
 }
 
+// run orders the passes so that every refusal is decided before anything
+// that depends on it is built: pods and services are checked (addresses,
+// identities, waypoint labels) before services select their endpoints and
+// pods become workloads.
 func (t *translator) run(objs []Object) {
 	t.collect(objs)
 	t.translateWaypoints()
-	t.checkWaypointLabels()
 	t.preparePods()
+	t.prepareServices()
+	t.checkAddresses()
+	t.resolveWaypointPods()
+	t.checkPodIdentities()
+	t.checkWaypointLabels()
 	t.translateServices()
 	t.translateWorkloads()
 	t.translateRoutes()
-	t.checkAddresses()
 	t.checkOutput()
 }
 
@@ -76,9 +93,11 @@ func (n *namespaceInfo) labels() map[string]string {
 
 type podInfo struct {
 	origin   string
+	obj      string // "Pod ns/name"
 	pod      *corev1.Pod
 	uid      string
 	ips      []string // canonical
+	appAddr  string   // canonical, from causeway.dev/app-address
 	active   bool     // not Succeeded/Failed
 	ready    bool
 	waypoint *gatewayInfo // set on a waypoint's own pods
@@ -88,6 +107,7 @@ type podInfo struct {
 type serviceInfo struct {
 	origin string
 	svc    *corev1.Service
+	vips   []string        // canonical
 	out    *meshv1.Service // nil for ExternalName services
 }
 
@@ -109,7 +129,9 @@ type routeInfo[T any] struct {
 
 type translator struct {
 	opts       Options
-	ps         problems
+	fatal      problems            // the objects are not a configuration: no snapshot
+	ps         problems            // per-object refusals: Snapshot.Rejected
+	reasons    map[string][]string // refused object ("Kind ns/name") -> why
 	namespaces map[string]*namespaceInfo
 	pods       map[nsName]*podInfo
 	podOrder   []nsName
@@ -127,12 +149,29 @@ type translator struct {
 	reports    *Reports // nil unless Analyze asked for them
 }
 
+// problem refuses object; the pass that raises it makes the object fail
+// closed, and later passes ask refused.
 func (t *translator) problem(origin, object, format string, args ...any) {
 	t.ps.add(origin, object, format, args...)
+	msg := fmt.Sprintf(format, args...)
+	t.reasons[object] = append(t.reasons[object], msg)
+	t.report(object, msg)
+}
+
+// fatalProblem: the set of objects is not a configuration; Translate
+// returns no snapshot.
+func (t *translator) fatalProblem(origin, object, format string, args ...any) {
+	t.fatal.add(origin, object, format, args...)
+	t.report(object, fmt.Sprintf(format, args...))
+}
+
+// refused reports whether object ("Kind ns/name") has been refused.
+func (t *translator) refused(object string) bool { return len(t.reasons[object]) > 0 }
+
+func (t *translator) report(object, msg string) {
 	if t.reports == nil {
 		return
 	}
-	msg := fmt.Sprintf(format, args...)
 	if t.reports.Problems != nil {
 		t.reports.Problems[object] = append(t.reports.Problems[object], msg)
 	}
@@ -167,7 +206,7 @@ func (t *translator) collect(objs []Object) {
 		case *gwv1.ReferenceGrant:
 			kind, ns, name = "ReferenceGrant", defaultNS(&v.Namespace), v.Name
 		default:
-			t.problem(o.Origin, "", "unsupported object %T", o.Obj)
+			t.fatalProblem(o.Origin, "", "unsupported object %T", o.Obj)
 			continue
 		}
 		key := kind + " " + name
@@ -175,11 +214,11 @@ func (t *translator) collect(objs []Object) {
 			key = kind + " " + ns + "/" + name
 		}
 		if name == "" {
-			t.problem(o.Origin, kind, "metadata.name is required")
+			t.fatalProblem(o.Origin, kind, "metadata.name is required")
 			continue
 		}
 		if prev, dup := t.seen[key]; dup {
-			t.problem(o.Origin, key, "defined twice (also in %s)", prev)
+			t.fatalProblem(o.Origin, key, "defined twice (also in %s)", prev)
 			continue
 		}
 		t.seen[key] = o.Origin
@@ -193,7 +232,7 @@ func (t *translator) collect(objs []Object) {
 		case *corev1.Namespace:
 			t.namespaces[name] = &namespaceInfo{origin: o.Origin, ns: v}
 		case *corev1.Pod:
-			t.pods[id] = &podInfo{origin: o.Origin, pod: v}
+			t.pods[id] = &podInfo{origin: o.Origin, obj: key, pod: v}
 			t.podOrder = append(t.podOrder, id)
 			t.podsByNS[ns] = append(t.podsByNS[ns], id)
 		case *corev1.Service:
@@ -202,7 +241,7 @@ func (t *translator) collect(objs []Object) {
 		case *discoveryv1.EndpointSlice:
 			svc := v.Labels[LabelServiceName]
 			if svc == "" {
-				t.problem(o.Origin, key, "label %s naming its Service is required", LabelServiceName)
+				t.fatalProblem(o.Origin, key, "label %s naming its Service is required", LabelServiceName)
 				continue
 			}
 			sk := nsName{ns, svc}
@@ -218,10 +257,15 @@ func (t *translator) collect(objs []Object) {
 			t.grants[ns] = append(t.grants[ns], v)
 		}
 	}
-	// Slices must belong to a Service that exists.
-	for sk, list := range t.slices {
+	// A slice of a Service that does not exist is refused (unused).
+	keys := make([]nsName, 0, len(t.slices))
+	for sk := range t.slices {
+		keys = append(keys, sk)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	for _, sk := range keys {
 		if _, ok := t.services[sk]; !ok {
-			for _, s := range list {
+			for _, s := range t.slices[sk] {
 				t.problem(s.origin, "EndpointSlice "+sk.ns+"/"+s.slice.Name,
 					"dangling reference: Service %s does not exist", sk)
 			}
@@ -274,21 +318,18 @@ func (t *translator) translateWaypoints() {
 	}
 }
 
-// checkWaypointLabels reports use-waypoint labels that name no waypoint, on
-// every object that carries one, whether or not anything inherits it.
+// checkWaypointLabels refuses every object whose use-waypoint label names
+// no usable waypoint, whether or not anything inherits it: a Namespace (its
+// Services and pods that inherit the label fail closed), a Service (served
+// refusing traffic), a Pod (no workload).
 func (t *translator) checkWaypointLabels() {
 	check := func(origin, obj, ns string, l map[string]string) {
 		ref, set := useWaypoint(l, ns)
 		if !set || ref == nil {
 			return
 		}
-		g := t.gateways[*ref]
-		switch {
-		case g == nil || g.out == nil:
-			t.problem(origin, obj, "dangling reference: %s=%s names waypoint %s, which is not a Gateway of class %s",
-				LabelUseWaypoint, ref.name, ref, WaypointClass)
-		case !WaypointAdmits(g.gw, ns, t.namespaces[ns].labels()):
-			t.problem(origin, obj, "%s: %s", LabelUseWaypoint, notAdmitted(ref, ns))
+		if why := t.bindingProblem(ref, ns); why != "" {
+			t.problem(origin, obj, "%s=%s: %s", LabelUseWaypoint, ref.name, why)
 		}
 	}
 	names := make([]string, 0, len(t.namespaces))
@@ -307,7 +348,9 @@ func (t *translator) checkWaypointLabels() {
 	}
 	for _, id := range t.podOrder {
 		p := t.pods[id]
-		check(p.origin, "Pod "+id.String(), id.ns, p.pod.Labels)
+		if p.waypoint == nil { // a waypoint's own pods are never bound
+			check(p.origin, p.obj, id.ns, p.pod.Labels)
+		}
 	}
 }
 
@@ -330,16 +373,36 @@ func useWaypoint(l map[string]string, ns string) (ref *nsName, set bool) {
 // bindWaypoint applies docs/design.md §6: the most specific object that carries
 // use-waypoint decides (objLabels before the namespace's), "none" opts out,
 // and the binding holds only if the waypoint serves that kind of traffic
-// (want: service or workload).
-func (t *translator) bindWaypoint(objLabels map[string]string, ns, want string) *meshv1.Ref {
-	ref, g := t.resolveWaypoint(objLabels, ns)
-	if g == nil || g.out == nil {
-		return nil // reported by checkWaypointLabels
+// (want: service or workload). A binding that names no usable waypoint
+// returns why instead: the caller refuses the traffic, since sending it
+// direct would skip the waypoint.
+func (t *translator) bindWaypoint(objLabels map[string]string, ns, want string) (ref *meshv1.Ref, why string) {
+	r, g := t.resolveWaypoint(objLabels, ns)
+	if r == nil {
+		return nil, ""
+	}
+	if why := t.bindingProblem(r, ns); why != "" {
+		return nil, why
 	}
 	if f := g.out.WaypointFor; f != want && f != meshv1.WaypointForAll {
-		return nil
+		return nil, ""
 	}
-	return &meshv1.Ref{Namespace: ref.ns, Name: ref.name}
+	return &meshv1.Ref{Namespace: r.ns, Name: r.name}, ""
+}
+
+// bindingProblem says why namespace ns cannot be bound to waypoint ref, or
+// returns "".
+func (t *translator) bindingProblem(ref *nsName, ns string) string {
+	g := t.gateways[*ref]
+	switch {
+	case g == nil:
+		return fmt.Sprintf("waypoint %s does not exist: no Gateway of class %s named %s in namespace %s", ref, WaypointClass, ref.name, ref.ns)
+	case g.out == nil:
+		return fmt.Sprintf("Gateway %s is not a usable waypoint (not of class %s, or refused)", ref, WaypointClass)
+	case !WaypointAdmits(g.gw, ns, t.namespaces[ns].labels()):
+		return notAdmitted(ref, ns)
+	}
+	return ""
 }
 
 // resolveWaypoint finds the waypoint an object's labels (or else its
@@ -390,11 +453,12 @@ func notAdmitted(ref *nsName, ns string) string {
 		ref, ns, WaypointProtocol)
 }
 
-// preparePods parses each pod's addresses and readiness and finds waypoint pods.
+// preparePods parses each pod's addresses, readiness and annotations and
+// finds waypoint pods, refusing pods that do not parse.
 func (t *translator) preparePods() {
+	uids := map[string]*podInfo{}
 	for _, id := range t.podOrder {
 		p := t.pods[id]
-		obj := "Pod " + id.String()
 		p.uid = string(p.pod.UID)
 		if p.uid == "" {
 			p.uid = id.String()
@@ -408,7 +472,7 @@ func (t *translator) preparePods() {
 		}
 		for _, f := range [][2]string{{"spec.hostname", p.pod.Spec.Hostname}, {"spec.subdomain", p.pod.Spec.Subdomain}} {
 			if why := badLabel(f[1]); why != "" {
-				t.problem(p.origin, obj, "%s %q: %s", f[0], f[1], why)
+				t.problem(p.origin, p.obj, "%s %q: %s", f[0], f[1], why)
 			}
 		}
 		p.serving = map[uint32]struct{}{}
@@ -424,7 +488,7 @@ func (t *translator) preparePods() {
 			for _, s := range raw {
 				a, err := parseIP(s)
 				if err != nil {
-					t.problem(p.origin, obj, "pod IP: %v", err)
+					t.problem(p.origin, p.obj, "pod IP: %v", err)
 					continue
 				}
 				if !containsStr(p.ips, a) {
@@ -443,39 +507,79 @@ func (t *translator) preparePods() {
 			g := t.gateways[nsName{id.ns, gwName}]
 			switch {
 			case g == nil:
-				t.problem(p.origin, obj, "dangling reference: label %s=%s names Gateway %s/%s, which does not exist",
+				t.problem(p.origin, p.obj, "dangling reference: label %s=%s names Gateway %s/%s, which does not exist",
 					LabelGatewayName, gwName, id.ns, gwName)
 			case g.out != nil:
 				p.waypoint = g
 			}
 		}
+		if !p.active {
+			continue // finished pods are no workloads: nothing more to check
+		}
+		if prev, dup := uids[p.uid]; dup {
+			// Workloads are known by uid: neither can be told apart.
+			t.problem(p.origin, p.obj, "uid %s is also used by %s", p.uid, prev.obj)
+			t.problem(prev.origin, prev.obj, "uid %s is also used by %s", p.uid, p.obj)
+		}
+		uids[p.uid] = p
+		if _, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, podServiceAccount(p.pod)); err != nil {
+			t.problem(p.origin, p.obj, "identity: %v", err)
+		}
+		if a, ok := p.pod.Annotations[AnnotationAppAddress]; ok {
+			addr, err := parseIP(a)
+			if err != nil {
+				t.problem(p.origin, p.obj, "annotation %s: %v", AnnotationAppAddress, err)
+			}
+			p.appAddr = addr
+		}
+		if app, ok := p.pod.Annotations[AnnotationLocalApp]; ok {
+			switch {
+			case strings.TrimSpace(app) == "":
+				t.problem(p.origin, p.obj, "annotation %s: empty (name echo or a command line)", AnnotationLocalApp)
+			case p.waypoint != nil:
+				t.problem(p.origin, p.obj, "annotation %s: a waypoint's pod runs the waypoint, not an app", AnnotationLocalApp)
+			}
+		}
 	}
-	// Waypoint identity and addresses come from its pods.
+}
+
+// resolveWaypointPods gives each waypoint its identity and addresses from
+// its pods. Pods of one waypoint must share a service account; one that
+// differs is refused (the deployer's account, named after the Gateway,
+// wins; else the first pod's), so a stray pod cannot take the waypoint down.
+func (t *translator) resolveWaypointPods() {
 	for _, id := range t.gwOrder {
 		g := t.gateways[id]
 		if g.out == nil {
 			continue
 		}
+		var pods []*podInfo
 		sa := ""
-		var addrs []string
 		for _, pid := range t.podsByNS[id.ns] { // a waypoint's pods are in its namespace
 			p := t.pods[pid]
-			if p.waypoint != g || !p.active {
+			if p.waypoint != g || !p.active || t.refused(p.obj) {
 				continue
 			}
-			psa := podServiceAccount(p.pod)
-			if sa != "" && psa != sa {
-				t.problem(p.origin, "Pod "+pid.String(), "waypoint %s has pods with different service accounts (%s and %s)", id, sa, psa)
+			pods = append(pods, p)
+			if psa := podServiceAccount(p.pod); sa == "" || psa == id.name {
+				sa = psa
 			}
-			sa = psa
-			addrs = append(addrs, p.ips...)
 		}
 		if sa == "" {
 			sa = id.name // Istio's convention: the waypoint's service account bears the Gateway's name
 		}
+		var addrs []string
+		for _, p := range pods {
+			if psa := podServiceAccount(p.pod); psa != sa {
+				t.problem(p.origin, p.obj, "waypoint %s has pods with different service accounts (%s and %s)", id, sa, psa)
+				continue
+			}
+			addrs = append(addrs, p.ips...)
+		}
 		ident, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, sa)
 		if err != nil {
 			t.problem(g.origin, "Gateway "+id.String(), "identity: %v", err)
+			g.out = nil
 			continue
 		}
 		g.out.Identity = ident.String()
@@ -486,6 +590,28 @@ func (t *translator) preparePods() {
 	}
 }
 
+// checkPodIdentities refuses a pod (other than a waypoint's own) whose
+// service account is a waypoint's identity: its node proxy, or its own
+// service-account token, would get the waypoint's certificate and pass the
+// waypoint-only check of every pod behind it.
+func (t *translator) checkPodIdentities() {
+	for _, id := range t.podOrder {
+		p := t.pods[id]
+		if !p.active || p.waypoint != nil || t.refused(p.obj) {
+			continue
+		}
+		sa := podServiceAccount(p.pod)
+		ident, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, sa)
+		if err != nil {
+			continue // refused by preparePods
+		}
+		if wp, clash := t.out.waypointIdentities[ident.String()]; clash {
+			t.problem(p.origin, p.obj, "service account %s gives this pod the identity %s of waypoint %s, which only the waypoint's own pods may hold; "+
+				"give the application its own service account", sa, ident, wp)
+		}
+	}
+}
+
 func podServiceAccount(p *corev1.Pod) string {
 	if p.Spec.ServiceAccountName != "" {
 		return p.Spec.ServiceAccountName
@@ -493,19 +619,12 @@ func podServiceAccount(p *corev1.Pod) string {
 	return "default"
 }
 
-// translateServices builds Services with their ports, VIPs, endpoints and
-// waypoint binding.
-func (t *translator) translateServices() {
+// prepareServices parses the Services' cluster IPs.
+func (t *translator) prepareServices() {
 	for _, id := range t.svcOrder {
 		s := t.services[id]
-		obj := "Service " + id.String()
 		if s.svc.Spec.Type == corev1.ServiceTypeExternalName {
-			continue // not part of the mesh; backends naming it are invalid
-		}
-		out := &meshv1.Service{
-			Name:      id.name,
-			Namespace: id.ns,
-			Hostname:  id.name + "." + id.ns + ".svc." + t.opts.ClusterDomain,
+			continue
 		}
 		ips := s.svc.Spec.ClusterIPs
 		if len(ips) == 0 && s.svc.Spec.ClusterIP != "" {
@@ -517,12 +636,32 @@ func (t *translator) translateServices() {
 			}
 			a, err := parseIP(ip)
 			if err != nil {
-				t.problem(s.origin, obj, "cluster IP: %v", err)
+				t.problem(s.origin, "Service "+id.String(), "cluster IP: %v", err)
 				continue
 			}
-			if !containsStr(out.Vips, a) {
-				out.Vips = append(out.Vips, a)
+			if !containsStr(s.vips, a) {
+				s.vips = append(s.vips, a)
 			}
+		}
+	}
+}
+
+// translateServices builds Services with their ports, VIPs, endpoints and
+// waypoint binding. A refused Service, or one whose inherited binding names
+// no usable waypoint, is served with invalid_reason: node proxies refuse
+// its traffic rather than send it direct.
+func (t *translator) translateServices() {
+	for _, id := range t.svcOrder {
+		s := t.services[id]
+		obj := "Service " + id.String()
+		if s.svc.Spec.Type == corev1.ServiceTypeExternalName {
+			continue // not part of the mesh; backends naming it are invalid
+		}
+		out := &meshv1.Service{
+			Name:      id.name,
+			Namespace: id.ns,
+			Hostname:  id.name + "." + id.ns + ".svc." + t.opts.ClusterDomain,
+			Vips:      s.vips,
 		}
 		for _, p := range s.svc.Spec.Ports {
 			if p.Protocol != "" && p.Protocol != corev1.ProtocolTCP {
@@ -557,7 +696,14 @@ func (t *translator) translateServices() {
 			}
 			return out.Endpoints[i].WorkloadUid < out.Endpoints[j].WorkloadUid
 		})
-		out.Waypoint = t.bindWaypoint(s.svc.Labels, id.ns, meshv1.WaypointForService)
+		var inherited string
+		out.Waypoint, inherited = t.bindWaypoint(s.svc.Labels, id.ns, meshv1.WaypointForService)
+		switch {
+		case t.refused(obj):
+			out.InvalidReason = strings.Join(t.reasons[obj], "; ")
+		case inherited != "":
+			out.InvalidReason = fmt.Sprintf("namespace %s: %s=%s: %s", id.ns, LabelUseWaypoint, t.namespaces[id.ns].labels()[LabelUseWaypoint], inherited)
+		}
 		s.out = out
 		t.out.Services[id.String()] = out
 	}
@@ -635,6 +781,9 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 				if pod == nil {
 					t.problem(si.origin, obj, "dangling reference: endpoint targets Pod %s/%s, which does not exist", pns, ref.Name)
 					continue
+				}
+				if t.refused(pod.obj) {
+					continue // the pod's own refusal says why
 				}
 				uid = pod.uid
 			}
@@ -716,7 +865,7 @@ func (t *translator) endpointsFromSelector(id nsName, s *serviceInfo) []*meshv1.
 	var out []*meshv1.Endpoint
 	for _, pid := range t.podsByNS[id.ns] {
 		p := t.pods[pid]
-		if !p.active || len(p.ips) == 0 || !sel.Matches(labels.Set(p.pod.Labels)) {
+		if !p.active || len(p.ips) == 0 || t.refused(p.obj) || !sel.Matches(labels.Set(p.pod.Labels)) {
 			continue
 		}
 		if !p.ready && !s.svc.Spec.PublishNotReadyAddresses {
@@ -773,26 +922,18 @@ func resolveTargetPort(sp corev1.ServicePort, pod *corev1.Pod) (uint32, bool) {
 	return 0, false
 }
 
-// translateWorkloads turns pods into Workloads and builds the node index.
+// translateWorkloads turns the pods that are not refused into Workloads
+// and builds the node index. A pod whose namespace's binding names no
+// usable waypoint is served with invalid_reason (its traffic is refused);
+// its own label naming none refused the pod already.
 func (t *translator) translateWorkloads() {
-	uids := map[string]string{}
 	for _, id := range t.podOrder {
 		p := t.pods[id]
-		obj := "Pod " + id.String()
-		if !p.active {
+		if !p.active || t.refused(p.obj) {
 			continue
 		}
-		if prev, dup := uids[p.uid]; dup {
-			t.problem(p.origin, obj, "uid %s is also used by Pod %s", p.uid, prev)
-			continue
-		}
-		uids[p.uid] = id.String()
 		sa := podServiceAccount(p.pod)
-		ident, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, sa)
-		if err != nil {
-			t.problem(p.origin, obj, "identity: %v", err)
-			continue
-		}
+		ident, _ := trust.NewIdentity(t.opts.TrustDomain, id.ns, sa) // checked by preparePods
 		w := &meshv1.Workload{
 			Uid:            p.uid,
 			Name:           id.name,
@@ -802,24 +943,9 @@ func (t *translator) translateWorkloads() {
 			Node:           p.pod.Spec.NodeName,
 			Addresses:      p.ips,
 			Labels:         p.pod.Labels,
-		}
-		if a, ok := p.pod.Annotations[AnnotationAppAddress]; ok {
-			addr, err := parseIP(a)
-			if err != nil {
-				t.problem(p.origin, obj, "annotation %s: %v", AnnotationAppAddress, err)
-				continue
-			}
-			w.AppAddress = addr
+			AppAddress:     p.appAddr,
 		}
 		if app, ok := p.pod.Annotations[AnnotationLocalApp]; ok {
-			switch {
-			case strings.TrimSpace(app) == "":
-				t.problem(p.origin, obj, "annotation %s: empty (name echo or a command line)", AnnotationLocalApp)
-				continue
-			case p.waypoint != nil:
-				t.problem(p.origin, obj, "annotation %s: a waypoint's pod runs the waypoint, not an app", AnnotationLocalApp)
-				continue
-			}
 			t.out.LocalApps[p.uid] = app
 		}
 		for port := range p.serving {
@@ -831,18 +957,13 @@ func (t *translator) translateWorkloads() {
 			w.WaypointForGateway = &meshv1.Ref{Namespace: id.ns, Name: p.waypoint.gw.Name}
 		} else {
 			w.Hbone = t.enrolled(p.pod)
-			w.Waypoint = t.bindWaypoint(p.pod.Labels, id.ns, meshv1.WaypointForWorkload)
-			if wp, clash := t.out.waypointIdentities[w.Identity]; clash {
-				// Its node proxy (or its own service-account token) would
-				// get the waypoint's certificate and pass the waypoint-only
-				// check of every pod behind it.
-				t.problem(p.origin, obj, "service account %s gives this pod the identity %s of waypoint %s, which only the waypoint's own pods may hold; "+
-					"give the application its own service account", sa, w.Identity, wp)
-				continue
+			var inherited string
+			if w.Waypoint, inherited = t.bindWaypoint(p.pod.Labels, id.ns, meshv1.WaypointForWorkload); inherited != "" {
+				w.InvalidReason = fmt.Sprintf("namespace %s: %s=%s: %s", id.ns, LabelUseWaypoint, t.namespaces[id.ns].labels()[LabelUseWaypoint], inherited)
 			}
 		}
 		t.out.Workloads[w.Uid] = w
-		if w.Hbone && w.Node != "" {
+		if w.Hbone && w.Node != "" && w.InvalidReason == "" {
 			ids := t.out.nodeIdentities[w.Node]
 			if ids == nil {
 				ids = map[string]struct{}{}
@@ -864,62 +985,99 @@ func (t *translator) enrolled(p *corev1.Pod) bool {
 	return t.namespaces[p.Namespace].labels()[LabelDataplaneMode] == DataplaneModeMesh
 }
 
-// checkAddresses refuses two owners for one address: pod IPs, app
-// addresses and service VIPs share one space, since node proxies look
-// destinations up by address.
+// checkAddresses refuses every owner of an address claimed twice: pod
+// IPs, app addresses and service VIPs share one space, since node proxies
+// look destinations up by address, and neither claimant can be trusted with
+// the other's traffic.
 func (t *translator) checkAddresses() {
-	owner := map[string]string{}
-	claim := func(origin, obj, addr, what string) {
-		if prev, ok := owner[addr]; ok && prev != obj {
-			t.problem(origin, obj, "duplicate address: %s %s is already used by %s", what, addr, prev)
-			return
+	type claim struct{ origin, obj, what string }
+	owners := map[string][]claim{}
+	var order []string
+	add := func(origin, obj, addr, what string) {
+		list := owners[addr]
+		for _, c := range list {
+			if c.obj == obj {
+				return // a pod's app address may be one of its own IPs
+			}
 		}
-		owner[addr] = obj
+		if len(list) == 0 {
+			order = append(order, addr)
+		}
+		owners[addr] = append(list, claim{origin, obj, what})
 	}
 	for _, id := range t.podOrder {
 		p := t.pods[id]
-		if !p.active {
+		if !p.active || t.refused(p.obj) {
 			continue
 		}
 		for _, a := range p.ips {
-			claim(p.origin, "Pod "+id.String(), a, "pod IP")
+			add(p.origin, p.obj, a, "pod IP")
 		}
-	}
-	for _, id := range t.podOrder {
-		p := t.pods[id]
-		if w := t.out.Workloads[p.uid]; w != nil && w.AppAddress != "" {
-			claim(p.origin, "Pod "+id.String(), w.AppAddress, "app address")
+		if p.appAddr != "" {
+			add(p.origin, p.obj, p.appAddr, "app address")
 		}
 	}
 	for _, id := range t.svcOrder {
 		s := t.services[id]
-		if s.out == nil {
+		for _, v := range s.vips {
+			add(s.origin, "Service "+id.String(), v, "VIP")
+		}
+	}
+	for _, addr := range order {
+		list := owners[addr]
+		if len(list) < 2 {
 			continue
 		}
-		for _, v := range s.out.Vips {
-			claim(s.origin, "Service "+id.String(), v, "VIP")
+		for i, c := range list {
+			other := list[(i+1)%len(list)]
+			t.problem(c.origin, c.obj, "duplicate address: %s %s is also used by %s", c.what, addr, other.obj)
 		}
 	}
 }
 
 // checkOutput runs the consumer-side validation on everything produced, so
-// the control plane never serves what a client would NACK.
+// the control plane never serves what a client would NACK. The passes
+// before it check their input, so a failure here is a translation bug: the
+// resource is left out (a Service is replaced by one refusing its traffic)
+// and reported.
 func (t *translator) checkOutput() {
-	if len(t.ps.list) > 0 {
-		return // an earlier problem may have left resources half built
-	}
-	for _, res := range t.out.Resources() {
+	for typeURL, res := range t.out.Resources() {
 		names := make([]string, 0, len(res))
 		for n := range res {
 			names = append(names, n)
 		}
 		sort.Strings(names)
 		for _, n := range names {
-			if err := meshv1.Validate(res[n]); err != nil {
-				t.problem("translation", n, "%v", err)
+			err := meshv1.Validate(res[n])
+			if err == nil {
+				continue
+			}
+			t.problem("translation", kindOf[typeURL]+" "+n, "%v", err)
+			switch typeURL {
+			case meshv1.WorkloadTypeURL:
+				delete(t.out.Workloads, n)
+			case meshv1.ServiceTypeURL:
+				s := t.out.Services[n]
+				refusing := &meshv1.Service{Name: s.Name, Namespace: s.Namespace, Hostname: s.Hostname, Vips: s.Vips, InvalidReason: err.Error()}
+				if meshv1.Validate(refusing) == nil {
+					t.out.Services[n] = refusing
+				} else {
+					delete(t.out.Services, n)
+				}
+			case meshv1.WaypointTypeURL:
+				delete(t.out.Waypoints, n)
+			case meshv1.HTTPRouteTypeURL:
+				delete(t.out.HTTPRoutes, n)
+			case meshv1.GRPCRouteTypeURL:
+				delete(t.out.GRPCRoutes, n)
 			}
 		}
 	}
+}
+
+var kindOf = map[string]string{
+	meshv1.WorkloadTypeURL: "Workload", meshv1.ServiceTypeURL: "Service", meshv1.WaypointTypeURL: "Waypoint",
+	meshv1.HTTPRouteTypeURL: "HTTPRoute", meshv1.GRPCRouteTypeURL: "GRPCRoute",
 }
 
 func parseIP(s string) (string, error) {

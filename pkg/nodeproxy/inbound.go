@@ -30,6 +30,9 @@ func (r *Registry) admitInbound(local netip.Addr, authority netip.AddrPort, peer
 	if !ok {
 		return admission{}, fmt.Errorf("%s is not a mesh pod on node %s", local, r.node)
 	}
+	if err := refusedWorkload(w); err != nil {
+		return admission{}, err
+	}
 	if authority.Addr().Unmap() != local.Unmap() {
 		return admission{}, fmt.Errorf("authority %s is not the pod %s this listener serves", authority, local)
 	}
@@ -64,6 +67,9 @@ func (r *Registry) planPlaintextInbound(dst netip.AddrPort, allowPlaintext bool)
 	w, ok := r.LocalWorkload(dst.Addr())
 	if !ok {
 		return nil, nil, fmt.Errorf("%s is not a mesh pod on node %s", dst.Addr(), r.node)
+	}
+	if err := refusedWorkload(w); err != nil {
+		return nil, nil, err
 	}
 	refs := r.IngressWaypoints(w.GetUid())
 	if own := w.GetWaypoint(); own != nil {

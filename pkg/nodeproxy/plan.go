@@ -106,6 +106,9 @@ func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Pla
 			sp = p
 		}
 	}
+	if why := svc.GetInvalidReason(); why != "" {
+		return Plan{}, fmt.Errorf("%w: the control plane refused service %s/%s: %s", errRefused, svc.GetNamespace(), svc.GetName(), why)
+	}
 	if sp == nil {
 		return Plan{}, fmt.Errorf("%w: service %s/%s has no port %d", errRefused, svc.GetNamespace(), svc.GetName(), port)
 	}
@@ -127,8 +130,8 @@ func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Pla
 	var hops []Hop
 	for _, ep := range svc.GetEndpoints() {
 		w, ok := r.byUID[ep.GetWorkloadUid()]
-		if !ok {
-			continue
+		if !ok || w.GetInvalidReason() != "" {
+			continue // a refused workload is no endpoint; the others still serve
 		}
 		ip, err := netip.ParseAddr(ep.GetAddress())
 		if err != nil {
@@ -156,6 +159,9 @@ func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Pla
 // workloadHop is how to reach workload w at addr: through its own waypoint,
 // over HBONE, or over plain TCP when it is not in the mesh.
 func (r *Registry) workloadHop(w *meshv1.Workload, addr netip.AddrPort, hbonePort uint16) (Hop, *meshv1.Waypoint, error) {
+	if err := refusedWorkload(w); err != nil {
+		return Hop{}, nil, err
+	}
 	if ref := w.GetWaypoint(); ref != nil {
 		wp, err := r.Waypoint(ref)
 		if err != nil {

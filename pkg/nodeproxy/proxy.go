@@ -424,6 +424,11 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		return
 	}
 	plan, err := r.planOutbound(dst, p.opts.HBONEPort, p.opts.AllowPassthrough)
+	if src != nil {
+		if rerr := refusedWorkload(src); rerr != nil {
+			err = rerr
+		}
+	}
 	if err == nil && src == nil && planNeedsIdentity(plan) {
 		err = fmt.Errorf("%w: source %s is not a mesh workload and %s is in the mesh", errRefused, c.Source().Addr(), dst)
 	}

@@ -167,6 +167,15 @@ func (r *Registry) Services() []*meshv1.Service { return r.services }
 // AllWorkloads lists every workload.
 func (r *Registry) AllWorkloads() map[string]*meshv1.Workload { return r.byUID }
 
+// refusedWorkload is errRefused with the control plane's reason when it
+// refused w's configuration: its traffic is refused both ways.
+func refusedWorkload(w *meshv1.Workload) error {
+	if why := w.GetInvalidReason(); why != "" {
+		return fmt.Errorf("%w: the control plane refused workload %s/%s: %s", errRefused, w.GetNamespace(), w.GetName(), why)
+	}
+	return nil
+}
+
 // WaypointIdentity parses a waypoint's identity.
 func WaypointIdentity(wp *meshv1.Waypoint) (trust.Identity, error) {
 	id, err := trust.ParseIdentity(wp.GetIdentity())

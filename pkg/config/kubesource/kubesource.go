@@ -8,9 +8,12 @@
 // Changes are debounced: the first change of a burst starts a timer, and
 // everything that arrives until it fires becomes one snapshot, so a
 // rollout of many pods is one push, never later than the debounce after
-// its first change. A change that does not translate is rejected as in
-// local mode: the problems are logged and the last good snapshot stays in
-// force.
+// its first change. An object the translation refuses (a pod running as
+// a waypoint's service account, a use-waypoint label naming no waypoint, a
+// route the mesh cannot serve) is refused alone and fails closed
+// (config.Translate); every other object keeps updating. Refusals are
+// logged as they come and go, listed in each snapshot (Rejected) and
+// written to the objects' status by pkg/gwstatus.
 //
 // The source also answers the CA's questions from its pod informer: does a
 // pod still exist with the uid a token names (authn.PodLookup), and does a
@@ -87,9 +90,10 @@ type Source struct {
 	grpcRoutes gwlisters.GRPCRouteLister
 	grants     gwlisters.ReferenceGrantLister
 
-	changed chan time.Time // a change was seen, and when; capacity 1
-	lastErr string
-	last    atomic.Pointer[config.Snapshot] // the last good snapshot (IsWaypoint)
+	changed    chan time.Time // a change was seen, and when; capacity 1
+	lastErr    string
+	rejections *config.RejectionLog
+	last       atomic.Pointer[config.Snapshot] // the last good snapshot (IsWaypoint)
 }
 
 // NewForConfig returns a source reading the cluster cfg points at.
@@ -126,6 +130,8 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Sourc
 		factory:   informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields)),
 		gwFactory: gwinformers.NewSharedInformerFactoryWithOptions(gw, 0, gwinformers.WithTransform(stripManagedFields)),
 		changed:   make(chan time.Time, 1),
+
+		rejections: config.NewRejectionLog(opts.Logger),
 	}
 	core := s.factory.Core().V1()
 	disc := s.factory.Discovery().V1()
@@ -254,7 +260,9 @@ func (s *Source) reload(emit func(*config.Snapshot), since time.Time) {
 		return
 	}
 	s.lastErr = ""
+	s.rejections.Update(snap.Rejected)
 	s.log.Info("configuration loaded",
+		zap.Int("refusals", len(snap.Rejected)),
 		zap.Int("workloads", len(snap.Workloads)),
 		zap.Int("services", len(snap.Services)),
 		zap.Int("waypoints", len(snap.Waypoints)),
@@ -266,8 +274,10 @@ func (s *Source) reload(emit func(*config.Snapshot), since time.Time) {
 	emit(snap)
 }
 
-// report logs a rejected configuration, once per distinct set of problems
-// (every event re-translates, and the same problem would flood the log).
+// report logs a configuration rejected as a whole (objects that are not a
+// configuration, or the informers' caches failing), once per distinct set
+// of problems (every event re-translates, and the same problem would flood
+// the log).
 func (s *Source) report(err error) {
 	if s.opts.OnRejected != nil {
 		s.opts.OnRejected(err)

@@ -297,8 +297,12 @@ type Workload struct {
 	ServingPorts []uint32 `protobuf:"varint,12,rep,packed,name=serving_ports,json=servingPorts,proto3" json:"serving_ports,omitempty"`
 	// Set when this workload is a waypoint's own pod: never captured.
 	WaypointForGateway *Ref `protobuf:"bytes,13,opt,name=waypoint_for_gateway,json=waypointForGateway,proto3" json:"waypoint_for_gateway,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Set when the control plane refuses this workload's configuration (its
+	// waypoint binding does not resolve): node proxies refuse traffic to and
+	// from it, with this reason, rather than carry it without its waypoint.
+	InvalidReason string `protobuf:"bytes,14,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Workload) Reset() {
@@ -420,6 +424,13 @@ func (x *Workload) GetWaypointForGateway() *Ref {
 		return x.WaypointForGateway
 	}
 	return nil
+}
+
+func (x *Workload) GetInvalidReason() string {
+	if x != nil {
+		return x.InvalidReason
+	}
+	return ""
 }
 
 type ServicePort struct {
@@ -576,7 +587,12 @@ type Service struct {
 	Ports     []*ServicePort `protobuf:"bytes,5,rep,name=ports,proto3" json:"ports,omitempty"`
 	Endpoints []*Endpoint    `protobuf:"bytes,6,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	// Waypoint that traffic to this service must go through. Unset: none.
-	Waypoint      *Ref `protobuf:"bytes,7,opt,name=waypoint,proto3" json:"waypoint,omitempty"`
+	Waypoint *Ref `protobuf:"bytes,7,opt,name=waypoint,proto3" json:"waypoint,omitempty"`
+	// Set when the control plane refuses this service's configuration (its
+	// waypoint binding does not resolve, a cluster IP does not parse): node
+	// proxies refuse traffic addressed to it, with this reason, rather than
+	// send it direct and skip its waypoint.
+	InvalidReason string `protobuf:"bytes,8,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -658,6 +674,13 @@ func (x *Service) GetWaypoint() *Ref {
 		return x.Waypoint
 	}
 	return nil
+}
+
+func (x *Service) GetInvalidReason() string {
+	if x != nil {
+		return x.InvalidReason
+	}
+	return ""
 }
 
 // Waypoint is a Gateway of class causeway-waypoint. Resource name: <namespace>/<name>.
@@ -2240,7 +2263,7 @@ const file_mesh_proto_rawDesc = "" +
 	"mesh.proto\x12\x10causeway.mesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
 	"\x03Ref\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\x98\x04\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xbf\x04\n" +
 	"\bWorkload\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
@@ -2256,7 +2279,8 @@ const file_mesh_proto_rawDesc = "" +
 	"\vapp_address\x18\v \x01(\tR\n" +
 	"appAddress\x12#\n" +
 	"\rserving_ports\x18\f \x03(\rR\fservingPorts\x12G\n" +
-	"\x14waypoint_for_gateway\x18\r \x01(\v2\x15.causeway.mesh.v1.RefR\x12waypointForGateway\x1a9\n" +
+	"\x14waypoint_for_gateway\x18\r \x01(\v2\x15.causeway.mesh.v1.RefR\x12waypointForGateway\x12%\n" +
+	"\x0einvalid_reason\x18\x0e \x01(\tR\rinvalidReason\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
@@ -2274,7 +2298,7 @@ const file_mesh_proto_rawDesc = "" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x8d\x02\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xb4\x02\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -2282,7 +2306,8 @@ const file_mesh_proto_rawDesc = "" +
 	"\x04vips\x18\x04 \x03(\tR\x04vips\x123\n" +
 	"\x05ports\x18\x05 \x03(\v2\x1d.causeway.mesh.v1.ServicePortR\x05ports\x128\n" +
 	"\tendpoints\x18\x06 \x03(\v2\x1a.causeway.mesh.v1.EndpointR\tendpoints\x121\n" +
-	"\bwaypoint\x18\a \x01(\v2\x15.causeway.mesh.v1.RefR\bwaypoint\"\xb8\x01\n" +
+	"\bwaypoint\x18\a \x01(\v2\x15.causeway.mesh.v1.RefR\bwaypoint\x12%\n" +
+	"\x0einvalid_reason\x18\b \x01(\tR\rinvalidReason\"\xb8\x01\n" +
 	"\bWaypoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
