@@ -57,6 +57,7 @@ type controlPlane struct {
 	kube *kubecontrollers.Controllers
 
 	rejected   prometheus.Counter
+	refused    *prometheus.GaugeVec
 	loads      prometheus.Counter
 	lastGood   prometheus.Gauge
 	serveCert  atomic.Pointer[tls.Certificate]
@@ -64,6 +65,9 @@ type controlPlane struct {
 	grpcAddr   atomic.Value // string, once listening
 	httpAddrs  sync.Map     // flag address -> bound address
 	listenedCh chan struct{}
+	// refusedKinds: kinds the refused gauge has reported (the source's
+	// goroutine alone touches it).
+	refusedKinds map[string]bool
 }
 
 func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
@@ -85,8 +89,11 @@ func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
 		opts: o, log: log, authority: authority, bundle: bundle, identity: id,
 		model: &config.Model{}, registry: reg, listenedCh: make(chan struct{}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "causeway_config_rejected_total", Help: "Configuration changes rejected (the last good configuration stayed in force).",
+			Name: "causeway_config_rejected_total", Help: "Configuration changes rejected as a whole (the last good configuration stayed in force).",
 		}),
+		refused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "causeway_config_refused_objects", Help: "Objects of the configuration in force that the mesh refuses (each fails closed; /debug/config lists why), by kind.",
+		}, []string{"kind"}),
 		loads: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "causeway_config_loads_total", Help: "Good configurations loaded.",
 		}),
@@ -94,7 +101,7 @@ func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
 			Name: "causeway_config_last_good_timestamp_seconds", Help: "When the configuration in force was loaded.",
 		}),
 	}
-	reg.MustRegister(cp.rejected, cp.loads, cp.lastGood)
+	reg.MustRegister(cp.rejected, cp.refused, cp.loads, cp.lastGood)
 	if err := cp.setupSource(); err != nil {
 		return nil, err
 	}
@@ -363,6 +370,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 			}
 			cp.loads.Inc()
 			cp.lastGood.SetToCurrentTime()
+			cp.countRefused(s.Rejected)
 			if !cp.ready.Swap(true) {
 				log.Info("first configuration served; ready")
 			}
@@ -491,15 +499,48 @@ func (cp *controlPlane) startHTTP(xdsServer *xds.Server) ([]*http.Server, error)
 	return servers, nil
 }
 
+// countRefused sets the refused-objects gauge; a kind no longer refused
+// reads 0 rather than vanishing.
+func (cp *controlPlane) countRefused(rejected []config.Problem) {
+	by := config.RejectedByKind(rejected)
+	if cp.refusedKinds == nil {
+		cp.refusedKinds = map[string]bool{}
+	}
+	for kind := range cp.refusedKinds {
+		if _, ok := by[kind]; !ok {
+			cp.refused.WithLabelValues(kind).Set(0)
+		}
+	}
+	for kind, n := range by {
+		cp.refusedKinds[kind] = true
+		cp.refused.WithLabelValues(kind).Set(float64(n))
+	}
+}
+
+// refusal is one entry of /debug/config's "rejected" list.
+type refusal struct {
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+	Origin    string `json:"origin"`
+	Reason    string `json:"reason"`
+}
+
 // serveConfigDump writes the configuration in force as JSON: resources by
-// type and name, as served over xDS.
+// type and name, as served over xDS, and under "rejected" the objects the
+// mesh refuses, with why.
 func (cp *controlPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) {
 	s := cp.model.Current()
 	if s == nil {
 		http.Error(w, "no good configuration yet", http.StatusServiceUnavailable)
 		return
 	}
-	out := map[string]map[string]json.RawMessage{}
+	out := map[string]any{}
+	rejected := make([]refusal, 0, len(s.Rejected))
+	for _, p := range s.Rejected {
+		rejected = append(rejected, refusal{Kind: p.Kind(), Namespace: p.Namespace(), Name: p.Name(), Origin: p.Origin, Reason: p.Reason})
+	}
+	out["rejected"] = rejected
 	for typeURL, res := range s.Resources() {
 		m := make(map[string]json.RawMessage, len(res))
 		for name, msg := range res {

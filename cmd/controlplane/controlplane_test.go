@@ -294,17 +294,6 @@ func TestConfigChangesReachClients(t *testing.T) {
 		}
 		return false
 	})
-	// Once the syntax is right, a dangling reference is reported the same way.
-	h.write("broken.yaml", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, namespace: shop, labels: {kubernetes.io/service-name: gone}}\naddressType: IPv4\nendpoints: []\n")
-	eventually(t, "a dangling reference is reported too", func() bool {
-		for _, e := range h.logs.FilterMessage("configuration rejected; the last good configuration stays in force").All() {
-			m := e.ContextMap()
-			if m["file"] == bad && strings.Contains(m["reason"].(string), "dangling reference: Service shop/gone") {
-				return true
-			}
-		}
-		return false
-	})
 	time.Sleep(200 * time.Millisecond)
 	if got := workloadNames(c.State()); got != "ratings-1,reviews-1" {
 		t.Errorf("after a rejected change the client holds %s", got)
@@ -312,14 +301,37 @@ func TestConfigChangesReachClients(t *testing.T) {
 	if code, _ := h.get("/healthz/ready"); code != http.StatusOK {
 		t.Errorf("a rejected change made the control plane unready: %d", code)
 	}
-	if _, m := h.get("/metrics"); !strings.Contains(m, "causeway_config_rejected_total 2") || !strings.Contains(m, "causeway_xds_connected_clients 1") {
-		t.Errorf("metrics do not show 2 rejections and 1 client:\n%s", grepLines(m, "causeway_"))
+	// Once the syntax is right, an object the mesh cannot serve is refused
+	// alone: logged with kind, namespace, name and reason, counted, listed
+	// in /debug/config, while the good pod next to it is served.
+	slice := "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: x, namespace: shop, labels: {kubernetes.io/service-name: gone}}\naddressType: IPv4\nendpoints: []\n"
+	h.write("broken.yaml", slice+"---\n"+extraPod)
+	eventually(t, "the good pod next to the refused slice applies", func() bool { return workloadNames(c.State()) == "ratings-1,reviews-1,reviews-2" })
+	eventually(t, "the refused slice is logged", func() bool {
+		for _, e := range h.logs.FilterMessage("object refused; it fails closed and the rest of the configuration is served").All() {
+			m := e.ContextMap()
+			if m["origin"] == bad && m["kind"] == "EndpointSlice" && m["namespace"] == "shop" && m["name"] == "x" &&
+				strings.Contains(m["reason"].(string), "dangling reference: Service shop/gone") {
+				return true
+			}
+		}
+		return false
+	})
+	if _, m := h.get("/metrics"); !strings.Contains(m, "causeway_config_rejected_total 1") || !strings.Contains(m, `causeway_config_refused_objects{kind="EndpointSlice"} 1`) ||
+		!strings.Contains(m, "causeway_xds_connected_clients 1") {
+		t.Errorf("metrics do not show 1 rejection, 1 refused slice and 1 client:\n%s", grepLines(m, "causeway_"))
 	}
-	// Fixing the file takes effect.
-	h.write("broken.yaml", extraPod)
-	eventually(t, "the fixed file applies", func() bool { return workloadNames(c.State()) == "ratings-1,reviews-1,reviews-2" })
-	if code, body := h.get("/debug/config"); code != http.StatusOK || !strings.Contains(body, "reviews-2") {
+	if code, body := h.get("/debug/config"); code != http.StatusOK || !strings.Contains(body, "reviews-2") || !strings.Contains(body, `"reason": "dangling reference: Service shop/gone does not exist"`) {
 		t.Errorf("/debug/config: %d %s", code, body)
+	}
+	// Fixing the file ends the refusal.
+	h.write("broken.yaml", extraPod)
+	eventually(t, "the refusal ends", func() bool {
+		_, m := h.get("/metrics")
+		return strings.Contains(m, `causeway_config_refused_objects{kind="EndpointSlice"} 0`)
+	})
+	if got := workloadNames(c.State()); got != "ratings-1,reviews-1,reviews-2" {
+		t.Errorf("after the fix the client holds %s", got)
 	}
 }
 

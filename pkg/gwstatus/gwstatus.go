@@ -464,7 +464,7 @@ func routeConditions(rr *config.RouteReport, pr config.ParentReport, gen int64) 
 	case pr.Problem != "":
 		accepted = condition(accType, false, string(gwv1.RouteReasonNoMatchingParent), pr.Problem, gen)
 	case len(rr.Problems) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), strings.Join(rr.Problems, "; "), gen)
+		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), "refused, not programmed: "+strings.Join(rr.Problems, "; "), gen)
 	case len(rr.Unsupported) > 0:
 		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
 			"the mesh cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
