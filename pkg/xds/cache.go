@@ -36,6 +36,10 @@ const Wildcard = "*"
 // an unchanged resource keeps its version across updates and restarts and
 // is never sent again.
 type entry struct {
+	// msg is the message the entry was built from: a set given the same
+	// message again (sources reuse the messages of what did not change, and
+	// never modify a message once given) reuses the entry unmarshalled.
+	msg       proto.Message
 	namespace string
 	parentNS  []string // a route's parent namespaces other than its own
 	value     []byte
@@ -103,17 +107,26 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 		}
 	}
 	g := computeGrants(res)
-	// Marshal outside the lock: this is the expensive part.
+	// Marshal outside the lock: this is the expensive part, and only
+	// messages not in the last set need it (an entry is its message's).
+	c.mu.Lock()
+	prev := c.types
+	c.mu.Unlock()
 	next := make(map[string]map[string]*entry, len(meshv1.TypeURLs))
 	for _, typeURL := range meshv1.TypeURLs {
 		entries := make(map[string]*entry, len(res[typeURL]))
+		old := prev[typeURL]
 		for name, m := range res[typeURL] {
+			if o := old[name]; o != nil && o.msg == m {
+				entries[name] = o
+				continue
+			}
 			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 			if err != nil {
 				return nil, fmt.Errorf("marshal %s %s: %w", typeURL, name, err)
 			}
 			sum := sha256.Sum256(b)
-			entries[name] = &entry{namespace: meshv1.ResourceNamespace(m), parentNS: meshv1.ParentNamespaces(m), value: b, version: hex.EncodeToString(sum[:16])}
+			entries[name] = &entry{msg: m, namespace: meshv1.ResourceNamespace(m), parentNS: meshv1.ParentNamespaces(m), value: b, version: hex.EncodeToString(sum[:16])}
 		}
 		next[typeURL] = entries
 	}

@@ -127,7 +127,9 @@ func (s *Server) Register(r grpc.ServiceRegistrar) {
 
 // Update replaces the served resources (type URL -> resource name ->
 // message; a type left out is emptied) and pushes what changed to the
-// clients that subscribed to it.
+// clients that subscribed to it. A message must not be modified once
+// given: one given again (the same pointer) is taken as unchanged and not
+// marshalled again.
 func (s *Server) Update(res map[string]map[string]proto.Message) error {
 	return s.UpdateFrom(res, time.Time{})
 }

@@ -677,6 +677,8 @@ func TestWaypointReceivesConsumerRoutes(t *testing.T) {
 		return names(s.HTTPRoutes) == "a/own,c/to-a" && names(s.Services) == "a/front,c/local" && names(s.Workloads) == "c/w"
 	})
 	// The consumer route moves to b: a's waypoint loses it and its backend.
+	// (A new message: one given to Update is never modified.)
+	consumer = proto.Clone(consumer).(*meshv1.HTTPRoute)
 	consumer.Parents = []*meshv1.ParentRef{{Namespace: "b", Name: "s1"}}
 	if err := cp.server.Update(resources(service("a", "front", "127.0.20.5"), service("b", "s1", "127.0.20.1"), local, workload("c", "w", "127.0.10.7"),
 		route("a", "own"), consumer, elsewhere)); err != nil {
