@@ -86,6 +86,11 @@ type Snapshot struct {
 	// waypointIdentities: identity -> the waypoint ("<ns>/<name>") whose
 	// pods alone hold it.
 	waypointIdentities map[string]string
+	// claims are the addresses and uids the translation saw claimed, and
+	// crossNamespace whether an object refers to a pod of another
+	// namespace: what Incremental must decide across namespaces.
+	claims         []string
+	crossNamespace bool
 }
 
 func newSnapshot() *Snapshot {

@@ -522,6 +522,7 @@ func (t *translator) preparePods() {
 			t.problem(prev.origin, prev.obj, "uid %s is also used by %s", p.uid, p.obj)
 		}
 		uids[p.uid] = p
+		t.out.claims = append(t.out.claims, "uid "+p.uid)
 		if _, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, podServiceAccount(p.pod)); err != nil {
 			t.problem(p.origin, p.obj, "identity: %v", err)
 		}
@@ -777,6 +778,7 @@ func (t *translator) endpointsFromSlices(id nsName, s *serviceInfo, slices []*sl
 				if pns == "" {
 					pns = id.ns
 				}
+				t.out.crossNamespace = t.out.crossNamespace || pns != id.ns
 				pod = t.pods[nsName{pns, ref.Name}]
 				if pod == nil {
 					t.problem(si.origin, obj, "dangling reference: endpoint targets Pod %s/%s, which does not exist", pns, ref.Name)
@@ -1023,6 +1025,7 @@ func (t *translator) checkAddresses() {
 			add(s.origin, "Service "+id.String(), v, "VIP")
 		}
 	}
+	t.out.claims = append(t.out.claims, order...)
 	for _, addr := range order {
 		list := owners[addr]
 		if len(list) < 2 {
@@ -1052,7 +1055,11 @@ func (t *translator) checkOutput() {
 			if err == nil {
 				continue
 			}
-			t.problem("translation", kindOf[typeURL]+" "+n, "%v", err)
+			obj := kindOf[typeURL] + " " + n
+			if w, ok := res[n].(*meshv1.Workload); ok {
+				obj = "Pod " + w.Namespace + "/" + w.Name // the pod it came from
+			}
+			t.problem("translation", obj, "%v", err)
 			switch typeURL {
 			case meshv1.WorkloadTypeURL:
 				delete(t.out.Workloads, n)
@@ -1076,7 +1083,7 @@ func (t *translator) checkOutput() {
 }
 
 var kindOf = map[string]string{
-	meshv1.WorkloadTypeURL: "Workload", meshv1.ServiceTypeURL: "Service", meshv1.WaypointTypeURL: "Waypoint",
+	meshv1.ServiceTypeURL: "Service", meshv1.WaypointTypeURL: "Waypoint",
 	meshv1.HTTPRouteTypeURL: "HTTPRoute", meshv1.GRPCRouteTypeURL: "GRPCRoute",
 }
 

@@ -3,7 +3,9 @@
 // Services, EndpointSlices and the Gateway API Gateways, HTTPRoutes,
 // GRPCRoutes and ReferenceGrants. It hands what the informers hold to the
 // same translation as the directory source (config.Translate), so both
-// sources give the same snapshot for the same objects.
+// sources give the same snapshot for the same objects. The translation is
+// incremental (config.Incremental): informer objects keep their identity
+// until they change, so a burst translates only the namespaces it touched.
 //
 // Changes are debounced: the first change of a burst starts a timer, and
 // everything that arrives until it fires becomes one snapshot, so a
@@ -93,6 +95,7 @@ type Source struct {
 	changed    chan time.Time // a change was seen, and when; capacity 1
 	lastErr    string
 	rejections *config.RejectionLog
+	translator *config.Incremental
 	last       atomic.Pointer[config.Snapshot] // the last good snapshot (IsWaypoint)
 }
 
@@ -132,6 +135,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Sourc
 		changed:   make(chan time.Time, 1),
 
 		rejections: config.NewRejectionLog(opts.Logger),
+		translator: config.NewIncremental(opts.Translate),
 	}
 	core := s.factory.Core().V1()
 	disc := s.factory.Discovery().V1()
@@ -250,7 +254,7 @@ func (s *Source) Load() (*config.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return config.Translate(objs, s.opts.Translate)
+	return s.translator.Translate(objs)
 }
 
 func (s *Source) reload(emit func(*config.Snapshot), since time.Time) {
@@ -305,9 +309,13 @@ func (s *Source) report(err error) {
 func (s *Source) objects() ([]config.Object, error) {
 	var out []config.Object
 	add := func(list []runtime.Object) {
-		sort.Slice(list, func(i, j int) bool { return key(list[i]) < key(list[j]) })
-		for _, o := range list {
-			out = append(out, config.Object{Origin: Origin, Obj: o})
+		keyed := make([]keyedObject, len(list))
+		for i, o := range list {
+			keyed[i] = keyedObject{key(o), o}
+		}
+		sort.Slice(keyed, func(i, j int) bool { return keyed[i].key < keyed[j].key })
+		for _, k := range keyed {
+			out = append(out, config.Object{Origin: Origin, Obj: k.obj})
 		}
 	}
 	all := labels.Everything()
@@ -363,6 +371,11 @@ func asObjects[T runtime.Object](list []T) []runtime.Object {
 		out[i] = o
 	}
 	return out
+}
+
+type keyedObject struct {
+	key string
+	obj runtime.Object
 }
 
 func key(o runtime.Object) string {

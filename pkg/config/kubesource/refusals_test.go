@@ -57,7 +57,9 @@ func TestBadObjectRefusedAlone(t *testing.T) {
 	env.Create(t, fixture...)
 	r := startSource(t, env, 50*time.Millisecond)
 
-	s := r.next(t, "the fixture", func(s *config.Snapshot) bool { return s.HTTPRoutes["app/ok"] != nil && workloadNamed(s, "broken", "plain-0") != nil })
+	s := r.next(t, "the fixture", func(s *config.Snapshot) bool {
+		return s.HTTPRoutes["app/ok"] != nil && workloadNamed(s, "broken", "plain-0") != nil
+	})
 	refused := refusedObjects(s)
 	for obj, why := range map[string]string{
 		"Namespace broken":  "waypoint broken/missing does not exist",

@@ -1,0 +1,215 @@
+package config
+
+import (
+	"sort"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// Incremental translates as Translate does, but translates again only the
+// namespaces whose objects changed since its last call and reuses the
+// rest: the same messages (which the xDS cache then need not marshal
+// again) and the same refusals. A source whose objects keep their identity
+// while they do not change (an informer cache replaces an object on
+// update) calls it on every burst of changes; a pod's change then costs its
+// namespace's translation, not the cluster's.
+//
+// A namespace is translated with every Namespace and Gateway (labels,
+// waypoints of other namespaces, admission) and its own Pods, Services and
+// EndpointSlices; routes are translated apart, with every Service and
+// ReferenceGrant. A changed Namespace or Gateway translates every namespace
+// again. What only the whole set can decide (an address or uid claimed in
+// two namespaces, an EndpointSlice naming a pod of another namespace, a set
+// that is not a configuration) sends the call to Translate, so the result
+// is always Translate's.
+type Incremental struct {
+	mu     sync.Mutex
+	opts   Options
+	global []Object // Namespaces, Gateways and GatewayClasses of the last call
+	shards map[string]*shard
+	routes *shard
+}
+
+// shard is one namespace's objects (or the routes') and their translation.
+type shard struct {
+	objs []Object
+	snap *Snapshot
+}
+
+// NewIncremental returns a translator with nothing cached.
+func NewIncremental(opts Options) *Incremental {
+	return &Incremental{opts: opts, shards: map[string]*shard{}}
+}
+
+// Translate returns what Translate(objs, opts) returns, with Rejected
+// sorted by object.
+func (in *Incremental) Translate(objs []Object) (*Snapshot, error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	s, err := in.translate(objs)
+	if err == nil {
+		sort.SliceStable(s.Rejected, func(i, j int) bool { return s.Rejected[i].Object < s.Rejected[j].Object })
+	}
+	return s, err
+}
+
+func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
+	var global, routeObjs []Object
+	byNS := map[string][]Object{}
+	for _, o := range objs {
+		switch v := o.Obj.(type) {
+		case *corev1.Namespace:
+			global = append(global, o)
+			if _, ok := byNS[v.Name]; !ok {
+				byNS[v.Name] = nil // its label's refusal is its shard's
+			}
+		case *gwv1.Gateway:
+			global = append(global, o)
+			if _, ok := byNS[defaultNS(&v.Namespace)]; !ok {
+				byNS[v.Namespace] = nil
+			}
+		case *gwv1.GatewayClass:
+			global = append(global, o)
+		case *corev1.Service:
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+			routeObjs = append(routeObjs, o)
+		case *corev1.Pod:
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *discoveryv1.EndpointSlice:
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *corev1.ServiceAccount:
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant:
+			routeObjs = append(routeObjs, o)
+		default:
+			return in.whole(objs) // Translate says what is wrong with it
+		}
+	}
+	if !sameObjects(global, in.global) {
+		in.shards, in.routes = map[string]*shard{}, nil
+	}
+	in.global = global
+	names := make([]string, 0, len(byNS))
+	for ns := range byNS {
+		names = append(names, ns)
+	}
+	sort.Strings(names)
+
+	out := newSnapshot()
+	claims := map[string]string{} // address or uid -> the namespace claiming it
+	shards := make(map[string]*shard, len(names))
+	for _, ns := range names {
+		sh, err := in.translated(in.shards[ns], byNS[ns])
+		if err != nil || sh.snap.crossNamespace || !mergeNamespace(out, sh.snap, ns, claims) {
+			return in.whole(objs)
+		}
+		shards[ns] = sh
+	}
+	routes, err := in.translated(in.routes, routeObjs)
+	if err != nil {
+		return in.whole(objs)
+	}
+	for k, v := range routes.snap.HTTPRoutes {
+		out.HTTPRoutes[k] = v
+	}
+	for k, v := range routes.snap.GRPCRoutes {
+		out.GRPCRoutes[k] = v
+	}
+	for _, p := range routes.snap.Rejected {
+		if k := p.Kind(); k == "HTTPRoute" || k == "GRPCRoute" {
+			out.Rejected = append(out.Rejected, p)
+		}
+	}
+	in.shards, in.routes = shards, routes
+	return out, nil
+}
+
+// translated returns sh if it holds exactly objs, else their translation
+// with the global objects.
+func (in *Incremental) translated(sh *shard, objs []Object) (*shard, error) {
+	if sh != nil && sameObjects(objs, sh.objs) {
+		return sh, nil
+	}
+	snap, err := Translate(append(append(make([]Object, 0, len(in.global)+len(objs)), in.global...), objs...), in.opts)
+	if err != nil {
+		return nil, err
+	}
+	return &shard{objs: objs, snap: snap}, nil
+}
+
+// whole translates objs as one and forgets the shards: the next call
+// starts afresh.
+func (in *Incremental) whole(objs []Object) (*Snapshot, error) {
+	in.global, in.shards, in.routes = nil, map[string]*shard{}, nil
+	return Translate(objs, in.opts)
+}
+
+// mergeNamespace adds what namespace ns's translation decided about ns to
+// out; false when an address or uid it claims is another namespace's.
+func mergeNamespace(out, s *Snapshot, ns string, claims map[string]string) bool {
+	for _, c := range s.claims {
+		if prev, ok := claims[c]; ok && prev != ns {
+			return false
+		}
+		claims[c] = ns
+	}
+	for k, w := range s.Workloads {
+		out.Workloads[k] = w
+	}
+	for k, v := range s.Services {
+		if v.Namespace == ns {
+			out.Services[k] = v
+		}
+	}
+	for k, v := range s.Waypoints {
+		if v.Namespace == ns {
+			out.Waypoints[k] = v
+			out.waypointIdentities[v.Identity] = k
+		}
+	}
+	for k, v := range s.LocalApps {
+		out.LocalApps[k] = v
+	}
+	for node, ids := range s.nodeIdentities {
+		m := out.nodeIdentities[node]
+		if m == nil {
+			m = make(map[string]struct{}, len(ids))
+			out.nodeIdentities[node] = m
+		}
+		for id := range ids {
+			m[id] = struct{}{}
+		}
+	}
+	for _, p := range s.Rejected {
+		switch p.Kind() {
+		case "Namespace":
+			if p.Name() == ns {
+				out.Rejected = append(out.Rejected, p)
+			}
+		case "HTTPRoute", "GRPCRoute":
+			// the routes' translation decides
+		default:
+			if p.Namespace() == ns {
+				out.Rejected = append(out.Rejected, p)
+			}
+		}
+	}
+	return true
+}
+
+// sameObjects: the same objects (by identity) from the same origins, in
+// the same order.
+func sameObjects(a, b []Object) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Obj != b[i].Obj || a[i].Origin != b[i].Origin {
+			return false
+		}
+	}
+	return true
+}
