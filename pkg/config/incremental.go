@@ -7,6 +7,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // Incremental translates as Translate does, but translates again only the
@@ -31,6 +33,9 @@ type Incremental struct {
 	global []Object // Namespaces, Gateways and GatewayClasses of the last call
 	shards map[string]*shard
 	routes *shard
+	// claims: address or uid -> the namespace whose shard claims it; kept
+	// across calls and changed only for the shards translated again.
+	claims map[string]string
 }
 
 // shard is one namespace's objects (or the routes') and their translation.
@@ -88,8 +93,8 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 			return in.whole(objs) // Translate says what is wrong with it
 		}
 	}
-	if !sameObjects(global, in.global) {
-		in.shards, in.routes = map[string]*shard{}, nil
+	if !sameObjects(global, in.global) || in.claims == nil {
+		in.shards, in.routes, in.claims = map[string]*shard{}, nil, map[string]string{}
 	}
 	in.global = global
 	names := make([]string, 0, len(byNS))
@@ -98,15 +103,34 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 	}
 	sort.Strings(names)
 
-	out := newSnapshot()
-	claims := map[string]string{} // address or uid -> the namespace claiming it
 	shards := make(map[string]*shard, len(names))
+	var workloads, services int
 	for _, ns := range names {
-		sh, err := in.translated(in.shards[ns], byNS[ns])
-		if err != nil || sh.snap.crossNamespace || !mergeNamespace(out, sh.snap, ns, claims) {
+		old := in.shards[ns]
+		sh, err := in.translated(old, byNS[ns])
+		if err != nil || sh.snap.crossNamespace {
 			return in.whole(objs)
 		}
+		if sh != old {
+			in.release(old, ns)
+			if !in.claim(sh, ns) {
+				return in.whole(objs)
+			}
+		}
 		shards[ns] = sh
+		workloads += len(sh.snap.Workloads)
+		services += len(sh.snap.Services)
+	}
+	for ns, old := range in.shards {
+		if shards[ns] == nil {
+			in.release(old, ns)
+		}
+	}
+	out := newSnapshot()
+	out.Workloads = make(map[string]*meshv1.Workload, workloads)
+	out.Services = make(map[string]*meshv1.Service, services)
+	for _, ns := range names {
+		mergeNamespace(out, shards[ns].snap, ns)
 	}
 	routes, err := in.translated(in.routes, routeObjs)
 	if err != nil {
@@ -140,22 +164,39 @@ func (in *Incremental) translated(sh *shard, objs []Object) (*shard, error) {
 	return &shard{objs: objs, snap: snap}, nil
 }
 
+// claim records sh's claims for ns; false when one is another namespace's.
+func (in *Incremental) claim(sh *shard, ns string) bool {
+	for _, c := range sh.snap.claims {
+		if prev, ok := in.claims[c]; ok && prev != ns {
+			return false
+		}
+		in.claims[c] = ns
+	}
+	return true
+}
+
+// release forgets the claims of ns's former shard sh (nil: none).
+func (in *Incremental) release(sh *shard, ns string) {
+	if sh == nil {
+		return
+	}
+	for _, c := range sh.snap.claims {
+		if in.claims[c] == ns {
+			delete(in.claims, c)
+		}
+	}
+}
+
 // whole translates objs as one and forgets the shards: the next call
 // starts afresh.
 func (in *Incremental) whole(objs []Object) (*Snapshot, error) {
-	in.global, in.shards, in.routes = nil, map[string]*shard{}, nil
+	in.global, in.shards, in.routes, in.claims = nil, map[string]*shard{}, nil, nil
 	return Translate(objs, in.opts)
 }
 
 // mergeNamespace adds what namespace ns's translation decided about ns to
-// out; false when an address or uid it claims is another namespace's.
-func mergeNamespace(out, s *Snapshot, ns string, claims map[string]string) bool {
-	for _, c := range s.claims {
-		if prev, ok := claims[c]; ok && prev != ns {
-			return false
-		}
-		claims[c] = ns
-	}
+// out.
+func mergeNamespace(out, s *Snapshot, ns string) {
 	for k, w := range s.Workloads {
 		out.Workloads[k] = w
 	}
@@ -197,7 +238,6 @@ func mergeNamespace(out, s *Snapshot, ns string, claims map[string]string) bool 
 			}
 		}
 	}
-	return true
 }
 
 // sameObjects: the same objects (by identity) from the same origins, in
