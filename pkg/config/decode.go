@@ -15,15 +15,17 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 // Object is one decoded Kubernetes object and where it came from. Obj is one
 // of *corev1.Namespace, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 // *discoveryv1.EndpointSlice, *gwv1.Gateway, *gwv1.GatewayClass,
 // *gwv1.HTTPRoute, *gwv1.GRPCRoute or *gwv1.ReferenceGrant (v1beta1 Gateway
-// API objects are converted to v1). A Kubernetes informer source builds the
-// same list from its listers and calls Translate, so both sources share every
-// rule.
+// API objects are converted to v1). The Kubernetes source builds the same
+// list from its informers and translates it incrementally (Incremental), to
+// the same result, so both sources share every rule.
 type Object struct {
 	Origin string
 	Obj    runtime.Object
@@ -118,4 +120,13 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	}
 	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Pod, Service, ServiceAccount, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute and ReferenceGrant",
 		gvk.Kind, gvk.GroupVersion())
+}
+
+// DecodeFile reads one file (at most MaxFileBytes) and decodes it.
+func DecodeFile(path string) ([]Object, error) {
+	data, err := readlimit.File(path, MaxFileBytes)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(path, data)
 }

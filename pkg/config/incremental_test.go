@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -17,11 +16,7 @@ import (
 
 func decodeFile(t *testing.T, path string) []Object {
 	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := Decode(path, data)
+	objs, err := DecodeFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package nodeproxy
 import (
 	"errors"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 
@@ -16,12 +15,7 @@ import (
 // translation refuses next to good ones) and indexes it for node-a.
 func refusalRegistry(t *testing.T) (*config.Snapshot, *Registry) {
 	t.Helper()
-	const path = "../config/testdata/refusals.yaml"
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := config.Decode(path, data)
+	objs, err := config.DecodeFile("../config/testdata/refusals.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,12 +82,7 @@ func (r *running) next(t *testing.T, what string, ok func(*config.Snapshot) bool
 // sampleObjects decodes the local-mode sample.
 func sampleObjects(t *testing.T) []config.Object {
 	t.Helper()
-	path := filepath.Join("..", "..", "..", "examples", "local", "mesh.yaml")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := config.Decode(path, data)
+	objs, err := config.DecodeFile(filepath.Join("..", "..", "..", "examples", "local", "mesh.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package kubesource_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -41,12 +40,7 @@ func refusedObjects(s *config.Snapshot) map[string]string {
 // mesh's configuration at the last good snapshot.
 func TestBadObjectRefusedAlone(t *testing.T) {
 	env := kubetest.Start(t) // its own apiserver: the fixture's namespaces and addresses are its alone
-	const path = "../testdata/refusals.yaml"
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := config.Decode(path, data)
+	objs, err := config.DecodeFile("../testdata/refusals.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
