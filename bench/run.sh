@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark under bench/ (what `make bench` does after `make
 # build`). Each prints "bench: <name> <value> <unit>" lines (docs/design.md §9);
-# see bench/README.md for what they mean. About 3 minutes on 2 cores.
+# see bench/README.md for what they mean. About 4 minutes on 2 cores.
 #   BIN      directory of the built binaries (default bin)
 #   GO       go command (default go)
 # Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS.
@@ -17,17 +17,29 @@ for b in controlplane nodeproxy waypoint; do
 	fi
 done
 
-# The waypoint's baseline is Debian's nginx, run by the benchmark as its
-# own child (the system service is never used).
+# The baselines are Debian's: nginx for the waypoint, nginx's stream module
+# and stunnel4 for the node proxy pair. The benchmarks run them as their
+# own children (the system services are never used); bench/nodeproxy
+# skips, saying why, a peer that is still missing.
+missing=()
 if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+	missing+=(nginx)
+fi
+if [ ! -e /usr/lib/nginx/modules/ngx_stream_module.so ]; then
+	missing+=(libnginx-mod-stream)
+fi
+if ! command -v stunnel4 >/dev/null 2>&1; then
+	missing+=(stunnel4)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-		echo "# installing nginx (Debian) for the waypoint baseline" >&2
+		echo "# installing ${missing[*]} (Debian) for the baselines" >&2
 		export DEBIAN_FRONTEND=noninteractive
-		apt-get install -y -q nginx >/dev/null 2>&1 ||
-			{ apt-get update -q >/dev/null && apt-get install -y -q nginx >/dev/null; } ||
-			echo "bench: could not install nginx; the waypoint benchmark will fail" >&2
+		apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
+			{ apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; } ||
+			echo "bench: could not install ${missing[*]}; the waypoint benchmark fails without nginx, the node proxy's skips its missing peers" >&2
 	else
-		echo "bench: nginx is not installed (apt-get install -y nginx); the waypoint benchmark will fail" >&2
+		echo "bench: ${missing[*]} not installed (apt-get install -y ${missing[*]}); the waypoint benchmark fails without nginx, the node proxy's skips its missing peers" >&2
 	fi
 fi
 

@@ -1,8 +1,10 @@
 // Command nodeproxy benchmarks the node proxy pair on the direct path
 // (docs/design.md §5.1): pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B
-// -> pod B, with the real binaries of a two-node local mesh, against plain
-// TCP from pod A's address straight to pod B's app in the same run. It
-// prints `bench: <name> <value> <unit>` lines:
+// -> pod B, with the real binaries of a two-node local mesh, in the same run
+// as the TLS tunnel pairs a user could run instead (nginx stream, stunnel;
+// peers.go) and two references: plain TCP from pod A's address straight to
+// pod B's app, and TLS straight to it. It prints `bench: <name> <value>
+// <unit>` lines:
 //
 //   - memory: node proxy RSS (VmRSS) with -idle-conns open idle
 //     connections through the pair, per connection;
@@ -21,8 +23,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -102,6 +108,8 @@ type options struct {
 	dialParallel  int
 	settle        time.Duration
 	bulkWriteSize int
+	peers         string
+	profileDir    string
 }
 
 func main() {
@@ -119,10 +127,13 @@ func main() {
 	flag.IntVar(&o.bulkWriteSize, "write-size", 256<<10, "bytes per write in the throughput measurement")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
+	flag.StringVar(&o.peers, "peers", "nginx_stream,stunnel", "peer TLS tunnel pairs to measure (comma-separated; empty: none)")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
 	app := flag.Bool("app", false, "run as pod B's app (the benchmark starts itself so)")
+	appTLSDir := flag.String("app-tls", "", "with -app: also serve TLS with the certificates in this directory")
 	flag.Parse()
 	if *app {
-		if err := runApp(); err != nil {
+		if err := runApp(*appTLSDir); err != nil {
 			os.Exit(1)
 		}
 		return
@@ -174,7 +185,12 @@ func run(o options) error {
 	}
 	defer mesh.Stop()
 
-	app, err := startApp(ctx)
+	pkiDir := filepath.Join(work, "pki")
+	ptls, err := newPeerPKI(pkiDir)
+	if err != nil {
+		return err
+	}
+	app, err := startApp(ctx, pkiDir)
 	if err != nil {
 		return err
 	}
@@ -197,9 +213,29 @@ func run(o options) error {
 		return err
 	}
 	self, appPID := os.Getpid(), app.cmd.Process.Pid
+	ends := pidsCPU(self, appPID)
+	nodeProxies := pidsCPU(pa, pb)
 	paths := []path{
-		{name: "direct", dial: directDialer(), target: appIP, pids: []int{self, appPID}},
-		{name: "nodeproxy", dial: viaSOCKS, target: sinkIP, pids: []int{self, appPID, pa, pb}},
+		{name: "direct", dial: directDialer(), target: appIP, ends: ends},
+		{name: "tls_direct", dial: tlsDialer(ptls.client), target: tlsAppIP, ends: ends},
+		{name: "nodeproxy", dial: viaSOCKS, target: sinkIP, ends: ends, pair: nodeProxies},
+	}
+	for _, name := range strings.Split(o.peers, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		peer, err := startPeer(name, work, pkiDir, runtime.NumCPU(), o.idleConns+4096)
+		var miss *errMissing
+		if errors.As(err, &miss) {
+			fmt.Fprintf(os.Stderr, "nodeproxy bench: %s skipped: %v\n", name, err)
+			continue
+		}
+		if err != nil {
+			keep = true
+			return err
+		}
+		defer peer.stop()
+		paths = append(paths, path{name: name, dial: directDialer(), target: peer.listen, ends: ends, pair: peer.cpu})
 	}
 	b := &bench{o: o, mesh: mesh, app: app, paths: paths, proxyA: pa, proxyB: pb}
 	// Every path must work before anything is measured.
@@ -236,20 +272,33 @@ type path struct {
 	name   string
 	dial   func(ctx context.Context, addr string) (net.Conn, error)
 	target string // pod B's address on this path
-	pids   []int  // the processes that do the work on this path
+	// CPU time used so far by the client and pod B's app, and by the
+	// path's proxies (nil: none).
+	ends, pair func() (time.Duration, error)
 }
 
 // cpu is the CPU time the path's processes have used so far.
-func (p path) cpu() (time.Duration, error) {
-	var sum time.Duration
-	for _, pid := range p.pids {
-		t, err := benchmesh.CPUTime(pid)
-		if err != nil {
-			return 0, err
-		}
-		sum += t
+func (p path) cpu() (ends, pair time.Duration, err error) {
+	if ends, err = p.ends(); err != nil || p.pair == nil {
+		return ends, 0, err
 	}
-	return sum, nil
+	pair, err = p.pair()
+	return ends, pair, err
+}
+
+// pidsCPU is the CPU time of the processes pids.
+func pidsCPU(pids ...int) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		var sum time.Duration
+		for _, pid := range pids {
+			t, err := benchmesh.CPUTime(pid)
+			if err != nil {
+				return 0, err
+			}
+			sum += t
+		}
+		return sum, nil
+	}
 }
 
 func (p path) addr(port string) string { return net.JoinHostPort(p.target, port) }
@@ -339,36 +388,29 @@ type bench struct {
 	proxyA, proxyB int
 }
 
-// pairCPU is the CPU time both node proxies have used so far.
-func (b *bench) pairCPU() (time.Duration, error) {
-	return path{pids: []int{b.proxyA, b.proxyB}}.cpu()
-}
-
 // measurement is what one run on a path did and cost.
 type measurement struct {
 	work    float64       // bytes or connections
 	elapsed time.Duration // wall clock
 	cpu     time.Duration // the path's processes
-	pairCPU time.Duration // the node proxies alone
+	pairCPU time.Duration // the proxies alone
 }
 
 // measure runs f on p and accounts the CPU time it cost.
 func (b *bench) measure(p path, f func() (float64, time.Duration, error)) (measurement, error) {
-	cpu0, err1 := p.cpu()
-	pair0, err2 := b.pairCPU()
-	if err := errors.Join(err1, err2); err != nil {
+	ends0, pair0, err := p.cpu()
+	if err != nil {
 		return measurement{}, err
 	}
 	work, elapsed, err := f()
 	if err != nil {
 		return measurement{}, err
 	}
-	cpu1, err1 := p.cpu()
-	pair1, err2 := b.pairCPU()
-	if err := errors.Join(err1, err2); err != nil {
+	ends1, pair1, err := p.cpu()
+	if err != nil {
 		return measurement{}, err
 	}
-	return measurement{work: work, elapsed: elapsed, cpu: cpu1 - cpu0, pairCPU: pair1 - pair0}, nil
+	return measurement{work: work, elapsed: elapsed, cpu: ends1 - ends0 + pair1 - pair0, pairCPU: pair1 - pair0}, nil
 }
 
 func (m measurement) rate() float64 { return m.work / m.elapsed.Seconds() }
@@ -383,7 +425,7 @@ func (b *bench) memory(ctx context.Context) error {
 		return nil
 	}
 	pa, pb := b.proxyA, b.proxyB
-	mesh := b.paths[1]
+	mesh := b.path("nodeproxy")
 	// Warm up: pooled HBONE connection, certificates, goroutine stacks.
 	for range 64 {
 		if err := exchange(ctx, mesh); err != nil {
@@ -393,7 +435,9 @@ func (b *bench) memory(ctx context.Context) error {
 	sleepCtx(ctx, b.o.settle)
 	beforeA, errA := benchmesh.RSS(pa)
 	beforeB, errB := benchmesh.RSS(pb)
-	if err := errors.Join(errA, errB); err != nil {
+	rtA, errC := b.runtimeFigures("node-a")
+	rtB, errD := b.runtimeFigures("node-b")
+	if err := errors.Join(errA, errB, errC, errD); err != nil {
 		return err
 	}
 
@@ -439,8 +483,19 @@ func (b *bench) memory(ctx context.Context) error {
 	sleepCtx(ctx, b.o.settle)
 	afterA, errA := benchmesh.RSS(pa)
 	afterB, errB := benchmesh.RSS(pb)
-	if err := errors.Join(errA, errB); err != nil {
+	rtA2, errC := b.runtimeFigures("node-a")
+	rtB2, errD := b.runtimeFigures("node-b")
+	if err := errors.Join(errA, errB, errC, errD); err != nil {
 		return err
+	}
+	if b.o.profileDir != "" {
+		for _, node := range []string{"node-a", "node-b"} {
+			for _, prof := range []string{"heap", "goroutine"} {
+				if err := b.saveProfile(ctx, node, prof, "idle-"+prof+"-"+node+".pb.gz"); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	n := float64(len(conns))
 	kib := func(before, after int64) float64 { return float64(after-before) / 1024 / n }
@@ -453,7 +508,61 @@ func (b *bench) memory(ctx context.Context) error {
 	benchmesh.Report("nodeproxy_a_kib_per_conn", kib(beforeA, afterA), "KiB")
 	benchmesh.Report("nodeproxy_b_kib_per_conn", kib(beforeB, afterB), "KiB")
 	benchmesh.Report("nodeproxy_pair_kib_per_conn", kib(beforeA+beforeB, afterA+afterB), "KiB")
+	// Where it goes, from the Go runtime's own figures.
+	for _, side := range []struct {
+		name          string
+		before, after map[string]float64
+	}{{"a", rtA, rtA2}, {"b", rtB, rtB2}} {
+		grow := func(metric string) float64 { return (side.after[metric] - side.before[metric]) / n }
+		benchmesh.Report("nodeproxy_"+side.name+"_goroutines_per_conn", grow("go_goroutines"), "goroutines")
+		benchmesh.Report("nodeproxy_"+side.name+"_stack_kib_per_conn", grow("go_memstats_stack_inuse_bytes")/1024, "KiB")
+		benchmesh.Report("nodeproxy_"+side.name+"_heap_kib_per_conn", grow("go_memstats_heap_inuse_bytes")/1024, "KiB")
+		benchmesh.Report("nodeproxy_"+side.name+"_heap_objects_per_conn", grow("go_memstats_heap_objects"), "objects")
+	}
 	return nil
+}
+
+// saveProfile writes the pprof profile prof (with its query) of a node's
+// proxy to file in the profile directory.
+func (b *bench) saveProfile(ctx context.Context, node, prof, file string) error {
+	np, ok := b.mesh.Plan.Node(node)
+	if !ok {
+		return fmt.Errorf("no node %s in the plan", node)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+np.Admin+"/debug/pprof/"+prof, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s profile of %s: %w", prof, node, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s profile of %s: %s", prof, node, resp.Status)
+	}
+	if err := os.MkdirAll(b.o.profileDir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(b.o.profileDir, file))
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// runtimeFigures reads the Go runtime's memory figures of a node's proxy.
+func (b *bench) runtimeFigures(node string) (map[string]float64, error) {
+	np, ok := b.mesh.Plan.Node(node)
+	if !ok {
+		return nil, fmt.Errorf("no node %s in the plan", node)
+	}
+	return benchmesh.Scrape("http://"+np.Status+"/metrics", "go_goroutines", "go_memstats_stack_inuse_bytes",
+		"go_memstats_heap_inuse_bytes", "go_memstats_heap_objects")
 }
 
 // openHeld opens a connection to the hold port and checks it reaches pod B
@@ -487,31 +596,72 @@ func openHeld(ctx context.Context, p path) (net.Conn, error) {
 // round by round; the best round of each is reported, with the CPU time
 // the path's processes spent per byte in that round.
 func (b *bench) throughput(ctx context.Context) error {
+	best, err := b.bestOf(func(p path) (float64, time.Duration, error) { return b.bulk(ctx, p) })
+	if err != nil {
+		return fmt.Errorf("throughput: %w", err)
+	}
+	d, n := best["direct"], best["nodeproxy"]
+	gbit := func(bytesPerSec float64) float64 { return bytesPerSec * 8 / 1e9 }
+	cpuPerGiB := func(m measurement) float64 { return m.pairCPU.Seconds() / (m.work / (1 << 30)) }
+	for _, p := range b.paths {
+		benchmesh.Report(p.name+"_throughput_gbps", gbit(best[p.name].rate()), "Gbit/s")
+	}
+	benchmesh.Report("nodeproxy_throughput_ratio", n.rate()/d.rate(), "x")
+	benchmesh.Report("tls_direct_throughput_ratio", best["tls_direct"].rate()/d.rate(), "x")
+	// Contention from other work on the machine moves the rates; CPU time
+	// per byte it hardly moves. On an otherwise idle machine whose cores
+	// the path keeps busy, the throughput ratio tends to this one.
+	for _, p := range b.paths {
+		benchmesh.Report(p.name+"_gbit_per_cpu_sec", gbit(best[p.name].perCPU()), "Gbit/cpu-s")
+	}
+	benchmesh.Report("nodeproxy_throughput_per_cpu_ratio", n.perCPU()/d.perCPU(), "x")
+	benchmesh.Report("nodeproxy_pair_cpu_sec_per_gib", cpuPerGiB(n), "cpu-s/GiB")
+	for _, p := range b.peers() {
+		m := best[p.name]
+		benchmesh.Report(p.name+"_pair_cpu_sec_per_gib", cpuPerGiB(m), "cpu-s/GiB")
+		benchmesh.Report("nodeproxy_vs_"+p.name+"_throughput_ratio", n.rate()/m.rate(), "x")
+		benchmesh.Report("nodeproxy_vs_"+p.name+"_cpu_per_gib_ratio", cpuPerGiB(n)/cpuPerGiB(m), "x")
+	}
+	return nil
+}
+
+// bestOf runs f on every path, interleaving the paths round by round, and
+// returns each path's best round.
+func (b *bench) bestOf(f func(path) (float64, time.Duration, error)) (map[string]measurement, error) {
 	best := map[string]measurement{}
 	for range b.o.rounds {
 		for _, p := range b.paths {
-			m, err := b.measure(p, func() (float64, time.Duration, error) { return b.bulk(ctx, p) })
+			m, err := b.measure(p, func() (float64, time.Duration, error) { return f(p) })
 			if err != nil {
-				return fmt.Errorf("%s throughput: %w", p.name, err)
+				return nil, fmt.Errorf("%s: %w", p.name, err)
 			}
 			if m.rate() > best[p.name].rate() || best[p.name].elapsed == 0 {
 				best[p.name] = m
 			}
 		}
 	}
-	d, n := best["direct"], best["nodeproxy"]
-	gbit := func(bytesPerSec float64) float64 { return bytesPerSec * 8 / 1e9 }
-	benchmesh.Report("direct_throughput_gbps", gbit(d.rate()), "Gbit/s")
-	benchmesh.Report("nodeproxy_throughput_gbps", gbit(n.rate()), "Gbit/s")
-	benchmesh.Report("nodeproxy_throughput_ratio", n.rate()/d.rate(), "x")
-	// Contention from other work on the machine moves the rates; CPU time
-	// per byte it hardly moves. On an otherwise idle machine whose cores
-	// the path keeps busy, the throughput ratio tends to this one.
-	benchmesh.Report("direct_gbit_per_cpu_sec", gbit(d.perCPU()), "Gbit/cpu-s")
-	benchmesh.Report("nodeproxy_gbit_per_cpu_sec", gbit(n.perCPU()), "Gbit/cpu-s")
-	benchmesh.Report("nodeproxy_throughput_per_cpu_ratio", n.perCPU()/d.perCPU(), "x")
-	benchmesh.Report("nodeproxy_pair_cpu_sec_per_gib", n.pairCPU.Seconds()/(n.work/(1<<30)), "cpu-s/GiB")
-	return nil
+	return best, nil
+}
+
+// path returns the path called name (it exists: run builds them).
+func (b *bench) path(name string) path {
+	for _, p := range b.paths {
+		if p.name == name {
+			return p
+		}
+	}
+	panic("no path " + name)
+}
+
+// peers are the paths through a peer pair (the proxies are not ours).
+func (b *bench) peers() []path {
+	var out []path
+	for _, p := range b.paths {
+		if p.pair != nil && p.name != "nodeproxy" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // bulk sends for the configured duration, then closes; the rate is the
@@ -537,39 +687,62 @@ func (b *bench) bulk(ctx context.Context, p path) (float64, time.Duration, error
 			return 0, 0, fmt.Errorf("write after %d bytes: %w", sent, err)
 		}
 	}
-	c.Close()
-	select {
-	case r := <-b.app.bulkDone:
-		if r.err != nil {
-			return 0, 0, r.err
+	// End the stream but keep reading: a TLS client closing with the
+	// server's session tickets unread would reset the connection.
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		if err := cw.CloseWrite(); err != nil {
+			return 0, 0, fmt.Errorf("close after %d bytes: %w", sent, err)
 		}
-		if r.bytes != sent {
-			return 0, 0, fmt.Errorf("pod B received %d bytes of %d", r.bytes, sent)
+	} else {
+		c.Close()
+	}
+	for {
+		select {
+		case r := <-b.app.bulkDone:
+			if r.bytes == 0 && r.err == nil {
+				continue // an empty connection: a peer's readiness probe
+			}
+			return bulkOutcome(r, sent, start)
+		case <-time.After(60 * time.Second):
+			return 0, 0, errors.New("pod B never saw the end of the stream")
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
 		}
-		return float64(r.bytes), r.at.Sub(start), nil
-	case <-time.After(60 * time.Second):
-		return 0, 0, errors.New("pod B never saw the end of the stream")
-	case <-ctx.Done():
-		return 0, 0, ctx.Err()
 	}
 }
 
-// connectionsPerSecond runs the connect/exchange/close loop on each path.
+// bulkOutcome checks pod B's report of a stream of sent bytes.
+func bulkOutcome(r bulkResult, sent int64, start time.Time) (float64, time.Duration, error) {
+	if r.err != nil {
+		return 0, 0, r.err
+	}
+	if r.bytes != sent {
+		return 0, 0, fmt.Errorf("pod B received %d bytes of %d", r.bytes, sent)
+	}
+	return float64(r.bytes), r.at.Sub(start), nil
+}
+
+// connectionsPerSecond runs the connect/exchange/close loop on each path,
+// the paths interleaved round by round, best round of each.
 func (b *bench) connectionsPerSecond(ctx context.Context) error {
-	res := map[string]measurement{}
-	for _, p := range b.paths {
-		m, err := b.measure(p, func() (float64, time.Duration, error) { return b.cps(ctx, p) })
-		if err != nil {
-			return fmt.Errorf("%s connections: %w", p.name, err)
-		}
-		res[p.name] = m
+	res, err := b.bestOf(func(p path) (float64, time.Duration, error) { return b.cps(ctx, p) })
+	if err != nil {
+		return fmt.Errorf("connections: %w", err)
 	}
 	d, n := res["direct"], res["nodeproxy"]
-	benchmesh.Report("direct_conns_per_sec", d.rate(), "conn/s")
-	benchmesh.Report("nodeproxy_conns_per_sec", n.rate(), "conn/s")
+	cpuPerConn := func(m measurement) float64 { return float64(m.pairCPU.Microseconds()) / m.work }
+	for _, p := range b.paths {
+		benchmesh.Report(p.name+"_conns_per_sec", res[p.name].rate(), "conn/s")
+	}
 	benchmesh.Report("nodeproxy_conns_per_sec_ratio", n.rate()/d.rate(), "x")
 	benchmesh.Report("nodeproxy_conns_per_cpu_sec_ratio", n.perCPU()/d.perCPU(), "x")
-	benchmesh.Report("nodeproxy_pair_cpu_us_per_conn", float64(n.pairCPU.Microseconds())/n.work, "us")
+	benchmesh.Report("nodeproxy_pair_cpu_us_per_conn", cpuPerConn(n), "us")
+	for _, p := range b.peers() {
+		m := res[p.name]
+		benchmesh.Report(p.name+"_pair_cpu_us_per_conn", cpuPerConn(m), "us")
+		benchmesh.Report("nodeproxy_vs_"+p.name+"_conns_per_sec_ratio", n.rate()/m.rate(), "x")
+		benchmesh.Report("nodeproxy_vs_"+p.name+"_cpu_per_conn_ratio", cpuPerConn(n)/cpuPerConn(m), "x")
+	}
 	return nil
 }
 

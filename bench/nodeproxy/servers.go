@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -35,12 +36,14 @@ type appProcess struct {
 	stdin    io.WriteCloser
 }
 
-func startApp(ctx context.Context) (*appProcess, error) {
+// startApp starts pod B's app; with tlsDir (the peers' PKI) it also serves
+// the three ports with TLS on tlsAppIP.
+func startApp(ctx context.Context, tlsDir string) (*appProcess, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, self, "-app")
+	cmd := exec.CommandContext(ctx, self, "-app", "-app-tls", tlsDir)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
@@ -126,8 +129,9 @@ func (a *appProcess) stop() {
 	}
 }
 
-// runApp is the child: pod B's three servers until stdin closes.
-func runApp() error {
+// runApp is the child: pod B's three servers until stdin closes, in plain
+// TCP on appIP and, with tlsDir, in TLS on tlsAppIP.
+func runApp(tlsDir string) error {
 	var outMu sync.Mutex
 	say := func(format string, args ...any) {
 		outMu.Lock()
@@ -141,15 +145,34 @@ func runApp() error {
 		}
 		say("bulk %d %d %s", r.bytes, r.at.UnixNano(), msg)
 	}}
-	for port, serve := range map[string]func(net.Conn){bulkPort: s.serveBulk, rrPort: serveRR, holdPort: serveHold} {
-		ln, err := net.Listen("tcp", net.JoinHostPort(appIP, port))
-		if err != nil {
-			s.close()
-			say("listen: %v", err)
+	var conf *tls.Config
+	if tlsDir != "" {
+		var err error
+		if conf, err = appTLS(tlsDir); err != nil {
+			say("TLS: %v", err)
 			return err
 		}
-		s.lns = append(s.lns, ln)
-		s.wg.Go(func() { s.accept(ln, serve) })
+	}
+	for port, serve := range map[string]func(net.Conn){bulkPort: s.serveBulk, rrPort: serveRR, holdPort: serveHold} {
+		for _, l := range []struct {
+			ip   string
+			conf *tls.Config
+		}{{appIP, nil}, {tlsAppIP, conf}} {
+			if l.ip == tlsAppIP && conf == nil {
+				continue
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort(l.ip, port))
+			if err != nil {
+				s.close()
+				say("listen: %v", err)
+				return err
+			}
+			if l.conf != nil {
+				ln = tls.NewListener(ln, l.conf)
+			}
+			s.lns = append(s.lns, ln)
+			s.wg.Go(func() { s.accept(ln, serve) })
+		}
 	}
 	say("ready")
 	io.Copy(io.Discard, os.Stdin) // the parent closes it, or dies

@@ -25,18 +25,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -282,11 +278,9 @@ func run(o options) error {
 	if o.conns < 1 || o.rounds < 1 || o.policyN < 1 || o.window <= 0 {
 		return errors.New("-conns, -rounds, -policy-decisions and -duration must be positive")
 	}
-	nginxBin, err := exec.LookPath(o.nginxBin)
+	nginxBin, err := benchmesh.LookTool(o.nginxBin, "/usr/sbin/nginx")
 	if err != nil {
-		if nginxBin, err = exec.LookPath("/usr/sbin/nginx"); err != nil {
-			return fmt.Errorf("nginx not found (apt-get install -y nginx): %w", err)
-		}
+		return fmt.Errorf("%w (apt-get install -y nginx)", err)
 	}
 	if o.nginxWorkers <= 0 {
 		o.nginxWorkers = runtimeCPUs()
@@ -363,20 +357,20 @@ func run(o options) error {
 	if err := os.MkdirAll(ndir, 0o700); err != nil {
 		return fail(err)
 	}
-	pk, err := newPKI(ndir)
+	pk, err := benchmesh.NewPKI(ndir)
 	if err != nil {
 		return fail(err)
 	}
 	certs := map[string]*tls.Certificate{}
 	for i, name := range []string{"nginx.bench", "backend.bench", "nginx-client.bench", "loadgen.bench"} {
-		if certs[name], err = pk.issue(name, int64(i+2)); err != nil {
+		if certs[name], err = pk.Issue(name, int64(i+2)); err != nil {
 			return fail(err)
 		}
 	}
 
 	be, err := startBackend(net.JoinHostPort(backendIP, "15008"), net.JoinHostPort(backendApp, backendTLS), bundle, backendCert,
 		&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*certs["backend.bench"]},
-			ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pk.pool, NextProtos: []string{"http/1.1"}}, zap.NewNop())
+			ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pk.Pool, NextProtos: []string{"http/1.1"}}, zap.NewNop())
 	if err != nil {
 		return fail(err)
 	}
@@ -386,7 +380,7 @@ func run(o options) error {
 	if err != nil {
 		return fail(err)
 	}
-	defer ngx.stop()
+	defer ngx.Stop()
 
 	local := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(loadgenIP)}, Timeout: 10 * time.Second}
 	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: bundle})
@@ -404,13 +398,13 @@ func run(o options) error {
 	}
 	tlsDial := func(addr, serverName string) dialFunc {
 		d := &tls.Dialer{NetDialer: local, Config: &tls.Config{MinVersion: tls.VersionTLS13, ServerName: serverName,
-			RootCAs: pk.pool, Certificates: []tls.Certificate{*certs["loadgen.bench"]}, NextProtos: []string{"http/1.1"}}}
+			RootCAs: pk.Pool, Certificates: []tls.Certificate{*certs["loadgen.bench"]}, NextProtos: []string{"http/1.1"}}}
 		return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
 	wpCPUTime := func() (time.Duration, error) { return benchmesh.CPUTime(wpPID) }
 	targets := []target{
 		{name: "waypoint", dial: func(ctx context.Context) (net.Conn, error) { return pool.Dial(ctx, hboneTarget) }, cpu: wpCPUTime},
-		{name: "nginx", dial: tlsDial(net.JoinHostPort(nginxIP, nginxPort), "nginx.bench"), cpu: ngx.cpu},
+		{name: "nginx", dial: tlsDial(net.JoinHostPort(nginxIP, nginxPort), "nginx.bench"), cpu: ngx.CPU},
 	}
 	if !o.skipL4 {
 		// The same requests to the service's TCP port: the waypoint
@@ -540,7 +534,8 @@ func run(o options) error {
 		benchmesh.Report("waypoint_http_cpu_us_per_req", wpCPU-l4CPU, "us")
 	}
 
-	if dropped, err := scrapeCounter("http://"+mesh.Plan.Waypoints[0].Status+"/metrics", "policy_decision_logs_dropped_total"); err == nil {
+	if m, err := benchmesh.Scrape("http://"+mesh.Plan.Waypoints[0].Status+"/metrics", "policy_decision_logs_dropped_total"); err == nil {
+		dropped := m["policy_decision_logs_dropped_total"]
 		benchmesh.Report("waypoint_decision_logs_dropped", dropped, "entries")
 	} else {
 		fmt.Fprintln(os.Stderr, "waypoint bench: decision log metrics:", err)
@@ -644,26 +639,6 @@ func issueMesh(ca *trust.Authority, id trust.Identity) (*tls.Certificate, error)
 		return nil, fmt.Errorf("sign %s: %w", id, err)
 	}
 	return trust.TLSCertificate(chain, key)
-}
-
-// scrapeCounter reads one unlabelled counter from a Prometheus text page.
-func scrapeCounter(url, name string) (float64, error) {
-	client := &http.Client{Timeout: 5 * time.Second}
-	resp, err := client.Get(url)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if rest, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		}
-	}
-	return 0, fmt.Errorf("%s: no %s", url, name)
 }
 
 // cpuPerReq is cpu (a process's CPU time) in microseconds per request of res.

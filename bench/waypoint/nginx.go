@@ -2,17 +2,10 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"syscall"
 	"text/template"
-	"time"
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 )
@@ -71,54 +64,14 @@ http {
 }
 `))
 
-// nginx is the running reverse proxy.
-type nginx struct {
-	cmd  *exec.Cmd
-	dir  string
-	done chan struct{}
-}
-
 // startNginx writes the configuration into dir (which holds the PKI's
-// files) and runs nginx in the foreground until stop.
-func startNginx(bin, dir, listen, backend string, workers int) (*nginx, error) {
+// files) and runs nginx in the foreground until stopped.
+func startNginx(bin, dir, listen, backend string, workers int) (*benchmesh.Daemon, error) {
 	path, err := writeNginxConf(dir, listen, backend, workers)
 	if err != nil {
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(dir, "nginx.out"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
-	cmd := exec.Command(bin, "-p", dir, "-c", path)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start nginx: %w", err)
-	}
-	n := &nginx{cmd: cmd, dir: dir, done: make(chan struct{})}
-	go func() {
-		cmd.Wait()
-		close(n.done)
-	}()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", listen, time.Second)
-		if err == nil {
-			c.Close()
-			return n, nil
-		}
-		select {
-		case <-n.done:
-			return nil, fmt.Errorf("nginx exited: %s", n.errorLog())
-		default:
-		}
-		if time.Now().After(deadline) {
-			n.stop()
-			return nil, fmt.Errorf("nginx not listening on %s: %v; %s", listen, err, n.errorLog())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return benchmesh.StartDaemon("nginx", dir, []string{listen}, []string{"error.log"}, bin, "-p", dir, "-c", path)
 }
 
 // writeNginxConf writes dir/nginx.conf and returns its path.
@@ -132,85 +85,4 @@ func writeNginxConf(dir, listen, backend string, workers int) (string, error) {
 		return "", fmt.Errorf("nginx configuration: %w", err)
 	}
 	return path, nil
-}
-
-func (n *nginx) errorLog() string {
-	var out []string
-	for _, f := range []string{"nginx.out", "error.log"} {
-		if data, err := os.ReadFile(filepath.Join(n.dir, f)); err == nil && len(data) > 0 {
-			out = append(out, strings.TrimSpace(string(data[max(0, len(data)-2000):])))
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// stop asks nginx to quit (SIGQUIT: graceful), then kills its group.
-func (n *nginx) stop() {
-	pgid := n.cmd.Process.Pid
-	_ = syscall.Kill(pgid, syscall.SIGQUIT)
-	select {
-	case <-n.done:
-	case <-time.After(5 * time.Second):
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		<-n.done
-	}
-}
-
-// pids are the master and its workers.
-func (n *nginx) pids() ([]int, error) {
-	master := n.cmd.Process.Pid
-	kids, err := children(master)
-	if err != nil {
-		return nil, err
-	}
-	if len(kids) == 0 {
-		return nil, errors.New("nginx has no worker processes")
-	}
-	return append([]int{master}, kids...), nil
-}
-
-// cpu is the CPU time of nginx's processes.
-func (n *nginx) cpu() (time.Duration, error) {
-	pids, err := n.pids()
-	if err != nil {
-		return 0, err
-	}
-	var sum time.Duration
-	for _, pid := range pids {
-		t, err := benchmesh.CPUTime(pid)
-		if err != nil {
-			return 0, err
-		}
-		sum += t
-	}
-	return sum, nil
-}
-
-// children lists the processes whose parent is pid.
-func children(pid int) ([]int, error) {
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, err
-	}
-	var out []int
-	for _, e := range entries {
-		child, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue // gone meanwhile
-		}
-		// Field 4 (ppid) follows the parenthesised command name.
-		i := bytes.LastIndexByte(data, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(data[i+1:]))
-		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
-			out = append(out, child)
-		}
-	}
-	return out, nil
 }

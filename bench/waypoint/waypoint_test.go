@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 )
 
 func TestPercentile(t *testing.T) {
@@ -85,19 +87,17 @@ func TestBackendOverTunnelListener(t *testing.T) {
 
 // The nginx configuration the benchmark writes is one nginx accepts.
 func TestNginxConfigValid(t *testing.T) {
-	bin, err := exec.LookPath("nginx")
+	bin, err := benchmesh.LookTool("nginx", "/usr/sbin/nginx")
 	if err != nil {
-		if bin, err = exec.LookPath("/usr/sbin/nginx"); err != nil {
-			t.Skip("nginx not installed")
-		}
+		t.Skip(err)
 	}
 	dir := t.TempDir()
-	pk, err := newPKI(dir)
+	pk, err := benchmesh.NewPKI(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, name := range []string{"nginx.bench", "nginx-client.bench"} {
-		if _, err := pk.issue(name, int64(i+2)); err != nil {
+		if _, err := pk.Issue(name, int64(i+2)); err != nil {
 			t.Fatal(err)
 		}
 	}

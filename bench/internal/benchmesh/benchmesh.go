@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -179,4 +180,35 @@ func RaiseNoFile(n uint64) (uint64, error) {
 		return 0, fmt.Errorf("raise RLIMIT_NOFILE to %d: %w", lim.Cur, err)
 	}
 	return lim.Cur, nil
+}
+
+// Scrape reads unlabelled metrics (counters, gauges) from a Prometheus
+// text page; every name must be there.
+func Scrape(url string, names ...string) (map[string]float64, error) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, name := range names {
+			if rest, ok := strings.CutPrefix(line, name+" "); ok {
+				if out[name], err = strconv.ParseFloat(strings.TrimSpace(rest), 64); err != nil {
+					return nil, fmt.Errorf("%s: %s: %w", url, name, err)
+				}
+			}
+		}
+	}
+	for _, name := range names {
+		if _, ok := out[name]; !ok {
+			return nil, fmt.Errorf("%s: no %s", url, name)
+		}
+	}
+	return out, nil
 }

@@ -1,4 +1,4 @@
-package main
+package benchmesh
 
 import (
 	"crypto/ecdsa"
@@ -15,18 +15,19 @@ import (
 	"time"
 )
 
-// pki is the nginx side's certificates: a CA of its own and ECDSA P-256
-// leaves with DNS names (nginx verifies upstreams by name, not by SPIFFE
-// URI), the same key type the mesh uses. Both hops are mutual TLS 1.3, as
-// the waypoint's are.
-type pki struct {
+// PKI is the certificates of the peers a benchmark compares the mesh with
+// (nginx, stunnel): a CA of its own and ECDSA P-256 leaves with DNS names
+// (those peers verify by name, not by SPIFFE URI), the key type the mesh
+// uses. It writes ca.pem and each leaf's name.pem and name.key into Dir.
+type PKI struct {
+	Pool   *x509.CertPool
+	Dir    string
 	caCert *x509.Certificate
 	caKey  *ecdsa.PrivateKey
-	pool   *x509.CertPool
-	dir    string
 }
 
-func newPKI(dir string) (*pki, error) {
+// NewPKI makes the CA and writes dir/ca.pem.
+func NewPKI(dir string) (*PKI, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -48,17 +49,17 @@ func newPKI(dir string) (*pki, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pki{caCert: cert, caKey: key, pool: x509.NewCertPool(), dir: dir}
-	p.pool.AddCert(cert)
+	p := &PKI{caCert: cert, caKey: key, Pool: x509.NewCertPool(), Dir: dir}
+	p.Pool.AddCert(cert)
 	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), pemBlock("CERTIFICATE", der), 0o600); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// issue makes a leaf for name (a DNS SAN), writes name.pem and name.key,
-// and returns it.
-func (p *pki) issue(name string, serial int64) (*tls.Certificate, error) {
+// Issue makes a leaf for name (a DNS SAN), usable as server and client,
+// writes name.pem and name.key, and returns it.
+func (p *PKI) Issue(name string, serial int64) (*tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -81,10 +82,10 @@ func (p *pki) issue(name string, serial int64) (*tls.Certificate, error) {
 		return nil, err
 	}
 	certPEM, keyPEM := pemBlock("CERTIFICATE", der), pemBlock("EC PRIVATE KEY", keyDER)
-	if err := os.WriteFile(filepath.Join(p.dir, name+".pem"), certPEM, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(p.Dir, name+".pem"), certPEM, 0o600); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(p.dir, name+".key"), keyPEM, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(p.Dir, name+".key"), keyPEM, 0o600); err != nil {
 		return nil, err
 	}
 	c, err := tls.X509KeyPair(certPEM, keyPEM)
@@ -96,4 +97,17 @@ func (p *pki) issue(name string, serial int64) (*tls.Certificate, error) {
 
 func pemBlock(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}
+
+// LoadPool reads a PEM file of CA certificates (a PKI's ca.pem).
+func LoadPool(path string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("%s holds no certificate", path)
+	}
+	return pool, nil
 }

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Each peer pair carries an exchange from pod A's address to pod B's app,
+// and its server side refuses a client without a certificate.
+func TestPeersCarryTraffic(t *testing.T) {
+	work := t.TempDir()
+	pkiDir := filepath.Join(work, "pki")
+	ptls, err := newPeerPKI(pkiDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lns []net.Listener
+	for _, port := range appPorts {
+		ln, err := net.Listen("tcp", net.JoinHostPort(appIP, port))
+		if err != nil {
+			t.Skipf("pod B's app address: %v", err)
+		}
+		lns = append(lns, ln)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					serveRR(c)
+				}()
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{"nginx_stream", "stunnel"} {
+		t.Run(name, func(t *testing.T) {
+			peer, err := startPeer(name, work, pkiDir, 1, 1024)
+			var miss *errMissing
+			if errors.As(err, &miss) {
+				t.Skip(err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer peer.stop()
+			p := path{name: name, dial: directDialer(), target: peer.listen}
+			for range 3 {
+				if err := exchange(ctx, p); err != nil {
+					t.Fatalf("exchange through %s: %v", name, err)
+				}
+			}
+			// Straight to the server side, with the CA but no certificate.
+			server := nginxBIP
+			if name == "stunnel" {
+				server = stunnelBIP
+			}
+			conf := ptls.client.Clone()
+			conf.Certificates = nil
+			c, err := tls.Dial("tcp", net.JoinHostPort(server, rrPort), conf)
+			if err == nil {
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				_, err = c.Write(rrPayload)
+				if err == nil {
+					_, err = io.ReadFull(c, make([]byte, rrSize))
+				}
+				c.Close()
+			}
+			if err == nil {
+				t.Fatalf("%s's server side served a client without a certificate", name)
+			}
+		})
+	}
+}
