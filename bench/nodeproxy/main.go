@@ -490,8 +490,9 @@ func (b *bench) memory(ctx context.Context) error {
 	}
 	if b.o.profileDir != "" {
 		for _, node := range []string{"node-a", "node-b"} {
-			for _, prof := range []string{"heap", "goroutine"} {
-				if err := b.saveProfile(ctx, node, prof, "idle-"+prof+"-"+node+".pb.gz"); err != nil {
+			for _, prof := range []string{"heap?gc=1", "goroutine"} { // the heap after a GC: what is live
+				name, _, _ := strings.Cut(prof, "?")
+				if err := b.saveProfile(ctx, node, prof, "idle-"+name+"-"+node+".pb.gz"); err != nil {
 					return err
 				}
 			}

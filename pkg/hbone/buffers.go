@@ -29,6 +29,15 @@ var (
 	smallFramePool = sync.Pool{New: func() any { b := make([]byte, frameHeaderLen+smallFrameSize); return &b }}
 )
 
+// putReadBuf returns a buffer of readPooled to its pool.
+func putReadBuf(b *[]byte) {
+	if len(*b) == frameHeaderLen+copyBufSize {
+		copyBufPool.Put(b)
+	} else {
+		smallFramePool.Put(b)
+	}
+}
+
 const (
 	smallFrameSize = 16 << 10
 	// tlsRecordPayload is the most plaintext one TLS record carries.

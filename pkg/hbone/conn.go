@@ -1228,7 +1228,7 @@ func (c *h2conn) readData(fh http2.FrameHeader) error {
 		if !st.recv.commit(n) {
 			c.returnConnWindowLocked(n)
 		} else if n > 0 {
-			notify(st.rsig)
+			st.wakeReaderLocked()
 		}
 		c.mu.Unlock()
 		if err != nil {
@@ -1252,7 +1252,7 @@ func (c *h2conn) readData(fh http2.FrameHeader) error {
 	}
 	if end && st.err == nil {
 		st.recvEOF = true
-		notify(st.rsig)
+		st.wakeReaderLocked()
 		st.checkPeerDoneLocked()
 	}
 	c.mu.Unlock()
@@ -1577,7 +1577,7 @@ func (c *h2conn) trailersLocked(st *stream, b *headerBlock) error {
 		c.resetLocked(st, http2.ErrCodeProtocol)
 	default:
 		st.recvEOF = true
-		notify(st.rsig)
+		st.wakeReaderLocked()
 		st.checkPeerDoneLocked()
 	}
 	return nil
@@ -1619,7 +1619,7 @@ func (c *h2conn) processResponseHeaders(b *headerBlock) error {
 		st.checkPeerDoneLocked()
 	}
 	st.closeRespLocked()
-	notify(st.rsig)
+	st.wakeReaderLocked()
 	return nil
 }
 

@@ -14,8 +14,32 @@ import (
 
 // Splice returns a Stream that joins the tunnel with upstream (see Join).
 func Splice(upstream net.Conn) Stream {
-	return StreamFunc(func(ctx context.Context, tunnel net.Conn) {
-		Join(ctx, tunnel, upstream)
+	return RelayTo(upstream, 0, func(int64, int64, error) {})
+}
+
+// RelayTo returns a Stream that relays the tunnel with upstream (see
+// Relay), cutting the pair once idle for idle (0: never), and calls done
+// with the bytes sent to upstream, received from it, and the first error.
+// A Server carries it without a goroutine waiting for its end.
+func RelayTo(upstream net.Conn, idle time.Duration, done func(sent, received int64, err error)) Stream {
+	return &relayStream{upstream: upstream, idle: idle, done: done}
+}
+
+type relayStream struct {
+	upstream net.Conn
+	idle     time.Duration
+	done     func(sent, received int64, err error)
+}
+
+func (r *relayStream) Serve(ctx context.Context, tunnel net.Conn) {
+	r.done(JoinIdle(ctx, tunnel, r.upstream, r.idle))
+}
+
+// start relays and returns at once; finished runs after done.
+func (r *relayStream) start(ctx context.Context, tunnel net.Conn, finished func()) {
+	Relay(ctx, tunnel, r.upstream, r.idle, func(sent, received int64, err error) {
+		r.done(sent, received, err)
+		finished()
 	})
 }
 
@@ -36,10 +60,26 @@ var ErrIdle = errors.New("idle timeout")
 
 // JoinIdle is Join that also aborts the pair (with an error wrapping
 // ErrIdle) once no byte has moved in either direction for idle (0: never).
-// Each direction's reads carry a deadline of idle/2, so an active
-// direction records its progress at least that often; a pair is cut
-// between idle and 1.5 idle after its last byte.
+// A tunnel joined with a socket (see Relay) is cut when idle has passed
+// since its last byte; other pairs between idle and 1.5 idle after it.
 func JoinIdle(ctx context.Context, a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
+	if !relayable(a, b) {
+		return joinCopying(ctx, a, b, idle)
+	}
+	done := make(chan struct{})
+	Relay(ctx, a, b, idle, func(ab, ba int64, e error) {
+		aToB, bToA, err = ab, ba, e
+		close(done)
+	})
+	<-done
+	return aToB, bToA, err
+}
+
+// joinCopying is JoinIdle with a goroutine per direction, for pairs Relay
+// cannot carry without them. Each direction's reads carry a deadline of
+// idle/2, so an active direction records its progress at least that
+// often; a pair is cut between idle and 1.5 idle after its last byte.
+func joinCopying(ctx context.Context, a, b net.Conn, idle time.Duration) (aToB, bToA int64, err error) {
 	var (
 		once     sync.Once
 		firstErr error

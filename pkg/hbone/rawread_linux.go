@@ -1,6 +1,7 @@
 package hbone
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -9,16 +10,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rawSocketReader reads a TCP or Unix stream socket through its RawConn:
-// the copy buffer is taken from the pool only once the socket is readable,
-// so a tunnel waiting on an idle upstream holds no buffer. It returns nil
-// for other readers.
-func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
+// errWouldBlock is readPooled's answer, without waiting, for a socket with
+// nothing to read.
+var errWouldBlock = errors.New("hbone: nothing to read yet")
+
+// rawConnOf returns the RawConn of a TCP or Unix stream socket, nil for
+// other connections.
+func rawConnOf(c any) syscall.RawConn {
 	var (
 		rc  syscall.RawConn
 		err error
 	)
-	switch c := r.(type) {
+	switch c := c.(type) {
 	case *net.TCPConn:
 		rc, err = c.SyscallConn()
 	case *net.UnixConn:
@@ -29,41 +32,67 @@ func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
 	if err != nil {
 		return nil
 	}
-	return func() (*[]byte, int, error) {
-		var (
-			buf  *[]byte
-			n    int
-			rerr error
-		)
-		err := rc.Read(func(fd uintptr) bool {
-			b := copyBufPool.Get().(*[]byte)
-			for {
-				n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:])
-				if rerr != unix.EINTR {
-					break
-				}
-			}
-			if rerr == unix.EAGAIN {
-				copyBufPool.Put(b)
-				return false // wait until readable
-			}
-			buf = b
-			return true
-		})
-		switch {
-		case err != nil:
-			// Deadline or closed socket, reported by the poller.
-			if buf != nil {
-				copyBufPool.Put(buf)
-			}
-			return nil, 0, err
-		case rerr != nil:
-			copyBufPool.Put(buf)
-			return nil, 0, os.NewSyscallError("read", rerr)
-		case n <= 0:
-			copyBufPool.Put(buf)
-			return nil, 0, io.EOF
-		}
-		return buf, n, nil
+	return rc
+}
+
+// rawSocketReader reads a TCP or Unix stream socket through its RawConn:
+// the copy buffer is taken from the pool only once the socket is readable,
+// so a tunnel waiting on an idle upstream holds no buffer. It returns nil
+// for other readers.
+func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
+	rc := rawConnOf(r)
+	if rc == nil {
+		return nil
 	}
+	return func() (*[]byte, int, error) { return readPooled(rc, true, true) }
+}
+
+// readPooled reads what the socket has into a pooled buffer (payload
+// after frameHeaderLen), taken only once there is something to read: a
+// copy buffer when big, else a small one (one TLS record), so that many
+// connections waking at once for a few bytes each take little. With wait
+// it waits for readability; without, it answers errWouldBlock. Return the
+// buffer with putReadBuf.
+func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
+	pool := &smallFramePool
+	if big {
+		pool = &copyBufPool
+	}
+	var (
+		buf  *[]byte
+		n    int
+		rerr error
+	)
+	err := rc.Read(func(fd uintptr) bool {
+		b := pool.Get().(*[]byte)
+		for {
+			n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:])
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		if rerr == unix.EAGAIN {
+			pool.Put(b)
+			return !wait // false: wait until readable
+		}
+		buf = b
+		return true
+	})
+	switch {
+	case err != nil:
+		// Deadline or closed socket, reported by the poller.
+		if buf != nil {
+			pool.Put(buf)
+		}
+		return nil, 0, err
+	case rerr == unix.EAGAIN:
+		return nil, 0, errWouldBlock
+	case rerr != nil:
+		pool.Put(buf)
+		return nil, 0, os.NewSyscallError("read", rerr)
+	case n <= 0:
+		pool.Put(buf)
+		return nil, 0, io.EOF
+	}
+	return buf, n, nil
 }

@@ -2,8 +2,19 @@
 
 package hbone
 
-import "io"
+import (
+	"errors"
+	"io"
+	"syscall"
+)
 
-// rawSocketReader is the Linux readiness-based reader; elsewhere reads hold
-// their buffer while they wait.
+var errWouldBlock = errors.New("hbone: nothing to read yet")
+
+// rawConnOf is nil: the readiness-based reads are Linux's; elsewhere reads
+// hold their buffer while they wait, and joined pairs keep a goroutine per
+// direction.
+func rawConnOf(any) syscall.RawConn { return nil }
+
 func rawSocketReader(io.Reader) func() (*[]byte, int, error) { return nil }
+
+func readPooled(syscall.RawConn, bool, bool) (*[]byte, int, error) { return nil, 0, errWouldBlock }

@@ -420,9 +420,16 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 	if err := st.respond(http.StatusOK, "", nil); err != nil {
 		log.Debug("answering CONNECT failed", target, zap.Error(err))
 	}
+	handedOff = true
+	if rs, ok := strm.(*relayStream); ok {
+		rs.start(st.ctx, st, func() {
+			st.Close()
+			s.tunnels.Add(-1)
+		})
+		return
+	}
 	// Serve on a fresh goroutine: this one's stack grew while the handler
 	// connected upstream, and a tunnel may stay open (and idle) for hours.
-	handedOff = true
 	go s.serveTunnel(log, st, strm)
 }
 

@@ -34,8 +34,13 @@ type stream struct {
 	// none; server role, requests other than CONNECT).
 	expectBody int64
 	released   bool // Close was called
-	rsig       chan struct{}
-	wsig       chan struct{}
+	// pump, when set (Relay), writes received data out in place of a
+	// blocked reader: wakeReaderLocked starts it on a goroutine of its own
+	// (pumping until it finds nothing to do).
+	pump    func()
+	pumping bool
+	rsig    chan struct{}
+	wsig    chan struct{}
 
 	// Client role: the response. resp is closed when the final response
 	// headers arrived (status != 0) or the stream failed first.
@@ -78,12 +83,27 @@ func (st *stream) failLocked(err error) {
 		st.c.returnConnWindowLocked(st.recv.release())
 	}
 	st.closeRespLocked()
-	notify(st.rsig)
+	st.wakeReaderLocked()
 	notify(st.wsig)
 	if st.cancel != nil {
 		st.cancel()
 	}
 	st.checkPeerDoneLocked()
+}
+
+// wakeReaderLocked tells the reader that data, the end of the stream or a
+// failure arrived: a blocked Read, or the pump.
+func (st *stream) wakeReaderLocked() {
+	notify(st.rsig)
+	if st.pump != nil && !st.pumping {
+		st.pumping = true
+		go st.pump()
+	}
+}
+
+// stopPumpLocked is the pump's last act: nothing wakes it again.
+func (st *stream) stopPumpLocked() {
+	st.pump, st.pumping = nil, false
 }
 
 // PeerDone returns a context that ends once reading the tunnel would no
@@ -458,7 +478,7 @@ func (st *stream) release() error {
 	st.released = true
 	c.returnConnWindowLocked(st.recv.release())
 	st.closeRespLocked()
-	notify(st.rsig)
+	st.wakeReaderLocked()
 	notify(st.wsig)
 	if st.cancel != nil {
 		st.cancel()

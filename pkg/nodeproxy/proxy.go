@@ -396,10 +396,20 @@ func (p *Proxy) Dump() (*admin.ConfigDump, error) {
 // --- outbound ---
 
 // HandleOutbound carries one captured connection (capture.Handler). ctx
-// bounds the connect; the relay afterwards lasts until the drain ends.
+// bounds the connect; the relay afterwards lasts until the drain ends. It
+// returns once the relay is started: an idle relay holds no goroutine of
+// the caller's.
 func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 	p.outbound.Add(1)
-	defer p.outbound.Done()
+	if !p.openOutbound(ctx, c) {
+		p.outbound.Done()
+	}
+}
+
+// openOutbound connects a captured connection and starts its relay, which
+// ends p.outbound's count; it reports false (having closed c and logged
+// why) when the connection is refused or the upstream cannot be reached.
+func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 	start := time.Now()
 	r := p.reg.Load()
 	dst := c.Destination()
@@ -412,7 +422,7 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 			c.Answer(capture.Refused)
 			c.Close()
 			p.finish(rec, start, fmt.Errorf("pod %s has no mesh workload with address %s on node %s", pc.PodUID(), c.Source().Addr(), p.opts.Node))
-			return
+			return false
 		}
 	}
 	if ok {
@@ -421,7 +431,7 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		c.Answer(capture.Refused)
 		c.Close()
 		p.finish(rec, start, fmt.Errorf("source %s is not a mesh workload on node %s", c.Source().Addr(), p.opts.Node))
-		return
+		return false
 	}
 	plan, err := r.planOutbound(dst, p.opts.HBONEPort, p.opts.AllowPassthrough)
 	if src != nil {
@@ -443,7 +453,7 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		}
 		c.Close()
 		p.finish(rec, start, err)
-		return
+		return false
 	}
 	rec.describePlan(plan)
 	upstream, hop, err := p.connect(ctx, src, plan, c.Source())
@@ -451,19 +461,24 @@ func (p *Proxy) HandleOutbound(ctx context.Context, c capture.Conn) {
 		c.Answer(capture.Unreachable)
 		c.Close()
 		p.finish(rec, start, err)
-		return
+		return false
 	}
-	defer p.release(hop)
 	rec.describeHop(hop)
 	if err := c.Answer(capture.Connected); err != nil {
+		p.release(hop)
 		upstream.Close()
 		c.Close()
 		p.finish(rec, start, fmt.Errorf("answer client: %w", err))
-		return
+		return false
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	rec.sent, rec.received, err = p.join(p.relays, c.NetConn(), upstream)
-	p.finish(rec, start, err)
+	hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
+		p.release(hop)
+		rec.sent, rec.received = sent, received
+		p.finish(rec, start, err)
+		p.outbound.Done()
+	})
+	return true
 }
 
 // podConn is a connection captured inside a pod's own network namespace.
@@ -624,8 +639,8 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		return nil, err
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
-		rec.sent, rec.received, err = p.join(ctx, tunnel, upstream)
+	return hbone.RelayTo(upstream, p.idleTimeout(), func(sent, received int64, err error) {
+		rec.sent, rec.received = sent, received
 		p.finish(rec, start, err)
 	}), nil
 }
@@ -720,8 +735,11 @@ func (p *Proxy) podSource(ip netip.Addr) netip.Addr {
 
 // join relays between a and b until both are done, cutting idle pairs.
 func (p *Proxy) join(ctx context.Context, a, b net.Conn) (int64, int64, error) {
-	return hbone.JoinIdle(ctx, a, b, max(p.opts.IdleTimeout, 0))
+	return hbone.JoinIdle(ctx, a, b, p.idleTimeout())
 }
+
+// idleTimeout is how long a relayed pair may stay idle (0: forever).
+func (p *Proxy) idleTimeout() time.Duration { return max(p.opts.IdleTimeout, 0) }
 
 func abort(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {

@@ -1,0 +1,114 @@
+package hbone
+
+import (
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// idlePoller waits, on one goroutine for the whole process, for the
+// sockets of relays that have nothing to read: a parked direction costs an
+// epoll registration instead of a goroutine and its stack. When a socket
+// becomes readable (or closed, or failed) its relay's fromPeer runs again
+// on a new goroutine.
+type idlePoller struct {
+	epfd   int
+	mu     sync.Mutex
+	relays map[uint64]*relay // by token, the epoll event's data
+	next   uint64
+}
+
+var (
+	pollerOnce   sync.Once
+	sharedPoller *idlePoller // nil: unavailable, relays wait on goroutines
+)
+
+func idlePollerFor() *idlePoller {
+	pollerOnce.Do(func() {
+		fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			return
+		}
+		sharedPoller = &idlePoller{epfd: fd, relays: map[uint64]*relay{}}
+		go sharedPoller.run()
+	})
+	return sharedPoller
+}
+
+// Relay states for the socket direction.
+const (
+	peerRunning int32 = iota // fromPeer is running (or waiting on its goroutine)
+	peerParked               // waiting in the poller
+	peerDone                 // abort ended the direction while parked
+)
+
+// park registers r's socket for one readiness event (level-triggered, so
+// data that arrived since the last read is seen at once). It reports false
+// when the socket cannot be registered: the caller waits on its own.
+func (p *idlePoller) park(r *relay) bool {
+	if r.token == 0 {
+		p.mu.Lock()
+		p.next++
+		r.token = p.next
+		p.relays[r.token] = r
+		p.mu.Unlock()
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
+		Fd: int32(uint32(r.token)), Pad: int32(uint32(r.token >> 32))}
+	r.state.Store(peerParked) // the event may come before EpollCtl returns
+	var err error
+	cerr := r.rc.Control(func(fd uintptr) {
+		op := unix.EPOLL_CTL_MOD
+		if !r.registered {
+			op = unix.EPOLL_CTL_ADD
+		}
+		if err = unix.EpollCtl(p.epfd, op, int(fd), &ev); err == nil {
+			r.registered = true
+		}
+	})
+	if cerr == nil && err == nil {
+		return true
+	}
+	// Not registered: go on waiting here, unless abort took the direction.
+	return !r.state.CompareAndSwap(peerParked, peerRunning)
+}
+
+// forget drops a finished relay. (Its registration went with the socket.)
+func (p *idlePoller) forget(r *relay) {
+	if p == nil || r.token == 0 {
+		return
+	}
+	p.mu.Lock()
+	delete(p.relays, r.token)
+	p.mu.Unlock()
+}
+
+func (p *idlePoller) run() {
+	events := make([]unix.EpollEvent, 256)
+	var ready []*relay
+	for {
+		n, err := unix.EpollWait(p.epfd, events, -1)
+		if err != nil {
+			if err != unix.EINTR {
+				// Only a broken epoll descriptor fails so; do not spin.
+				time.Sleep(time.Second)
+			}
+			continue
+		}
+		p.mu.Lock()
+		for _, ev := range events[:n] {
+			if r := p.relays[uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32]; r != nil {
+				ready = append(ready, r)
+			}
+		}
+		p.mu.Unlock()
+		for i, r := range ready {
+			if r.state.CompareAndSwap(peerParked, peerRunning) {
+				go r.fromPeer()
+			}
+			ready[i] = nil
+		}
+		ready = ready[:0]
+	}
+}

@@ -1,0 +1,262 @@
+package hbone
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Relay is JoinIdle without a caller waiting: it returns at once and calls
+// done, on a goroutine of its own, once both directions are done, with
+// what JoinIdle would have returned.
+//
+// A tunnel joined with a TCP (or Unix) socket is carried without a
+// goroutine per direction, so that an idle pair costs little more than
+// its two connections: the tunnel's data is written out by a goroutine
+// started when it arrives, which ends when the receive buffer is empty;
+// the socket is read only once it is readable, into a pooled buffer, by a
+// goroutine started when it is. On Linux one epoll goroutine shared by all
+// relays (idlePoller) waits for the sockets, so an idle pair holds no
+// goroutine at all; elsewhere the socket's goroutine waits, going back to
+// waiting on a fresh goroutine (a small stack) after it has sent data,
+// whose TLS and framing grew its own. Other pairs get JoinIdle's goroutine
+// per direction.
+func Relay(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aToB, bToA int64, err error)) {
+	if !relayable(a, b) {
+		go func() { done(joinCopying(ctx, a, b, idle)) }()
+		return
+	}
+	r := &relay{idle: idle, done: done}
+	if st, ok := a.(*stream); ok {
+		r.st, r.peer, r.streamIsA = st, b, true
+	} else {
+		r.st, r.peer = b.(*stream), a
+	}
+	r.rc = rawConnOf(r.peer)
+	r.left.Store(2)
+	r.last.Store(time.Now().UnixNano())
+	if ctx == r.st.ctx {
+		// A server's tunnel context ends only with the stream, whose end
+		// the relay sees anyway.
+		r.stopCtx = func() bool { return false }
+	} else {
+		r.stopCtx = context.AfterFunc(ctx, func() { r.abort(ctx.Err()) })
+	}
+	if idle > 0 {
+		r.timer = time.AfterFunc(idle, r.checkIdle)
+	}
+	r.st.c.mu.Lock()
+	r.st.pump = r.drain
+	r.st.wakeReaderLocked() // data may be waiting already
+	r.st.c.mu.Unlock()
+	go r.fromPeer()
+}
+
+// relayable reports whether Relay carries a and b without a goroutine per
+// direction: one is a tunnel, the other a socket it can wait on.
+func relayable(a, b net.Conn) bool {
+	_, sa := a.(*stream)
+	_, sb := b.(*stream)
+	switch {
+	case sa && !sb:
+		return rawConnOf(b) != nil
+	case sb && !sa:
+		return rawConnOf(a) != nil
+	}
+	return false
+}
+
+// relay is one tunnel joined with one socket (peer).
+type relay struct {
+	st        *stream
+	peer      net.Conn
+	rc        syscall.RawConn
+	streamIsA bool
+	idle      time.Duration
+	timer     *time.Timer
+	stopCtx   func() bool
+	done      func(aToB, bToA int64, err error)
+
+	last     atomic.Int64 // unix nanoseconds of the last byte moved
+	toPeer   atomic.Int64 // bytes from the tunnel to the socket
+	toStream atomic.Int64 // bytes from the socket to the tunnel
+	left     atomic.Int32 // directions not done
+
+	once sync.Once
+	err  error // the first failure; set in once
+
+	// The socket direction's state (peerRunning, ...), and its poller
+	// registration (touched only by fromPeer).
+	state      atomic.Int32
+	token      uint64
+	registered bool
+}
+
+func (r *relay) touch() { r.last.Store(time.Now().UnixNano()) }
+
+// abort ends both directions with cause: the tunnel is reset, the socket
+// closed with RST.
+func (r *relay) abort(cause error) {
+	r.once.Do(func() {
+		r.err = cause
+		abortConn(r.st)
+		abortConn(r.peer)
+	})
+	// A direction parked in the poller never hears of the closed socket
+	// (closing it dropped the registration): end it here.
+	if r.state.CompareAndSwap(peerParked, peerDone) {
+		r.directionDone()
+	}
+}
+
+func (r *relay) checkIdle() {
+	d := time.Duration(time.Now().UnixNano() - r.last.Load())
+	if d >= r.idle {
+		r.abort(fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond)))
+		return
+	}
+	r.timer.Reset(r.idle - d)
+}
+
+// directionDone is called once by each direction; the last one closes both
+// connections (if nothing failed) and reports.
+func (r *relay) directionDone() {
+	if r.left.Add(-1) != 0 {
+		return
+	}
+	r.stopCtx()
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	idlePollerFor().forget(r)
+	r.once.Do(func() {
+		// Both directions ended cleanly.
+		r.st.Close()
+		r.peer.Close()
+	})
+	toPeer, toStream := r.toPeer.Load(), r.toStream.Load()
+	if r.streamIsA {
+		r.done(toPeer, toStream, r.err)
+	} else {
+		r.done(toStream, toPeer, r.err)
+	}
+}
+
+// fromPeer carries the socket into the tunnel; at EOF it ends the
+// tunnel's direction (END_STREAM).
+func (r *relay) fromPeer() {
+	// The first read after a wait takes a small buffer; one it fills
+	// brings a copy buffer for the next.
+	sent, big := false, false
+	for {
+		buf, n, err := readPooled(r.rc, false, big)
+		if err == errWouldBlock {
+			if p := idlePollerFor(); p != nil && p.park(r) {
+				return
+			}
+			if sent {
+				go r.fromPeer() // wait on a small stack
+				return
+			}
+			buf, n, err = readPooled(r.rc, true, big)
+		}
+		if n > 0 {
+			r.touch()
+			r.st.wmu.Lock()
+			werr := r.st.sendFramed(*buf, n)
+			r.st.wmu.Unlock()
+			big = n == len(*buf)-frameHeaderLen
+			putReadBuf(buf)
+			if werr != nil {
+				r.abort(werr)
+				r.directionDone()
+				return
+			}
+			r.toStream.Add(int64(n))
+			r.touch()
+			sent = true
+		}
+		if err == io.EOF {
+			if err := r.st.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
+				r.abort(err)
+			}
+			r.directionDone()
+			return
+		}
+		if err != nil {
+			r.abort(err)
+			r.directionDone()
+			return
+		}
+	}
+}
+
+// drain is the tunnel's pump (stream.pump): it writes what the tunnel
+// received to the socket until the receive buffer is empty, and at the
+// tunnel's end (END_STREAM) ends the socket's write direction.
+func (r *relay) drain() {
+	st, c := r.st, r.st.c
+	for {
+		c.mu.Lock()
+		switch {
+		case st.released:
+			st.stopPumpLocked()
+			c.mu.Unlock()
+			r.directionDone()
+			return
+		case st.readableLocked():
+			bufs := st.recv.peek(make(net.Buffers, 0, len(st.recv.chunks)))
+			st.recv.reading = true
+			c.mu.Unlock()
+			n, err := bufs.WriteTo(r.peer)
+			c.mu.Lock()
+			st.recv.reading = false
+			if !st.recv.dead {
+				st.recv.consume(int(n))
+				st.consumedLocked(int(n))
+				st.checkPeerDoneLocked()
+			}
+			c.mu.Unlock()
+			if n > 0 {
+				r.toPeer.Add(n)
+				r.touch()
+			}
+			if err != nil {
+				c.mu.Lock()
+				st.stopPumpLocked()
+				c.mu.Unlock()
+				r.abort(err)
+				r.directionDone()
+				return
+			}
+		case st.recvEOF:
+			st.stopPumpLocked()
+			c.mu.Unlock()
+			if cw, ok := r.peer.(interface{ CloseWrite() error }); ok {
+				if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
+					r.abort(err)
+				}
+			}
+			r.directionDone()
+			return
+		case st.err != nil:
+			err := st.err
+			st.stopPumpLocked()
+			c.mu.Unlock()
+			r.abort(err)
+			r.directionDone()
+			return
+		default:
+			// Nothing to write: the next arrival starts the pump again.
+			st.pumping = false
+			c.mu.Unlock()
+			return
+		}
+	}
+}
