@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -597,7 +598,7 @@ func openHeld(ctx context.Context, p path) (net.Conn, error) {
 // round by round; the best round of each is reported, with the CPU time
 // the path's processes spent per byte in that round.
 func (b *bench) throughput(ctx context.Context) error {
-	best, err := b.bestOf(func(p path) (float64, time.Duration, error) { return b.bulk(ctx, p) })
+	best, err := b.bestOf("throughput", b.o.duration, func(p path) (float64, time.Duration, error) { return b.bulk(ctx, p) })
 	if err != nil {
 		return fmt.Errorf("throughput: %w", err)
 	}
@@ -628,11 +629,26 @@ func (b *bench) throughput(ctx context.Context) error {
 
 // bestOf runs f on every path, interleaving the paths round by round, and
 // returns each path's best round.
-func (b *bench) bestOf(f func(path) (float64, time.Duration, error)) (map[string]measurement, error) {
+// With -profile-dir, the node proxies' CPU is profiled over the first
+// nodeproxy round (step names the files) for length.
+func (b *bench) bestOf(step string, length time.Duration, f func(path) (float64, time.Duration, error)) (map[string]measurement, error) {
 	best := map[string]measurement{}
-	for range b.o.rounds {
+	for round := range b.o.rounds {
 		for _, p := range b.paths {
+			var profiled chan error
+			if b.o.profileDir != "" && round == 0 && p.name == "nodeproxy" {
+				profiled = make(chan error, 2)
+				secs := strconv.Itoa(max(1, int(length.Seconds())))
+				for _, node := range []string{"node-a", "node-b"} {
+					go func() {
+						profiled <- b.saveProfile(context.Background(), node, "profile?seconds="+secs, "cpu-"+step+"-"+node+".pb.gz")
+					}()
+				}
+			}
 			m, err := b.measure(p, func() (float64, time.Duration, error) { return f(p) })
+			if profiled != nil {
+				err = errors.Join(err, <-profiled, <-profiled)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", p.name, err)
 			}
@@ -726,7 +742,7 @@ func bulkOutcome(r bulkResult, sent int64, start time.Time) (float64, time.Durat
 // connectionsPerSecond runs the connect/exchange/close loop on each path,
 // the paths interleaved round by round, best round of each.
 func (b *bench) connectionsPerSecond(ctx context.Context) error {
-	res, err := b.bestOf(func(p path) (float64, time.Duration, error) { return b.cps(ctx, p) })
+	res, err := b.bestOf("conns", b.o.cpsDuration, func(p path) (float64, time.Duration, error) { return b.cps(ctx, p) })
 	if err != nil {
 		return fmt.Errorf("connections: %w", err)
 	}

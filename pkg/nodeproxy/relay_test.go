@@ -2,7 +2,6 @@ package nodeproxy
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -131,7 +130,9 @@ func TestHalfCloseBothWays(t *testing.T) {
 // Many connections at once through the pair each get their own answer.
 func TestManyConcurrentConnections(t *testing.T) {
 	startApp(t, app(podB)+":8080", "B")
-	m := startMesh(t, "node-a", "node-b")
+	// So many tunnels opening at once take a while on a busy machine (and
+	// under -race); the test is about carrying them, not opening them fast.
+	m := startMeshWith(t, func(o *Options) { o.ConnectTimeout = 30 * time.Second }, "node-a", "node-b")
 	const conns = 300
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
@@ -169,7 +170,14 @@ func TestManyConcurrentConnections(t *testing.T) {
 	for err := range errs {
 		all = append(all, err)
 	}
-	if err := errors.Join(all...); err != nil {
-		t.Fatal(err)
+	if len(all) > 0 {
+		time.Sleep(time.Second) // the access line follows the answer
+		for _, l := range accessLines(m.logs["node-a"], "outbound") {
+			if l["result"] != "ok" {
+				t.Logf("node proxy A: %v", l["result"])
+				break
+			}
+		}
+		t.Fatalf("%d of %d connections failed: %v", len(all), conns, all[0])
 	}
 }
