@@ -187,7 +187,12 @@ func TestConformanceTrailers(t *testing.T) {
 	m := newMesh(t)
 	_, addr := startServer(t, m, holdHandler, nil)
 	r := dialRaw(t, m, addr, true)
-	for id, kv := range map[uint32][]string{1: {":path", "/"}, 3: {"x-trailer", "1"}} {
+	// In increasing stream order (RFC 9113 §5.1.1), so not from a map.
+	for _, c := range []struct {
+		id uint32
+		kv []string
+	}{{1, []string{":path", "/"}}, {3, []string{"x-trailer", "1"}}} {
+		id, kv := c.id, c.kv
 		r.connect(id, "10.0.0.1:80")
 		r.expectStatus(id, "200")
 		r.headers(id, id == 1, kv...) // stream 3: without END_STREAM
