@@ -20,31 +20,17 @@ func TestPeersCarryTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lns []net.Listener
+	// Pod B's app, as the benchmark's child serves it.
+	app := &servers{conns: map[net.Conn]struct{}{}}
+	t.Cleanup(app.close)
 	for _, port := range appPorts {
 		ln, err := net.Listen("tcp", net.JoinHostPort(appIP, port))
 		if err != nil {
 			t.Skipf("pod B's app address: %v", err)
 		}
-		lns = append(lns, ln)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					serveRR(c)
-				}()
-			}
-		}()
+		app.lns = append(app.lns, ln)
+		app.wg.Go(func() { app.accept(ln, serveRR) })
 	}
-	t.Cleanup(func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, name := range []string{"nginx_stream", "stunnel"} {

@@ -21,7 +21,9 @@
 // Tunnels on both sides are net.Conns with CloseWrite: it sends END_STREAM
 // while the other direction keeps flowing, and Read returns io.EOF when the
 // peer did the same. Join and Splice copy between a tunnel and a TCP
-// connection, propagating half-close both ways.
+// connection, propagating half-close both ways; Relay (relay.go) does so
+// without a goroutine while the pair is idle, its sockets waiting in one
+// epoll instance for the process (poller_linux.go).
 //
 // The HTTP/2 layer is built on golang.org/x/net/http2's Framer and hpack
 // (see conn.go for why not on http2.Server/Transport); header blocks are

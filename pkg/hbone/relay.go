@@ -211,18 +211,7 @@ func (r *relay) drain() {
 			r.directionDone()
 			return
 		case st.readableLocked():
-			bufs := st.recv.peek(make(net.Buffers, 0, len(st.recv.chunks)))
-			st.recv.reading = true
-			c.mu.Unlock()
-			n, err := bufs.WriteTo(r.peer)
-			c.mu.Lock()
-			st.recv.reading = false
-			if !st.recv.dead {
-				st.recv.consume(int(n))
-				st.consumedLocked(int(n))
-				st.checkPeerDoneLocked()
-			}
-			c.mu.Unlock()
+			n, err := st.writeBufferedLocked(r.peer)
 			if n > 0 {
 				r.toPeer.Add(n)
 				r.touch()

@@ -235,7 +235,6 @@ func (st *stream) Read(p []byte) (int, error) {
 func (st *stream) WriteTo(w io.Writer) (int64, error) {
 	st.rmu.Lock()
 	defer st.rmu.Unlock()
-	c := st.c
 	var total int64
 	for {
 		if err := st.lockReadable(); err != nil {
@@ -244,24 +243,33 @@ func (st *stream) WriteTo(w io.Writer) (int64, error) {
 			}
 			return total, err
 		}
-		bufs := st.recv.peek(make(net.Buffers, 0, len(st.recv.chunks)))
-		st.recv.reading = true
-		c.mu.Unlock()
-		n, err := bufs.WriteTo(w)
-		c.mu.Lock()
-		st.recv.reading = false
-		if !st.recv.dead {
-			// (A released queue already returned these bytes' window.)
-			st.recv.consume(int(n))
-			st.consumedLocked(int(n))
-			st.checkPeerDoneLocked()
-		}
-		c.mu.Unlock()
+		n, err := st.writeBufferedLocked(w)
 		total += n
 		if err != nil {
 			return total, err
 		}
 	}
+}
+
+// writeBufferedLocked writes what the stream has buffered to w straight
+// from the receive chunks (writev on TCP) and consumes what was written.
+// It is called with c.mu held and returns with it released.
+func (st *stream) writeBufferedLocked(w io.Writer) (int64, error) {
+	c := st.c
+	bufs := st.recv.peek(make(net.Buffers, 0, len(st.recv.chunks)))
+	st.recv.reading = true
+	c.mu.Unlock()
+	n, err := bufs.WriteTo(w)
+	c.mu.Lock()
+	st.recv.reading = false
+	if !st.recv.dead {
+		// (A released queue already returned these bytes' window.)
+		st.recv.consume(int(n))
+		st.consumedLocked(int(n))
+		st.checkPeerDoneLocked()
+	}
+	c.mu.Unlock()
+	return n, err
 }
 
 // awaitSend reserves flow control for up to max bytes, waiting for window.
