@@ -1,0 +1,114 @@
+package hbone
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Idle relays hold no goroutine: many tunnels joined with idle sockets add
+// (almost) none to the process, and each still carries data afterwards.
+func TestIdleRelaysHoldNoGoroutine(t *testing.T) {
+	const pairs = 50
+	m := newMesh(t)
+	apps := make(chan net.Conn, pairs)
+	h := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
+		a, b := tcpPair(t)
+		apps <- b
+		return Splice(a), nil
+	})
+	_, addr := startServer(t, m, h, nil)
+	p := newPool(t, m, nil)
+	var tunnels []halfCloser
+	var ups []net.Conn
+	// The first tunnel brings the connection's own goroutines.
+	first := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+	defer first.Close()
+	ups = append(ups, <-apps)
+	time.Sleep(100 * time.Millisecond)
+	before := runtime.NumGoroutine()
+	for range pairs {
+		tn := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+		defer tn.Close()
+		tunnels = append(tunnels, tn)
+		ups = append(ups, <-apps)
+	}
+	for _, u := range ups {
+		defer u.Close()
+	}
+	time.Sleep(200 * time.Millisecond) // every relay parks
+	// The test's own ends add none: tunnels are streams, apps sockets.
+	if grew := runtime.NumGoroutine() - before; grew > pairs/5 {
+		t.Fatalf("%d idle relays added %d goroutines", pairs, grew)
+	}
+	for i, tn := range tunnels {
+		tn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(tn, "ping"); err != nil {
+			t.Fatal(err)
+		}
+		var b [4]byte
+		u := ups[i+1]
+		u.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.ReadFull(u, b[:]); err != nil || string(b[:]) != "ping" {
+			t.Fatalf("pair %d after idling: %q, %v", i, b, err)
+		}
+		if _, err := io.WriteString(u, "pong"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(tn, b[:]); err != nil || string(b[:]) != "pong" {
+			t.Fatalf("pair %d back: %q, %v", i, b, err)
+		}
+	}
+}
+
+// A relay whose context ends while both sides idle ends at once: done
+// reports the context's error, the socket is reset and the tunnel too.
+func TestRelayCancelledWhileIdle(t *testing.T) {
+	m := newMesh(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	result := make(chan error, 1)
+	apps := make(chan net.Conn, 1)
+	h := HandlerFunc(func(_ context.Context, r *Request) (Stream, error) {
+		a, b := tcpPair(t)
+		apps <- b
+		return StreamFunc(func(_ context.Context, tunnel net.Conn) {
+			done := make(chan struct{})
+			Relay(ctx, tunnel, a, 0, func(_, _ int64, err error) {
+				result <- err
+				close(done)
+			})
+			<-done // the server closes the tunnel when Serve returns
+		}), nil
+	})
+	_, addr := startServer(t, m, h, nil)
+	p := newPool(t, m, nil)
+	tn := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+	defer tn.Close()
+	up := <-apps
+	defer up.Close()
+	time.Sleep(100 * time.Millisecond) // parked
+	cancel()
+	select {
+	case err := <-result:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("relay ended with %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled idle relay never ended")
+	}
+	up.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := up.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("socket after the abort: %v, want a reset", err)
+	}
+	tn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var re *resetError
+	if _, err := io.ReadAll(tn); !errors.As(err, &re) {
+		t.Fatalf("tunnel after the abort: %v, want a reset", err)
+	}
+}
