@@ -11,7 +11,9 @@ import (
 // sockets of relays that have nothing to read: a parked direction costs an
 // epoll registration instead of a goroutine and its stack. When a socket
 // becomes readable (or closed, or failed) its relay's fromPeer runs again
-// on a new goroutine.
+// on a new goroutine. The poller and its goroutine are the package's, for
+// the life of the process (as the runtime's own network poller is): they
+// hold one descriptor and, with no relay parked, wait without waking.
 type idlePoller struct {
 	epfd   int
 	mu     sync.Mutex
