@@ -106,6 +106,23 @@ func TestConformanceStreamStates(t *testing.T) {
 		r.headers(3, true, "x-trailer", "1")
 		r.expectGoAway(http2.ErrCodeStreamClosed)
 	})
+	t.Run("closed while its handler still holds it", func(t *testing.T) {
+		ended := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
+			return StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+				tunnel.(interface{ CloseWrite() error }).CloseWrite()
+				<-ctx.Done()
+			}), nil
+		})
+		_, addr := startServer(t, m, ended, nil)
+		r := dialRaw(t, m, addr, true)
+		r.headers(1, true, ":method", "CONNECT", ":authority", "10.0.0.1:80")
+		r.until("END_STREAM", func(f http2.Frame) bool {
+			d, ok := f.(*http2.DataFrame)
+			return ok && d.StreamID == 1 && d.StreamEnded()
+		})
+		r.headers(1, true, "x-trailer", "1")
+		r.expectGoAway(http2.ErrCodeStreamClosed)
+	})
 	t.Run("reset by us", func(t *testing.T) {
 		srv, addr := startServer(t, m, closeHandler, nil)
 		r := dialRaw(t, m, addr, true)

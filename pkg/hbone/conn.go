@@ -1571,6 +1571,10 @@ func (c *h2conn) trailersLocked(st *stream, b *headerBlock) error {
 	switch {
 	case st.err != nil:
 		c.lateFrameLocked(st.id, st)
+	case st.recvEOF && st.sentEOF:
+		// RFC 9113 §5.1: both sides ended, so the stream is closed even while
+		// its handler still holds it (sentEOF is set before the frame leaves).
+		return connError(http2.ErrCodeStreamClosed, fmt.Sprintf("HEADERS on closed stream %d", st.id))
 	case st.recvEOF:
 		c.resetLocked(st, http2.ErrCodeStreamClosed) // half-closed (remote)
 	case b.checkTrailers() != "" || st.expectBody > 0:
