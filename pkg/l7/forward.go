@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 )
 
 // forward sends the request upstream (roundTrip: endpoint, retries,
@@ -35,22 +37,22 @@ func (x *exchange) forward(w *responseRecorder) {
 		return
 	}
 	defer resp.Body.Close()
-	if x.raw.ok {
+	if x.raw.OK {
 		// A final response with a Content-Length and nothing to change in
 		// its fields: written with them as they came.
 		if w.writeRaw(resp.StatusCode, resp.ContentLength, &x.raw) {
-			if err := x.copyBody(w, resp, x.raw.eventStream); err != nil {
+			if err := x.copyBody(w, resp, isEventStreamType(x.raw.ContentType)); err != nil {
 				panic(http.ErrAbortHandler)
 			}
 			return
 		}
-		resp.Header = x.raw.header()
+		resp.Header = x.raw.Header()
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		x.upstreamFailed(w, fmt.Errorf("upstream switched protocols (%q) for a request that asked for no upgrade", resp.Header.Get("Upgrade")))
 		return
 	}
-	removeHopByHop(resp.Header)
+	h1.RemoveHopByHop(resp.Header)
 	x.applyResponseHeaders(resp.Header)
 	h := w.takeHeader(resp.Header)
 	announced := len(resp.Trailer)
@@ -88,16 +90,16 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	// Tell the upstream trailers are welcome when the caller said so
 	// (ReverseProxy does the same).
 	if httpguts.HeaderValuesContainsToken(in["Te"], "trailers") {
-		l.set("Te", teTrailers)
+		l.Set("Te", teTrailers)
 	}
 	x.setUpstreamHeaders(&l, in)
-	if !l.has("User-Agent") {
-		l = append(l, field{"User-Agent", noUserAgent})
+	if !l.Has("User-Agent") {
+		l = append(l, h1.Field{Name: "User-Agent", Values: noUserAgent})
 	}
-	l.sort()
+	l.Sort()
 	x.up = l
 
-	x.interimTo = w // attempt hands 1xx responses to got1xx
+	x.interimTo = w // attempt hands 1xx responses to Got1xx
 	// x.out is the exchange's own request, used no more after this; its
 	// header map and URL may still be orig's, so they are replaced, never
 	// changed.
@@ -106,11 +108,11 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	if out.ContentLength == 0 {
 		out.Body = nil
 	}
-	x.inlineUp = x.proto != upstreamH2 && h1Plain(out, l)
+	x.inlineUp = x.proto != upstreamH2 && h1.Inlinable(out, l)
 	if x.inlineUp {
 		out.Header = nil
 	} else {
-		out.Header = l.header()
+		out.Header = l.Header()
 	}
 	if q := cleanQuery(out.URL.RawQuery); q != out.URL.RawQuery {
 		u := *out.URL
@@ -126,19 +128,9 @@ var teTrailers = []string{"trailers"}
 // (Go would send its own).
 var noUserAgent = []string{""}
 
-// interimSink takes the informational (1xx) responses of an exchange.
-type interimSink interface {
-	got1xx(code int, hdr textproto.MIMEHeader) error
-}
-
-// got1xxFunc is an httptrace Got1xxResponse hook as an interimSink.
-type got1xxFunc func(int, textproto.MIMEHeader) error
-
-func (f got1xxFunc) got1xx(code int, hdr textproto.MIMEHeader) error { return f(code, hdr) }
-
-// got1xx passes an informational response on to the caller, until the
+// Got1xx (h1.Interim) passes an informational response on to the caller, until the
 // final response has arrived.
-func (x *exchange) got1xx(code int, hdr textproto.MIMEHeader) error {
+func (x *exchange) Got1xx(code int, hdr textproto.MIMEHeader) error {
 	if code == http.StatusContinue {
 		// The caller's server sent its own when the body was first read
 		// (Expect is not forwarded): one 100 Continue per request.
@@ -205,7 +197,7 @@ func isForwarding(k string) bool {
 
 // setUpstreamHeaders adds the waypoint's headers to l, the upstream fields
 // of the headers in: forwarding, then an allow's changes, then the identity.
-func (x *exchange) setUpstreamHeaders(l *fieldList, in http.Header) {
+func (x *exchange) setUpstreamHeaders(l *h1.Fields, in http.Header) {
 	setForwarding(l, in, x.info)
 	applyPolicyHeaders(l, x.policyRemove, x.policySet)
 	setIdentity(l, x.info)
@@ -241,7 +233,7 @@ func upgradeRequested(h http.Header) bool {
 	return httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") && h.Get("Upgrade") != ""
 }
 
-// interimState is what got1xx needs: set per request in outgoing.
+// interimState is what Got1xx needs: set per request in outgoing.
 type interimState struct {
 	interim     sync.Mutex
 	interimDone bool

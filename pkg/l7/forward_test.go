@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -316,7 +317,7 @@ func TestHalfClosedClientGetsTheUpstreamsAnswer(t *testing.T) {
 	})
 	h.update(nil, nil)
 	addr := h.front(webInfo(trust.Unauthenticated()))
-	out := exchangeRaw(t, addr, "GET /half HTTP/1.1\r\nHost: web\r\n\r\n")
+	out := testnet.Exchange(t, addr, "GET /half HTTP/1.1\r\nHost: web\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(out)), nil)
 	if err != nil {
 		t.Fatalf("%q: %v", out, err)

@@ -252,13 +252,7 @@ func webInfo(peer trust.Peer) ConnInfo {
 // it is closed when the test ends, and nothing on it waits past 20 s.
 func dialFront(t *testing.T, addr string) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
-	return conn
+	return testnet.Dial(t, addr)
 }
 
 func h1Client(addr string) *http.Client {

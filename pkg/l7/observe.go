@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 )
 
 type metrics struct {
@@ -231,7 +233,7 @@ func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWrite
 // response's: taken as it is when the writer has none yet and can (the
 // HTTP/1.1 server's), copied otherwise. It returns the response's header.
 func (w *responseRecorder) takeHeader(h http.Header) http.Header {
-	if t, ok := w.ResponseWriter.(interface{ takeHeader(http.Header) bool }); ok && t.takeHeader(h) {
+	if t, ok := w.ResponseWriter.(*h1.ResponseWriter); ok && t.TakeHeader(h) {
 		return h
 	}
 	dst := w.Header()
@@ -242,15 +244,15 @@ func (w *responseRecorder) takeHeader(h http.Header) http.Header {
 // canWriteRaw reports whether writeRaw may work: the response goes to the
 // HTTP/1.1 server's writer, which has no header yet.
 func (w *responseRecorder) canWriteRaw() bool {
-	h, ok := w.ResponseWriter.(*h1Response)
-	return ok && h.canWriteRaw()
+	h, ok := w.ResponseWriter.(*h1.ResponseWriter)
+	return ok && h.CanWriteRaw()
 }
 
 // writeRaw writes the head of a response with Content-Length cl and the
-// fields raw as they are, if the writer can (see h1Response.writeRaw).
-func (w *responseRecorder) writeRaw(code int, cl int64, raw *rawFields) bool {
-	h, ok := w.ResponseWriter.(*h1Response)
-	if !ok || !h.writeRaw(code, cl, raw) {
+// fields raw as they are, if the writer can (see h1.ResponseWriter.WriteRaw).
+func (w *responseRecorder) writeRaw(code int, cl int64, raw *h1.RawFields) bool {
+	h, ok := w.ResponseWriter.(*h1.ResponseWriter)
+	if !ok || !h.WriteRaw(code, cl, raw) {
 		return false
 	}
 	w.status = code

@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +19,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 )
 
 // SourcePrincipalHeader carries the caller's authenticated identity to the
@@ -74,7 +74,7 @@ func claimsIdentity(k string) bool {
 		return false
 	}
 	d := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))
-	return identityHeaders[d] || strings.HasPrefix(d, reservedPrefix) || isForwarding(d) || isHopByHop(d) ||
+	return identityHeaders[d] || strings.HasPrefix(d, reservedPrefix) || isForwarding(d) || h1.IsHopByHop(d) ||
 		d == "Content-Length" || d == "Host"
 }
 
@@ -124,11 +124,11 @@ type exchange struct {
 	// wantRaw: forward can pass a response's fields on as they came
 	// (nothing changes them), so the inline transport leaves them in raw.
 	wantRaw bool
-	raw     rawFields
+	raw     h1.RawFields
 	// up is the upstream request's header (outgoing), in upFields while it
 	// fits; inlineUp: the inline transport sends it, from up.
-	up       fieldList
-	upFields [8]field
+	up       h1.Fields
+	upFields [8]h1.Field
 	inlineUp bool
 	// An allow's request header changes, applied to the proxy's copy of
 	// the request (rewrite).
@@ -218,7 +218,8 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.ctx = ctx
 	}
 	// Same context as r unless a timeout was added: the upstream exchange
-	// can then watch it cheaply (ctxWatch).
+	// can then watch it cheaply (h1.Client watches a request's own
+	// context without context.AfterFunc).
 	x.outReq = *r.WithContext(ctx)
 	x.out = &x.outReq
 	x.dropConnectionOptions()
@@ -437,7 +438,7 @@ func (x *exchange) dropConnectionOptions() {
 			if tok = strings.TrimSpace(tok); tok == "" {
 				continue
 			}
-			if k := http.CanonicalHeaderKey(tok); k == "Close" || isHopByHop(k) {
+			if k := http.CanonicalHeaderKey(tok); k == "Close" || h1.IsHopByHop(k) {
 				keep = append(keep, tok)
 			} else {
 				options = append(options, k)
@@ -610,20 +611,20 @@ func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
 // setForwarding adds the caller's address to X-Forwarded-For and Forwarded
 // (after what earlier proxies wrote: that part is informational only), and
 // passes X-Forwarded-Host and -Proto on from in.
-func setForwarding(out *fieldList, in http.Header, t *tunnel) {
+func setForwarding(out *h1.Fields, in http.Header, t *tunnel) {
 	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
-		out.set("X-Forwarded-For", []string{strings.Join(prior, ", ") + ", " + t.forwardedFor})
+		out.Set("X-Forwarded-For", []string{strings.Join(prior, ", ") + ", " + t.forwardedFor})
 	} else {
-		out.set("X-Forwarded-For", t.xffValues)
+		out.Set("X-Forwarded-For", t.xffValues)
 	}
 	if prior := in.Values("Forwarded"); len(prior) > 0 {
-		out.set("Forwarded", []string{strings.Join(prior, ", ") + ", " + t.forwarded})
+		out.Set("Forwarded", []string{strings.Join(prior, ", ") + ", " + t.forwarded})
 	} else {
-		out.set("Forwarded", t.forwardValues)
+		out.Set("Forwarded", t.forwardValues)
 	}
 	for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
 		if v, ok := in[k]; ok {
-			out.set(k, v)
+			out.Set(k, v)
 		}
 	}
 }
@@ -631,25 +632,25 @@ func setForwarding(out *fieldList, in http.Header, t *tunnel) {
 // setIdentity sets the identity header from the tunnel's peer, or removes
 // it. Route filters and policy headers were applied after the request was
 // sanitized: identity claims must not survive them either.
-func setIdentity(l *fieldList, t *tunnel) {
-	l.deleteFunc(claimsIdentity)
+func setIdentity(l *h1.Fields, t *tunnel) {
+	l.DeleteFunc(claimsIdentity)
 	if t.identityValues != nil {
-		l.set(SourcePrincipalHeader, t.identityValues)
+		l.Set(SourcePrincipalHeader, t.identityValues)
 	}
 }
 
 // applyPolicyHeaders applies an allow's request header changes, last, as
 // Envoy applies ext_authz's after its own forwarding headers. Hop-by-hop
 // names are skipped: they describe the upstream connection, which is the
-// proxy's. The values are shared, not copied (fieldList).
-func applyPolicyHeaders(l *fieldList, remove []string, set http.Header) {
+// proxy's. The values are shared, not copied (h1.Fields).
+func applyPolicyHeaders(l *h1.Fields, remove []string, set http.Header) {
 	for _, k := range remove {
-		l.del(http.CanonicalHeaderKey(k))
+		l.Del(http.CanonicalHeaderKey(k))
 	}
 	for k, vs := range set {
 		k = http.CanonicalHeaderKey(k)
-		if !isHopByHop(k) {
-			l.set(k, vs)
+		if !h1.IsHopByHop(k) {
+			l.Set(k, vs)
 		}
 	}
 }
@@ -670,9 +671,9 @@ func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
 	if x == nil {
 		return
 	}
-	l := fieldsOf(pr.Out.Header)
+	l := h1.FieldsOf(pr.Out.Header)
 	x.setUpstreamHeaders(&l, pr.In.Header)
-	pr.Out.Header = l.header()
+	pr.Out.Header = l.Header()
 }
 
 func (e *Engine) modifyResponse(resp *http.Response) error {
@@ -994,16 +995,16 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	// forward's requests (interimTo set) pass 1xx responses on: directly
 	// from the inline transport, through the trace from net/http's. The
 	// upgrade path's (ReverseProxy's) come here without either.
-	x.raw.ok = false // set by the inline transport when it takes the response raw
+	x.raw.OK = false // set by the inline transport when it takes the response raw
 	if x.inlineUp {
-		var raw *rawFields
+		var raw *h1.RawFields
 		if x.wantRaw {
 			raw = &x.raw
 		}
-		resp, err = ep.inlineH1(true).roundTrip(areq, x.up, raw, x)
+		resp, err = ep.inlineH1(true).RoundTripFields(areq, x.up, raw, x)
 	} else {
 		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
-			x.trace.Got1xxResponse = x.got1xx
+			x.trace.Got1xxResponse = x.Got1xx
 		}
 		resp, err = ep.roundTripper(x.proto, false).RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
 	}
@@ -1135,7 +1136,7 @@ func (x *exchange) fireMirrors() {
 	}
 }
 
-func (e *Engine) mirror(m mirrorShot, fields fieldList, body []byte, ep *endpoint, proto upstreamProto) {
+func (e *Engine) mirror(m mirrorShot, fields h1.Fields, body []byte, ep *endpoint, proto upstreamProto) {
 	defer e.wg.Done()
 	defer func() { <-e.mirrorSem }()
 	ctx, cancel := context.WithTimeout(e.ctx, e.opts.MirrorTimeout)
@@ -1150,8 +1151,8 @@ func (e *Engine) mirror(m mirrorShot, fields fieldList, body []byte, ep *endpoin
 	if len(body) == 0 {
 		req.Body, req.ContentLength = nil, 0
 	}
-	req.Header, req.Host = fields.header(), m.host
-	resp, err := ep.roundTripper(proto, h1Plain(req, fields)).RoundTrip(req)
+	req.Header, req.Host = fields.Header(), m.host
+	resp, err := ep.roundTripper(proto, h1.Inlinable(req, fields)).RoundTrip(req)
 	if err != nil {
 		e.metrics.mirrors.WithLabelValues("failed").Inc()
 		e.log.Debug("mirror failed", zap.Error(err), zap.String("backend", m.backend.String()))
@@ -1161,48 +1162,19 @@ func (e *Engine) mirror(m mirrorShot, fields fieldList, body []byte, ep *endpoin
 	e.metrics.mirrors.WithLabelValues("sent").Inc()
 }
 
-// hopByHop are the headers that describe one connection (RFC 9110 section 7.6.1).
-var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-// isHopByHop reports whether the canonical header name k is hop-by-hop.
-func isHopByHop(k string) bool { return slices.Contains(hopByHop, k) }
-
-func removeHopByHop(h http.Header) {
-	for k := range connectionOptions(h["Connection"]) {
-		delete(h, k)
-	}
-	for _, k := range hopByHop {
-		delete(h, k) // canonical already
-	}
-}
-
-// connectionOptions are the canonical names of the fields that the
-// Connection header values conn name.
-func connectionOptions(conn []string) iter.Seq[string] {
-	return func(yield func(string) bool) {
-		for _, v := range conn {
-			for tok := range strings.SplitSeq(v, ",") {
-				if tok = strings.TrimSpace(tok); tok != "" && !yield(http.CanonicalHeaderKey(tok)) {
-					return
-				}
-			}
-		}
-	}
-}
-
 // upstreamBase appends to l the fields of in that an upstream request
 // carries on: not hop-by-hop, not named by in's Connection header, not the
 // forwarding headers the waypoint sets itself, not Expect (the caller's
 // server answers 100-continue itself when the body is read, as Envoy does;
 // the upstream gets the body without having to ask for it).
-func upstreamBase(in http.Header, l fieldList) fieldList {
+func upstreamBase(in http.Header, l h1.Fields) h1.Fields {
 	for k, vv := range in {
-		if !isHopByHop(k) && !isForwarding(k) && k != "Expect" {
-			l = append(l, field{k, vv})
+		if !h1.IsHopByHop(k) && !isForwarding(k) && k != "Expect" {
+			l = append(l, h1.Field{Name: k, Values: vv})
 		}
 	}
-	for k := range connectionOptions(in["Connection"]) {
-		l.del(k)
+	for k := range h1.ConnectionOptions(in["Connection"]) {
+		l.Del(k)
 	}
 	return l
 }

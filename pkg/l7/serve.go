@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -130,23 +131,23 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 		}
 		return fmt.Errorf("l7: reading the first request: %w", err)
 	}
-	pc := &prefixConn{Conn: conn, prefix: prefix}
+	pc := &h1.PrefixConn{Conn: conn, Prefix: prefix}
 	if isH2 {
 		e.serveH2(ctx, pc, h)
 		return nil
 	}
-	var h1 net.Conn = pc
-	pd, ok := conn.(peerDoner)
+	var hc net.Conn = pc
+	pd, ok := conn.(h1.PeerDoner)
 	if !ok {
-		ac := newAheadConn(pc)
+		ac := h1.NewAheadConn(pc)
 		defer ac.Close()
 		defer lingeringClose(conn, ac)
-		h1, pd = ac, ac
+		hc, pd = ac, ac
 	}
-	serveH1(ctx, h1, pd, h, h1Limits{
-		readHeaderTimeout: e.opts.ReadHeaderTimeout,
-		idleTimeout:       e.opts.IdleTimeout,
-		maxHeaderBytes:    e.opts.MaxHeaderBytes,
+	h1.Serve(ctx, hc, pd, h, h1.Limits{
+		ReadHeaderTimeout: e.opts.ReadHeaderTimeout,
+		IdleTimeout:       e.opts.IdleTimeout,
+		MaxHeaderBytes:    e.opts.MaxHeaderBytes,
 	}, e.log)
 	return nil
 }
@@ -191,19 +192,4 @@ func sniffPreface(c net.Conn) ([]byte, bool, error) {
 		}
 	}
 	return buf, true, nil
-}
-
-// prefixConn replays sniffed bytes before reading on.
-type prefixConn struct {
-	net.Conn
-	prefix []byte
-}
-
-func (c *prefixConn) Read(p []byte) (int, error) {
-	if len(c.prefix) > 0 {
-		n := copy(p, c.prefix)
-		c.prefix = c.prefix[n:]
-		return n, nil
-	}
-	return c.Conn.Read(p)
 }

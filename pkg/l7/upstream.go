@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -78,7 +79,7 @@ type endpoint struct {
 	h2once     sync.Once
 	h2         atomic.Pointer[http2.Transport]
 	inlineOnce sync.Once
-	inline     atomic.Pointer[inlineH1]
+	inline     atomic.Pointer[h1.Client]
 }
 
 // pools owns every endpoint's connection pools.
@@ -215,17 +216,17 @@ func (ep *endpoint) h2T(create bool) *http2.Transport {
 
 // inlineH1 returns the endpoint's HTTP/1.1 client for requests without a
 // body, creating it when create is set.
-func (ep *endpoint) inlineH1(create bool) *inlineH1 {
+func (ep *endpoint) inlineH1(create bool) *h1.Client {
 	if create {
 		ep.inlineOnce.Do(func() {
-			ep.inline.Store(&inlineH1{dial: ep.dial, idleTimeout: ep.pool.idleTimeout, maxHeader: ep.pool.maxHeader})
+			ep.inline.Store(&h1.Client{Dial: ep.dial, IdleTimeout: ep.pool.idleTimeout, MaxHeaderBytes: ep.pool.maxHeader})
 		})
 	}
 	return ep.inline.Load()
 }
 
 // roundTripper returns what sends a request to the endpoint in protocol
-// p; plain: h1Plain holds for the request.
+// p; plain: h1.Inlinable holds for the request.
 func (ep *endpoint) roundTripper(p upstreamProto, plain bool) http.RoundTripper {
 	if p == upstreamH2 {
 		return ep.h2T(true)

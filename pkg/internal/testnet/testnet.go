@@ -3,9 +3,13 @@
 package testnet
 
 import (
+	"errors"
+	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // Serve accepts connections on ln until the test ends and runs handle on
@@ -69,4 +73,38 @@ func Listen(t testing.TB, addr string) net.Listener {
 		t.Fatal(err)
 	}
 	return ln
+}
+
+// Dial opens a raw connection to addr for hand-written requests; it is
+// closed when the test ends, and nothing on it waits past 20 s.
+func Dial(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	return conn
+}
+
+// Exchange sends raw to addr, ends its direction and returns all the server
+// wrote until it closed the connection.
+func Exchange(t testing.TB, addr, raw string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, raw); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	out, err := io.ReadAll(c)
+	if err != nil && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "connection reset") {
+		t.Fatalf("reading the answer to %q: %v", raw, err)
+	}
+	return string(out)
 }

@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"bufio"
@@ -193,13 +193,13 @@ var unrawResponses = []string{
 func TestRawResponseTakesCommonHeads(t *testing.T) {
 	get := &http.Request{Method: http.MethodGet}
 	for _, s := range rawResponses {
-		var raw rawFields
-		if resp, _ := rawResponse([]byte(s), nil, get, &raw); resp == nil || !raw.ok {
+		var raw RawFields
+		if resp, _ := rawResponse([]byte(s), nil, get, &raw); resp == nil || !raw.OK {
 			t.Errorf("rawResponse declined %q", s)
 		}
 	}
 	for _, s := range slices.Concat(unrawResponses, unplainHeads) {
-		if resp, _ := rawResponse([]byte(s), nil, get, new(rawFields)); resp != nil {
+		if resp, _ := rawResponse([]byte(s), nil, get, new(RawFields)); resp != nil {
 			t.Errorf("rawResponse took %q", s)
 		}
 	}
@@ -208,14 +208,14 @@ func TestRawResponseTakesCommonHeads(t *testing.T) {
 			t.Errorf("plainResponse declined %q: the case belongs elsewhere", s)
 		}
 	}
-	if resp, _ := rawResponse([]byte(rawResponses[0]), nil, &http.Request{Method: http.MethodHead}, new(rawFields)); resp != nil {
+	if resp, _ := rawResponse([]byte(rawResponses[0]), nil, &http.Request{Method: http.MethodHead}, new(RawFields)); resp != nil {
 		t.Error("rawResponse took the response to a HEAD request")
 	}
 }
 
 // FuzzWriteRaw holds the raw path to the map path: for any response head
 // rawResponse takes, plainResponse takes it too, and what the server
-// writes for it to the client — h1Response.writeRaw with the fields as
+// writes for it to the client — ResponseWriter.WriteRaw with the fields as
 // they came, or WriteHeader with forward's header map — parses to the same
 // response (fields in another order) and ends or keeps the connection
 // alike, for HTTP/1.0 and 1.1 clients asking to close or keep it.
@@ -241,7 +241,7 @@ func FuzzWriteRaw(f *testing.F) {
 			_, _ = br.Peek(len(data))
 			return br
 		}
-		var raw rawFields
+		var raw RawFields
 		rbr := reader()
 		resp, n := rawResponse(buffered(rbr), rbr, req, &raw)
 		if resp == nil {
@@ -254,8 +254,8 @@ func FuzzWriteRaw(f *testing.F) {
 			t.Fatalf("rawResponse took %q (%d bytes), plainResponse did not (%d)", data, n, pn)
 		}
 		_, _ = pbr.Discard(pn)
-		removeHopByHop(plain.Header) // as forward does
-		if got := raw.header(); !reflect.DeepEqual(got, plain.Header) {
+		RemoveHopByHop(plain.Header) // as forward does
+		if got := raw.Header(); !reflect.DeepEqual(got, plain.Header) {
 			t.Fatalf("fields of %q: raw %v, plain %v", data, got, plain.Header)
 		}
 		if resp.Close != plain.Close || resp.StatusCode != plain.StatusCode || resp.ContentLength != plain.ContentLength {
@@ -265,14 +265,14 @@ func FuzzWriteRaw(f *testing.F) {
 		var rawOut, mapOut bytes.Buffer
 		rc := &h1Conn{bw: bufio.NewWriter(&rawOut)}
 		rw := rc.newResponse(req)
-		if !rw.canWriteRaw() || !rw.writeRaw(resp.StatusCode, resp.ContentLength, &raw) {
+		if !rw.CanWriteRaw() || !rw.WriteRaw(resp.StatusCode, resp.ContentLength, &raw) {
 			t.Fatal("a fresh response could not be written raw")
 		}
 		rawErr := copyAll(rw, resp.Body)
 		rc.bw.Flush()
 		mc := &h1Conn{bw: bufio.NewWriter(&mapOut)}
 		mw := mc.newResponse(req)
-		mw.takeHeader(plain.Header)
+		mw.TakeHeader(plain.Header)
 		mw.WriteHeader(plain.StatusCode)
 		mapErr := copyAll(mw, plain.Body)
 		mc.bw.Flush()

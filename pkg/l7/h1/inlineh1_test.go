@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"bufio"
@@ -36,14 +36,14 @@ func startRawUpstream(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) *r
 	return u
 }
 
-func (u *rawUpstream) client(idle time.Duration) *inlineH1 {
-	return &inlineH1{
-		dial: func(ctx context.Context) (net.Conn, error) {
+func (u *rawUpstream) client(idle time.Duration) *Client {
+	return &Client{
+		Dial: func(ctx context.Context) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "tcp", u.ln.Addr().String())
 		},
-		idleTimeout: idle,
-		maxHeader:   4 << 10,
+		IdleTimeout:    idle,
+		MaxHeaderBytes: 4 << 10,
 	}
 }
 
@@ -72,7 +72,7 @@ func okResponse(body string) string {
 	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }
 
-func inlineGet(t *testing.T, h *inlineH1, ctx context.Context, method string) (*http.Response, string, error) {
+func inlineGet(t *testing.T, h *Client, ctx context.Context, method string) (*http.Response, string, error) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, "http://backend/x", nil)
 	if err != nil {
@@ -268,7 +268,7 @@ func TestH1PlainTakesOnlyBodylessNonUpgradeRequests(t *testing.T) {
 		{mk("POST", strings.NewReader("x")), false},
 		{mk("GET", nil, "Upgrade", "websocket", "Connection", "Upgrade"), false},
 	} {
-		if got := h1Plain(c.req, fieldsOf(c.req.Header)); got != c.want {
+		if got := Inlinable(c.req, FieldsOf(c.req.Header)); got != c.want {
 			t.Errorf("%s with %v: %v, want %v", c.req.Method, c.req.Header, got, c.want)
 		}
 	}
@@ -313,13 +313,13 @@ func FuzzWriteHead(f *testing.F) {
 		if key != "" {
 			req.Header[textproto.CanonicalMIMEHeaderKey(key)] = []string{v1, v2}[:1+len(v2)%2]
 		}
-		if validHeaders(fieldsOf(req.Header)) != nil {
+		if validHeaders(FieldsOf(req.Header)) != nil {
 			return
 		}
 		var want, got bytes.Buffer
 		werr := req.Write(&want)
 		bw := bufio.NewWriter(&got)
-		gerr := writeHead(bw, req, fieldsOf(req.Header))
+		gerr := writeHead(bw, req, FieldsOf(req.Header))
 		_ = bw.Flush()
 		switch {
 		case werr != nil && gerr == nil:
@@ -338,11 +338,11 @@ func BenchmarkWriteHead(b *testing.B) {
 	req, _ := http.NewRequest("GET", "http://127.0.0.1:8080/bench/item?x=1", nil)
 	req.Host = "bench.svc"
 	for k, v := range map[string]string{"Accept": "*/*", "User-Agent": "load/1.0", "X-Request-Id": "abc",
-		"X-Forwarded-For": "10.0.0.1", "Forwarded": `for="10.0.0.1:1234"`, SourcePrincipalHeader: "spiffe://cluster.local/ns/a/sa/b"} {
+		"X-Forwarded-For": "10.0.0.1", "Forwarded": `for="10.0.0.1:1234"`, "X-Causeway-Source-Principal": "spiffe://cluster.local/ns/a/sa/b"} {
 		req.Header.Set(k, v)
 	}
 	bw := bufio.NewWriter(io.Discard)
-	fields := fieldsOf(req.Header)
+	fields := FieldsOf(req.Header)
 	b.Run("Request.Write", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"context"

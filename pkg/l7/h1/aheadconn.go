@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"context"
@@ -7,12 +7,12 @@ import (
 	"sync"
 )
 
-// peerDoner is a tunnel that reports, without being read, when reading it
+// PeerDoner is a tunnel that reports, without being read, when reading it
 // would no longer block: its peer ended its direction and everything it
 // sent has been read, or it failed. hbone's streams are. A Read then tells
 // which: io.EOF for an end (a half-close: the peer still reads what it is
 // sent), another error for a failure (the peer is gone).
-type peerDoner interface {
+type PeerDoner interface {
 	PeerDone() context.Context
 	Read([]byte) (int, error)
 }
@@ -20,15 +20,15 @@ type peerDoner interface {
 // halfClosed reports whether a tunnel whose PeerDone ended was half-closed
 // by its peer rather than failed. The read takes nothing: there is nothing
 // left to read.
-func halfClosed(pd peerDoner) bool {
+func halfClosed(pd PeerDoner) bool {
 	_, err := pd.Read(nil)
 	return err == io.EOF
 }
 
-// aheadConn gives a connection that cannot report its peer's end (any but
+// AheadConn gives a connection that cannot report its peer's end (any but
 // an HBONE stream: a test's TCP connection) a PeerDone by reading it in the
 // background, one buffer ahead of its reader.
-type aheadConn struct {
+type AheadConn struct {
 	net.Conn
 	done context.Context
 	end  context.CancelFunc
@@ -40,18 +40,18 @@ type aheadConn struct {
 	room  chan struct{}
 }
 
-func newAheadConn(c net.Conn) *aheadConn {
-	a := &aheadConn{Conn: c, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
+func NewAheadConn(c net.Conn) *AheadConn {
+	a := &AheadConn{Conn: c, ready: make(chan struct{}, 1), room: make(chan struct{}, 1)}
 	a.done, a.end = context.WithCancel(context.Background())
 	go a.readAhead()
 	return a
 }
 
-func (a *aheadConn) PeerDone() context.Context { return a.done }
+func (a *AheadConn) PeerDone() context.Context { return a.done }
 
 // Close closes the connection and lets the background reader go, even
 // with data nobody will read.
-func (a *aheadConn) Close() error {
+func (a *AheadConn) Close() error {
 	err := a.Conn.Close()
 	notify(a.room)
 	return err
@@ -59,7 +59,7 @@ func (a *aheadConn) Close() error {
 
 // readAhead reads a buffer at a time, waiting for the last to be taken (or
 // Close).
-func (a *aheadConn) readAhead() {
+func (a *AheadConn) readAhead() {
 	buf := make([]byte, 4<<10)
 	for {
 		n, err := a.Conn.Read(buf)
@@ -77,7 +77,7 @@ func (a *aheadConn) readAhead() {
 	}
 }
 
-func (a *aheadConn) Read(p []byte) (int, error) {
+func (a *AheadConn) Read(p []byte) (int, error) {
 	for {
 		a.mu.Lock()
 		if len(a.data) > 0 {
@@ -100,6 +100,22 @@ func (a *aheadConn) Read(p []byte) (int, error) {
 		a.mu.Unlock()
 		<-a.ready
 	}
+}
+
+// PrefixConn replays bytes already read (sniffed, or buffered by the
+// server) before reading on.
+type PrefixConn struct {
+	net.Conn
+	Prefix []byte
+}
+
+func (c *PrefixConn) Read(p []byte) (int, error) {
+	if len(c.Prefix) > 0 {
+		n := copy(p, c.Prefix)
+		c.Prefix = c.Prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }
 
 // notify wakes a waiter on a one-slot channel without blocking.

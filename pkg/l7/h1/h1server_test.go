@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"bufio"
@@ -25,42 +25,21 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 )
 
-// h1Front serves HTTP/1.1 on a loopback listener with serveH1, as ServeConn
+// h1Front serves HTTP/1.1 on a loopback listener with Serve, as the engine's ServeConn
 // does for a connection that is not an HBONE stream.
-func h1Front(t testing.TB, h http.Handler, limits h1Limits, log *zap.Logger) string {
+func h1Front(t testing.TB, h http.Handler, limits Limits, log *zap.Logger) string {
 	t.Helper()
 	ln := testnet.Listen(t, "127.0.0.1:0")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	testnet.Serve(t, ln, func(c net.Conn) {
-		ac := newAheadConn(c)
-		serveH1(ctx, ac, ac, h, limits, log)
+		ac := NewAheadConn(c)
+		Serve(ctx, ac, ac, h, limits, log)
 	})
 	return ln.Addr().String()
 }
 
-var testLimits = h1Limits{readHeaderTimeout: 5 * time.Second, idleTimeout: 5 * time.Second, maxHeaderBytes: 1 << 10}
-
-// exchangeRaw sends raw, ends its direction and returns all the server
-// wrote until it closed the connection.
-func exchangeRaw(t testing.TB, addr, raw string) string {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, raw); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.(*net.TCPConn).CloseWrite()
-	out, err := io.ReadAll(c)
-	if err != nil && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "connection reset") {
-		t.Fatalf("reading the answer to %q: %v", raw, err)
-	}
-	return string(out)
-}
+var testLimits = Limits{ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second, MaxHeaderBytes: 1 << 10}
 
 // seen is what the echo handler of the differential tests received.
 type seen struct {
@@ -94,11 +73,11 @@ var echoHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 })
 
 // netHTTPFront serves the same handler with net/http's server.
-func netHTTPFront(t testing.TB, h http.Handler, limits h1Limits) string {
+func netHTTPFront(t testing.TB, h http.Handler, limits Limits) string {
 	t.Helper()
 	ln := testnet.Listen(t, "127.0.0.1:0")
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: limits.readHeaderTimeout, IdleTimeout: limits.idleTimeout,
-		MaxHeaderBytes: limits.maxHeaderBytes, ErrorLog: nil}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: limits.ReadHeaderTimeout, IdleTimeout: limits.IdleTimeout,
+		MaxHeaderBytes: limits.MaxHeaderBytes, ErrorLog: nil}
 	srv.SetKeepAlivesEnabled(true)
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
@@ -135,7 +114,7 @@ func mustRead(r io.Reader) string {
 	return string(b)
 }
 
-// divergesByDesign: HTTP/2's preface (sniffed before serveH1 in
+// divergesByDesign: HTTP/2's preface (sniffed before Serve in
 // ServeConn), faulty framing (Transfer-Encoding with Content-Length or in
 // HTTP/1.0: refused) and the Host rules (readRequest): an empty host is refused;
 // an absolute- or authority-form target's authority is taken whatever the
@@ -169,11 +148,11 @@ var (
 	lengthField   = regexp.MustCompile(`(?im)^content-length:`)
 )
 
-// serveH1 answers what net/http's server answers: the same requests reach
+// Serve answers what net/http's server answers: the same requests reach
 // the handler with the same method, target, header, body and trailers, and
 // the same inputs are refused with the same status. Divergences by design:
 // the Host rules (readRequest) and HTTP/2's preface (sniffed before
-// serveH1 in ServeConn).
+// Serve in the engine's ServeConn).
 func FuzzServeH1(f *testing.F) {
 	for _, s := range []string{
 		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
@@ -218,13 +197,13 @@ func FuzzServeH1(f *testing.F) {
 	ours := h1Front(f, echoHandler, testLimits, zap.NewNop())
 	theirs := netHTTPFront(f, echoHandler, testLimits)
 	f.Fuzz(func(t *testing.T, raw string) {
-		want := answers(exchangeRaw(t, theirs, raw))
-		got := answers(exchangeRaw(t, ours, raw))
+		want := answers(testnet.Exchange(t, theirs, raw))
+		got := answers(testnet.Exchange(t, ours, raw))
 		if divergesByDesign(raw, want, got) {
 			return
 		}
 		if !slices.Equal(got, want) {
-			t.Fatalf("input %q\nserveH1:\n%s\nnet/http:\n%s", raw, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			t.Fatalf("input %q\nServe:\n%s\nnet/http:\n%s", raw, strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 	})
 }
@@ -313,7 +292,7 @@ func TestH1ResponseFraming(t *testing.T) {
 	next := get("/next", "HTTP/1.1")
 
 	t.Run("chunked without a length", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/stream", "HTTP/1.1")+next), "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/stream", "HTTP/1.1")+next), "GET", "GET")
 		if te := rs[0].TransferEncoding; !slices.Equal(te, []string{"chunked"}) || bodyOf(rs[0]) != "hello" {
 			t.Fatalf("transfer encoding %v", te)
 		}
@@ -322,21 +301,21 @@ func TestH1ResponseFraming(t *testing.T) {
 		}
 	})
 	t.Run("HTTP/1.0 without a length ends with the connection", func(t *testing.T) {
-		out := exchangeRaw(t, addr, get("/stream", "HTTP/1.0", "Connection: keep-alive\r\n")+next)
+		out := testnet.Exchange(t, addr, get("/stream", "HTTP/1.0", "Connection: keep-alive\r\n")+next)
 		rs := readAnswers(t, out, "GET")
 		if len(rs[0].TransferEncoding) != 0 || !rs[0].Close || bodyOf(rs[0]) != "hello" {
 			t.Fatalf("%q", out)
 		}
 	})
 	t.Run("HTTP/1.0 keep-alive with a length", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/length", "HTTP/1.0", "Connection: keep-alive\r\n")+next), "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/length", "HTTP/1.0", "Connection: keep-alive\r\n")+next), "GET", "GET")
 		if rs[0].Header.Get("Connection") != "keep-alive" || bodyOf(rs[0]) != "hello" {
 			t.Fatalf("%v", rs[0].Header)
 		}
 	})
 	t.Run("no body for 204 and 304", func(t *testing.T) {
 		lastWriteErr.Store("")
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/nocontent", "HTTP/1.1")+get("/notmodified", "HTTP/1.1")+next), "GET", "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/nocontent", "HTTP/1.1")+get("/notmodified", "HTTP/1.1")+next), "GET", "GET", "GET")
 		if rs[0].StatusCode != 204 || rs[0].Header.Get("Content-Length") != "" || bodyOf(rs[0]) != "" {
 			t.Fatalf("204: %v", rs[0].Header)
 		}
@@ -349,60 +328,60 @@ func TestH1ResponseFraming(t *testing.T) {
 	})
 	t.Run("HEAD keeps the length, sends no body", func(t *testing.T) {
 		head := strings.Replace(get("/length", "HTTP/1.1"), "GET", "HEAD", 1)
-		rs := readAnswers(t, exchangeRaw(t, addr, head+next), "HEAD", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, head+next), "HEAD", "GET")
 		if rs[0].ContentLength != 5 {
 			t.Fatalf("HEAD: %v", rs[0].Header)
 		}
 	})
 	t.Run("invalid length dropped", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/badlength", "HTTP/1.1")+next), "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/badlength", "HTTP/1.1")+next), "GET", "GET")
 		if !slices.Equal(rs[0].TransferEncoding, []string{"chunked"}) || bodyOf(rs[0]) != "hello" {
 			t.Fatalf("%v", rs[0].Header)
 		}
 	})
 	t.Run("no response splitting", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/inject", "HTTP/1.1")+next), "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/inject", "HTTP/1.1")+next), "GET", "GET")
 		if rs[0].Header.Get("X-Injected") != "" || rs[0].Header.Get("X-Value") != "a  X-Injected: 1" || rs[0].Header.Get("Bad Name") != "" {
 			t.Fatalf("%v", rs[0].Header)
 		}
 	})
 	t.Run("trailers", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/trailers", "HTTP/1.1")+next), "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/trailers", "HTTP/1.1")+next), "GET", "GET")
 		if bodyOf(rs[0]) != "body" || rs[0].Trailer.Get("A") != "1" || rs[0].Trailer.Get("B") != "2" {
 			t.Fatalf("trailers %v", rs[0].Trailer)
 		}
 	})
 	t.Run("short body ends the connection", func(t *testing.T) {
-		out := exchangeRaw(t, addr, get("/short", "HTTP/1.1")+next)
+		out := testnet.Exchange(t, addr, get("/short", "HTTP/1.1")+next)
 		if !strings.HasSuffix(out, "\r\n\r\nhello") {
 			t.Fatalf("%q", out)
 		}
 	})
 	t.Run("no more than the length, and then a short body", func(t *testing.T) {
 		lastWriteErr.Store("")
-		out := exchangeRaw(t, addr, get("/long", "HTTP/1.1")+next)
+		out := testnet.Exchange(t, addr, get("/long", "HTTP/1.1")+next)
 		if !strings.HasSuffix(out, "\r\n\r\n") || lastWriteErr.Load() != http.ErrContentLength.Error() {
 			t.Fatalf("%q, write error %v", out, lastWriteErr.Load())
 		}
 	})
 	t.Run("the handler's Date", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/date", "HTTP/1.1")+next), "GET", "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/date", "HTTP/1.1")+next), "GET", "GET")
 		if d := rs[0].Header.Values("Date"); !slices.Equal(d, []string{"Mon, 02 Jan 2006 15:04:05 GMT"}) {
 			t.Fatalf("Date %v", d)
 		}
 	})
 	t.Run("interim responses", func(t *testing.T) {
-		out := exchangeRaw(t, addr, get("/early", "HTTP/1.1"))
+		out := testnet.Exchange(t, addr, get("/early", "HTTP/1.1"))
 		if !strings.HasPrefix(out, "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\nHTTP/1.1 200 OK\r\n") {
 			t.Fatalf("%q", out)
 		}
-		out = exchangeRaw(t, addr, get("/early", "HTTP/1.0"))
+		out = testnet.Exchange(t, addr, get("/early", "HTTP/1.0"))
 		if !strings.HasPrefix(out, "HTTP/1.0 200 OK\r\n") {
 			t.Fatalf("an HTTP/1.0 client got an interim response: %q", out)
 		}
 	})
 	t.Run("Connection: close from the handler", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, get("/close", "HTTP/1.1")+next), "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, get("/close", "HTTP/1.1")+next), "GET")
 		if !rs[0].Close {
 			t.Fatal("not closed")
 		}
@@ -439,7 +418,7 @@ func TestH1Connection(t *testing.T) {
 			io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(rest))+"\r\n\r\n"+string(rest))
 		}
 	})
-	limits := h1Limits{readHeaderTimeout: 300 * time.Millisecond, idleTimeout: 300 * time.Millisecond, maxHeaderBytes: 1 << 10}
+	limits := Limits{ReadHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond, MaxHeaderBytes: 1 << 10}
 	addr := h1Front(t, h, limits, zap.New(core))
 	next := "GET /next HTTP/1.1\r\nHost: a\r\n\r\n"
 	post := func(path string, body int, extra ...string) string {
@@ -447,10 +426,10 @@ func TestH1Connection(t *testing.T) {
 	}
 
 	t.Run("an unread small body is drained", func(t *testing.T) {
-		readAnswers(t, exchangeRaw(t, addr, post("/", 1000)+next), "POST", "GET")
+		readAnswers(t, testnet.Exchange(t, addr, post("/", 1000)+next), "POST", "GET")
 	})
 	t.Run("an unread large body ends the connection", func(t *testing.T) {
-		out := exchangeRaw(t, addr, post("/", 300<<10)+next)
+		out := testnet.Exchange(t, addr, post("/", 300<<10)+next)
 		if strings.Count(out, "HTTP/1.1 200") != 1 {
 			t.Fatalf("%q", out)
 		}
@@ -474,7 +453,7 @@ func TestH1Connection(t *testing.T) {
 		readAnswers(t, mustRead(br), "POST", "GET")
 	})
 	t.Run("100-continue never asked for ends the connection", func(t *testing.T) {
-		out := exchangeRaw(t, addr, post("/", 4, "Expect: 100-continue\r\n")+next)
+		out := testnet.Exchange(t, addr, post("/", 4, "Expect: 100-continue\r\n")+next)
 		if strings.Contains(out, "100 Continue") || strings.Count(out, "HTTP/1.1 200") != 1 {
 			t.Fatalf("%q", out)
 		}
@@ -486,7 +465,7 @@ func TestH1Connection(t *testing.T) {
 			"POST /read HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 			"POST /read HTTP/1.0\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
 		} {
-			rs := readAnswers(t, exchangeRaw(t, addr, raw+next), "POST")
+			rs := readAnswers(t, testnet.Exchange(t, addr, raw+next), "POST")
 			if rs[0].StatusCode != http.StatusBadRequest || !rs[0].Close {
 				t.Fatalf("%q: %d (close %v), want 400 and the connection closed", raw, rs[0].StatusCode, rs[0].Close)
 			}
@@ -494,7 +473,7 @@ func TestH1Connection(t *testing.T) {
 	})
 	t.Run("a panic ends the connection and is logged; an abort is not", func(t *testing.T) {
 		for _, p := range []string{"/panic", "/abort"} {
-			if out := exchangeRaw(t, addr, "GET "+p+" HTTP/1.1\r\nHost: a\r\n\r\n"+next); out != "" {
+			if out := testnet.Exchange(t, addr, "GET "+p+" HTTP/1.1\r\nHost: a\r\n\r\n"+next); out != "" {
 				t.Fatalf("%s: %q", p, out)
 			}
 		}
@@ -503,7 +482,7 @@ func TestH1Connection(t *testing.T) {
 		}
 	})
 	t.Run("header too large", func(t *testing.T) {
-		out := exchangeRaw(t, addr, "GET / HTTP/1.1\r\nHost: a\r\nX: "+strings.Repeat("v", 6000)+"\r\n\r\n")
+		out := testnet.Exchange(t, addr, "GET / HTTP/1.1\r\nHost: a\r\nX: "+strings.Repeat("v", 6000)+"\r\n\r\n")
 		if !strings.HasPrefix(out, "HTTP/1.1 431 ") {
 			t.Fatalf("%q", out)
 		}
@@ -528,7 +507,7 @@ func TestH1Connection(t *testing.T) {
 		}
 	})
 	t.Run("a client that ends its direction still gets its answers", func(t *testing.T) {
-		out := exchangeRaw(t, addr, "GET /wait?1 HTTP/1.1\r\nHost: a\r\n\r\nGET /wait?2 HTTP/1.1\r\nHost: a\r\n\r\n")
+		out := testnet.Exchange(t, addr, "GET /wait?1 HTTP/1.1\r\nHost: a\r\n\r\nGET /wait?2 HTTP/1.1\r\nHost: a\r\n\r\n")
 		readAnswers(t, out, "GET", "GET")
 		if len(cancelled) != 0 {
 			t.Fatalf("request %s cancelled", <-cancelled)
@@ -553,20 +532,20 @@ func TestH1Connection(t *testing.T) {
 		}
 	})
 	t.Run("a hijacker reads what the client sent ahead", func(t *testing.T) {
-		rs := readAnswers(t, exchangeRaw(t, addr, "GET /hijack HTTP/1.1\r\nHost: a\r\n\r\nsent ahead"), "GET")
+		rs := readAnswers(t, testnet.Exchange(t, addr, "GET /hijack HTTP/1.1\r\nHost: a\r\n\r\nsent ahead"), "GET")
 		if b := bodyOf(rs[0]); b != "sent ahead" {
 			t.Fatalf("hijacker read %q", b)
 		}
 	})
 }
 
-// aheadConn's reader ends with the connection, also when what it read
+// AheadConn's reader ends with the connection, also when what it read
 // ahead is never taken.
 func TestAheadConnCloseEndsReader(t *testing.T) {
 	before := runtime.NumGoroutine()
 	for range 20 {
 		a, b := net.Pipe()
-		ac := newAheadConn(a)
+		ac := NewAheadConn(a)
 		go b.Write([]byte("never read"))
 		<-ac.ready // read ahead, waiting to be taken
 		ac.ready <- struct{}{}
@@ -586,7 +565,7 @@ func TestAheadConnCloseEndsReader(t *testing.T) {
 // socket under it still carries what the server writes: a request
 // cancelled that way must get no answer made up for it.
 type failingPeer struct {
-	*aheadConn
+	*AheadConn
 	done context.Context
 }
 
@@ -596,7 +575,7 @@ func (p failingPeer) Read(b []byte) (int, error) {
 	if len(b) == 0 && p.done.Err() != nil {
 		return 0, errors.New("stream reset")
 	}
-	return p.aheadConn.Read(b)
+	return p.AheadConn.Read(b)
 }
 
 func TestH1NoAnswerMadeUpForACancelledRequest(t *testing.T) {
@@ -608,11 +587,11 @@ func TestH1NoAnswerMadeUpForACancelledRequest(t *testing.T) {
 	})
 	ln := testnet.Listen(t, "127.0.0.1:0")
 	testnet.Serve(t, ln, func(c net.Conn) {
-		ac := newAheadConn(c)
+		ac := NewAheadConn(c)
 		defer ac.Close()
-		serveH1(context.Background(), ac, failingPeer{ac, done}, h, testLimits, zap.NewNop())
+		Serve(context.Background(), ac, failingPeer{ac, done}, h, testLimits, zap.NewNop())
 	})
-	c := dialFront(t, ln.Addr().String())
+	c := testnet.Dial(t, ln.Addr().String())
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 	if out := mustRead(c); out != "" {
 		t.Fatalf("a cancelled request was answered %q", out)

@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"bufio"
@@ -193,17 +193,17 @@ func lengthResponse(status string, code int, cl string, r io.Reader, req *http.R
 	return resp
 }
 
-// rawFields are a response's field lines as the upstream sent them, to be
-// passed on as they are (h1Response.writeRaw): every line is "Name: value"
+// RawFields are a response's field lines as the upstream sent them, to be
+// passed on as they are (ResponseWriter.WriteRaw): every line is "Name: value"
 // with a valid name (in the upstream's case: names are case-insensitive)
 // and a trimmed plain value, as writeFields would write it, and none is
 // hop-by-hop or one net/http would rewrite.
 // Passing them on spares a header map, its copy and its sorted writing.
-type rawFields struct {
-	ok          bool   // the last response read was raw
+type RawFields struct {
+	OK          bool   // the last response read was raw
+	ContentType string // the first Content-Type field's value
 	lines       string // each with its CRLF
 	date        bool   // a Date field is among them
-	eventStream bool   // Content-Type is text/event-stream
 }
 
 // rawResponse is plainResponse for a head whose fields can be passed on as
@@ -212,7 +212,7 @@ type rawFields struct {
 // close and a Keep-Alive field are left out of raw (hop-by-hop; close ends
 // the upstream connection, as with plainResponse); any other hop-by-hop
 // field, or a field not in raw form, and the answer is nil.
-func rawResponse(buf []byte, r io.Reader, req *http.Request, raw *rawFields) (*http.Response, int) {
+func rawResponse(buf []byte, r io.Reader, req *http.Request, raw *RawFields) (*http.Response, int) {
 	end := bytes.Index(buf, endOfHead)
 	if end < 0 || req.Method == http.MethodHead {
 		return nil, 0
@@ -254,7 +254,7 @@ func rawResponse(buf []byte, r io.Reader, req *http.Request, raw *rawFields) (*h
 		case "Keep-Alive":
 			leave = true
 		default:
-			if isHopByHop(key) {
+			if IsHopByHop(key) {
 				return nil, 0
 			}
 		}
@@ -277,12 +277,12 @@ func rawResponse(buf []byte, r io.Reader, req *http.Request, raw *rawFields) (*h
 	if kept != nil {
 		lines = string(kept)
 	}
-	*raw = rawFields{ok: true, lines: lines, date: date, eventStream: isEventStreamType(contentType)}
+	*raw = RawFields{OK: true, ContentType: contentType, lines: lines, date: date}
 	return resp, end + 4
 }
 
-// header is the header map of the raw fields, as plainHead builds it.
-func (raw *rawFields) header() http.Header {
+// Header is the Header map of the raw fields, as plainHead builds it.
+func (raw *RawFields) Header() http.Header {
 	_, h, _ := plainHead([]byte("\r\n" + raw.lines + "\r\n"))
 	return h
 }

@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// inlineH1 sends replayable HTTP/1.1 requests without a body (see h1Plain)
+// Client sends replayable HTTP/1.1 requests without a body (see Inlinable)
 // over an endpoint's keep-alive connections (each over its own tunnel),
 // writing the request and reading the response in the caller's goroutine.
 // http.Transport hands each exchange to a writer and a reader goroutine per
@@ -29,10 +29,10 @@ import (
 // connections. Responses are parsed by net/http (ReadResponse) unless
 // plainResponse takes them; request heads are written by writeHead, byte
 // for byte as Request.Write writes them.
-type inlineH1 struct {
-	dial        func(context.Context) (net.Conn, error)
-	idleTimeout time.Duration
-	maxHeader   int64
+type Client struct {
+	Dial           func(context.Context) (net.Conn, error)
+	IdleTimeout    time.Duration
+	MaxHeaderBytes int64
 
 	mu    sync.Mutex
 	idle  []*inlineConn // most recently used last
@@ -61,6 +61,16 @@ type inlineConn struct {
 	watch     ctxWatch    // the exchange in flight's watch on its context
 }
 
+// Interim takes the informational (1xx) responses of an exchange.
+type Interim interface {
+	Got1xx(code int, hdr textproto.MIMEHeader) error
+}
+
+// got1xxFunc is an httptrace Got1xxResponse hook as an Interim.
+type got1xxFunc func(int, textproto.MIMEHeader) error
+
+func (f got1xxFunc) Got1xx(code int, hdr textproto.MIMEHeader) error { return f(code, hdr) }
+
 // budgetReader reads from r while budget lasts; a negative budget is
 // unlimited. It bounds what a response header may take.
 type budgetReader struct {
@@ -82,37 +92,37 @@ func (b *budgetReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// h1Plain reports whether an inlineH1 may send req with the header
+// Inlinable reports whether a Client may send req with the header
 // fields: no body, no upgrade, and replayable. Without a reader goroutine
 // an idle connection that the upstream closed is only found by using it; a
 // replayable request then goes again on a new connection, and the rest
 // keep http.Transport, whose reader notices such closes while the
 // connection is idle.
-func h1Plain(req *http.Request, fields fieldList) bool {
+func Inlinable(req *http.Request, fields Fields) bool {
 	return (req.Body == nil || req.Body == http.NoBody) && req.ContentLength == 0 &&
-		fields.first("Upgrade") == "" && len(req.TransferEncoding) == 0 && replayable(req.Method, fields)
+		fields.First("Upgrade") == "" && len(req.TransferEncoding) == 0 && replayable(req.Method, fields)
 }
 
 // RoundTrip sends req on an idle connection or a new one. A reused
 // connection that the upstream had closed fails before any response byte;
 // a replayable request then goes once more on a new connection, as
 // http.Transport does.
-func (h *inlineH1) RoundTrip(req *http.Request) (*http.Response, error) {
-	var interim interimSink
+func (h *Client) RoundTrip(req *http.Request) (*http.Response, error) {
+	var interim Interim
 	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
 		interim = got1xxFunc(trace.Got1xxResponse)
 	}
-	return h.roundTrip(req, fieldsOf(req.Header), nil, interim)
+	return h.RoundTripFields(req, FieldsOf(req.Header), nil, interim)
 }
 
-// roundTrip is RoundTrip for the engine's forward, with the request's
+// RoundTripFields is RoundTrip for the engine's forward, with the request's
 // header as fields (sorted; req.Header is not read): with raw set, a
 // response whose fields can be passed on as they are comes without a
 // header map, its fields in raw (rawResponse); interim (may be nil) is
 // given the informational responses.
-func (h *inlineH1) roundTrip(req *http.Request, fields fieldList, raw *rawFields, interim interimSink) (*http.Response, error) {
+func (h *Client) RoundTripFields(req *http.Request, fields Fields, raw *RawFields, interim Interim) (*http.Response, error) {
 	if raw != nil {
-		raw.ok = false
+		raw.OK = false
 	}
 	if err := validHeaders(fields); err != nil {
 		return nil, err
@@ -121,7 +131,7 @@ func (h *inlineH1) roundTrip(req *http.Request, fields fieldList, raw *rawFields
 		c := h.take()
 		reused := c != nil
 		if c == nil {
-			nc, err := h.dial(req.Context())
+			nc, err := h.Dial(req.Context())
 			if err != nil {
 				return nil, err
 			}
@@ -153,17 +163,17 @@ type freshConnError struct{ err error }
 func (e *freshConnError) Error() string { return e.err.Error() }
 func (e *freshConnError) Unwrap() error { return e.err }
 
-func replayable(method string, fields fieldList) bool {
+func replayable(method string, fields Fields) bool {
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
 		return true
 	}
-	return fields.first("Idempotency-Key") != "" || fields.first("X-Idempotency-Key") != ""
+	return fields.First("Idempotency-Key") != "" || fields.First("X-Idempotency-Key") != ""
 }
 
 // exchange writes req on c and reads the response header. The request's
 // context ending interrupts c until the body is done.
-func (h *inlineH1) exchange(c *inlineConn, req *http.Request, fields fieldList, raw *rawFields, interim interimSink) (*http.Response, error) {
+func (h *Client) exchange(c *inlineConn, req *http.Request, fields Fields, raw *RawFields, interim Interim) (*http.Response, error) {
 	ctx := req.Context()
 	c.watch.start(ctx, c.interrupt)
 	fail := func(err error) (*http.Response, error) {
@@ -179,7 +189,7 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, fields fieldList, 
 	if err := c.bw.Flush(); err != nil {
 		return fail(&freshConnError{fmt.Errorf("writing the request: %w", err)})
 	}
-	c.lim.budget = h.maxHeader
+	c.lim.budget = h.MaxHeaderBytes
 	if _, err := c.br.Peek(1); err != nil {
 		return fail(&freshConnError{fmt.Errorf("reading the response: %w", err)})
 	}
@@ -208,11 +218,11 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, fields fieldList, 
 			return fail(fmt.Errorf("upstream answered %s to a request that did not ask for it", resp.Status))
 		}
 		if interim != nil {
-			if err := interim.got1xx(code, textproto.MIMEHeader(resp.Header)); err != nil {
+			if err := interim.Got1xx(code, textproto.MIMEHeader(resp.Header)); err != nil {
 				return fail(err)
 			}
 		}
-		c.lim.budget = h.maxHeader
+		c.lim.budget = h.MaxHeaderBytes
 	}
 	c.lim.budget = -1
 	keep := !resp.Close && !req.Close
@@ -231,7 +241,7 @@ func (h *inlineH1) exchange(c *inlineConn, req *http.Request, fields fieldList, 
 // writer, formatted prints and sorted copy of the header. The fields must
 // have passed validHeaders. Nothing in the engine sets the write hooks of
 // httptrace, which Request.Write would call.
-func writeHead(w *bufio.Writer, req *http.Request, fields fieldList) error {
+func writeHead(w *bufio.Writer, req *http.Request, fields Fields) error {
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
@@ -259,8 +269,8 @@ func writeHead(w *bufio.Writer, req *http.Request, fields fieldList) error {
 	w.WriteString(host)
 	w.WriteString("\r\n")
 	ua := "Go-http-client/1.1" // Request.Write's default
-	if i := fields.index("User-Agent"); i >= 0 {
-		vv := fields[i].values
+	if i := fields.Index("User-Agent"); i >= 0 {
+		vv := fields[i].Values
 		ua = ""
 		if len(vv) > 0 {
 			ua = vv[0]
@@ -271,7 +281,7 @@ func writeHead(w *bufio.Writer, req *http.Request, fields fieldList) error {
 		w.WriteString(textproto.TrimString(ua))
 		w.WriteString("\r\n")
 	}
-	if req.Close && !hasToken(fields.first("Connection"), "close") {
+	if req.Close && !hasToken(fields.First("Connection"), "close") {
 		w.WriteString("Connection: close\r\n")
 	}
 	switch method {
@@ -279,8 +289,8 @@ func writeHead(w *bufio.Writer, req *http.Request, fields fieldList) error {
 		w.WriteString("Content-Length: 0\r\n") // as Request.Write: servers expect one
 	}
 	for _, f := range fields {
-		if !writtenAbove(f.name) {
-			writeField(w, f.name, f.values)
+		if !writtenAbove(f.Name) {
+			writeField(w, f.Name, f.Values)
 		}
 	}
 	_, err = w.WriteString("\r\n")
@@ -340,7 +350,7 @@ func removeZone(host string) string {
 // validHeaders refuses what http.Transport refuses to send: header names
 // and values that are not valid HTTP (Request.Write would silently drop or
 // rewrite them; filters and policy results add headers).
-func validHeaders(fields fieldList) error {
+func validHeaders(fields Fields) error {
 	switch k, name, bad := invalidField(fields); {
 	case bad && name:
 		return fmt.Errorf("invalid header field name %q", k)
@@ -352,14 +362,14 @@ func validHeaders(fields fieldList) error {
 
 // invalidField finds a field whose name (name true) or one of whose values
 // is not valid HTTP.
-func invalidField(fields fieldList) (key string, name, bad bool) {
+func invalidField(fields Fields) (key string, name, bad bool) {
 	for _, f := range fields {
-		if !httpguts.ValidHeaderFieldName(f.name) {
-			return f.name, true, true
+		if !httpguts.ValidHeaderFieldName(f.Name) {
+			return f.Name, true, true
 		}
-		for _, v := range f.values {
+		for _, v := range f.Values {
 			if !httpguts.ValidHeaderFieldValue(v) {
-				return f.name, false, true
+				return f.Name, false, true
 			}
 		}
 	}
@@ -369,7 +379,7 @@ func invalidField(fields fieldList) (key string, name, bad bool) {
 // release ends an exchange on c: back to the idle list when the response
 // was read whole, the connection may stay open and the request's context
 // did not interrupt it; closed otherwise.
-func (h *inlineH1) release(c *inlineConn, reuse bool) {
+func (h *Client) release(c *inlineConn, reuse bool) {
 	if !c.watch.end() {
 		reuse = false // the context ended: c's deadline is in the past
 	}
@@ -385,21 +395,21 @@ func (h *inlineH1) release(c *inlineConn, reuse bool) {
 		return
 	}
 	h.idle = append(h.idle, c)
-	if h.sweep == nil && h.idleTimeout > 0 {
-		h.sweep = time.AfterFunc(h.idleTimeout, h.closeExpired)
+	if h.sweep == nil && h.IdleTimeout > 0 {
+		h.sweep = time.AfterFunc(h.IdleTimeout, h.closeExpired)
 	}
 	h.mu.Unlock()
 }
 
 // take returns the most recently used idle connection, closing expired ones
 // and those that received anything while idle.
-func (h *inlineH1) take() *inlineConn {
+func (h *Client) take() *inlineConn {
 	for {
 		c := h.pop()
 		if c == nil {
 			return nil
 		}
-		if h.idleTimeout > 0 && time.Since(c.idleSince) >= h.idleTimeout || c.readable == nil || c.readable() {
+		if h.IdleTimeout > 0 && time.Since(c.idleSince) >= h.IdleTimeout || c.readable == nil || c.readable() {
 			c.nc.Close()
 			continue
 		}
@@ -408,7 +418,7 @@ func (h *inlineH1) take() *inlineConn {
 }
 
 // pop takes the most recently used idle connection off the idle list.
-func (h *inlineH1) pop() *inlineConn {
+func (h *Client) pop() *inlineConn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := len(h.idle)
@@ -446,13 +456,13 @@ func readinessProbe(nc net.Conn) func() bool {
 
 // closeExpired closes the connections idle for the idle timeout and runs
 // again while any are left.
-func (h *inlineH1) closeExpired() {
+func (h *Client) closeExpired() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.sweep = nil
 	keep := h.idle[:0]
 	for _, c := range h.idle {
-		if time.Since(c.idleSince) >= h.idleTimeout {
+		if time.Since(c.idleSince) >= h.IdleTimeout {
 			c.nc.Close()
 		} else {
 			keep = append(keep, c)
@@ -461,13 +471,13 @@ func (h *inlineH1) closeExpired() {
 	clear(h.idle[len(keep):])
 	h.idle = keep
 	if len(h.idle) > 0 {
-		h.sweep = time.AfterFunc(h.idleTimeout-time.Since(h.idle[0].idleSince), h.closeExpired)
+		h.sweep = time.AfterFunc(h.IdleTimeout-time.Since(h.idle[0].idleSince), h.closeExpired)
 	}
 }
 
 // CloseIdleConnections closes the idle connections. Exchanges in flight
 // finish; their connections then idle out.
-func (h *inlineH1) CloseIdleConnections() {
+func (h *Client) CloseIdleConnections() {
 	h.mu.Lock()
 	idle := h.idle
 	h.idle = nil
@@ -482,7 +492,7 @@ func (h *inlineH1) CloseIdleConnections() {
 // cannot).
 type inlineBody struct {
 	r     io.ReadCloser
-	h     *inlineH1
+	h     *Client
 	c     *inlineConn
 	keep  bool // the connection may stay open
 	ended atomic.Bool

@@ -1,4 +1,4 @@
-package l7
+package h1
 
 import (
 	"bufio"
@@ -32,11 +32,11 @@ import (
 // (pkg/l7/DESIGN-NOTE.md has the measurements). FuzzServeH1 holds it to
 // net/http's server on what reaches the handler and what is refused.
 
-// h1Limits are the server's bounds (Options).
-type h1Limits struct {
-	readHeaderTimeout time.Duration // from a request's first byte to its last header
-	idleTimeout       time.Duration // between requests
-	maxHeaderBytes    int
+// Limits are the server's bounds (Options).
+type Limits struct {
+	ReadHeaderTimeout time.Duration // from a request's first byte to its last header
+	IdleTimeout       time.Duration // between requests
+	MaxHeaderBytes    int
 }
 
 // h1Conn is the server state of one tunnel.
@@ -44,7 +44,7 @@ type h1Conn struct {
 	conn    net.Conn
 	ctx     context.Context // the tunnel's
 	handler http.Handler
-	limits  h1Limits
+	limits  Limits
 	log     *zap.Logger
 
 	lr    io.LimitedReader // bounds a request head: net/http's allowance, MaxHeaderBytes plus 4 KiB
@@ -62,11 +62,11 @@ type h1Conn struct {
 	afterPost bool
 }
 
-// serveH1 serves requests on conn until the client closes it, it idles out,
+// Serve serves requests on conn until the client closes it, it idles out,
 // a request cannot be read or a response ends the connection. peer is what
 // conn reads from, which reports when reading would no longer block
-// (hbone streams do; see aheadConn for other connections).
-func serveH1(ctx context.Context, conn net.Conn, peer peerDoner, h http.Handler, limits h1Limits, log *zap.Logger) {
+// (hbone streams do; see AheadConn for other connections).
+func Serve(ctx context.Context, conn net.Conn, peer PeerDoner, h http.Handler, limits Limits, log *zap.Logger) {
 	c := &h1Conn{conn: conn, ctx: ctx, handler: h, limits: limits, log: log}
 	c.scope.parent = ctx
 	c.gone.scope = &c.scope
@@ -79,16 +79,16 @@ func serveH1(ctx context.Context, conn net.Conn, peer peerDoner, h http.Handler,
 	defer stop()
 	stopScope := context.AfterFunc(ctx, c.scope.endCurrent)
 	defer stopScope()
-	c.timer = time.AfterFunc(limits.readHeaderTimeout, func() { conn.Close() })
+	c.timer = time.AfterFunc(limits.ReadHeaderTimeout, func() { conn.Close() })
 	defer c.timer.Stop()
 	for c.serveOne() {
 		// The connection idles until the next request's first bytes (four,
 		// as net/http waits for: less, then the end, is no request).
-		c.timer.Reset(limits.idleTimeout)
+		c.timer.Reset(limits.IdleTimeout)
 		if _, err := c.br.Peek(4); err != nil {
 			return
 		}
-		c.timer.Reset(limits.readHeaderTimeout)
+		c.timer.Reset(limits.ReadHeaderTimeout)
 	}
 }
 
@@ -149,8 +149,8 @@ func (c *h1Conn) serveOne() bool {
 }
 
 // newResponse is the response writer for req.
-func (c *h1Conn) newResponse(req *http.Request) *h1Response {
-	return &h1Response{c: c, req: req, contentLength: -1,
+func (c *h1Conn) newResponse(req *http.Request) *ResponseWriter {
+	return &ResponseWriter{c: c, req: req, contentLength: -1,
 		wants10KeepAlive: req.ProtoMajor == 1 && req.ProtoMinor == 0 && hasToken(req.Header.Get("Connection"), "keep-alive"),
 		wantsClose:       req.Close || hasToken(req.Header.Get("Connection"), "close"),
 	}
@@ -158,7 +158,7 @@ func (c *h1Conn) newResponse(req *http.Request) *h1Response {
 
 // serveRequest runs the handler; false when it hijacked the connection or
 // aborted (panicked), which ends the connection.
-func (c *h1Conn) serveRequest(w *h1Response, req *http.Request) (ok bool) {
+func (c *h1Conn) serveRequest(w *ResponseWriter, req *http.Request) (ok bool) {
 	defer func() {
 		if err := recover(); err != nil {
 			c.gone.disarm()
@@ -190,7 +190,7 @@ func serverOptions(w http.ResponseWriter, r *http.Request) {
 // readRequest reads the next request head. A nil request with status 0
 // means the connection ended or timed out (nothing to answer).
 func (c *h1Conn) readRequest() (*http.Request, int, string) {
-	c.lr.N = int64(c.limits.maxHeaderBytes) + 4096
+	c.lr.N = int64(c.limits.MaxHeaderBytes) + 4096
 	if c.afterPost {
 		peek, _ := c.br.Peek(4)
 		_, _ = c.br.Discard(leadingCRLF(peek))
@@ -228,7 +228,7 @@ func (c *h1Conn) readRequest() (*http.Request, int, string) {
 		return nil, http.StatusBadRequest, "malformed Host header"
 	}
 	if !plain { // plainRequest took only valid names and values
-		switch _, name, bad := invalidField(fieldsOf(req.Header)); {
+		switch _, name, bad := invalidField(FieldsOf(req.Header)); {
 		case bad && name:
 			return nil, http.StatusBadRequest, "invalid header name"
 		case bad:
@@ -305,7 +305,7 @@ func commonReadError(err error) bool {
 // takes either for a client gone.)
 type goneWatch struct {
 	scope *requestScope
-	peer  peerDoner
+	peer  PeerDoner
 	mu    sync.Mutex
 	ended bool
 	gen   uint64 // the current request's generation, once armed; 0: none
@@ -345,7 +345,7 @@ func (g *goneWatch) disarm() {
 // Close, unbounded): what is left is drained, within a limit, by the
 // server before the next request, or the connection ends.
 type h1Body struct {
-	w      *h1Response
+	w      *ResponseWriter
 	gen    uint64 // the request's (requestScope)
 	expect bool   // 100-continue was asked for
 
@@ -406,8 +406,8 @@ func (c *h1Conn) bodyDone(gen uint64) {
 	}
 }
 
-// h1Response is the http.ResponseWriter of one request.
-type h1Response struct {
+// ResponseWriter is the http.ResponseWriter of one request.
+type ResponseWriter struct {
 	c                *h1Conn
 	req              *http.Request
 	body             *h1Body // nil: the request had none
@@ -433,21 +433,21 @@ type h1Response struct {
 }
 
 var (
-	_ http.ResponseWriter = (*h1Response)(nil)
-	_ http.Flusher        = (*h1Response)(nil)
-	_ http.Hijacker       = (*h1Response)(nil)
+	_ http.ResponseWriter = (*ResponseWriter)(nil)
+	_ http.Flusher        = (*ResponseWriter)(nil)
+	_ http.Hijacker       = (*ResponseWriter)(nil)
 )
 
-func (w *h1Response) Header() http.Header {
+func (w *ResponseWriter) Header() http.Header {
 	if w.hdr == nil {
 		w.hdr = make(http.Header)
 	}
 	return w.hdr
 }
 
-// takeHeader uses h as the response's header, made by nobody else (see
-// responseRecorder.takeHeader), when none was set yet.
-func (w *h1Response) takeHeader(h http.Header) bool {
+// TakeHeader uses h as the response's header, made by nobody else (see
+// responseRecorder.TakeHeader), when none was set yet.
+func (w *ResponseWriter) TakeHeader(h http.Header) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.hdr) > 0 || w.wroteHeader {
@@ -457,7 +457,7 @@ func (w *h1Response) takeHeader(h http.Header) bool {
 	return true
 }
 
-func (w *h1Response) writeContinue() {
+func (w *ResponseWriter) writeContinue() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.canContinue {
@@ -471,7 +471,7 @@ func (w *h1Response) writeContinue() {
 // WriteHeader writes the status line and header now (nothing is buffered
 // to guess a length: a response without Content-Length is chunked, or
 // ends with the connection for HTTP/1.0).
-func (w *h1Response) WriteHeader(code int) {
+func (w *ResponseWriter) WriteHeader(code int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.wroteHeader || w.hijacked {
@@ -598,8 +598,8 @@ func writeDate(bw *bufio.Writer) {
 	bw.WriteString("\r\n")
 }
 
-// canWriteRaw: writeRaw would write (rawWritableLocked).
-func (w *h1Response) canWriteRaw() bool {
+// CanWriteRaw: WriteRaw would write (rawWritableLocked).
+func (w *ResponseWriter) CanWriteRaw() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.rawWritableLocked()
@@ -607,17 +607,17 @@ func (w *h1Response) canWriteRaw() bool {
 
 // rawWritableLocked: no header was written or set yet, and the request is
 // not HEAD (whose response has no body to frame). w.mu held.
-func (w *h1Response) rawWritableLocked() bool {
+func (w *ResponseWriter) rawWritableLocked() bool {
 	return !w.wroteHeader && !w.hijacked && len(w.hdr) == 0 && w.req.Method != http.MethodHead
 }
 
-// writeRaw writes the head of a final response (2xx-5xx, not 204 or 304)
+// WriteRaw writes the head of a final response (2xx-5xx, not 204 or 304)
 // with Content-Length cl whose fields are raw's lines, as WriteHeader would
 // write that response with those fields in a header map (for such a
 // response its cases come down to these: the length frames the body, and
 // the connection is kept alive or closed as the request asks), in the
 // upstream's field order rather than sorted. FuzzWriteRaw compares the two.
-func (w *h1Response) writeRaw(code int, cl int64, raw *rawFields) bool {
+func (w *ResponseWriter) WriteRaw(code int, cl int64, raw *RawFields) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.rawWritableLocked() {
@@ -667,13 +667,13 @@ func bodyAllowed(status int) bool {
 }
 
 // note keeps the first write error: the connection is not reused after it.
-func (w *h1Response) note(err error) {
+func (w *ResponseWriter) note(err error) {
 	if err != nil && w.werr == nil {
 		w.werr = err
 	}
 }
 
-func (w *h1Response) Write(p []byte) (int, error) {
+func (w *ResponseWriter) Write(p []byte) (int, error) {
 	if w.hijacked {
 		return 0, http.ErrHijacked
 	}
@@ -706,9 +706,9 @@ func (w *h1Response) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (w *h1Response) Flush() { _ = w.FlushError() }
+func (w *ResponseWriter) Flush() { _ = w.FlushError() }
 
-func (w *h1Response) FlushError() error {
+func (w *ResponseWriter) FlushError() error {
 	if w.hijacked {
 		return http.ErrHijacked
 	}
@@ -722,11 +722,11 @@ func (w *h1Response) FlushError() error {
 
 // SetReadDeadline bounds reading the request body (the engine's request
 // timeout, through http.ResponseController).
-func (w *h1Response) SetReadDeadline(t time.Time) error { return w.c.conn.SetReadDeadline(t) }
+func (w *ResponseWriter) SetReadDeadline(t time.Time) error { return w.c.conn.SetReadDeadline(t) }
 
 // Hijack hands the connection to the handler (upgrades); bytes the client
 // already sent are read from the returned connection first.
-func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w *ResponseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if w.hijacked {
 		return nil, nil, http.ErrHijacked
 	}
@@ -742,13 +742,13 @@ func (w *h1Response) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	var conn net.Conn = c.conn
 	if n := c.br.Buffered(); n > 0 {
 		buffered, _ := c.br.Peek(n)
-		conn = &prefixConn{Conn: c.conn, prefix: slices.Clone(buffered)}
+		conn = &PrefixConn{Conn: c.conn, Prefix: slices.Clone(buffered)}
 	}
 	return conn, bufio.NewReadWriter(bufio.NewReader(conn), bufio.NewWriter(conn)), nil
 }
 
 // finish ends the response: the last chunk with the trailers, then flush.
-func (w *h1Response) finish() {
+func (w *ResponseWriter) finish() {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -764,7 +764,7 @@ func (w *h1Response) finish() {
 // reusable reports whether the connection can carry another request: the
 // response was framed and written whole and the request body was read to
 // its end (or drained).
-func (w *h1Response) reusable() bool {
+func (w *ResponseWriter) reusable() bool {
 	if w.closeAfter || w.werr != nil {
 		return false
 	}
