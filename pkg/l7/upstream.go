@@ -3,6 +3,7 @@ package l7
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -274,4 +275,15 @@ func pickEndpoint(eps []*endpoint, skip func(*endpoint) bool) *endpoint {
 		return b
 	}
 	return a
+}
+
+// pastDeadline reports whether ctx's deadline has passed. An I/O deadline
+// taken from ctx (a dial's, a connection's) can fire a moment before ctx's
+// own timer cancels it, so ctx.Err() alone may not know yet.
+func pastDeadline(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
