@@ -130,6 +130,21 @@ type serviceInfo struct {
 	targets map[uint32][]Target // service port -> endpoints serving it
 }
 
+// Target is one endpoint the waypoint sends requests to.
+type Target struct {
+	// Address is the endpoint's pod IP and the port on it (the service's
+	// target port for this endpoint).
+	Address netip.AddrPort
+	// Identity is the identity the endpoint's workload must prove (the SAN
+	// to verify); zero when its workload is unknown.
+	Identity trust.Identity
+	// Workload is the endpoint's workload, nil when unknown.
+	Workload *meshv1.Workload
+	// Service is the service the endpoint was selected for (zero for a
+	// workload-addressed destination).
+	Service ServiceRef
+}
+
 // routeMeta is what precedence and logs need from an HTTPRoute or GRPCRoute.
 type routeMeta struct {
 	kind      string // "HTTPRoute" or "GRPCRoute"

@@ -16,24 +16,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/causeway-mesh/causeway/pkg/l7/h1"
-	"github.com/causeway-mesh/causeway/pkg/trust"
-	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
-
-// Target is one endpoint the waypoint sends requests to.
-type Target struct {
-	// Address is the endpoint's pod IP and the port on it (the service's
-	// target port for this endpoint).
-	Address netip.AddrPort
-	// Identity is the identity the endpoint's workload must prove (the SAN
-	// to verify); zero when its workload is unknown.
-	Identity trust.Identity
-	// Workload is the endpoint's workload, nil when unknown.
-	Workload *meshv1.Workload
-	// Service is the service the endpoint was selected for (zero for a
-	// workload-addressed destination).
-	Service ServiceRef
-}
 
 // Dialer opens a connection to an endpoint: the waypoint implements it with
 // an HBONE tunnel to the endpoint's pod IP:15008 under the waypoint's own
