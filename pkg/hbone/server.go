@@ -269,6 +269,14 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
+// now is the time the TLS configuration judges certificates at.
+func (s *Server) now() time.Time {
+	if s.opts.TLS.Time != nil {
+		return s.opts.TLS.Time()
+	}
+	return time.Now()
+}
+
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -282,7 +290,15 @@ func (s *Server) serveConn(raw net.Conn) {
 	tc := tls.Server(batch, s.opts.TLS)
 	raw.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	if err := tc.HandshakeContext(s.ctx); err != nil {
-		log.Debug("TLS handshake failed", zap.Error(err))
+		// A client certificate outside its validity period is an expired
+		// certificate or a skewed clock: worth a warning with the skew.
+		var te *trust.CertificateTimeError
+		if err := trust.ExplainValidity(err, s.now()); errors.As(err, &te) {
+			log.Warn("TLS handshake refused: client certificate outside its validity period", zap.String("reason", te.Reason()),
+				zap.Duration("skew", te.Skew()), zap.Error(err))
+		} else {
+			log.Debug("TLS handshake failed", zap.Error(err))
+		}
 		raw.Close()
 		return
 	}

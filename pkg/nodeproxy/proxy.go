@@ -817,9 +817,12 @@ func (p *Proxy) finish(r connRecord, start time.Time, err error) {
 // closeReason is a low-cardinality metric label for how a connection ended.
 func closeReason(err error) string {
 	var se *hbone.StatusError
+	var te *trust.CertificateTimeError
 	switch {
 	case err == nil:
 		return "ok"
+	case errors.As(err, &te):
+		return te.Reason() // a peer's or our own certificate, by our clock
 	case errors.As(err, &se):
 		return "status_" + strconv.Itoa(se.Code)
 	case errors.Is(err, errRefused), errors.Is(err, errHostUnknown):

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync/atomic"
+	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -17,6 +18,7 @@ import (
 type Bundle struct {
 	td    spiffeid.TrustDomain
 	roots atomic.Pointer[bundleRoots]
+	clock atomic.Pointer[func() time.Time]
 }
 
 type bundleRoots struct {
@@ -59,6 +61,25 @@ func (b *Bundle) SetRoots(roots []*x509.Certificate) error {
 // Roots returns the current roots.
 func (b *Bundle) Roots() []*x509.Certificate { return b.roots.Load().certs }
 
+// SetClock makes the bundle judge certificates' validity periods by now
+// instead of the system clock (fault tests of clock skew); nil restores
+// the system clock.
+func (b *Bundle) SetClock(now func() time.Time) {
+	if now == nil {
+		b.clock.Store(nil)
+		return
+	}
+	b.clock.Store(&now)
+}
+
+// Now is the time certificates are judged at.
+func (b *Bundle) Now() time.Time {
+	if now := b.clock.Load(); now != nil {
+		return (*now)()
+	}
+	return time.Now()
+}
+
 // verify checks a presented chain (leaf first) against the current roots for
 // the given usage and returns the leaf's identity, which must belong to the
 // bundle's trust domain.
@@ -78,12 +99,17 @@ func (b *Bundle) verify(rawChain [][]byte, usage x509.ExtKeyUsage) (Identity, []
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
+	now := b.Now()
 	chains, err := certs[0].Verify(x509.VerifyOptions{
 		Roots:         b.roots.Load().pool,
 		Intermediates: inter,
 		KeyUsages:     []x509.ExtKeyUsage{usage},
+		CurrentTime:   now,
 	})
 	if err != nil {
+		if te := ExplainValidity(err, now); te != err {
+			return Identity{}, nil, te // names the certificate itself
+		}
 		return Identity{}, nil, fmt.Errorf("certificate of %s: %w", describeSANs(certs[0].URIs), err)
 	}
 	id, err := leafIdentity(certs[0].URIs)

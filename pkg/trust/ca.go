@@ -139,7 +139,7 @@ func (a *Authority) sign(csr *x509.CertificateRequest, id Identity, ttl time.Dur
 	}
 	// Backdate a little to tolerate clock skew between peers, but never
 	// before the signing certificate itself became valid.
-	notBefore := now.Add(-time.Minute)
+	notBefore := now.Add(-Backdate)
 	if notBefore.Before(a.cert.NotBefore) {
 		notBefore = a.cert.NotBefore
 	}

@@ -158,6 +158,11 @@ func TestSign(t *testing.T) {
 	if leaf.NotBefore.Before(certs[1].NotBefore) {
 		t.Fatal("leaf valid before its issuer")
 	}
+	// Backdated for peers whose clocks run behind the CA's (the issuer is
+	// older than that here).
+	if latest := time.Now().Add(-trust.Backdate); leaf.NotBefore.After(latest) || trust.Backdate < time.Minute {
+		t.Fatalf("leaf valid from %s, want backdated by at least a minute (by %s: before %s)", leaf.NotBefore, trust.Backdate, latest)
+	}
 	if _, err := trust.TLSCertificate(chain, key); err != nil {
 		t.Fatal(err)
 	}

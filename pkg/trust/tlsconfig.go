@@ -30,8 +30,10 @@ type ServerCertFunc func(local net.Addr) (*tls.Certificate, error)
 
 // ServerConfig is the TLS configuration of an HBONE server: TLS 1.3 only,
 // ALPN h2, certificate chosen by local address, client certificates verified
-// against the bundle's roots current at handshake time. Derive the peer of an
-// accepted connection with PeerFromTLS.
+// against the bundle's roots current at handshake time and its clock
+// (Bundle.Now, also the config's Time). Derive the peer of an accepted
+// connection with PeerFromTLS; explain a failed handshake with
+// ExplainValidity(err, config.Time()).
 func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Config {
 	clientAuth := tls.VerifyClientCertIfGiven
 	if auth == RequireClientCert {
@@ -40,6 +42,7 @@ func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Confi
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		NextProtos: []string{ALPN},
+		Time:       b.Now,
 		// No resumption: a resumed session would skip both the choice of
 		// certificate by local address and the verification of the client
 		// against the roots current now (after a rotation).
@@ -56,6 +59,7 @@ func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Confi
 			return &tls.Config{
 				MinVersion:             tls.VersionTLS13,
 				NextProtos:             []string{ALPN},
+				Time:                   b.Now, // client certificates are judged by the bundle's clock
 				SessionTicketsDisabled: true,
 				Certificates:           []tls.Certificate{*cert},
 				ClientCAs:              b.roots.Load().pool,

@@ -187,11 +187,70 @@ func TestHandshakeExpired(t *testing.T) {
 	r := handshake(t, trust.ServerConfig(ca.Bundle, fixed(expiredCertificate(t, ca, serverID)), trust.VerifyIfGiven),
 		trust.ClientConfig(ca.Bundle, nil, []trust.Identity{serverID}))
 	wantErr(t, "client facing an expired server certificate", r.clientErr,
-		"server certificate: certificate of spiffe://cluster.local/ns/a/sa/server: x509: certificate has expired")
+		"server certificate: certificate expired: spiffe://cluster.local/ns/a/sa/server expired at ")
 
 	r = handshake(t, trust.ServerConfig(ca.Bundle, fixed(ca.Certificate(t, serverID, 0)), trust.VerifyIfGiven),
 		trust.ClientConfig(ca.Bundle, clientCert(expiredCertificate(t, ca, clientID)), []trust.Identity{serverID}))
 	wantErr(t, "server facing an expired client certificate", r.serverErr, "x509: certificate has expired")
+}
+
+// TestHandshakeClockSkew: a side whose clock is off by an hour refuses
+// the other's current certificate as expired (clock ahead) or not yet
+// valid (behind), saying which and by how much, the server through its
+// config's Time; with the clock right again the same certificates pass.
+func TestHandshakeClockSkew(t *testing.T) {
+	ca := trusttest.NewCA(t, "cluster.local")
+	serverID := trusttest.Identity(t, "spiffe://cluster.local/ns/a/sa/server")
+	clientID := trusttest.Identity(t, "spiffe://cluster.local/ns/b/sa/client")
+	serverCert, clientCert := ca.Certificate(t, serverID, 10*time.Minute), ca.Certificate(t, clientID, 10*time.Minute)
+	bundle := func() *trust.Bundle {
+		b, err := trust.NewBundle("cluster.local", ca.Bundle.Roots())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	serverBundle, clientBundle := bundle(), bundle()
+	server := trust.ServerConfig(serverBundle, fixed(serverCert), trust.RequireClientCert)
+	client := trust.ClientConfig(clientBundle, func() (*tls.Certificate, error) { return clientCert, nil }, []trust.Identity{serverID})
+	skewed := func(d time.Duration) func() time.Time { return func() time.Time { return time.Now().Add(d) } }
+	check := func(what string, err error, reason string, skew time.Duration, text string) {
+		t.Helper()
+		var te *trust.CertificateTimeError
+		if !errors.As(err, &te) {
+			t.Fatalf("%s: error %v is not a certificate time error", what, err)
+		}
+		if te.Reason() != reason || te.Skew() < skew-time.Minute || te.Skew() > skew+time.Minute {
+			t.Fatalf("%s: reason %s, skew %v; want %s, about %v", what, te.Reason(), te.Skew(), reason, skew)
+		}
+		wantErr(t, what, err, text)
+	}
+	for _, c := range []struct {
+		name       string
+		offset     time.Duration
+		reason     string
+		skew       time.Duration // the leaf is valid from 1 minute ago for 10 minutes
+		clientText string
+	}{
+		{"ahead", time.Hour, trust.ReasonExpired, 51 * time.Minute,
+			"server certificate: certificate expired: spiffe://cluster.local/ns/a/sa/server expired at "},
+		{"behind", -time.Hour, trust.ReasonNotYetValid, 59 * time.Minute,
+			"server certificate: certificate not yet valid: spiffe://cluster.local/ns/a/sa/server is valid from "},
+	} {
+		clientBundle.SetClock(skewed(c.offset))
+		r := handshake(t, server, client)
+		check("client clock "+c.name, r.clientErr, c.reason, c.skew, c.clientText)
+		clientBundle.SetClock(nil)
+
+		serverBundle.SetClock(skewed(c.offset))
+		r = handshake(t, server, client)
+		check("server clock "+c.name, trust.ExplainValidity(r.serverErr, server.Time()), c.reason, c.skew, "spiffe://cluster.local/ns/b/sa/client")
+		serverBundle.SetClock(nil)
+
+		if r := handshake(t, server, client); r.serverErr != nil || r.clientErr != nil {
+			t.Fatalf("clocks right again after %s: server %v, client %v", c.name, r.serverErr, r.clientErr)
+		}
+	}
 }
 
 func TestHandshakeOtherRoot(t *testing.T) {

@@ -62,6 +62,16 @@ const (
 // minRefreshDelay is the shortest time between a fetch and the next refresh.
 const minRefreshDelay = 100 * time.Millisecond
 
+// maxExpiryMargin bounds how long before its expiry a certificate stops
+// being handed out: a tenth of its life, at most the longest a handshake
+// may take (hbone's default handshake timeout), so that a certificate
+// handed out does not expire while the peer is still to check it.
+const maxExpiryMargin = 10 * time.Second
+
+// retrySpread is how far the retries of identities backing off are
+// spread once a fetch succeeds again (the CA is back).
+const retrySpread = time.Second
+
 // ErrStopped is returned by Get once Run has returned.
 var ErrStopped = errors.New("certificate manager stopped")
 
@@ -84,6 +94,9 @@ type Options struct {
 	Bundle *trust.Bundle
 	// Logger (default: none).
 	Logger *zap.Logger
+	// Clock judges certificates' validity periods (default time.Now; fault
+	// tests skew it). Refresh timing follows the system's monotonic clock.
+	Clock func() time.Time
 }
 
 // Manager holds the certificates. Run must be running for fetches to happen.
@@ -106,6 +119,8 @@ type entry struct {
 	seq   uint64 // creation order: FIFO among equals
 	cert  *tls.Certificate
 	chain []*x509.Certificate // as the CA returned it, roots included
+	// margin: cert is handed out only until that long before its expiry.
+	margin time.Duration
 	// lastErr is the error of the last fetch, nil after a success.
 	lastErr error
 	// due is when the next fetch should start; zero means now.
@@ -142,6 +157,9 @@ func New(o Options) (*Manager, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
 	}
 	return &Manager{
 		opts:    o,
@@ -249,6 +267,23 @@ func (m *Manager) poke() {
 func (m *Manager) fetch(ctx context.Context, e *entry) {
 	start := time.Now()
 	cert, chain, err := m.obtain(ctx, e.id)
+	// Refresh at half the remaining lifetime as seen from when we asked
+	// (the CA backdates NotBefore for clock skew).
+	var issued time.Time
+	var lifetime, margin time.Duration
+	if err == nil {
+		issued = start
+		if cert.Leaf.NotBefore.After(issued) {
+			issued = cert.Leaf.NotBefore
+		}
+		lifetime = cert.Leaf.NotAfter.Sub(issued)
+		margin = min(lifetime/10, maxExpiryMargin)
+		if now := m.opts.Clock(); !now.Add(margin).Before(cert.Leaf.NotAfter) {
+			// Get would not hand it out (and would ask again at once).
+			err = fmt.Errorf("certificate for %s expires at %s, within %v of this clock's %s (is this clock ahead?)",
+				e.id, cert.Leaf.NotAfter.UTC().Format(time.RFC3339), margin, now.UTC().Format(time.RFC3339))
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.inFlight--
@@ -267,26 +302,30 @@ func (m *Manager) fetch(ctx context.Context, e *entry) {
 		}
 		e.lastErr = err
 		e.backoff = min(max(e.backoff*2, m.opts.InitialBackoff), m.opts.MaxBackoff)
+		// While the certificate in use serves, retry at least twice in what
+		// is left of it: a backoff grown over a long outage must not
+		// outlast the certificate when the CA comes back before that.
+		left := time.Duration(0)
+		if e.cert != nil {
+			left = e.servingUntil().Sub(m.opts.Clock())
+		}
+		if left > 0 {
+			e.backoff = max(min(e.backoff, left/2), minRefreshDelay)
+		}
 		wait := jitter(e.backoff, 0.8, 1.2)
 		wait = min(wait, m.opts.MaxBackoff)
 		e.due = time.Now().Add(wait)
 		fields := []zap.Field{zap.Stringer("identity", e.id), zap.Duration("retry_in", wait), zap.Error(err)}
-		if e.cert != nil && time.Now().Before(e.cert.Leaf.NotAfter) {
-			fields = append(fields, zap.Time("serving_until", e.cert.Leaf.NotAfter))
+		if left > 0 {
+			fields = append(fields, zap.Time("serving_until", e.servingUntil()))
 		}
 		m.log.Warn("certificate fetch failed", fields...)
 		e.notify()
 		return
 	}
-	e.cert, e.chain, e.lastErr, e.backoff = cert, chain, nil, 0
-	// Refresh at half the remaining lifetime as seen from when we asked
-	// (the CA backdates NotBefore for clock skew), a little earlier by
-	// jitter so that identities fetched together spread out.
-	issued := start
-	if cert.Leaf.NotBefore.After(issued) {
-		issued = cert.Leaf.NotBefore
-	}
-	lifetime := cert.Leaf.NotAfter.Sub(issued)
+	e.cert, e.chain, e.margin, e.lastErr, e.backoff = cert, chain, margin, nil, 0
+	// A little earlier than half by jitter, so that identities fetched
+	// together spread out.
 	e.due = issued.Add(jitter(lifetime/2, 0.8, 1.0))
 	// A CA handing out very short certificates over a slow link must not
 	// turn refreshing into a tight loop.
@@ -298,6 +337,24 @@ func (m *Manager) fetch(ctx context.Context, e *entry) {
 		zap.Time("refresh_at", e.due))
 	m.updateBundleLocked(chain)
 	e.notify()
+	// The CA answers again: identities waiting out a backoff grown while
+	// it did not retry now (spread out) instead of at its end.
+	now := time.Now()
+	for _, o := range m.entries {
+		if o != e && o.lastErr != nil && !o.fetching && o.due.After(now.Add(retrySpread)) {
+			o.due = now.Add(jitter(retrySpread, 0, 1))
+		}
+	}
+	m.poke()
+}
+
+// servingUntil is when the entry's certificate stops being handed out.
+func (e *entry) servingUntil() time.Time { return e.cert.Leaf.NotAfter.Add(-e.margin) }
+
+// servesLocked reports whether the entry holds a certificate to hand out
+// at now (by the manager's clock).
+func (e *entry) servesLocked(now time.Time) bool {
+	return e.cert != nil && now.Before(e.servingUntil())
 }
 
 // obtain runs one fetch without holding the lock.
@@ -319,8 +376,18 @@ func (m *Manager) obtain(ctx context.Context, id trust.Identity) (*tls.Certifica
 	if len(cert.Leaf.URIs) != 1 || cert.Leaf.URIs[0].String() != id.String() {
 		return nil, nil, fmt.Errorf("certificate for %s names %v", id, cert.Leaf.URIs)
 	}
-	if now := time.Now(); !now.Before(cert.Leaf.NotAfter) {
-		return nil, nil, fmt.Errorf("certificate for %s expired at %s", id, cert.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	// Judged by our clock: one ahead of the CA's sees the new certificate
+	// expired (refused; the one held, if any, keeps serving while valid).
+	// One behind sees it not yet valid: peers judge it, by their clocks,
+	// so it is used, with a warning (our verification of peers will fail).
+	now := m.opts.Clock()
+	var te *trust.CertificateTimeError
+	if err := trust.CheckValidity(cert.Leaf, now); errors.As(err, &te) {
+		if !te.NotYetValid() {
+			return nil, nil, fmt.Errorf("certificate for %s: %w", id, err)
+		}
+		m.log.Warn("certificate from the CA not yet valid by this clock", zap.Stringer("identity", id),
+			zap.Duration("skew", te.Skew()), zap.Error(err))
 	}
 	var all []*x509.Certificate
 	for i, p := range pemChain {
@@ -394,7 +461,8 @@ func (m *Manager) Prefetch(id trust.Identity) {
 }
 
 // Get returns a valid certificate for id, fetching it at high priority if
-// there is none: it waits for the fetch in progress or next in line, until
+// there is none; one within a tenth of its life (at most 10 s) of expiry
+// no longer counts, so that it does not expire during the handshake: it waits for the fetch in progress or next in line, until
 // ctx ends. While id is backing off after a failure and holds no valid
 // certificate, Get fails at once with that failure rather than waiting.
 func (m *Manager) Get(ctx context.Context, id trust.Identity) (*tls.Certificate, error) {
@@ -413,7 +481,7 @@ func (m *Manager) Get(ctx context.Context, id trust.Identity) (*tls.Certificate,
 	var seen uint64
 	for {
 		now := time.Now()
-		if e.cert != nil && now.Before(e.cert.Leaf.NotAfter) {
+		if e.servesLocked(m.opts.Clock()) {
 			return e.cert, nil
 		}
 		if e.gone {
@@ -424,6 +492,13 @@ func (m *Manager) Get(ctx context.Context, id trust.Identity) (*tls.Certificate,
 		}
 		if e.lastErr != nil && (waiting && e.attempts > seen || !e.fetching && e.due.After(now)) {
 			return nil, fmt.Errorf("certificate for %s unavailable: %w", id, e.lastErr)
+		}
+		if !e.fetching && e.due.After(now) {
+			// Nothing to hand out before the refresh is due: the held
+			// certificate is within its margin of expiry, or outside its
+			// validity by our clock. Fetch now.
+			e.due = now
+			m.poke()
 		}
 		if !waiting {
 			waiting, seen = true, e.attempts
@@ -479,7 +554,7 @@ func (m *Manager) Snapshot() []CertificateStatus {
 	defer m.mu.Unlock()
 	out := make([]CertificateStatus, 0, len(m.entries))
 	for _, e := range m.entries {
-		s := CertificateStatus{Identity: e.id.String(), State: e.stateLocked(), CertChain: []CertificateInfo{}}
+		s := CertificateStatus{Identity: e.id.String(), State: e.stateLocked(m.opts.Clock()), CertChain: []CertificateInfo{}}
 		if e.lastErr != nil && s.State == StateAvailable {
 			s.RefreshError = e.lastErr.Error()
 		}
@@ -508,10 +583,11 @@ func (m *Manager) Snapshot() []CertificateStatus {
 // stateLocked: a certificate that is still valid serves, so its identity is
 // Available however its refreshes fare (readiness follows this state; a
 // CA outage shorter than the remaining lifetime must not take the proxy
-// out of service); Unavailable only once nothing valid is held.
-func (e *entry) stateLocked() string {
+// out of service); Unavailable only once nothing is held that Get would
+// hand out.
+func (e *entry) stateLocked(now time.Time) string {
 	switch {
-	case e.cert != nil && time.Now().Before(e.cert.Leaf.NotAfter):
+	case e.servesLocked(now):
 		return StateAvailable
 	case e.lastErr != nil:
 		return StateUnavailable + ": " + e.lastErr.Error()

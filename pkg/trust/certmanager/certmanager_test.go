@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -635,5 +636,163 @@ func TestAuthorityFetcher(t *testing.T) {
 	}
 	if cert.Leaf.URIs[0].String() != "spiffe://cluster.local/ns/causeway-system/sa/controlplane" {
 		t.Fatalf("leaf %v", cert.Leaf.URIs)
+	}
+}
+
+// switchable signs in process (AuthorityFetcher) unless it is down, and
+// counts its calls.
+type switchable struct {
+	inner CertificateFetcher
+	// failAt, if set, says whether call n (from 1) fails.
+	failAt func(n int) bool
+	mu     sync.Mutex
+	calls  int
+	down   bool
+}
+
+func (f *switchable) Fetch(ctx context.Context, id trust.Identity, csr []byte, ttl time.Duration) ([]string, error) {
+	f.mu.Lock()
+	f.calls++
+	fail := f.down || f.failAt != nil && f.failAt(f.calls)
+	f.mu.Unlock()
+	if fail {
+		return nil, errors.New("CA unreachable")
+	}
+	return f.inner.Fetch(ctx, id, csr, ttl)
+}
+
+func (f *switchable) setDown(down bool) {
+	f.mu.Lock()
+	f.down = down
+	f.mu.Unlock()
+}
+
+// offsetClock is a wall clock an offset away from the system's.
+type offsetClock struct{ offset atomic.Int64 }
+
+func (c *offsetClock) now() time.Time      { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *offsetClock) set(d time.Duration) { c.offset.Store(int64(d)) }
+func (c *offsetClock) at(t time.Time)      { c.set(time.Until(t)) }
+
+// TestClockSkew: certificates are judged by the manager's clock. Ahead by
+// more than their life, the fresh one from the CA is refused as expired
+// (with the skew) and the one held is not handed out; behind, the CA's
+// is used (peers judge it by their clocks). With the clock right again
+// the held certificate serves at once.
+func TestClockSkew(t *testing.T) {
+	id := ident(t, "web")
+	ca := trusttest.NewCA(t, "cluster.local")
+	clock := &offsetClock{}
+	m := start(t, Options{Fetcher: AuthorityFetcher{ca.Authority}, TTL: time.Hour, Clock: clock.now, InitialBackoff: 50 * time.Millisecond})
+	ctx := testCtx(t)
+	held, err := m.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	clock.set(2 * time.Hour)
+	_, err = m.Get(ctx, id)
+	var te *trust.CertificateTimeError
+	if !errors.As(err, &te) || te.Reason() != trust.ReasonExpired || te.Skew() < 59*time.Minute {
+		t.Fatalf("Get with the clock 2h ahead: %v, want the CA's certificate refused as expired by about an hour", err)
+	}
+	if s, _ := stateOf(m, id); !strings.HasPrefix(s.State, "Unavailable: ") || !strings.Contains(s.State, "certificate expired: ") {
+		t.Fatalf("state with the clock ahead: %q", s.State)
+	}
+
+	clock.set(0)
+	if got, err := m.Get(ctx, id); err != nil || got != held {
+		t.Fatalf("Get with the clock right again: %v (the held certificate: %v)", err, got == held)
+	}
+	if s, _ := stateOf(m, id); s.State != StateAvailable {
+		t.Fatalf("state with the clock right again: %q", s.State)
+	}
+
+	other := ident(t, "api")
+	clock.set(-2 * time.Hour)
+	got, err := m.Get(ctx, other)
+	if err != nil {
+		t.Fatalf("Get with the clock 2h behind: %v", err)
+	}
+	if err := trust.CheckValidity(got.Leaf, clock.now()); !errors.As(err, &te) || !te.NotYetValid() {
+		t.Fatalf("the certificate handed out is %v by the skewed clock, want not yet valid", err)
+	}
+}
+
+// TestExpiryMargin: a certificate within a tenth of its life (at most
+// 10 s) of expiry is not handed out (it could expire during the
+// handshake); Get fetches a new one instead.
+func TestExpiryMargin(t *testing.T) {
+	id := ident(t, "web")
+	ca := trusttest.NewCA(t, "cluster.local")
+	clock := &offsetClock{}
+	m := start(t, Options{Fetcher: AuthorityFetcher{ca.Authority}, TTL: 10 * time.Minute, Clock: clock.now})
+	ctx := testCtx(t)
+	first, err := m.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.at(first.Leaf.NotAfter.Add(-20 * time.Second)) // outside the margin
+	if again, err := m.Get(ctx, id); err != nil || again != first {
+		t.Fatalf("Get 20 s before expiry: %v (the same certificate: %v)", err, again == first)
+	}
+	// Within it: Get asks the CA, whose answer (10 minutes from the
+	// system's time) is no better by this clock, and says so.
+	clock.at(first.Leaf.NotAfter.Add(-5 * time.Second))
+	if got, err := m.Get(ctx, id); err == nil || !strings.Contains(err.Error(), "within 10s of this clock's") {
+		t.Fatalf("Get 5 s before expiry: %v (the same certificate: %v)", err, got == first)
+	}
+	if s, _ := stateOf(m, id); !strings.HasPrefix(s.State, "Unavailable: ") {
+		t.Fatalf("state 5 s before expiry: %q", s.State)
+	}
+}
+
+// TestBackoffBoundedByValidity: a refresh failing with a backoff longer
+// than the certificate's remaining life is retried before expiry, so the
+// CA being back by then means no gap (2 s certificates, a 1.5 s backoff).
+func TestBackoffBoundedByValidity(t *testing.T) {
+	id := ident(t, "web")
+	ca := trusttest.NewCA(t, "cluster.local")
+	f := &switchable{inner: AuthorityFetcher{ca.Authority}, failAt: func(n int) bool { return n == 2 }}
+	m := start(t, Options{Fetcher: f, TTL: 2 * time.Second, InitialBackoff: 1500 * time.Millisecond, MaxBackoff: 1500 * time.Millisecond})
+	ctx := testCtx(t)
+	if _, err := m.Get(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if _, err := m.Get(ctx, id); err != nil {
+			f.mu.Lock()
+			calls := f.calls
+			f.mu.Unlock()
+			t.Fatalf("after %d fetches: %v", calls, err)
+		}
+	}
+}
+
+// TestRetryWhenTheCAIsBack: one identity's fetch succeeding again brings
+// forward the retries of the others, which would otherwise wait out their
+// backoff (5 s here).
+func TestRetryWhenTheCAIsBack(t *testing.T) {
+	a, b := ident(t, "a"), ident(t, "b")
+	ca := trusttest.NewCA(t, "cluster.local")
+	f := &switchable{inner: AuthorityFetcher{ca.Authority}, down: true}
+	m := start(t, Options{Fetcher: f, InitialBackoff: 5 * time.Second, MaxBackoff: 5 * time.Second})
+	ctx := testCtx(t)
+	if _, err := m.Get(ctx, a); err == nil {
+		t.Fatal("Get succeeded with the CA down")
+	}
+	f.setDown(false)
+	if _, err := m.Get(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	for {
+		if s, _ := stateOf(m, a); s.State == StateAvailable {
+			break
+		}
+		if time.Since(back) > 3*time.Second {
+			t.Fatalf("%s still not refreshed %v after the CA answered %s", a, time.Since(back).Round(time.Millisecond), b)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
