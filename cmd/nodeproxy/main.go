@@ -70,7 +70,7 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 		return err
 	}
 	defer ca.Close()
-	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log})
+	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log, Clock: env.Clock})
 	if err != nil {
 		return err
 	}

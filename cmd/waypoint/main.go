@@ -124,7 +124,7 @@ func run(o *options) error {
 		return err
 	}
 	defer ca.Close()
-	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log})
+	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log, Clock: env.Clock})
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,7 @@ type Flags struct {
 	LogFormat, LogLevel  string
 	LogFlushInterval     time.Duration
 	GCPercent            int
+	ClockOffsetFile      string
 }
 
 // Register adds the common flags to fs.
@@ -51,6 +52,7 @@ func (f *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.LogFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&f.LogFlushInterval, "log-flush-interval", time.Second, "longest time access and decision log lines wait in a buffer before they are written (0: written at once)")
+	fs.StringVar(&f.ClockOffsetFile, "clock-offset-file", "", "fault tests only: judge certificates by the system clock plus the duration in this file (\"-1h\"; re-read every 100ms, absent: 0); never set in production")
 	fs.IntVar(&f.GCPercent, "gc-percent", DefaultGCPercent, "heap growth between garbage collections, as GOGC (which wins when set); a soft memory limit at 90% of the container's keeps it inside the pod's memory")
 }
 
@@ -61,6 +63,9 @@ type Env struct {
 	Token                caclient.TokenSource
 	ControlPlaneIdentity trust.Identity
 	Metrics              *prometheus.Registry
+	// Clock judges certificates (Bundle's already does): the system's,
+	// or the one of --clock-offset-file.
+	Clock func() time.Time
 }
 
 // Setup validates the flags and builds the environment.
@@ -88,9 +93,18 @@ func (f *Flags) Setup() (*Env, error) {
 			return nil, fmt.Errorf("--controlplane-identity: %w", err)
 		}
 	}
+	clock := time.Now
+	if f.ClockOffsetFile != "" {
+		c, err := startOffsetClock(context.Background(), f.ClockOffsetFile, log.Logger) // for the process's life
+		if err != nil {
+			return nil, err
+		}
+		clock = c.Now
+		bundle.SetClock(clock)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &Env{Log: log, Bundle: bundle, Token: caclient.TokenFromFile(f.TokenFile), ControlPlaneIdentity: cpID, Metrics: reg}, nil
+	return &Env{Log: log, Bundle: bundle, Token: caclient.TokenFromFile(f.TokenFile), ControlPlaneIdentity: cpID, Metrics: reg, Clock: clock}, nil
 }
 
 // CAClient connects to the control plane's CA.
