@@ -68,6 +68,8 @@ type harness struct {
 	certTTL  time.Duration
 	// policyRev is the revision marker of the policy on disk.
 	policyRev int
+	// clockFile is node-a's --clock-offset-file.
+	clockFile string
 }
 
 // outcome is what injecting a fault observed besides the load: a note for
@@ -105,7 +107,8 @@ func run(ctx context.Context, o options) error {
 			os.RemoveAll(work)
 		}
 	}()
-	h := &harness{cfg: filepath.Join(work, "config"), pol: filepath.Join(work, "policies"), rowTime: o.rowTime, certTTL: o.certTTL}
+	h := &harness{cfg: filepath.Join(work, "config"), pol: filepath.Join(work, "policies"), rowTime: o.rowTime, certTTL: o.certTTL,
+		clockFile: filepath.Join(work, "clock-offset-node-a")}
 	if err := os.MkdirAll(h.cfg, 0o755); err != nil {
 		return err
 	}
@@ -114,7 +117,8 @@ func run(ctx context.Context, o options) error {
 	}
 	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshTemplate, BasePort: o.basePort,
 		Policies:         map[string]string{"authz.rego": policy(0)},
-		ControlPlaneArgs: []string{"--cert-ttl", o.certTTL.String()}})
+		ControlPlaneArgs: []string{"--cert-ttl", o.certTTL.String()},
+		NodeProxyArgs:    map[string][]string{"node-a": {"--clock-offset-file", h.clockFile}}})
 	if err != nil {
 		keep = true
 		return fmt.Errorf("start mesh: %w", err)
@@ -462,6 +466,22 @@ func rows() []row {
 				}
 				return h.mesh.Restart(ctx, backendV2)
 			},
+		},
+		{
+			name: "clock-skew", fault: fmt.Sprintf("client's node proxy clock %v ahead for %v, right, %v behind for %v, right", skew, skewPhase, skew, skewPhase),
+			expectation: "refused with the reason (expired / not yet valid, by how much) in its log and metrics; served again once the clock is right",
+			inject:      clockSkew,
+			// New connections need node-a's own certificate, expired by
+			// its clock ahead: they must fail then (or the skew did not
+			// take). Connections made before keep their TLS sessions.
+			judge: func(fresh, existing summary) string {
+				why := noFailures(summary{}, existing)
+				if fresh.failed == 0 {
+					why = strings.TrimPrefix(why+", no new connection refused", ", ")
+				}
+				return why
+			},
+			after: func(ctx context.Context, h *harness) error { return h.setClock(0) },
 		},
 		// Last: certificates may expire while the CA is down, and the
 		// rows after it would measure the recovery instead of their fault.

@@ -36,6 +36,8 @@ type Options struct {
 	// ControlPlaneArgs are extra flags for the control plane (for example
 	// a short --cert-ttl).
 	ControlPlaneArgs []string
+	// NodeProxyArgs are extra flags for the node proxy of each node named.
+	NodeProxyArgs map[string][]string
 }
 
 // Mesh is a running local mesh.
@@ -134,7 +136,8 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 	for _, n := range plan.Nodes {
 		proxies = append(proxies, job{name: "nodeproxy-" + n.Node, bin: filepath.Join(o.BinDir, "nodeproxy"), ready: "http://" + n.Status + "/healthz/ready",
 			args: append([]string{"--node", n.Node, "--xds-address", cp.GRPC, "--token-file", tokenFile(o.StateDir, n.Token),
-				"--root-cert", root, "--admin", n.Admin, "--readiness", n.Status, "--metrics", n.Status, "--socks5", n.SOCKS5}, common...)})
+				"--root-cert", root, "--admin", n.Admin, "--readiness", n.Status, "--metrics", n.Status, "--socks5", n.SOCKS5},
+				append(common, o.NodeProxyArgs[n.Node]...)...)})
 	}
 	for _, w := range plan.Waypoints {
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",

@@ -38,8 +38,10 @@ type Setup struct {
 	// Edit, if set, may change the plan before anything starts, for
 	// example to drop a node proxy whose part the benchmark plays itself.
 	Edit func(*localmesh.Plan) error
-	// ControlPlaneArgs are extra flags for the control plane.
+	// ControlPlaneArgs are extra flags for the control plane, and
+	// NodeProxyArgs for the node proxy of each node named.
 	ControlPlaneArgs []string
+	NodeProxyArgs    map[string][]string
 }
 
 // Start writes the configuration and starts the mesh; Stop it when done.
@@ -82,7 +84,8 @@ func Start(ctx context.Context, s Setup) (*localmesh.Mesh, error) {
 		}
 	}
 	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: pol,
-		StateDir: filepath.Join(s.WorkDir, "state"), ReadyTimeout: 60 * time.Second, ControlPlaneArgs: s.ControlPlaneArgs})
+		StateDir: filepath.Join(s.WorkDir, "state"), ReadyTimeout: 60 * time.Second, ControlPlaneArgs: s.ControlPlaneArgs,
+		NodeProxyArgs: s.NodeProxyArgs})
 }
 
 // PID returns the pid of the named mesh process.
