@@ -91,6 +91,7 @@ type Proxy struct {
 	// active counts open connections per endpoint for least-connections.
 	activeMu sync.Mutex
 	active   map[netip.AddrPort]int
+	outliers *outliers
 
 	mu         sync.Mutex
 	ctx        context.Context // set by Run
@@ -151,7 +152,7 @@ func New(o Options) (*Proxy, error) {
 		}
 	}
 	p := &Proxy{opts: o, log: o.Logger, access: o.AccessLog, metrics: newMetrics(o.Registry),
-		active: map[netip.AddrPort]int{}, pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{},
+		active: map[netip.AddrPort]int{}, outliers: newOutliers(), pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{},
 		updated: make(chan struct{})}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
 	p.relays, p.stopRelays = context.WithCancel(context.Background())
@@ -521,9 +522,15 @@ func (p *Proxy) connect(ctx context.Context, src *meshv1.Workload, plan Plan, fr
 	for _, hop := range p.order(plan.Hops) {
 		conn, err := p.dialHop(ctx, src, hop, from)
 		if err == nil {
+			p.outliers.succeeded(hop.Address)
 			return conn, hop, nil
 		}
 		p.release(hop)
+		if dialFailed(err) && ctx.Err() == nil {
+			if d, fresh := p.outliers.failed(hop.Address); fresh {
+				p.log.Info("hop unreachable: tried last for a while", zap.Stringer("hop", hop.Address), zap.Duration("for", d), zap.Error(err))
+			}
+		}
 		errs = append(errs, fmt.Errorf("%s %s: %w", hop.Kind, hop.Address, err))
 		if ctx.Err() != nil {
 			break
@@ -536,17 +543,27 @@ func (p *Proxy) connect(ctx context.Context, src *meshv1.Workload, plan Plan, fr
 }
 
 // order puts the hops in the order to try: the less loaded of two random
-// choices first (power of two choices, least connections), then the rest
-// in random order. It counts the connection on each hop as it is tried.
+// choices among those not ejected first (power of two choices, least
+// connections), then the rest of those in random order, then the ejected
+// ones. It counts the connection on each hop as it is tried.
 func (p *Proxy) order(hops []Hop) []Hop {
 	out := append([]Hop(nil), hops...)
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	healthy := make([]Hop, 0, len(out))
+	var ejected []Hop
+	for _, h := range out {
+		if p.outliers.ejected(h.Address) {
+			ejected = append(ejected, h)
+		} else {
+			healthy = append(healthy, h)
+		}
+	}
 	p.activeMu.Lock()
 	defer p.activeMu.Unlock()
-	if len(out) > 1 && p.active[out[1].Address] < p.active[out[0].Address] {
-		out[0], out[1] = out[1], out[0]
+	if len(healthy) > 1 && p.active[healthy[1].Address] < p.active[healthy[0].Address] {
+		healthy[0], healthy[1] = healthy[1], healthy[0]
 	}
-	return out
+	return append(healthy, ejected...)
 }
 
 func (p *Proxy) acquire(h Hop) {

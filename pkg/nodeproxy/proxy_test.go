@@ -274,6 +274,9 @@ func TestServiceSpreadsAndSkipsDeadEndpoint(t *testing.T) {
 	if seen["B"] == 0 || seen["C"] == 0 || len(seen) != 2 {
 		t.Fatalf("connections per endpoint = %v; want both B and C, and E (down) skipped", seen)
 	}
+	if dead := netip.MustParseAddrPort(podE + ":15008"); !m.proxies["node-a"].outliers.ejected(dead) {
+		t.Fatalf("the dead endpoint %s is not ejected after 30 connections", dead)
+	}
 	// By hostname too.
 	if got, err := m.exchange(t, "node-a", podA, "svc.t:80", "h"); err != nil || !strings.HasSuffix(got, ":h") {
 		t.Fatalf("by hostname: %q, %v", got, err)
