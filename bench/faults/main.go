@@ -38,6 +38,7 @@ type options struct {
 	only     string
 	keep     bool
 	certTTL  time.Duration
+	soak     soakOptions
 }
 
 func main() {
@@ -50,6 +51,11 @@ func main() {
 	flag.StringVar(&o.only, "only", "", "run only the rows whose name matches this regular expression")
 	flag.DurationVar(&o.certTTL, "cert-ttl", 40*time.Second, "lifetime of every mesh certificate (the control plane's --cert-ttl); the CA row keeps the CA down for 60 % of it")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs of every process)")
+	flag.DurationVar(&o.soak.duration, "soak", time.Minute, "how long the soak row holds its connections (the issue's figure: 10m)")
+	flag.IntVar(&o.soak.idle, "soak-idle", 10000, "idle connections the soak row holds")
+	flag.IntVar(&o.soak.active, "soak-active", 1000, "active connections the soak row holds")
+	flag.DurationVar(&o.soak.interval, "soak-interval", 5*time.Second, "time between two GETs of one active connection")
+	flag.DurationVar(&o.soak.sample, "soak-sample", 10*time.Second, "how often the soak row samples goroutines, file descriptors and RSS")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -107,6 +113,11 @@ func run(ctx context.Context, o options) error {
 			os.RemoveAll(work)
 		}
 	}()
+	if only.MatchString("soak") {
+		if err := raiseFileLimit(uint64(o.soak.idle+o.soak.active) + 4096); err != nil {
+			return err
+		}
+	}
 	h := &harness{cfg: filepath.Join(work, "config"), pol: filepath.Join(work, "policies"), rowTime: o.rowTime, certTTL: o.certTTL,
 		clockFile: filepath.Join(work, "clock-offset-node-a")}
 	if err := os.MkdirAll(h.cfg, 0o755); err != nil {
@@ -136,7 +147,7 @@ func run(ctx context.Context, o options) error {
 			MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4, IdleConnTimeout: time.Minute}}}
 
 	fmt.Printf("faults: %d req/s on new and on existing connections, %v per row, fault after %v\n\n", o.rate, o.rowTime, o.rowTime/4)
-	for _, r := range rows() {
+	for _, r := range rows(o) {
 		if only.MatchString(r.name) {
 			fmt.Printf("- %s: %s; expected: %s\n", r.name, r.fault, r.expectation)
 		}
@@ -145,7 +156,7 @@ func run(ctx context.Context, o options) error {
 	fmt.Println("| fault | connections | sent | failed (by cause) | longest gap | result |")
 	fmt.Println("|---|---|---|---|---|---|")
 	missed := 0
-	for _, r := range rows() {
+	for _, r := range rows(o) {
 		if !only.MatchString(r.name) {
 			continue
 		}
@@ -370,7 +381,7 @@ func noFailures(fresh, existing summary) string {
 	return strings.Join(why, ", ")
 }
 
-func rows() []row {
+func rows(o options) []row {
 	return []row{
 		{
 			name: "controlplane-kill", fault: "control plane killed (SIGKILL), restarted after 5 s",
@@ -482,6 +493,12 @@ func rows() []row {
 				return why
 			},
 			after: func(ctx context.Context, h *harness) error { return h.setClock(0) },
+		},
+		{
+			name: "soak", fault: fmt.Sprintf("%d idle connections (to a pod without a waypoint, across both node proxies) and %d active ones (a GET every %v through the waypoints) held for %v",
+				o.soak.idle, o.soak.active, o.soak.interval, o.soak.duration),
+			expectation: "goroutines, file descriptors and RSS of the proxies flat while held (sampled), back down once closed; no connection lost",
+			inject:      soakRow(o.soak), judge: noFailures,
 		},
 		// Last: certificates may expire while the CA is down, and the
 		// rows after it would measure the recovery instead of their fault.

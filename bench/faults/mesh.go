@@ -66,6 +66,21 @@ spec: {nodeName: node-b, serviceAccountName: reviews, containers: [{name: review
 status: {podIP: 127.0.83.12}
 ---
 apiVersion: v1
+kind: Namespace
+metadata: {name: soak, labels: {causeway.dev/dataplane-mode: mesh}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: sink
+  namespace: soak
+  annotations:
+    causeway.dev/local-app: 'exec "$CAUSEWAY_BIN/echo" --pod sink --namespace soak --idle-timeout 1h --listen $CAUSEWAY_APP_LISTEN'
+    causeway.dev/app-address: 127.0.183.13
+spec: {nodeName: node-b, serviceAccountName: sink, containers: [{name: sink, image: causeway/echo, ports: [{containerPort: 8080, name: http}]}]}
+status: {podIP: 127.0.83.13}
+---
+apiVersion: v1
 kind: Service
 metadata: {name: reviews, namespace: shop}
 spec:

@@ -63,6 +63,7 @@ func main() {
 	flag.Var(&listens, "listen", "address to serve on (repeatable)")
 	pod := flag.String("pod", os.Getenv("POD_NAME"), "pod name reported in answers")
 	ns := flag.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace reported in answers")
+	idle := flag.Duration("idle-timeout", 2*time.Minute, "close keep-alive connections idle for this long")
 	flag.Parse()
 	if len(listens) == 0 {
 		fmt.Fprintln(os.Stderr, "echo: at least one --listen address is required")
@@ -79,19 +80,19 @@ func main() {
 		}
 		lns = append(lns, ln)
 	}
-	if err := serve(ctx, lns, identity{Pod: *pod, Namespace: *ns}); err != nil {
+	if err := serve(ctx, lns, identity{Pod: *pod, Namespace: *ns}, *idle); err != nil {
 		fmt.Fprintf(os.Stderr, "echo: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func serve(ctx context.Context, lns []net.Listener, id identity) error {
+func serve(ctx context.Context, lns []net.Listener, id identity, idle time.Duration) error {
 	gs := grpc.NewServer(grpc.UnknownServiceHandler(grpcEcho(id)))
 	h := handler(id, gs)
 	srv := &http.Server{
 		Handler:           h2c.NewHandler(h, &http2.Server{}),
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       idle,
 		MaxHeaderBytes:    64 << 10,
 	}
 	errc := make(chan error, len(lns))

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
@@ -24,7 +25,7 @@ func startEcho(t *testing.T) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, []net.Listener{ln}, identity{Pod: "echo-1", Namespace: "shop"}) }()
+	go func() { done <- serve(ctx, []net.Listener{ln}, identity{Pod: "echo-1", Namespace: "shop"}, time.Minute) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }

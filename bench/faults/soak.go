@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+)
+
+// The soak row: many idle connections (to the sink, a pod without a
+// waypoint on node-b, through both node proxies) and many active ones
+// (keep-alive GETs through the waypoints) held while the mesh's processes
+// are sampled; a count that grows while the connections stay the same is
+// a leak, and so is one that does not come back down once they close.
+type soakOptions struct {
+	duration time.Duration // how long the connections are held once open
+	idle     int
+	active   int
+	interval time.Duration // between two requests of one active connection
+	sample   time.Duration
+}
+
+// sinkAddr is the sink pod's address (mesh.go).
+const sinkAddr = "127.0.83.13:8080"
+
+// soakProcesses are the processes sampled: every proxy the connections
+// cross.
+var soakProcesses = []string{nodeProxyA, "nodeproxy-node-b", waypoint0, waypoint1}
+
+// raiseFileLimit lets this process and the mesh's (which inherit it) hold
+// the soak's connections: each process holds up to one descriptor per
+// connection, the harness one per connection and the sink one.
+func raiseFileLimit(need uint64) error {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		return err
+	}
+	if l.Cur >= need {
+		return nil
+	}
+	want := syscall.Rlimit{Cur: need, Max: max(l.Max, need)}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+		return fmt.Errorf("the soak needs %d file descriptors per process, the limit is %d (hard %d): %w", need, l.Cur, l.Max, err)
+	}
+	return nil
+}
+
+// sample is one reading of one process.
+type sample struct {
+	goroutines, fds int
+	rss             int64
+}
+
+func (h *harness) sampleAll() (map[string]sample, error) {
+	pids := h.mesh.PIDs()
+	out := map[string]sample{}
+	for _, name := range soakProcesses {
+		pid, ok := pids[name]
+		if !ok {
+			return nil, fmt.Errorf("%s is not running", name)
+		}
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			return nil, err
+		}
+		rss, err := benchmesh.RSS(pid)
+		if err != nil {
+			return nil, err
+		}
+		g, err := h.gauge(name, "go_goroutines")
+		if err != nil {
+			return nil, err
+		}
+		out[name] = sample{goroutines: int(g), fds: len(fds), rss: rss}
+	}
+	return out, nil
+}
+
+// gauge reads one unlabelled metric of a mesh process from its status port.
+func (h *harness) gauge(name, metric string) (float64, error) {
+	addr := ""
+	for _, n := range h.mesh.Plan.Nodes {
+		if "nodeproxy-"+n.Node == name {
+			addr = n.Status
+		}
+	}
+	for _, w := range h.mesh.Plan.Waypoints {
+		if "waypoint-"+w.Namespace+"-"+w.Pod == name {
+			addr = w.Status
+		}
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), metric+" "); ok {
+			var f float64
+			_, err := fmt.Sscan(v, &f)
+			return f, err
+		}
+	}
+	return 0, fmt.Errorf("%s: no %s in /metrics", name, metric)
+}
+
+// soakConns are the connections the soak holds.
+type soakConns struct {
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+	// closedIdle counts idle connections the mesh (or the sink) closed;
+	// activeOK, activeFailed the active connections' requests, redialed
+	// the active connections made again after a failure.
+	closedIdle, activeOK, activeFailed, redialed atomic.Int64
+	stopping                                     atomic.Bool
+}
+
+func (s *soakConns) add(c net.Conn) {
+	s.mu.Lock()
+	s.conns = append(s.conns, c)
+	s.mu.Unlock()
+}
+
+func (s *soakConns) closeAll() {
+	s.stopping.Store(true)
+	s.mu.Lock()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// get sends one GET on c and reads the answer.
+func get(c net.Conn, br *bufio.Reader, host string) error {
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return err
+}
+
+func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, error) {
+	return func(ctx context.Context, h *harness) (outcome, error) {
+		client, err := h.mesh.Plan.Client("web/frontend")
+		if err != nil {
+			return outcome{}, err
+		}
+		base, err := h.sampleAll()
+		if err != nil {
+			return outcome{}, err
+		}
+		s := &soakConns{}
+		defer s.closeAll()
+		dial := func(addr, host string) (net.Conn, *bufio.Reader, error) {
+			c, err := client.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, nil, err
+			}
+			br := bufio.NewReaderSize(c, 1024)
+			if err := get(c, br, host); err != nil {
+				c.Close()
+				return nil, nil, err
+			}
+			return c, br, nil
+		}
+		// Open them 64 at a time; each answers one GET first, so that it
+		// is known to cross the mesh.
+		opened := time.Now()
+		sem := make(chan struct{}, 64)
+		var openErr atomic.Value
+		var opening sync.WaitGroup
+		for i := 0; i < o.idle+o.active && ctx.Err() == nil && openErr.Load() == nil; i++ {
+			sem <- struct{}{}
+			opening.Go(func() {
+				defer func() { <-sem }()
+				active := i >= o.idle
+				addr, host := sinkAddr, "sink.soak"
+				if active {
+					addr, host = "reviews.shop:80", "reviews.shop"
+				}
+				c, br, err := dial(addr, host)
+				if err != nil {
+					openErr.CompareAndSwap(nil, fmt.Errorf("connection %d of %d: %w", i+1, o.idle+o.active, err))
+					return
+				}
+				s.add(c)
+				s.wg.Go(func() {
+					if !active {
+						// Idle: the read returns only when the connection ends.
+						c.Read(make([]byte, 1))
+						if !s.stopping.Load() {
+							s.closedIdle.Add(1)
+						}
+						return
+					}
+					sleep(ctx, time.Duration(rand.Int64N(int64(o.interval))))
+					for !s.stopping.Load() && ctx.Err() == nil {
+						if err := get(c, br, host); err != nil {
+							if s.stopping.Load() {
+								return
+							}
+							s.activeFailed.Add(1)
+							c.Close()
+							if c, br, err = dial(addr, host); err != nil {
+								return
+							}
+							s.add(c)
+							s.redialed.Add(1)
+						} else {
+							s.activeOK.Add(1)
+						}
+						sleep(ctx, o.interval)
+					}
+				})
+			})
+		}
+		opening.Wait()
+		if err, _ := openErr.Load().(error); err != nil {
+			return outcome{}, err
+		}
+		openTook := time.Since(opened)
+
+		// Hold them, sampling; the first quarter (at most 2 minutes) warms
+		// up (buffers, the garbage collector's pace) and is only shown.
+		held := time.Now()
+		warm := min(o.duration/4, 2*time.Minute)
+		var samples []map[string]sample
+		for end := held.Add(o.duration); ctx.Err() == nil; {
+			sleep(ctx, min(o.sample, time.Until(end)))
+			sm, err := h.sampleAll()
+			if err != nil {
+				return outcome{}, err
+			}
+			at := time.Since(held)
+			var line []string
+			for _, name := range soakProcesses {
+				line = append(line, fmt.Sprintf("%s %d/%d/%dMiB", name, sm[name].goroutines, sm[name].fds, sm[name].rss>>20))
+			}
+			fmt.Fprintf(os.Stderr, "soak: %v goroutines/fds/RSS: %s\n", at.Round(time.Second), strings.Join(line, ", "))
+			if at < warm {
+				continue
+			}
+			samples = append(samples, sm)
+			if !time.Now().Before(end) {
+				break
+			}
+		}
+		closedIdle, ok, failed, redialed := s.closedIdle.Load(), s.activeOK.Load(), s.activeFailed.Load(), s.redialed.Load()
+		s.closeAll()
+
+		var problems []string
+		if closedIdle > 0 {
+			problems = append(problems, fmt.Sprintf("%d idle connections closed", closedIdle))
+		}
+		if failed > 0 {
+			problems = append(problems, fmt.Sprintf("%d requests on active connections failed (%d redialed)", failed, redialed))
+		}
+		problems = append(problems, flat(samples)...)
+		// Closed, every count comes back down to near where it started.
+		last := samples[len(samples)-1]
+		var down map[string]sample
+		released := func() bool {
+			if down, err = h.sampleAll(); err != nil {
+				return true
+			}
+			return len(notReleased(base, last, down)) == 0
+		}
+		took, _ := h.until(ctx, 30*time.Second, released)
+		if err != nil {
+			return outcome{}, err
+		}
+		problems = append(problems, notReleased(base, last, down)...)
+
+		var figures []string
+		for _, name := range soakProcesses {
+			b, m, d := base[name], last[name], down[name]
+			figures = append(figures, fmt.Sprintf("%s goroutines %d→%d→%d, fds %d→%d→%d, RSS %d→%d→%d MiB", name,
+				b.goroutines, m.goroutines, d.goroutines, b.fds, m.fds, d.fds, b.rss>>20, m.rss>>20, d.rss>>20))
+		}
+		note := fmt.Sprintf("%d idle + %d active connections opened in %v, held %v (%d samples every %v after %v; %d GETs on the active ones, %d failed; %d idle ones closed); before→held→after closing (%v): %s",
+			o.idle, o.active, openTook.Round(time.Second), o.duration, len(samples), o.sample, warm, ok, failed, closedIdle,
+			took.Round(100*time.Millisecond), strings.Join(figures, "; "))
+		return outcome{note: note, problem: strings.Join(problems, "; ")}, nil
+	}
+}
+
+// flat says which counts grew while the connections were held: the mean
+// of the last third of the samples against the first third, beyond noise
+// (goroutines and descriptors are exact counts; RSS moves with the
+// garbage collector).
+func flat(samples []map[string]sample) []string {
+	if len(samples) < 3 {
+		return []string{fmt.Sprintf("only %d samples: hold the connections longer", len(samples))}
+	}
+	third := len(samples) / 3
+	mean := func(from, to int, f func(sample) float64, name string) float64 {
+		sum := 0.0
+		for _, s := range samples[from:to] {
+			sum += f(s[name])
+		}
+		return sum / float64(to-from)
+	}
+	var out []string
+	for _, name := range soakProcesses {
+		for _, m := range []struct {
+			what     string
+			f        func(sample) float64
+			rel, abs float64
+			unit     string
+		}{
+			{"goroutines", func(s sample) float64 { return float64(s.goroutines) }, 0.01, 20, ""},
+			{"file descriptors", func(s sample) float64 { return float64(s.fds) }, 0.01, 10, ""},
+			{"RSS", func(s sample) float64 { return float64(s.rss) / (1 << 20) }, 0.10, 16, " MiB"},
+		} {
+			first, last := mean(0, third, m.f, name), mean(len(samples)-third, len(samples), m.f, name)
+			if last > first*(1+m.rel)+m.abs {
+				out = append(out, fmt.Sprintf("%s %s grew from %.0f%s to %.0f%s while the connections were held", name, m.what, first, m.unit, last, m.unit))
+			}
+		}
+	}
+	return out
+}
+
+// notReleased says which counts stayed up after the connections closed:
+// of what the connections added (held less base), at most 5 % may stay,
+// the pooled connections that outlive their tunnels until an idle timeout
+// (HBONE, one per 100 tunnels, 5 minutes; the waypoints' keep-alive
+// connections to the backends).
+func notReleased(base, held, down map[string]sample) []string {
+	var out []string
+	names := make([]string, 0, len(down))
+	for n := range down {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		b, h, d := base[n], held[n], down[n]
+		if d.goroutines-b.goroutines > (h.goroutines-b.goroutines)/20+50 || d.fds-b.fds > (h.fds-b.fds)/20+20 {
+			out = append(out, fmt.Sprintf("%s holds %d goroutines and %d fds after the connections closed, %d and %d before, %d and %d while held",
+				n, d.goroutines, d.fds, b.goroutines, b.fds, h.goroutines, h.fds))
+		}
+	}
+	return out
+}
