@@ -57,10 +57,13 @@ func raiseFileLimit(need uint64) error {
 	return nil
 }
 
-// sample is one reading of one process.
+// sample is one reading of one process. live is the heap the last
+// garbage collection kept (its next goal over 1+GOGC/100): RSS moves with
+// the collector's pace (the proxies run GOGC=400) and the Go runtime's
+// returning of memory, live only with what the process holds.
 type sample struct {
 	goroutines, fds int
-	rss             int64
+	rss, live       int64
 }
 
 func (h *harness) sampleAll() (map[string]sample, error) {
@@ -79,11 +82,13 @@ func (h *harness) sampleAll() (map[string]sample, error) {
 		if err != nil {
 			return nil, err
 		}
-		g, err := h.gauge(name, "go_goroutines")
-		if err != nil {
-			return nil, err
+		var g [3]float64
+		for i, m := range []string{"go_goroutines", "go_memstats_next_gc_bytes", "go_gc_gogc_percent"} {
+			if g[i], err = h.gauge(name, m); err != nil {
+				return nil, err
+			}
 		}
-		out[name] = sample{goroutines: int(g), fds: len(fds), rss: rss}
+		out[name] = sample{goroutines: int(g[0]), fds: len(fds), rss: rss, live: int64(g[1] / (1 + g[2]/100))}
 	}
 	return out, nil
 }
@@ -260,9 +265,9 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 			at := time.Since(held)
 			var line []string
 			for _, name := range soakProcesses {
-				line = append(line, fmt.Sprintf("%s %d/%d/%dMiB", name, sm[name].goroutines, sm[name].fds, sm[name].rss>>20))
+				line = append(line, fmt.Sprintf("%s %d/%d/%d/%dMiB", name, sm[name].goroutines, sm[name].fds, sm[name].rss>>20, sm[name].live>>20))
 			}
-			fmt.Fprintf(os.Stderr, "soak: %v goroutines/fds/RSS: %s\n", at.Round(time.Second), strings.Join(line, ", "))
+			fmt.Fprintf(os.Stderr, "soak: %v goroutines/fds/RSS/live heap: %s\n", at.Round(time.Second), strings.Join(line, ", "))
 			if at < warm {
 				continue
 			}
@@ -289,19 +294,19 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 			if down, err = h.sampleAll(); err != nil {
 				return true
 			}
-			return len(notReleased(base, last, down)) == 0
+			return len(notReleased(base, down, o.idle+o.active)) == 0
 		}
 		took, _ := h.until(ctx, 30*time.Second, released)
 		if err != nil {
 			return outcome{}, err
 		}
-		problems = append(problems, notReleased(base, last, down)...)
+		problems = append(problems, notReleased(base, down, o.idle+o.active)...)
 
 		var figures []string
 		for _, name := range soakProcesses {
 			b, m, d := base[name], last[name], down[name]
-			figures = append(figures, fmt.Sprintf("%s goroutines %d→%d→%d, fds %d→%d→%d, RSS %d→%d→%d MiB", name,
-				b.goroutines, m.goroutines, d.goroutines, b.fds, m.fds, d.fds, b.rss>>20, m.rss>>20, d.rss>>20))
+			figures = append(figures, fmt.Sprintf("%s goroutines %d→%d→%d, fds %d→%d→%d, RSS %d→%d→%d MiB, live heap %d→%d→%d MiB", name,
+				b.goroutines, m.goroutines, d.goroutines, b.fds, m.fds, d.fds, b.rss>>20, m.rss>>20, d.rss>>20, b.live>>20, m.live>>20, d.live>>20))
 		}
 		note := fmt.Sprintf("%d idle + %d active connections opened in %v, held %v (%d samples every %v after %v; %d GETs on the active ones, %d failed; %d idle ones closed); before→held→after closing (%v): %s",
 			o.idle, o.active, openTook.Round(time.Second), o.duration, len(samples), o.sample, warm, ok, failed, closedIdle,
@@ -312,8 +317,8 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 
 // flat says which counts grew while the connections were held: the mean
 // of the last third of the samples against the first third, beyond noise
-// (goroutines and descriptors are exact counts; RSS moves with the
-// garbage collector).
+// (the waypoints' pools of connections to the backends grow and shrink
+// with the requests in flight; RSS moves with the garbage collector).
 func flat(samples []map[string]sample) []string {
 	if len(samples) < 3 {
 		return []string{fmt.Sprintf("only %d samples: hold the connections longer", len(samples))}
@@ -334,9 +339,11 @@ func flat(samples []map[string]sample) []string {
 			rel, abs float64
 			unit     string
 		}{
-			{"goroutines", func(s sample) float64 { return float64(s.goroutines) }, 0.01, 20, ""},
-			{"file descriptors", func(s sample) float64 { return float64(s.fds) }, 0.01, 10, ""},
-			{"RSS", func(s sample) float64 { return float64(s.rss) / (1 << 20) }, 0.10, 16, " MiB"},
+			{"goroutines", func(s sample) float64 { return float64(s.goroutines) }, 0.02, 64, ""},
+			{"file descriptors", func(s sample) float64 { return float64(s.fds) }, 0.02, 32, ""},
+			{"live heap", func(s sample) float64 { return float64(s.live) / (1 << 20) }, 0.10, 4, " MiB"},
+			// Looser: see sample.
+			{"RSS", func(s sample) float64 { return float64(s.rss) / (1 << 20) }, 0.25, 32, " MiB"},
 		} {
 			first, last := mean(0, third, m.f, name), mean(len(samples)-third, len(samples), m.f, name)
 			if last > first*(1+m.rel)+m.abs {
@@ -348,11 +355,11 @@ func flat(samples []map[string]sample) []string {
 }
 
 // notReleased says which counts stayed up after the connections closed:
-// of what the connections added (held less base), at most 5 % may stay,
-// the pooled connections that outlive their tunnels until an idle timeout
-// (HBONE, one per 100 tunnels, 5 minutes; the waypoints' keep-alive
-// connections to the backends).
-func notReleased(base, held, down map[string]sample) []string {
+// at most the worth of 5 % of them (a proxied connection costs 2
+// goroutines and a descriptor) may stay, the pooled connections that
+// outlive their tunnels until an idle timeout (HBONE, one per 100 tunnels,
+// 5 minutes; the waypoints' keep-alive connections to the backends).
+func notReleased(base, down map[string]sample, conns int) []string {
 	var out []string
 	names := make([]string, 0, len(down))
 	for n := range down {
@@ -360,10 +367,10 @@ func notReleased(base, held, down map[string]sample) []string {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		b, h, d := base[n], held[n], down[n]
-		if d.goroutines-b.goroutines > (h.goroutines-b.goroutines)/20+50 || d.fds-b.fds > (h.fds-b.fds)/20+20 {
-			out = append(out, fmt.Sprintf("%s holds %d goroutines and %d fds after the connections closed, %d and %d before, %d and %d while held",
-				n, d.goroutines, d.fds, b.goroutines, b.fds, h.goroutines, h.fds))
+		b, d := base[n], down[n]
+		if d.goroutines-b.goroutines > 50+conns/10 || d.fds-b.fds > 20+conns/20 {
+			out = append(out, fmt.Sprintf("%s holds %d goroutines and %d fds after the %d connections closed, %d and %d before",
+				n, d.goroutines, d.fds, conns, b.goroutines, b.fds))
 		}
 	}
 	return out
