@@ -527,15 +527,18 @@ func rows(o options) []row {
 				var problems []string
 				valid, failing := 0, 0
 				for _, c := range states {
-					expired := len(c.CertChain) == 0
+					expired, expiring := len(c.CertChain) == 0, false
 					if !expired {
 						notAfter, err := time.Parse(time.RFC3339, c.CertChain[0].ExpirationTime)
 						if err != nil {
 							return outcome{}, fmt.Errorf("%s: expiration time: %w", c.Identity, err)
 						}
 						expired = !sampled.Before(notAfter)
+						// Within the margin no longer handed out: either state.
+						expiring = !expired && !sampled.Add(certmanager.ExpiryMargin(h.certTTL)+time.Second).Before(notAfter)
 					}
 					switch {
+					case expiring:
 					case !expired && c.State != certmanager.StateAvailable:
 						problems = append(problems, fmt.Sprintf("%s %q before expiry", c.Identity, c.State))
 					case expired && !strings.HasPrefix(c.State, certmanager.StateUnavailable+": "):

@@ -62,11 +62,15 @@ const (
 // minRefreshDelay is the shortest time between a fetch and the next refresh.
 const minRefreshDelay = 100 * time.Millisecond
 
-// maxExpiryMargin bounds how long before its expiry a certificate stops
-// being handed out: a tenth of its life, at most the longest a handshake
-// may take (hbone's default handshake timeout), so that a certificate
-// handed out does not expire while the peer is still to check it.
+// maxExpiryMargin bounds ExpiryMargin: the longest a handshake may take
+// (hbone's default handshake timeout).
 const maxExpiryMargin = 10 * time.Second
+
+// ExpiryMargin is how long before its expiry a certificate of the given
+// lifetime stops being handed out: a tenth of its life, at most 10 s, so
+// that a certificate handed out does not expire while the peer is still to
+// check it.
+func ExpiryMargin(lifetime time.Duration) time.Duration { return min(lifetime/10, maxExpiryMargin) }
 
 // retrySpread is how far the retries of identities backing off are
 // spread once a fetch succeeds again (the CA is back).
@@ -277,7 +281,7 @@ func (m *Manager) fetch(ctx context.Context, e *entry) {
 			issued = cert.Leaf.NotBefore
 		}
 		lifetime = cert.Leaf.NotAfter.Sub(issued)
-		margin = min(lifetime/10, maxExpiryMargin)
+		margin = ExpiryMargin(lifetime)
 		if now := m.opts.Clock(); !now.Add(margin).Before(cert.Leaf.NotAfter) {
 			// Get would not hand it out (and would ask again at once).
 			err = fmt.Errorf("certificate for %s expires at %s, within %v of this clock's %s (is this clock ahead?)",
