@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -216,38 +215,26 @@ func (p *peerProbe) handshake() error {
 // closedByReason sums a node proxy's tcp_connections_closed_total by
 // reason.
 func (h *harness) closedByReason(name string) (map[string]float64, error) {
-	var status string
-	for _, n := range h.mesh.Plan.Nodes {
-		if "nodeproxy-"+n.Node == name {
-			status = n.Status
-		}
-	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + status + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	out := map[string]float64{}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "tcp_connections_closed_total{")
+	err := h.scrape(name, func(line string) error {
+		labels, ok := strings.CutPrefix(line, "tcp_connections_closed_total{")
 		if !ok {
-			continue
+			return nil
 		}
-		_, rest, ok := strings.Cut(line, `reason="`)
+		_, rest, ok := strings.Cut(labels, `reason="`)
 		if !ok {
-			continue
+			return nil
 		}
 		reason, rest, _ := strings.Cut(rest, `"`)
 		_, value, _ := strings.Cut(rest, "} ")
 		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
 		if err != nil {
-			return nil, fmt.Errorf("%s metrics: %q: %w", name, sc.Text(), err)
+			return fmt.Errorf("%q: %w", line, err)
 		}
 		out[reason] += v
-	}
-	return out, sc.Err()
+		return nil
+	})
+	return out, err
 }
 
 func fileSize(path string) (int64, error) {

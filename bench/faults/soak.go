@@ -93,8 +93,27 @@ func (h *harness) sampleAll() (map[string]sample, error) {
 	return out, nil
 }
 
-// gauge reads one unlabelled metric of a mesh process from its status port.
+// gauge reads one unlabelled metric of a mesh process.
 func (h *harness) gauge(name, metric string) (float64, error) {
+	found, v := false, 0.0
+	err := h.scrape(name, func(line string) error {
+		s, ok := strings.CutPrefix(line, metric+" ")
+		if !ok || found {
+			return nil
+		}
+		found = true
+		_, err := fmt.Sscan(s, &v)
+		return err
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("%s: no %s in /metrics", name, metric)
+	}
+	return v, err
+}
+
+// scrape calls each for every line of a node proxy's or waypoint's
+// /metrics (on its status port).
+func (h *harness) scrape(name string, each func(line string) error) error {
 	addr := ""
 	for _, n := range h.mesh.Plan.Nodes {
 		if "nodeproxy-"+n.Node == name {
@@ -106,21 +125,22 @@ func (h *harness) gauge(name, metric string) (float64, error) {
 			addr = w.Status
 		}
 	}
+	if addr == "" {
+		return fmt.Errorf("no status port for %s", name)
+	}
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), metric+" "); ok {
-			var f float64
-			_, err := fmt.Sscan(v, &f)
-			return f, err
+		if err := each(sc.Text()); err != nil {
+			return fmt.Errorf("%s /metrics: %w", name, err)
 		}
 	}
-	return 0, fmt.Errorf("%s: no %s in /metrics", name, metric)
+	return sc.Err()
 }
 
 // soakConns are the connections the soak holds.
