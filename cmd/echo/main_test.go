@@ -25,7 +25,9 @@ func startEcho(t *testing.T) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, []net.Listener{ln}, identity{Pod: "echo-1", Namespace: "shop"}, time.Minute) }()
+	go func() {
+		done <- serve(ctx, []net.Listener{ln}, identity{Pod: "echo-1", Namespace: "shop"}, time.Minute)
+	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return ln.Addr().String()
 }
