@@ -395,10 +395,41 @@ func rows(o options) []row {
 		},
 		{
 			name: "waypoint-kill", fault: "waypoint replica killed (SIGKILL), 2 replicas, left down",
-			expectation: "in-flight requests fail at most once each; new requests 0 failed",
+			expectation: "in-flight requests fail at most once each; new requests 0 failed; node proxies stop choosing it within a bound",
 			inject: func(ctx context.Context, h *harness) (outcome, error) {
-				_, err := h.kill(ctx, waypoint1, syscall.SIGKILL, 10*time.Second)
-				return outcome{note: waypoint1 + " killed"}, err
+				logPath := h.mesh.LogPath(nodeProxyA)
+				logFrom, err := fileSize(logPath)
+				if err != nil {
+					return outcome{}, err
+				}
+				if _, err := h.kill(ctx, waypoint1, syscall.SIGKILL, 10*time.Second); err != nil {
+					return outcome{}, err
+				}
+				killed := time.Now()
+				// The first connection whose dial to it fails ejects it.
+				addr := ""
+				for _, w := range h.mesh.Plan.Waypoints {
+					if "waypoint-"+w.Namespace+"-"+w.Pod == waypoint1 {
+						addr = w.HBONE
+					}
+				}
+				var line string
+				_, ejected := h.until(ctx, 5*time.Second, func() bool {
+					line, err = firstLineWith(logPath, logFrom, []string{"hop unreachable", addr})
+					return err != nil || line != ""
+				})
+				if err != nil {
+					return outcome{}, err
+				}
+				if !ejected {
+					return outcome{note: waypoint1 + " killed", problem: fmt.Sprintf("%s did not eject %s within 5 s", nodeProxyA, addr)}, nil
+				}
+				var entry struct{ TS time.Time }
+				if err := json.Unmarshal([]byte(line), &entry); err != nil {
+					return outcome{}, fmt.Errorf("%s log: %w", nodeProxyA, err)
+				}
+				return outcome{note: fmt.Sprintf("%s killed; %s tries it last from %v after (its first failed dial; for 5 s, doubling while dials fail)",
+					waypoint1, nodeProxyA, entry.TS.Sub(killed).Round(time.Millisecond))}, nil
 			},
 			judge: noFailures,
 			after: func(ctx context.Context, h *harness) error { return h.mesh.Restart(ctx, waypoint1) },

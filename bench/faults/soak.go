@@ -57,10 +57,11 @@ func raiseFileLimit(need uint64) error {
 	return nil
 }
 
-// sample is one reading of one process. live is the heap the last
-// garbage collection kept (its next goal over 1+GOGC/100): RSS moves with
-// the collector's pace (the proxies run GOGC=400) and the Go runtime's
-// returning of memory, live only with what the process holds.
+// sample is one reading of one process. live is the heap a garbage
+// collection forced for the sample kept (the collection's next goal over
+// 1+GOGC/100): RSS moves with the collector's pace (the proxies run
+// GOGC=400, so collections are rare) and the Go runtime's returning of
+// memory, live only with what the process holds.
 type sample struct {
 	goroutines, fds int
 	rss, live       int64
@@ -82,6 +83,9 @@ func (h *harness) sampleAll() (map[string]sample, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := h.forceGC(name); err != nil {
+			return nil, err
+		}
 		var g [3]float64
 		for i, m := range []string{"go_goroutines", "go_memstats_next_gc_bytes", "go_gc_gogc_percent"} {
 			if g[i], err = h.gauge(name, m); err != nil {
@@ -91,6 +95,38 @@ func (h *harness) sampleAll() (map[string]sample, error) {
 		out[name] = sample{goroutines: int(g[0]), fds: len(fds), rss: rss, live: int64(g[1] / (1 + g[2]/100))}
 	}
 	return out, nil
+}
+
+// ports are the admin and status addresses of a node proxy or waypoint
+// (by process name).
+func (h *harness) ports(name string) (admin, status string) {
+	for _, n := range h.mesh.Plan.Nodes {
+		if "nodeproxy-"+n.Node == name {
+			return n.Admin, n.Status
+		}
+	}
+	for _, w := range h.mesh.Plan.Waypoints {
+		if "waypoint-"+w.Namespace+"-"+w.Pod == name {
+			return w.Admin, w.Status
+		}
+	}
+	return "", ""
+}
+
+// forceGC makes a node proxy or waypoint collect its garbage: its admin
+// port's heap profile with gc=1 does (the profile itself is discarded).
+func (h *harness) forceGC(name string) error {
+	addr, _ := h.ports(name)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Get("http://" + addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<20))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s heap profile: HTTP %d", name, resp.StatusCode)
+	}
+	return err
 }
 
 // gauge reads one unlabelled metric of a mesh process.
@@ -114,20 +150,7 @@ func (h *harness) gauge(name, metric string) (float64, error) {
 // scrape calls each for every line of a node proxy's or waypoint's
 // /metrics (on its status port).
 func (h *harness) scrape(name string, each func(line string) error) error {
-	addr := ""
-	for _, n := range h.mesh.Plan.Nodes {
-		if "nodeproxy-"+n.Node == name {
-			addr = n.Status
-		}
-	}
-	for _, w := range h.mesh.Plan.Waypoints {
-		if "waypoint-"+w.Namespace+"-"+w.Pod == name {
-			addr = w.Status
-		}
-	}
-	if addr == "" {
-		return fmt.Errorf("no status port for %s", name)
-	}
+	_, addr := h.ports(name)
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
 		return err

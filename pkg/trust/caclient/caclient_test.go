@@ -110,6 +110,35 @@ func TestFetch(t *testing.T) {
 	}
 }
 
+// TestFetchReconnectsAtOnce: once the CA is back, the next fetch
+// connects, rather than failing until gRPC's reconnect backoff (1 s
+// after the first failed attempt, growing) runs out.
+func TestFetchReconnectsAtOnce(t *testing.T) {
+	ca := trusttest.NewCA(t, "cluster.local")
+	srv := startCA(t, ca)
+	c := newClient(t, caclient.Options{Address: srv.Addr, Bundle: ca.Bundle, ServerIdentity: srv.Identity, Token: caclient.StaticToken(tokNodeA)})
+	web := trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")
+	fetch := func() error {
+		_, csr, err := trust.NewKeyAndCSR(web)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Fetch(ctx(t), web, csr, 0)
+		return err
+	}
+	if err := fetch(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	if err := fetch(); err == nil {
+		t.Fatal("fetched with the CA stopped")
+	}
+	srv.Restart(t)
+	if err := fetch(); err != nil {
+		t.Fatalf("first fetch with the CA back: %v", err)
+	}
+}
+
 func TestFetchVerifiesTheCA(t *testing.T) {
 	ca := trusttest.NewCA(t, "cluster.local")
 	srv := startCA(t, ca)
