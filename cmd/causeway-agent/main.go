@@ -215,14 +215,18 @@ func run(c config) error {
 }
 
 // listenCNI listens on the plugin's socket, replacing a previous agent's.
+// Closing it leaves the path alone: while the DaemonSet surges, the old
+// agent stops after the new one has taken the path over, and unlinking it
+// then would leave the plugin with no agent to ask.
 func listenCNI(path string) (net.Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	ln, err := net.Listen("unix", path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, err
 	}
+	ln.SetUnlinkOnClose(false)
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
 		return nil, err
