@@ -34,8 +34,7 @@ PLAIN_NS=cw-bench-plain
 k() { kubectl_admin "$@"; }
 say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] &&
-  k get --raw /readyz --request-timeout=3s >/dev/null 2>&1; then
+if cluster_running; then
   say "using the running cluster"
 else
   say "bringing a cluster up for this run (removed afterwards)"

@@ -12,8 +12,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "e2e-k8s: SKIPPED: the test cluster needs root (bridges, iptables, cgroups, mounts); run as root to include it"
   exit 0
 fi
-if [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] &&
-  kubectl_admin get --raw /readyz --request-timeout=3s >/dev/null 2>&1; then
+if cluster_running; then
   step "e2e-k8s: using the running cluster"
 else
   step "e2e-k8s: bringing a cluster up for this run (removed afterwards)"

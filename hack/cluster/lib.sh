@@ -72,6 +72,11 @@ pid_alive() {
 default_devices() { ip -4 route show default | awk '{for (i=1;i<NF;i++) if ($i=="dev") print $(i+1)}' | sort -u; }
 
 kubectl_admin() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+# cluster_running: the test cluster is up and its API server answers.
+cluster_running() {
+  [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] &&
+    kubectl_admin get --raw /readyz --request-timeout=3s >/dev/null 2>&1
+}
 ctr_k8s() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
 
 # Host directories the cluster writes into: up.sh lists what each held before,
