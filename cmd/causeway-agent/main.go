@@ -202,6 +202,11 @@ func run(c config) error {
 			if err := a.ReleaseAll(); err != nil {
 				log.Error("release pods", zap.Error(err))
 			}
+			// No agent follows: the socket's path goes too (listenCNI
+			// leaves it, for a successor).
+			if err := os.Remove(c.cniSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+				log.Error("remove the CNI socket", zap.Error(err))
+			}
 		} else {
 			log.Info("keeping the CNI configuration: "+why, zap.String("daemonset", c.namespace+"/"+c.daemonSet))
 		}

@@ -40,6 +40,8 @@ const (
 	// plugins (hack/cluster/containerd.toml).
 	cniConfDir = "/etc/cni/net.d"
 	cniBinDir  = "/opt/cni/bin"
+	// The agent's socket for the plugin (manifests/core/nodeproxy.yaml).
+	cniSocket = "/var/run/causeway/cni.sock"
 )
 
 var repoRoot = filepath.Join("..", "..")
@@ -331,6 +333,9 @@ func TestInstall(t *testing.T) {
 					t.Errorf("uninstall left %s", filepath.Join(dir, e.Name()))
 				}
 			}
+		}
+		if _, err := os.Stat(cniSocket); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("uninstall left the agent's socket %s (%v)", cniSocket, err)
 		}
 	})
 }
