@@ -62,6 +62,10 @@ type Options struct {
 	// those values alone, when the policy allows it (see
 	// Status().DecisionCache).
 	NoDecisionCache bool
+	// OnActivate, if set, is called (from the goroutine that activated it,
+	// with no lock held) after a new policy set became active, e.g. to
+	// hand its Content on.
+	OnActivate func(revision string)
 }
 
 // Engine evaluates requests against the active policy set and replaces that
@@ -167,6 +171,18 @@ func newSource(opts Options) (*source, error) {
 // NewEngine checks the options and builds an engine with no active policy:
 // call Load (or Run) before expecting anything but denials.
 func NewEngine(opts Options) (*Engine, error) {
+	primary, err := newSource(opts)
+	if err != nil {
+		return nil, err
+	}
+	if primary == nil && opts.Bundle == nil {
+		return nil, errors.New("policy: no source (set Dir, Git or Bundle)")
+	}
+	return newEngine(opts, primary)
+}
+
+// newEngine builds an engine reading primary (nil: none, or a bundle only).
+func newEngine(opts Options, primary *source) (*Engine, error) {
 	defaults := Settings{DecisionPath: opts.DecisionPath, ParseBody: opts.Input.ParseBody,
 		MaxBodyBytes: opts.Input.MaxBodyBytes, From: "defaults"}
 	if opts.DecisionLog != nil {
@@ -175,13 +191,6 @@ func NewEngine(opts Options) (*Engine, error) {
 	resolved, err := resolveSettings(defaults)
 	if err != nil {
 		return nil, err
-	}
-	primary, err := newSource(opts)
-	if err != nil {
-		return nil, err
-	}
-	if primary == nil && opts.Bundle == nil {
-		return nil, errors.New("policy: no source (set Dir, Git or Bundle)")
 	}
 	if opts.EvalTimeout == 0 {
 		opts.EvalTimeout = time.Second
@@ -275,14 +284,23 @@ func (e *Engine) RefreshHandler() http.Handler {
 // reason is logged. Unless retry is set, content already offered is a no-op,
 // so rescans neither recompile nor log again.
 func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
+	revision, err := e.offerLocked(ctx, snap, retry)
+	if revision != "" && e.opts.OnActivate != nil {
+		e.opts.OnActivate(revision)
+	}
+	return err
+}
+
+// offerLocked is offer under e.mu; it returns the revision it activated.
+func (e *Engine) offerLocked(ctx context.Context, snap *snapshot, retry bool) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if prev := e.latest[snap.Name]; prev.same(snap) && !retry {
-		return nil
+		return "", nil
 	}
 	if cur := e.accepted[snap.Name]; cur.same(snap) && e.active.Load() != nil {
 		e.latest[snap.Name] = snap
-		return nil
+		return "", nil
 	}
 	e.latest[snap.Name] = snap
 
@@ -298,7 +316,7 @@ func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 		var c *compiled
 		if c, err = e.build(ctx, set); err == nil {
 			e.activate(c, set, snap.Name, start)
-			return nil
+			return c.revision, nil
 		}
 	}
 	// The last attempt isolates snap best: the others as they are active.
@@ -312,7 +330,7 @@ func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 		rej.Reason = re.Err.Error()
 	}
 	e.recordRejection(rej, true)
-	return re
+	return "", re
 }
 
 // setWith is snap plus, for every other source, its snapshot in from.

@@ -61,7 +61,8 @@ func WaypointID(namespace, name string) string { return WaypointIDPrefix + names
 // WaypointSubscriptions is what the waypoint namespace/name follows: the
 // services, routes and workloads (endpoint identities) of its namespace,
 // the consumer routes of other namespaces attached to its Services, and
-// its own Waypoint resource. Backends of its routes in other namespaces are
+// its own Waypoint resource and the connection policies of its namespace
+// (those naming it authorize its tunnels). Backends of its routes in other namespaces are
 // added by RouteBackends as the routes name them.
 func WaypointSubscriptions(namespace, name string) []Subscription {
 	ns := namespace + NamespaceWildcardSuffix
@@ -71,6 +72,7 @@ func WaypointSubscriptions(namespace, name string) []Subscription {
 		{TypeURL: meshv1.WaypointTypeURL, Names: []string{namespace + "/" + name}},
 		{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{ns}},
 		{TypeURL: meshv1.GRPCRouteTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.ConnectionPolicyTypeURL, Names: []string{ns}},
 	}
 }
 

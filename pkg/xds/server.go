@@ -382,6 +382,8 @@ func typeName(typeURL string) string {
 		return "httproute"
 	case meshv1.GRPCRouteTypeURL:
 		return "grpcroute"
+	case meshv1.ConnectionPolicyTypeURL:
+		return "connectionpolicy"
 	}
 	return "unknown"
 }

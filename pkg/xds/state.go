@@ -18,6 +18,8 @@ type State struct {
 	Waypoints  map[string]*meshv1.Waypoint
 	HTTPRoutes map[string]*meshv1.HTTPRoute
 	GRPCRoutes map[string]*meshv1.GRPCRoute
+	// ConnectionPolicies by "<namespace>/<name>".
+	ConnectionPolicies map[string]*meshv1.ConnectionPolicy
 
 	versions map[string]map[string]string // type URL -> name -> version
 }
@@ -29,7 +31,9 @@ func emptyState() *State {
 		Waypoints:  map[string]*meshv1.Waypoint{},
 		HTTPRoutes: map[string]*meshv1.HTTPRoute{},
 		GRPCRoutes: map[string]*meshv1.GRPCRoute{},
-		versions:   map[string]map[string]string{},
+
+		ConnectionPolicies: map[string]*meshv1.ConnectionPolicy{},
+		versions:           map[string]map[string]string{},
 	}
 	for _, t := range meshv1.TypeURLs {
 		s.versions[t] = map[string]string{}
@@ -77,6 +81,8 @@ func (s *State) Get(typeURL, name string) (proto.Message, bool) {
 		m, ok = lookup(s.HTTPRoutes, name)
 	case meshv1.GRPCRouteTypeURL:
 		m, ok = lookup(s.GRPCRoutes, name)
+	case meshv1.ConnectionPolicyTypeURL:
+		m, ok = lookup(s.ConnectionPolicies, name)
 	}
 	return m, ok
 }
@@ -125,6 +131,8 @@ func (s *State) with(typeURL string, updated map[string]proto.Message, versions 
 		n.HTTPRoutes = patch(s.HTTPRoutes, updated, removed)
 	case meshv1.GRPCRouteTypeURL:
 		n.GRPCRoutes = patch(s.GRPCRoutes, updated, removed)
+	case meshv1.ConnectionPolicyTypeURL:
+		n.ConnectionPolicies = patch(s.ConnectionPolicies, updated, removed)
 	}
 	return &n
 }

@@ -2255,6 +2255,244 @@ func (x *GRPCRoute) GetRules() []*GRPCRouteRule {
 	return nil
 }
 
+// PolicyFile is one file of a policy set: a Rego module, a data document
+// or causeway-policy.yaml, by slash path relative to its source's root.
+type PolicyFile struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Content       []byte                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicyFile) Reset() {
+	*x = PolicyFile{}
+	mi := &file_mesh_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicyFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicyFile) ProtoMessage() {}
+
+func (x *PolicyFile) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicyFile.ProtoReflect.Descriptor instead.
+func (*PolicyFile) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PolicyFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *PolicyFile) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+// PolicySource is one source's part of a policy set (a directory, a Git
+// commit, a bundle), as the control plane compiled and tested it.
+type PolicySource struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Revision      string                 `protobuf:"bytes,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Digest        string                 `protobuf:"bytes,3,opt,name=digest,proto3" json:"digest,omitempty"`
+	Files         []*PolicyFile          `protobuf:"bytes,4,rep,name=files,proto3" json:"files,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PolicySource) Reset() {
+	*x = PolicySource{}
+	mi := &file_mesh_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PolicySource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PolicySource) ProtoMessage() {}
+
+func (x *PolicySource) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PolicySource.ProtoReflect.Descriptor instead.
+func (*PolicySource) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *PolicySource) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PolicySource) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *PolicySource) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PolicySource) GetFiles() []*PolicyFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+// ConnectionPolicy authorizes connections with Rego, as Envoy's network
+// ext_authz filter does: at the destination node proxy for the workloads it
+// selects, or at a waypoint when a tunnel opens, before any HTTP is parsed.
+// Every policy that selects a connection must allow it. Resource name:
+// <namespace>/<name>.
+type ConnectionPolicy struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Workloads of the namespace whose labels include all of these. Empty
+	// (and no target_gateways): every workload of the namespace.
+	Selector map[string]string `protobuf:"bytes,3,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Waypoints (Gateway names in the namespace) whose tunnels this policy
+	// authorizes; when set, the policy selects no workload.
+	TargetGateways []string `protobuf:"bytes,4,rep,name=target_gateways,json=targetGateways,proto3" json:"target_gateways,omitempty"`
+	// The policy set, by the name the control plane loads it under.
+	Policy string `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The set's active revision and its files (none when invalid).
+	Revision string          `protobuf:"bytes,6,opt,name=revision,proto3" json:"revision,omitempty"`
+	Sources  []*PolicySource `protobuf:"bytes,7,rep,name=sources,proto3" json:"sources,omitempty"`
+	// Set when the policy cannot be enforced (for example its policy set is
+	// unknown or has no active revision): the connections it selects are
+	// denied, never let through unchecked.
+	InvalidReason string `protobuf:"bytes,8,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectionPolicy) Reset() {
+	*x = ConnectionPolicy{}
+	mi := &file_mesh_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectionPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectionPolicy) ProtoMessage() {}
+
+func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectionPolicy.ProtoReflect.Descriptor instead.
+func (*ConnectionPolicy) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ConnectionPolicy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConnectionPolicy) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *ConnectionPolicy) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
+func (x *ConnectionPolicy) GetTargetGateways() []string {
+	if x != nil {
+		return x.TargetGateways
+	}
+	return nil
+}
+
+func (x *ConnectionPolicy) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+func (x *ConnectionPolicy) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *ConnectionPolicy) GetSources() []*PolicySource {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *ConnectionPolicy) GetInvalidReason() string {
+	if x != nil {
+		return x.InvalidReason
+	}
+	return ""
+}
+
 var File_mesh_proto protoreflect.FileDescriptor
 
 const file_mesh_proto_rawDesc = "" +
@@ -2436,7 +2674,28 @@ const file_mesh_proto_rawDesc = "" +
 	"\rcreation_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\x125\n" +
 	"\aparents\x18\x04 \x03(\v2\x1b.causeway.mesh.v1.ParentRefR\aparents\x12\x1c\n" +
 	"\thostnames\x18\x05 \x03(\tR\thostnames\x125\n" +
-	"\x05rules\x18\x06 \x03(\v2\x1f.causeway.mesh.v1.GRPCRouteRuleR\x05rulesB9Z7github.com/causeway-mesh/causeway/pkg/xds/meshv1;meshv1b\x06proto3"
+	"\x05rules\x18\x06 \x03(\v2\x1f.causeway.mesh.v1.GRPCRouteRuleR\x05rules\":\n" +
+	"\n" +
+	"PolicyFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\fR\acontent\"\x8a\x01\n" +
+	"\fPolicySource\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\tR\brevision\x12\x16\n" +
+	"\x06digest\x18\x03 \x01(\tR\x06digest\x122\n" +
+	"\x05files\x18\x04 \x03(\v2\x1c.causeway.mesh.v1.PolicyFileR\x05files\"\x8d\x03\n" +
+	"\x10ConnectionPolicy\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12L\n" +
+	"\bselector\x18\x03 \x03(\v20.causeway.mesh.v1.ConnectionPolicy.SelectorEntryR\bselector\x12'\n" +
+	"\x0ftarget_gateways\x18\x04 \x03(\tR\x0etargetGateways\x12\x16\n" +
+	"\x06policy\x18\x05 \x01(\tR\x06policy\x12\x1a\n" +
+	"\brevision\x18\x06 \x01(\tR\brevision\x128\n" +
+	"\asources\x18\a \x03(\v2\x1e.causeway.mesh.v1.PolicySourceR\asources\x12%\n" +
+	"\x0einvalid_reason\x18\b \x01(\tR\rinvalidReason\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B9Z7github.com/causeway-mesh/causeway/pkg/xds/meshv1;meshv1b\x06proto3"
 
 var (
 	file_mesh_proto_rawDescOnce sync.Once
@@ -2451,7 +2710,7 @@ func file_mesh_proto_rawDescGZIP() []byte {
 }
 
 var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_mesh_proto_goTypes = []any{
 	(PathMatch_Type)(0),           // 0: causeway.mesh.v1.PathMatch.Type
 	(StringMatch_Type)(0),         // 1: causeway.mesh.v1.StringMatch.Type
@@ -2484,16 +2743,20 @@ var file_mesh_proto_goTypes = []any{
 	(*GRPCRouteMatch)(nil),        // 28: causeway.mesh.v1.GRPCRouteMatch
 	(*GRPCRouteRule)(nil),         // 29: causeway.mesh.v1.GRPCRouteRule
 	(*GRPCRoute)(nil),             // 30: causeway.mesh.v1.GRPCRoute
-	nil,                           // 31: causeway.mesh.v1.Workload.LabelsEntry
-	nil,                           // 32: causeway.mesh.v1.Endpoint.PortsEntry
-	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*PolicyFile)(nil),            // 31: causeway.mesh.v1.PolicyFile
+	(*PolicySource)(nil),          // 32: causeway.mesh.v1.PolicySource
+	(*ConnectionPolicy)(nil),      // 33: causeway.mesh.v1.ConnectionPolicy
+	nil,                           // 34: causeway.mesh.v1.Workload.LabelsEntry
+	nil,                           // 35: causeway.mesh.v1.Endpoint.PortsEntry
+	nil,                           // 36: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
 }
 var file_mesh_proto_depIdxs = []int32{
 	4,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
-	31, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
+	34, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
 	4,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
-	32, // 3: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
+	35, // 3: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
 	6,  // 4: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
 	7,  // 5: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
 	4,  // 6: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
@@ -2516,14 +2779,14 @@ var file_mesh_proto_depIdxs = []int32{
 	20, // 23: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
 	22, // 24: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
 	21, // 25: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	33, // 26: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
+	37, // 26: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
 	13, // 27: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
 	21, // 28: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
 	23, // 29: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	33, // 30: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
-	33, // 31: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
+	37, // 30: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
+	37, // 31: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
 	24, // 32: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
-	34, // 33: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
+	38, // 33: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
 	10, // 34: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
 	25, // 35: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
 	3,  // 36: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
@@ -2532,14 +2795,17 @@ var file_mesh_proto_depIdxs = []int32{
 	28, // 39: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
 	21, // 40: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
 	23, // 41: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	34, // 42: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
+	38, // 42: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
 	10, // 43: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
 	29, // 44: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	31, // 45: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
+	36, // 46: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	32, // 47: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
+	48, // [48:48] is the sub-list for method output_type
+	48, // [48:48] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_mesh_proto_init() }
@@ -2562,7 +2828,7 @@ func file_mesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_proto_rawDesc), len(file_mesh_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   29,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -21,11 +21,13 @@ const (
 	WaypointTypeURL  = typePrefix + "causeway.mesh.v1.Waypoint"
 	HTTPRouteTypeURL = typePrefix + "causeway.mesh.v1.HTTPRoute"
 	GRPCRouteTypeURL = typePrefix + "causeway.mesh.v1.GRPCRoute"
+	// ConnectionPolicyTypeURL carries Rego policies for connections.
+	ConnectionPolicyTypeURL = typePrefix + "causeway.mesh.v1.ConnectionPolicy"
 )
 
 // TypeURLs lists every mesh resource type, in the order a consumer should
 // apply them (workloads before the services whose endpoints name them).
-var TypeURLs = []string{WorkloadTypeURL, ServiceTypeURL, WaypointTypeURL, HTTPRouteTypeURL, GRPCRouteTypeURL}
+var TypeURLs = []string{WorkloadTypeURL, ServiceTypeURL, WaypointTypeURL, HTTPRouteTypeURL, GRPCRouteTypeURL, ConnectionPolicyTypeURL}
 
 // NewResource returns an empty message of the given type URL.
 func NewResource(typeURL string) (proto.Message, error) {
@@ -40,6 +42,8 @@ func NewResource(typeURL string) (proto.Message, error) {
 		return &HTTPRoute{}, nil
 	case GRPCRouteTypeURL:
 		return &GRPCRoute{}, nil
+	case ConnectionPolicyTypeURL:
+		return &ConnectionPolicy{}, nil
 	}
 	return nil, fmt.Errorf("unknown mesh resource type %q", typeURL)
 }
@@ -57,6 +61,8 @@ func ResourceName(m proto.Message) string {
 	case *HTTPRoute:
 		return r.GetNamespace() + "/" + r.GetName()
 	case *GRPCRoute:
+		return r.GetNamespace() + "/" + r.GetName()
+	case *ConnectionPolicy:
 		return r.GetNamespace() + "/" + r.GetName()
 	}
 	return ""
@@ -112,6 +118,8 @@ func Validate(m proto.Message) error {
 		return validateHTTPRoute(r)
 	case *GRPCRoute:
 		return validateGRPCRoute(r)
+	case *ConnectionPolicy:
+		return validateConnectionPolicy(r)
 	}
 	return fmt.Errorf("unknown mesh resource %T", m)
 }
@@ -285,6 +293,23 @@ func validateGRPCRoute(r *GRPCRoute) error {
 		if err := validateBackends(rule.GetBackends()); err != nil {
 			return fmt.Errorf("%s rule %d: %w", name, i, err)
 		}
+	}
+	return nil
+}
+
+func validateConnectionPolicy(p *ConnectionPolicy) error {
+	name := "connection policy " + p.GetNamespace() + "/" + p.GetName()
+	if err := nonEmpty("connection policy", p.GetNamespace(), p.GetName()); err != nil {
+		return err
+	}
+	if p.GetPolicy() == "" {
+		return fmt.Errorf("%s: no policy set named", name)
+	}
+	if len(p.GetSelector()) > 0 && len(p.GetTargetGateways()) > 0 {
+		return fmt.Errorf("%s: selector and target gateways are exclusive", name)
+	}
+	if p.GetInvalidReason() == "" && (p.GetRevision() == "" || len(p.GetSources()) == 0) {
+		return fmt.Errorf("%s: a valid policy carries its revision and files", name)
 	}
 	return nil
 }
