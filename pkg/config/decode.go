@@ -22,10 +22,10 @@ import (
 // Object is one decoded Kubernetes object and where it came from. Obj is one
 // of *corev1.Namespace, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 // *discoveryv1.EndpointSlice, *gwv1.Gateway, *gwv1.GatewayClass,
-// *gwv1.HTTPRoute, *gwv1.GRPCRoute or *gwv1.ReferenceGrant (v1beta1 Gateway
-// API objects are converted to v1). The Kubernetes source builds the same
-// list from its informers and translates it incrementally (Incremental), to
-// the same result, so both sources share every rule.
+// *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant or *ConnectionPolicy
+// (v1beta1 Gateway API objects are converted to v1). The Kubernetes source
+// builds the same list from its informers and translates it incrementally
+// (Incremental), to the same result, so both sources share every rule.
 type Object struct {
 	Origin string
 	Obj    runtime.Object
@@ -37,7 +37,7 @@ const MaxDocumentBytes = 4 << 20
 var deserializer = func() runtime.Decoder {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		corev1.AddToScheme, discoveryv1.AddToScheme, gwv1.Install, gwv1beta1.Install,
+		corev1.AddToScheme, discoveryv1.AddToScheme, gwv1.Install, gwv1beta1.Install, addCausewayKinds,
 	} {
 		if err := add(scheme); err != nil {
 			panic(fmt.Sprintf("config: build scheme: %v", err)) // programming error, caught by any test
@@ -107,7 +107,8 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	switch o := obj.(type) {
 	case *corev1.Namespace, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 		*discoveryv1.EndpointSlice,
-		*gwv1.Gateway, *gwv1.GatewayClass, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant:
+		*gwv1.Gateway, *gwv1.GatewayClass, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant,
+		*ConnectionPolicy:
 		return obj, nil
 	case *gwv1beta1.Gateway:
 		return (*gwv1.Gateway)(o), nil
@@ -118,7 +119,7 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *gwv1beta1.ReferenceGrant:
 		return (*gwv1.ReferenceGrant)(o), nil
 	}
-	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Pod, Service, ServiceAccount, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute and ReferenceGrant",
+	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Pod, Service, ServiceAccount, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant and ConnectionPolicy",
 		gvk.Kind, gvk.GroupVersion())
 }
 

@@ -72,6 +72,9 @@ type Snapshot struct {
 	Waypoints  map[string]*meshv1.Waypoint
 	HTTPRoutes map[string]*meshv1.HTTPRoute
 	GRPCRoutes map[string]*meshv1.GRPCRoute
+	// ConnectionPolicies by "<namespace>/<name>", without their policy
+	// files (AttachPolicy adds them).
+	ConnectionPolicies map[string]*meshv1.ConnectionPolicy
 	// LocalApps are the applications local mode starts for pods (annotation
 	// causeway.dev/local-app), by workload uid. No proxy reads them.
 	LocalApps map[string]string
@@ -95,13 +98,15 @@ type Snapshot struct {
 
 func newSnapshot() *Snapshot {
 	return &Snapshot{
-		Workloads:      map[string]*meshv1.Workload{},
-		Services:       map[string]*meshv1.Service{},
-		Waypoints:      map[string]*meshv1.Waypoint{},
-		HTTPRoutes:     map[string]*meshv1.HTTPRoute{},
-		GRPCRoutes:     map[string]*meshv1.GRPCRoute{},
-		LocalApps:      map[string]string{},
-		nodeIdentities: map[string]map[string]struct{}{},
+		Workloads:  map[string]*meshv1.Workload{},
+		Services:   map[string]*meshv1.Service{},
+		Waypoints:  map[string]*meshv1.Waypoint{},
+		HTTPRoutes: map[string]*meshv1.HTTPRoute{},
+		GRPCRoutes: map[string]*meshv1.GRPCRoute{},
+
+		ConnectionPolicies: map[string]*meshv1.ConnectionPolicy{},
+		LocalApps:          map[string]string{},
+		nodeIdentities:     map[string]map[string]struct{}{},
 
 		waypointIdentities: map[string]string{},
 	}
@@ -116,6 +121,7 @@ func (s *Snapshot) Resources() map[string]map[string]proto.Message {
 	out[meshv1.WaypointTypeURL] = asMessages(s.Waypoints)
 	out[meshv1.HTTPRouteTypeURL] = asMessages(s.HTTPRoutes)
 	out[meshv1.GRPCRouteTypeURL] = asMessages(s.GRPCRoutes)
+	out[meshv1.ConnectionPolicyTypeURL] = asMessages(s.ConnectionPolicies)
 	return out
 }
 

@@ -72,6 +72,7 @@ func (t *translator) run(objs []Object) {
 	t.translateServices()
 	t.translateWorkloads()
 	t.translateRoutes()
+	t.translateConnectionPolicies()
 	t.checkOutput()
 }
 
@@ -127,26 +128,32 @@ type routeInfo[T any] struct {
 	route  T
 }
 
+type connPolicyInfo struct {
+	origin string
+	policy *ConnectionPolicy
+}
+
 type translator struct {
-	opts       Options
-	fatal      problems            // the objects are not a configuration: no snapshot
-	ps         problems            // per-object refusals: Snapshot.Rejected
-	reasons    map[string][]string // refused object ("Kind ns/name") -> why
-	namespaces map[string]*namespaceInfo
-	pods       map[nsName]*podInfo
-	podOrder   []nsName
-	podsByNS   map[string][]nsName // podOrder by namespace: services and waypoints select in theirs
-	services   map[nsName]*serviceInfo
-	svcOrder   []nsName
-	slices     map[nsName][]*sliceInfo // by the Service they belong to
-	gateways   map[nsName]*gatewayInfo
-	gwOrder    []nsName
-	httpRoutes []routeInfo[*gwv1.HTTPRoute]
-	grpcRoutes []routeInfo[*gwv1.GRPCRoute]
-	grants     map[string][]*gwv1.ReferenceGrant // by namespace
-	seen       map[string]string                 // "Kind ns/name" -> origin
-	out        *Snapshot
-	reports    *Reports // nil unless Analyze asked for them
+	opts         Options
+	fatal        problems            // the objects are not a configuration: no snapshot
+	ps           problems            // per-object refusals: Snapshot.Rejected
+	reasons      map[string][]string // refused object ("Kind ns/name") -> why
+	namespaces   map[string]*namespaceInfo
+	pods         map[nsName]*podInfo
+	podOrder     []nsName
+	podsByNS     map[string][]nsName // podOrder by namespace: services and waypoints select in theirs
+	services     map[nsName]*serviceInfo
+	svcOrder     []nsName
+	slices       map[nsName][]*sliceInfo // by the Service they belong to
+	gateways     map[nsName]*gatewayInfo
+	gwOrder      []nsName
+	httpRoutes   []routeInfo[*gwv1.HTTPRoute]
+	grpcRoutes   []routeInfo[*gwv1.GRPCRoute]
+	grants       map[string][]*gwv1.ReferenceGrant // by namespace
+	connPolicies []connPolicyInfo
+	seen         map[string]string // "Kind ns/name" -> origin
+	out          *Snapshot
+	reports      *Reports // nil unless Analyze asked for them
 }
 
 // problem refuses object; the pass that raises it makes the object fail
@@ -205,6 +212,8 @@ func (t *translator) collect(objs []Object) {
 			kind, ns, name = "GRPCRoute", defaultNS(&v.Namespace), v.Name
 		case *gwv1.ReferenceGrant:
 			kind, ns, name = "ReferenceGrant", defaultNS(&v.Namespace), v.Name
+		case *ConnectionPolicy:
+			kind, ns, name = "ConnectionPolicy", defaultNS(&v.Namespace), v.Name
 		default:
 			t.fatalProblem(o.Origin, "", "unsupported object %T", o.Obj)
 			continue
@@ -255,6 +264,8 @@ func (t *translator) collect(objs []Object) {
 			t.grpcRoutes = append(t.grpcRoutes, routeInfo[*gwv1.GRPCRoute]{o.Origin, v})
 		case *gwv1.ReferenceGrant:
 			t.grants[ns] = append(t.grants[ns], v)
+		case *ConnectionPolicy:
+			t.connPolicies = append(t.connPolicies, connPolicyInfo{o.Origin, v})
 		}
 	}
 	// A slice of a Service that does not exist is refused (unused).

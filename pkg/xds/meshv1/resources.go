@@ -302,13 +302,18 @@ func validateConnectionPolicy(p *ConnectionPolicy) error {
 	if err := nonEmpty("connection policy", p.GetNamespace(), p.GetName()); err != nil {
 		return err
 	}
+	if p.GetInvalidReason() != "" {
+		// It denies what it selects, whatever else it says (a refused
+		// policy is sent as it was written).
+		return nil
+	}
 	if p.GetPolicy() == "" {
 		return fmt.Errorf("%s: no policy set named", name)
 	}
 	if len(p.GetSelector()) > 0 && len(p.GetTargetGateways()) > 0 {
 		return fmt.Errorf("%s: selector and target gateways are exclusive", name)
 	}
-	if p.GetInvalidReason() == "" && (p.GetRevision() == "" || len(p.GetSources()) == 0) {
+	if p.GetRevision() == "" || len(p.GetSources()) == 0 {
 		return fmt.Errorf("%s: a valid policy carries its revision and files", name)
 	}
 	return nil

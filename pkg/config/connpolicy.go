@@ -1,0 +1,151 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+)
+
+// CausewayGroupVersion is the API group of Causeway's own kinds.
+var CausewayGroupVersion = schema.GroupVersion{Group: "causeway.dev", Version: "v1alpha1"}
+
+// ConnectionPolicy binds a Rego policy set to connections, as Istio's
+// AuthorizationPolicy binds rules: spec.selector picks workloads of its
+// namespace (their destination node proxy checks every inbound connection;
+// no selector: every workload of the namespace), spec.targetRefs picks
+// waypoints (Gateways; the waypoint checks every tunnel as it opens).
+// spec.policy names the policy set, as the control plane's
+// --connection-policy flag loads it.
+//
+//	apiVersion: causeway.dev/v1alpha1
+//	kind: ConnectionPolicy
+//	metadata: {namespace: shop, name: db-clients}
+//	spec:
+//	  selector: {matchLabels: {app: db}}
+//	  policy: db-clients
+type ConnectionPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              ConnectionPolicySpec `json:"spec"`
+}
+
+// ConnectionPolicySpec is what a ConnectionPolicy selects and the policy set it applies.
+type ConnectionPolicySpec struct {
+	Selector   *WorkloadSelector `json:"selector,omitempty"`
+	TargetRefs []PolicyTargetRef `json:"targetRefs,omitempty"`
+	Policy     string            `json:"policy"`
+}
+
+// WorkloadSelector is Istio's: workloads whose labels include matchLabels.
+type WorkloadSelector struct {
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+}
+
+// PolicyTargetRef names a waypoint Gateway in the policy's namespace
+// (Gateway API's LocalPolicyTargetReference).
+type PolicyTargetRef struct {
+	Group string `json:"group"`
+	Kind  string `json:"kind"`
+	Name  string `json:"name"`
+}
+
+// DeepCopyObject implements runtime.Object.
+func (p *ConnectionPolicy) DeepCopyObject() runtime.Object {
+	out := *p
+	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	if s := p.Spec.Selector; s != nil {
+		out.Spec.Selector = &WorkloadSelector{MatchLabels: maps.Clone(s.MatchLabels)}
+	}
+	out.Spec.TargetRefs = slices.Clone(p.Spec.TargetRefs)
+	return &out
+}
+
+func addCausewayKinds(s *runtime.Scheme) error {
+	s.AddKnownTypes(CausewayGroupVersion, &ConnectionPolicy{})
+	return nil
+}
+
+// translateConnectionPolicies checks each ConnectionPolicy and emits it
+// without its policy files, marked not yet enforceable: the control plane
+// attaches the named set's active files (AttachPolicy) or keeps it
+// denying.
+func (t *translator) translateConnectionPolicies() {
+	for _, ci := range t.connPolicies {
+		p := ci.policy
+		key := "ConnectionPolicy " + p.Namespace + "/" + p.Name
+		ok := true
+		if p.Spec.Policy == "" {
+			t.problem(ci.origin, key, "spec.policy is required")
+			ok = false
+		}
+		var gateways []string
+		for i, ref := range p.Spec.TargetRefs {
+			if ref.Group != gatewayGroup || ref.Kind != "Gateway" {
+				t.problem(ci.origin, key, "spec.targetRefs[%d]: only group %s kind Gateway can be targeted", i, gatewayGroup)
+				ok = false
+			}
+			if ref.Name == "" {
+				t.problem(ci.origin, key, "spec.targetRefs[%d]: name is required", i)
+				ok = false
+			}
+			gateways = append(gateways, ref.Name)
+		}
+		var selector map[string]string
+		if s := p.Spec.Selector; s != nil {
+			if len(gateways) > 0 {
+				t.problem(ci.origin, key, "spec.selector and spec.targetRefs are exclusive")
+				ok = false
+			}
+			for k, v := range s.MatchLabels {
+				if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+					t.problem(ci.origin, key, "spec.selector label %q: %s", k, errs[0])
+					ok = false
+				}
+				if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+					t.problem(ci.origin, key, "spec.selector label %s value %q: %s", k, v, errs[0])
+					ok = false
+				}
+			}
+			selector = maps.Clone(s.MatchLabels)
+		}
+		reason := fmt.Sprintf("policy set %q has no active revision at the control plane", p.Spec.Policy)
+		if !ok {
+			// Skipping a refused policy would leave what it selects
+			// unchecked (fail open): it is sent denying instead.
+			reason = RefusedPrefix + strings.Join(t.reasons[key], "; ")
+		}
+		slices.Sort(gateways)
+		out := &meshv1.ConnectionPolicy{Name: p.Name, Namespace: p.Namespace, Selector: selector,
+			TargetGateways: slices.Compact(gateways), Policy: p.Spec.Policy, InvalidReason: reason}
+		t.out.ConnectionPolicies[p.Namespace+"/"+p.Name] = out
+	}
+}
+
+// PolicyContent is what AttachPolicy needs of a policy set: its active
+// revision and files.
+type PolicyContent struct {
+	Revision string
+	Sources  []*meshv1.PolicySource
+}
+
+// RefusedPrefix begins the invalid_reason of a ConnectionPolicy the
+// translator refused: it denies what it selects whatever its set holds.
+const RefusedPrefix = "refused: "
+
+// AttachPolicy returns p with its set's content, or p as it is (denying,
+// with its reason) when the set has none or p was refused.
+func AttachPolicy(p *meshv1.ConnectionPolicy, content *PolicyContent) *meshv1.ConnectionPolicy {
+	if content == nil || len(content.Sources) == 0 || strings.HasPrefix(p.GetInvalidReason(), RefusedPrefix) {
+		return p
+	}
+	return &meshv1.ConnectionPolicy{Name: p.GetName(), Namespace: p.GetNamespace(), Selector: p.GetSelector(),
+		TargetGateways: p.GetTargetGateways(), Policy: p.GetPolicy(), Revision: content.Revision, Sources: content.Sources}
+}
