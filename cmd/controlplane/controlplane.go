@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -34,6 +35,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
 	"github.com/causeway-mesh/causeway/pkg/trust/kubeca"
 	"github.com/causeway-mesh/causeway/pkg/xds"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // controlPlane wires the configuration source, the model, the xDS server
@@ -55,6 +57,12 @@ type controlPlane struct {
 	workloads trust.WorkloadIndex
 	// kube: the webhook, deployer and status writer (Kubernetes only).
 	kube *kubecontrollers.Controllers
+	// policySets are the connection policy sets ConnectionPolicies name.
+	policySets *policySets
+	// pushMu orders pushes: a new configuration and a new policy revision
+	// each push the model's snapshot with the sets' content.
+	pushMu    sync.Mutex
+	xdsServer *xds.Server
 
 	rejected   prometheus.Counter
 	refused    *prometheus.GaugeVec
@@ -102,6 +110,9 @@ func newControlPlane(o options, log *logging.Logger) (*controlPlane, error) {
 		}),
 	}
 	reg.MustRegister(cp.rejected, cp.refused, cp.loads, cp.lastGood)
+	if cp.policySets, err = newPolicySets(o.connectionPolicies, log.Logger, cp.policyChanged); err != nil {
+		return nil, err
+	}
 	if err := cp.setupSource(); err != nil {
 		return nil, err
 	}
@@ -352,6 +363,11 @@ func (cp *controlPlane) run(ctx context.Context) error {
 	defer wg.Wait()
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer stopBG()
+	cp.pushMu.Lock()
+	cp.xdsServer = xdsServer
+	cp.pushMu.Unlock()
+	cp.policySets.loadAll(bgCtx, 30*time.Second)
+	wg.Go(func() { cp.policySets.run(bgCtx) })
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -364,7 +380,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 			// The CA's index first: a node proxy that learns of a workload
 			// over xDS may ask for its certificate at once.
 			cp.model.Set(s)
-			if err := xdsServer.UpdateFrom(s.Resources(), s.ChangedAt); err != nil {
+			if err := cp.push(s, s.ChangedAt); err != nil {
 				log.Error("xDS update failed", zap.Error(err))
 				return
 			}
@@ -541,7 +557,7 @@ func (cp *controlPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) 
 		rejected = append(rejected, refusal{Kind: p.Kind(), Namespace: p.Namespace(), Name: p.Name(), Origin: p.Origin, Reason: p.Reason})
 	}
 	out["rejected"] = rejected
-	for typeURL, res := range s.Resources() {
+	for typeURL, res := range cp.resources(s) {
 		m := make(map[string]json.RawMessage, len(res))
 		for name, msg := range res {
 			b, err := protojson.Marshal(msg)
@@ -553,8 +569,47 @@ func (cp *controlPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) 
 		}
 		out[typeURL] = m
 	}
+	if st := cp.policySets.status(); len(st) > 0 {
+		out["connection_policy_sets"] = st
+	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(out)
+}
+
+// resources is what the xDS server serves for s: its resources, with each
+// ConnectionPolicy carrying its set's active files.
+func (cp *controlPlane) resources(s *config.Snapshot) map[string]map[string]proto.Message {
+	res := s.Resources()
+	policies := make(map[string]proto.Message, len(s.ConnectionPolicies))
+	for name, p := range s.ConnectionPolicies {
+		policies[name] = cp.policySets.attach(p)
+	}
+	res[meshv1.ConnectionPolicyTypeURL] = policies
+	return res
+}
+
+// push serves s with the policy sets' current content; changedAt is when
+// the change it carries was made (zero: now).
+func (cp *controlPlane) push(s *config.Snapshot, changedAt time.Time) error {
+	cp.pushMu.Lock()
+	defer cp.pushMu.Unlock()
+	return cp.xdsServer.UpdateFrom(cp.resources(s), changedAt)
+}
+
+// policyChanged pushes the configuration in force again when a policy set
+// activates a new revision (before the first configuration there is
+// nothing to push: that push will carry it).
+func (cp *controlPlane) policyChanged() {
+	s := cp.model.Current()
+	cp.pushMu.Lock()
+	ready := cp.xdsServer != nil
+	cp.pushMu.Unlock()
+	if s == nil || !ready {
+		return
+	}
+	if err := cp.push(s, time.Time{}); err != nil {
+		cp.log.Logger.Error("xDS update for a new connection policy revision failed", zap.Error(err))
+	}
 }

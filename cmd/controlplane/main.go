@@ -80,6 +80,7 @@ type options struct {
 	rescan              time.Duration
 	shutdownGrace       time.Duration
 	kube                kubeOptions // the Kubernetes controllers' (kube.go)
+	connectionPolicies  []policySetFlag
 }
 
 func parseFlags(args []string) (options, error) {
@@ -108,6 +109,14 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.debounce, "config-debounce", 100*time.Millisecond, "quiet time after a configuration change before it is read")
 	fs.DurationVar(&o.rescan, "config-rescan", 10*time.Second, "period of full configuration re-reads (catches missed file events)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 5*time.Second, "how long shutdown waits for calls in flight")
+	fs.Func("connection-policy", "a connection policy set, repeatable: NAME=dir:PATH, NAME=git:URL[#REF[:DIR]] or NAME=bundle:SERVICE_URL#RESOURCE; compiled and tested here (the last good revision stays) and sent with the ConnectionPolicies that name it", func(v string) error {
+		f, err := parsePolicySet(v)
+		if err != nil {
+			return err
+		}
+		o.connectionPolicies = append(o.connectionPolicies, f)
+		return nil
+	})
 	o.kube.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
