@@ -22,6 +22,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
 	"github.com/causeway-mesh/causeway/pkg/capture/inpod"
 	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
+	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -74,9 +75,15 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	if err != nil {
 		return err
 	}
+	// Connection policies' decisions, in the waypoint's format; which are
+	// written is each policy set's decisionLog setting (default: denials).
+	decisions, err := policy.NewDecisionLogger(env.Log.Buffered("decisions", nodeField), policy.DecisionLogOptions{Mode: policy.LogDenials, Registerer: env.Metrics})
+	if err != nil {
+		return err
+	}
 	opts := nodeproxy.Options{
 		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, AccessLog: env.Log.Buffered("access", nodeField), Registry: env.Metrics,
-		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext, IdleTimeout: idle,
+		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext, IdleTimeout: idle, PolicyDecisionLog: decisions,
 	}
 	var pods *inpod.Manager
 	if handoffSocket != "" {
@@ -102,8 +109,12 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
 		NodeID: xds.NodeProxyID(node), Logger: log,
-		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL}},
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.ServiceTypeURL}, {TypeURL: meshv1.WaypointTypeURL},
+			{TypeURL: meshv1.ConnectionPolicyTypeURL}},
 		OnChange: func(s *xds.State, _ []string) {
+			// Policies first: a workload that arrives with its policy is
+			// never served without it.
+			proxy.UpdateConnectionPolicies(ctx, slices.Collect(maps.Values(s.ConnectionPolicies)))
 			proxy.Update(nodeproxy.NewRegistry(node, slices.Collect(maps.Values(s.Workloads)), slices.Collect(maps.Values(s.Services)), slices.Collect(maps.Values(s.Waypoints))))
 		},
 	})
@@ -145,7 +156,7 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 			return proxy.Run(pctx, drain)
 		}
 	}
-	parts = append(parts, certs.Run, xc.Run, runProxy)
+	parts = append(parts, certs.Run, xc.Run, runProxy, func(ctx context.Context) error { decisions.Run(ctx); return nil })
 
 	errc := make(chan error, len(parts))
 	for _, part := range parts {

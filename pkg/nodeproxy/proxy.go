@@ -20,7 +20,9 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
 	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -75,6 +77,8 @@ type Options struct {
 	Pool hbone.PoolOptions
 	// Server options for inbound tunnels (TLS, Handler and Logger are filled in).
 	Server hbone.ServerOptions
+	// PolicyDecisionLog receives the connection policies' decisions.
+	PolicyDecisionLog *policy.DecisionLogger
 }
 
 // Proxy is a node proxy.
@@ -87,6 +91,13 @@ type Proxy struct {
 	server  *hbone.Server
 
 	reg atomic.Pointer[Registry]
+
+	// policies are the connection policies in force; conns the inbound
+	// connections they admitted, re-checked (recheck) after every change.
+	policies *connpolicy.Enforcer
+	connsMu  sync.Mutex
+	conns    map[*inboundConn]struct{}
+	recheck  chan struct{}
 
 	// active counts open connections per endpoint for least-connections.
 	activeMu sync.Mutex
@@ -156,6 +167,11 @@ func New(o Options) (*Proxy, error) {
 		updated: make(chan struct{})}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
 	p.relays, p.stopRelays = context.WithCancel(context.Background())
+	enforcer, err := connpolicy.New(connpolicy.Options{Logger: o.Logger, DecisionLog: o.PolicyDecisionLog, Registerer: o.Registry})
+	if err != nil {
+		return nil, err
+	}
+	p.policies, p.conns, p.recheck = enforcer, map[*inboundConn]struct{}{}, make(chan struct{}, 1)
 
 	po := o.Pool
 	po.Bundle, po.Logger, po.Dial = o.Bundle, o.Logger.Named("hbone-client"), o.Dial
@@ -186,6 +202,7 @@ func (p *Proxy) Run(ctx context.Context, drain time.Duration) error {
 	p.ctx = ctx
 	p.mu.Unlock()
 	p.Update(p.reg.Load()) // open listeners for what is already known
+	p.wg.Go(func() { p.runRechecks(ctx) })
 	<-ctx.Done()
 	p.mu.Lock()
 	for ip, pl := range p.pods {
@@ -217,6 +234,7 @@ func (p *Proxy) Run(ctx context.Context, drain time.Duration) error {
 // identities and forgotten for those with no workload left on the node.
 func (p *Proxy) Update(r *Registry) {
 	p.reg.Store(r)
+	p.requestRecheck() // what admitted a connection may have changed
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ids := map[trust.Identity]bool{}
@@ -622,14 +640,17 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 // openInbound admits an HBONE tunnel to a local pod and connects to its app.
 func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stream, error) {
 	start := time.Now()
-	r := p.reg.Load()
 	rec := connRecord{direction: "inbound", src: req.Remote, dst: req.Authority.String(), srcIdentity: req.Peer.String()}
 	if !req.Authority.IsValid() {
 		err := hbone.BadRequest("authority must be ip:port")
 		p.finish(rec, start, err)
 		return nil, err
 	}
-	adm, err := r.admitInbound(req.Local.Addr(), req.Authority, req.Peer)
+	conn := &inboundConn{local: req.Local.Addr(), authority: req.Authority, peer: req.Peer, remote: req.Remote}
+	adm, verdict, err := p.admit(ctx, conn, false)
+	if err == nil && !verdict.Allowed {
+		err = errors.New(verdict.Reason)
+	}
 	if err != nil {
 		err = hbone.Deny(err.Error())
 		p.finish(rec, start, err)
@@ -656,9 +677,13 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		return nil, err
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	// Tracked before the relay starts: a re-check that denies it resets
+	// the upstream connection, which ends the relay and aborts the tunnel.
+	untrack := p.track(ctx, conn, func() { abort(upstream) })
 	return hbone.RelayTo(upstream, p.idleTimeout(), func(sent, received int64, err error) {
+		untrack()
 		rec.sent, rec.received = sent, received
-		p.finish(rec, start, err)
+		p.finish(rec, start, conn.result(err))
 	}), nil
 }
 
@@ -691,7 +716,17 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 	start := time.Now()
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	rec := connRecord{direction: "inbound", src: src, dst: dst.String(), srcIdentity: "unauthenticated"}
-	w, hop, err := p.reg.Load().planPlaintextInbound(netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()), p.opts.AllowPlaintext)
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	w, hop, err := p.reg.Load().planPlaintextInbound(dst, p.opts.AllowPlaintext)
+	conn := &inboundConn{local: dst.Addr(), authority: dst, peer: trust.Unauthenticated(), remote: src, plaintext: true}
+	if err == nil {
+		// The policies see a caller without identity, as they would any.
+		if _, v, aerr := p.admit(ctx, conn, false); aerr != nil {
+			err = aerr
+		} else if !v.Allowed {
+			err = errors.New(v.Reason)
+		}
+	}
 	if err != nil {
 		abort(c)
 		p.finish(rec, start, err)
@@ -724,8 +759,10 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	untrack := p.track(ctx, conn, func() { abort(upstream); abort(c) })
 	rec.sent, rec.received, err = p.join(ctx, c, upstream)
-	p.finish(rec, start, err)
+	untrack()
+	p.finish(rec, start, conn.result(err))
 }
 
 // ServeHBONE serves inbound HBONE on ln (a listener in-pod capture opened
@@ -844,6 +881,8 @@ func closeReason(err error) string {
 		return "status_" + strconv.Itoa(se.Code)
 	case errors.Is(err, errRefused), errors.Is(err, errHostUnknown):
 		return "refused"
+	case errors.Is(err, errRevoked):
+		return "policy_revoked"
 	default:
 		return "error"
 	}

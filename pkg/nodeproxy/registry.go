@@ -7,6 +7,7 @@ package nodeproxy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -26,6 +27,7 @@ type Registry struct {
 	waypoints  map[string]*meshv1.Waypoint // "<ns>/<name>"
 	ingressWPs map[string][]*meshv1.Ref    // workload uid -> waypoints it must be reached through
 	services   []*meshv1.Service
+	servesFor  map[string][]*meshv1.Service // workload uid -> services it is an endpoint of
 }
 
 // NewRegistry indexes the resources for the proxy of node.
@@ -40,6 +42,7 @@ func NewRegistry(node string, workloads []*meshv1.Workload, services []*meshv1.S
 		waypoints:  map[string]*meshv1.Waypoint{},
 		ingressWPs: map[string][]*meshv1.Ref{},
 		services:   services,
+		servesFor:  map[string][]*meshv1.Service{},
 	}
 	for _, w := range workloads {
 		r.byUID[w.GetUid()] = w
@@ -64,6 +67,9 @@ func NewRegistry(node string, workloads []*meshv1.Workload, services []*meshv1.S
 		r.byHost[strings.ToLower(s.GetName()+"."+s.GetNamespace())] = s
 		r.byHost[strings.ToLower(s.GetName()+"."+s.GetNamespace()+".svc")] = s
 		for _, ep := range s.GetEndpoints() {
+			if uid := ep.GetWorkloadUid(); uid != "" {
+				r.servesFor[uid] = append(r.servesFor[uid], s)
+			}
 			if h := ep.GetHostname(); h != "" {
 				if ip, err := netip.ParseAddr(ep.GetAddress()); err == nil {
 					r.podHosts[strings.ToLower(h)] = ip.Unmap()
@@ -160,6 +166,34 @@ func (r *Registry) Waypoint(ref *meshv1.Ref) (*meshv1.Waypoint, error) {
 // from them are known to come from a waypoint; a workload with a binding of
 // its own accepts no others (admitInbound).
 func (r *Registry) IngressWaypoints(uid string) []*meshv1.Ref { return r.ingressWPs[uid] }
+
+// ServiceHostnames lists the hostnames of the services whose port maps to
+// port on the workload uid (an endpoint's own mapping, else the target
+// port, else the port itself), sorted.
+func (r *Registry) ServiceHostnames(uid string, port uint16) []string {
+	var out []string
+	for _, s := range r.servesFor[uid] {
+		for _, ep := range s.GetEndpoints() {
+			if ep.GetWorkloadUid() != uid {
+				continue
+			}
+			for _, sp := range s.GetPorts() {
+				target := ep.GetPorts()[sp.GetPort()]
+				if target == 0 {
+					target = sp.GetTargetPort()
+				}
+				if target == 0 {
+					target = sp.GetPort()
+				}
+				if target == uint32(port) && !slices.Contains(out, s.GetHostname()) {
+					out = append(out, s.GetHostname())
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // Services lists every service.
 func (r *Registry) Services() []*meshv1.Service { return r.services }
