@@ -133,7 +133,7 @@ func run(o *options) error {
 		tcpIdle = -1 // the option's "never"
 	}
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
-		Certificates: certs, Policy: engine, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
+		Certificates: certs, Policy: engine, ConnectionDecisionLog: decisions, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
 		// A policy's body limit is at most MaxBodyLimit.
 		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst}})
 	if err != nil {

@@ -2,12 +2,8 @@ package nodeproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
-	"sync"
-	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -32,27 +28,21 @@ type inboundConn struct {
 	// tracking is not missed.
 	reg   *Registry
 	table *connpolicy.Table
-
-	revoke  func()                 // ends its relay, resetting both sides
-	revoked atomic.Pointer[string] // why a re-check closed it
 }
-
-// errRevoked marks a connection a re-check closed.
-var errRevoked = errors.New("closed by connection policy re-check")
 
 // UpdateConnectionPolicies installs the connection policies from the
 // control plane; open connections are re-checked if anything changed.
 func (p *Proxy) UpdateConnectionPolicies(ctx context.Context, policies []*meshv1.ConnectionPolicy) {
 	if p.policies.Update(ctx, policies) {
-		p.requestRecheck()
+		p.open.Request()
 	}
 }
 
-func (p *Proxy) requestRecheck() {
-	select {
-	case p.recheck <- struct{}{}:
-	default: // one is pending: it will see this change too
-	}
+// RecheckConnections decides again about every open inbound connection
+// and closes those no longer admitted (Update and
+// UpdateConnectionPolicies ask for it in the background).
+func (p *Proxy) RecheckConnections(ctx context.Context) (checked, closed int) {
+	return p.open.RecheckAll(ctx)
 }
 
 // authorizeInbound evaluates the policies selecting w for c.
@@ -99,93 +89,15 @@ func (p *Proxy) admit(ctx context.Context, c *inboundConn, recheck bool) (admiss
 	return adm, p.authorizeInbound(ctx, r, t, c, adm.Workload, adm.FromWaypoint, recheck), nil
 }
 
-// track follows an open connection until the returned function is
-// called. A re-check that denies it calls revoke, which must end its relay
-// (resetting the upstream connection does). A change since its decision
-// re-checks it at once.
-func (p *Proxy) track(ctx context.Context, c *inboundConn, revoke func()) (untrack func()) {
-	c.revoke = revoke
-	p.connsMu.Lock()
-	p.conns[c] = struct{}{}
-	p.connsMu.Unlock()
-	if c.reg != p.reg.Load() || c.table != p.policies.Current() {
-		p.recheckOne(ctx, c)
-	}
-	return func() {
-		p.connsMu.Lock()
-		delete(p.conns, c)
-		p.connsMu.Unlock()
-	}
-}
-
-// result is err, or why a re-check closed the connection.
-func (c *inboundConn) result(err error) error {
-	if why := c.revoked.Load(); why != nil {
-		return fmt.Errorf("%w: %s", errRevoked, *why)
-	}
-	return err
-}
-
-// recheckOne decides about an open connection again and closes it when
-// the answer is no longer yes. It reports whether it closed it.
-func (p *Proxy) recheckOne(ctx context.Context, c *inboundConn) bool {
-	_, v, err := p.admit(ctx, c, true)
-	if err == nil && v.Allowed {
-		return false
-	}
-	reason := v.Reason
-	if err != nil {
-		reason = err.Error()
-	}
-	if !c.revoked.CompareAndSwap(nil, &reason) {
-		return false // already closed
-	}
-	c.revoke()
-	p.log.Info("open connection no longer authorized; closed",
-		zap.String("src", c.remote.String()), zap.String("src_identity", c.peer.String()), zap.String("dst", c.authority.String()),
-		zap.String("policy", v.Policy), zap.String("policy_revision", v.Revision), zap.String("decision_id", v.DecisionID), zap.String("reason", reason))
-	return true
-}
-
-// RecheckConnections decides again about every open inbound connection,
-// on all CPUs, and closes those no longer admitted; it returns how many
-// it checked and closed.
-func (p *Proxy) RecheckConnections(ctx context.Context) (checked, closed int) {
-	p.connsMu.Lock()
-	list := make([]*inboundConn, 0, len(p.conns))
-	for c := range p.conns {
-		list = append(list, c)
-	}
-	p.connsMu.Unlock()
-	var next, n atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), max(len(list), 1)) {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(list) {
-					return
-				}
-				if p.recheckOne(ctx, list[i]) {
-					n.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return len(list), int(n.Load())
-}
-
-// runRechecks re-checks open connections after every change until ctx ends.
-func (p *Proxy) runRechecks(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-p.recheck:
-			if checked, closed := p.RecheckConnections(ctx); closed > 0 {
-				p.log.Info("connections re-checked after a change", zap.Int("checked", checked), zap.Int("closed", closed))
-			}
-		}
-	}
+// track follows an admitted connection (connpolicy.Tracker.Track); a
+// re-check that denies it calls revoke.
+func (p *Proxy) track(ctx context.Context, c *inboundConn, revoke func()) (*connpolicy.Open, func()) {
+	return p.open.Track(ctx,
+		func(ctx context.Context) (connpolicy.Verdict, error) {
+			_, v, err := p.admit(ctx, c, true)
+			return v, err
+		},
+		func() bool { return c.reg != p.reg.Load() || c.table != p.policies.Current() },
+		revoke,
+		zap.String("src", c.remote.String()), zap.String("src_identity", c.peer.String()), zap.String("dst", c.authority.String()))
 }

@@ -7,8 +7,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/causeway-mesh/causeway/pkg/connpolicy"
+	"github.com/causeway-mesh/causeway/pkg/connpolicy/connpolicytest"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/logging"
@@ -28,25 +26,10 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
-// connectionPolicy compiles rego (and its tests) as the control plane
-// does and returns the ConnectionPolicy t/name carrying it, selecting
+// connectionPolicy is the ConnectionPolicy t/name with rego, selecting
 // what selector selects.
 func connectionPolicy(t testing.TB, name, rego string, selector map[string]string) *meshv1.ConnectionPolicy {
-	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte(rego), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e, err := policy.NewEngine(policy.Options{Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Load(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	c := e.Content()
-	return &meshv1.ConnectionPolicy{Namespace: "t", Name: name, Selector: selector, Policy: name,
-		Revision: c.Revision, Sources: connpolicy.Sources(c)}
+	return connpolicytest.Policy(t, "t", name, rego, &meshv1.ConnectionPolicy{Selector: selector})
 }
 
 // allowRego allows the listed service accounts of namespace t and, when

@@ -92,12 +92,10 @@ type Proxy struct {
 
 	reg atomic.Pointer[Registry]
 
-	// policies are the connection policies in force; conns the inbound
-	// connections they admitted, re-checked (recheck) after every change.
+	// policies are the connection policies in force; open follows the
+	// inbound connections they admitted, re-checked after every change.
 	policies *connpolicy.Enforcer
-	connsMu  sync.Mutex
-	conns    map[*inboundConn]struct{}
-	recheck  chan struct{}
+	open     *connpolicy.Tracker
 
 	// active counts open connections per endpoint for least-connections.
 	activeMu sync.Mutex
@@ -171,7 +169,7 @@ func New(o Options) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.policies, p.conns, p.recheck = enforcer, map[*inboundConn]struct{}{}, make(chan struct{}, 1)
+	p.policies, p.open = enforcer, connpolicy.NewTracker(o.Logger)
 
 	po := o.Pool
 	po.Bundle, po.Logger, po.Dial = o.Bundle, o.Logger.Named("hbone-client"), o.Dial
@@ -202,7 +200,7 @@ func (p *Proxy) Run(ctx context.Context, drain time.Duration) error {
 	p.ctx = ctx
 	p.mu.Unlock()
 	p.Update(p.reg.Load()) // open listeners for what is already known
-	p.wg.Go(func() { p.runRechecks(ctx) })
+	p.wg.Go(func() { p.open.Run(ctx) })
 	<-ctx.Done()
 	p.mu.Lock()
 	for ip, pl := range p.pods {
@@ -234,7 +232,7 @@ func (p *Proxy) Run(ctx context.Context, drain time.Duration) error {
 // identities and forgotten for those with no workload left on the node.
 func (p *Proxy) Update(r *Registry) {
 	p.reg.Store(r)
-	p.requestRecheck() // what admitted a connection may have changed
+	p.open.Request() // what admitted a connection may have changed
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ids := map[trust.Identity]bool{}
@@ -679,11 +677,11 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	// Tracked before the relay starts: a re-check that denies it resets
 	// the upstream connection, which ends the relay and aborts the tunnel.
-	untrack := p.track(ctx, conn, func() { abort(upstream) })
+	tracked, untrack := p.track(ctx, conn, func() { abort(upstream) })
 	return hbone.RelayTo(upstream, p.idleTimeout(), func(sent, received int64, err error) {
 		untrack()
 		rec.sent, rec.received = sent, received
-		p.finish(rec, start, conn.result(err))
+		p.finish(rec, start, tracked.Result(err))
 	}), nil
 }
 
@@ -759,10 +757,10 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	untrack := p.track(ctx, conn, func() { abort(upstream); abort(c) })
+	tracked, untrack := p.track(ctx, conn, func() { abort(upstream); abort(c) })
 	rec.sent, rec.received, err = p.join(ctx, c, upstream)
 	untrack()
-	p.finish(rec, start, conn.result(err))
+	p.finish(rec, start, tracked.Result(err))
 }
 
 // ServeHBONE serves inbound HBONE on ln (a listener in-pod capture opened
@@ -881,7 +879,7 @@ func closeReason(err error) string {
 		return "status_" + strconv.Itoa(se.Code)
 	case errors.Is(err, errRefused), errors.Is(err, errHostUnknown):
 		return "refused"
-	case errors.Is(err, errRevoked):
+	case errors.Is(err, connpolicy.ErrRevoked):
 		return "policy_revoked"
 	default:
 		return "error"

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/l7"
 	"github.com/causeway-mesh/causeway/pkg/policy"
@@ -59,6 +60,9 @@ type Options struct {
 	// TCPIdleTimeout closes a TCP-port tunnel on which nothing moved for
 	// this long (default 1 h; negative: never), as the node proxy does.
 	TCPIdleTimeout time.Duration
+	// ConnectionDecisionLog receives the decisions of the connection
+	// policies that target this waypoint (nil: not logged).
+	ConnectionDecisionLog *policy.DecisionLogger
 	// Pool, Server and L7 options (required fields are filled in).
 	Pool   hbone.PoolOptions
 	Server hbone.ServerOptions
@@ -76,6 +80,14 @@ type Waypoint struct {
 	engine *l7.Engine
 	view   atomic.Pointer[view]
 	synced atomic.Bool
+
+	// policies are the connection policies targeting this waypoint,
+	// checked as each tunnel opens; tunnels follows the tunnels they
+	// admitted (tunnels), re-checked after every change until stop.
+	policies *connpolicy.Enforcer
+	tunnels  *connpolicy.Tracker
+	stop     context.CancelFunc
+	stopped  chan struct{}
 }
 
 // view indexes the destinations the waypoint may serve.
@@ -149,13 +161,31 @@ func New(o Options) (*Waypoint, error) {
 		return nil, err
 	}
 	w.server = srv
+	if w.policies, err = connpolicy.New(connpolicy.Options{Logger: o.Logger, DecisionLog: o.ConnectionDecisionLog, Registerer: o.Registry}); err != nil {
+		srv.Close()
+		engine.Close()
+		pool.Close()
+		return nil, err
+	}
+	w.tunnels = connpolicy.NewTracker(o.Logger)
+	var ctx context.Context
+	ctx, w.stop = context.WithCancel(context.Background())
+	w.stopped = make(chan struct{})
+	go func() {
+		defer close(w.stopped)
+		w.tunnels.Run(ctx)
+	}()
 	return w, nil
 }
 
 // Update installs a new configuration from the control plane.
 func (w *Waypoint) Update(s *xds.State) {
 	v := newView(s)
+	// Policies first: a destination that arrives with its policy is never
+	// served without it.
+	w.policies.Update(context.Background(), values(s.ConnectionPolicies))
 	w.view.Store(v)
+	w.tunnels.Request() // the policies, or the destinations they read, may have changed
 	w.engine.Update(l7.Compile(values(s.HTTPRoutes), values(s.GRPCRoutes), values(s.Services), values(s.Workloads)))
 	w.synced.Store(true)
 }
@@ -197,6 +227,8 @@ func (w *Waypoint) Serve(ln net.Listener) error { return w.server.Serve(ln) }
 // Shutdown drains tunnels until ctx ends, then closes everything.
 func (w *Waypoint) Shutdown(ctx context.Context) error {
 	err := w.server.Shutdown(ctx)
+	w.stop()
+	<-w.stopped
 	w.engine.Close()
 	w.pool.Close()
 	return err
@@ -258,14 +290,70 @@ func (w *Waypoint) open(ctx context.Context, req *hbone.Request) (hbone.Stream, 
 	} else {
 		return nil, hbone.Unavailable(fmt.Sprintf("unknown destination %s", dst))
 	}
+	// The tunnel itself, before any byte of it is parsed.
+	table := w.policies.Current()
+	if verdict := w.authorizeTunnel(ctx, v, table, req, false); !verdict.Allowed {
+		w.access.Info("connection", zap.String("src", req.Remote.String()), zap.String("src_identity", req.Peer.String()),
+			zap.String("dst", dst.String()), zap.String("policy", verdict.Policy), zap.String("policy_revision", verdict.Revision),
+			zap.String("decision_id", verdict.DecisionID), zap.String("result", "denied by connection policy"))
+		return nil, hbone.Deny(verdict.Reason)
+	}
+	var stream hbone.Stream
 	if info.Protocol != l7.ProtocolTCP {
-		return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+		stream = hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
 			if err := w.engine.ServeConn(ctx, tunnel, info); err != nil {
 				w.log.Debug("tunnel ended", zap.Stringer("dst", dst), zap.Error(err))
 			}
-		}), nil
+		})
+	} else {
+		var err error
+		if stream, err = w.openTCP(ctx, req, info, targets); err != nil {
+			return nil, err
+		}
 	}
-	return w.openTCP(ctx, req, info, targets)
+	return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+		// The stream is served in a context a denying re-check cancels,
+		// which ends HTTP serving and TCP relaying alike.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		_, untrack := w.tunnels.Track(ctx,
+			func(ctx context.Context) (connpolicy.Verdict, error) {
+				return w.authorizeTunnel(ctx, w.view.Load(), w.policies.Current(), req, true), nil
+			},
+			func() bool { return w.view.Load() != v || w.policies.Current() != table },
+			cancel,
+			zap.String("src", req.Remote.String()), zap.String("src_identity", req.Peer.String()), zap.String("dst", dst.String()))
+		defer untrack()
+		stream.Serve(ctx, tunnel)
+	}), nil
+}
+
+// authorizeTunnel evaluates the connection policies targeting this
+// waypoint for a tunnel, under view v: the destination is a Service
+// (by VIP) or a workload (by pod IP). A destination v no longer knows is
+// denied.
+func (w *Waypoint) authorizeTunnel(ctx context.Context, v *view, t *connpolicy.Table, req *hbone.Request, recheck bool) connpolicy.Verdict {
+	selected := t.ForWaypoint(w.opts.Namespace, w.opts.Name)
+	if len(selected) == 0 {
+		return connpolicy.Verdict{Allowed: true}
+	}
+	in := &policy.ConnectionRequest{Source: req.Peer, SourceAddr: req.Remote, DestAddr: req.Authority}
+	addr := req.Authority.Addr().Unmap()
+	if svc, ok := v.byVIP[addr]; ok {
+		in.DestinationServices = []string{svc.GetHostname()}
+	} else if wl, ok := v.byIP[addr]; ok {
+		in.DestinationWorkload = &policy.Workload{Namespace: wl.GetNamespace(), Name: wl.GetName(), UID: wl.GetUid(),
+			ServiceAccount: wl.GetServiceAccount(), Labels: wl.GetLabels()}
+		if id, err := trust.ParseIdentity(wl.GetIdentity()); err == nil {
+			in.Destination = id
+		}
+	} else {
+		return connpolicy.Verdict{Reason: fmt.Sprintf("unknown destination %s", req.Authority)}
+	}
+	if recheck {
+		return w.policies.Recheck(ctx, selected, in)
+	}
+	return w.policies.Authorize(ctx, selected, in)
 }
 
 // openTCP authorizes a TCP destination as a whole and connects to one of
