@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
@@ -202,6 +204,29 @@ func runDemo(args []string) error {
 		}
 		return detail, nil
 	})
+	t.step("connection policies: shop's node proxies admitted the waypoint's connections (shop/ingress), the waypoint the tunnels from web and the hairpin (shop/waypoint-tunnels)", func() (string, error) {
+		var statuses []string
+		for _, n := range mesh.Plan.Nodes {
+			statuses = append(statuses, n.Status)
+		}
+		ingress, err := policyDecisions(statuses, "shop/ingress")
+		if err != nil {
+			return "", err
+		}
+		var wps []string
+		for _, w := range mesh.Plan.Waypoints {
+			wps = append(wps, w.Status)
+		}
+		tunnels, err := policyDecisions(wps, "shop/waypoint-tunnels")
+		if err != nil {
+			return "", err
+		}
+		detail := fmt.Sprintf("shop/ingress: %v\nshop/waypoint-tunnels: %v", ingress, tunnels)
+		if ingress["allow"] == 0 || tunnels["allow"] == 0 || ingress["deny"]+ingress["error"]+tunnels["deny"]+tunnels["error"] > 0 {
+			return detail, errors.New("want allows only")
+		}
+		return detail, nil
+	})
 	if mesh.Policies != nil && len(mesh.Plan.Waypoints) > 0 {
 		t.policyCommits(mesh.Policies, mesh.Plan.Waypoints[0])
 	}
@@ -361,4 +386,32 @@ func describeGit(st *policy.Status) string {
 		s += fmt.Sprintf(" (%s, committed %s: %q)", c.Ref, c.Time.Format(time.RFC3339), c.Subject)
 	}
 	return s
+}
+
+// policyDecisions sums connection_policy_decisions_total of one policy
+// by result over the /metrics of the given status addresses.
+func policyDecisions(statuses []string, policyName string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, addr := range statuses {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return nil, err
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
+		resp.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s/metrics: %w", addr, err)
+		}
+		for _, m := range mfs["connection_policy_decisions_total"].GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["policy"] == policyName {
+				out[labels["result"]] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out, nil
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 
@@ -80,7 +81,11 @@ func (m *meshFlags) startMesh(ctx context.Context, dir string) (*localmesh.Mesh,
 	if err != nil {
 		return nil, err
 	}
-	o := localmesh.Options{BinDir: m.bin, ConfigDir: dir, PolicyDir: m.policies, StateDir: state}
+	sets, err := connectionPolicySets(filepath.Join(dir, "connection-policies"))
+	if err != nil {
+		return nil, err
+	}
+	o := localmesh.Options{BinDir: m.bin, ConfigDir: dir, PolicyDir: m.policies, StateDir: state, ControlPlaneArgs: sets}
 	if m.gitRepo {
 		o.PolicyRepo = filepath.Join(state, "policy-repo")
 	}
@@ -201,4 +206,29 @@ func runExec(args []string) error {
 		os.Exit(ee.ExitCode())
 	}
 	return err
+}
+
+// connectionPolicySets gives the control plane each sub-directory of dir
+// as the connection policy set of its name (--connection-policy
+// NAME=dir:PATH); no dir, no sets.
+func connectionPolicySets(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connection policies: %w", err)
+	}
+	var args []string
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		abs, err := filepath.Abs(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, "--connection-policy", e.Name()+"=dir:"+abs)
+	}
+	return args, nil
 }

@@ -717,8 +717,10 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	w, hop, err := p.reg.Load().planPlaintextInbound(dst, p.opts.AllowPlaintext)
 	conn := &inboundConn{local: dst.Addr(), authority: dst, peer: trust.Unauthenticated(), remote: src, plaintext: true}
-	if err == nil {
-		// The policies see a caller without identity, as they would any.
+	if err == nil && hop == nil {
+		// Delivered directly: the policies see a caller without identity.
+		// A hairpin is checked by the waypoint (its connection policies
+		// see no identity either), then here as it comes back from it.
 		if _, v, aerr := p.admit(ctx, conn, false); aerr != nil {
 			err = aerr
 		} else if !v.Allowed {
@@ -757,6 +759,11 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	if hop != nil {
+		rec.sent, rec.received, err = p.join(ctx, c, upstream)
+		p.finish(rec, start, err)
+		return
+	}
 	tracked, untrack := p.track(ctx, conn, func() { abort(upstream); abort(c) })
 	rec.sent, rec.received, err = p.join(ctx, c, upstream)
 	untrack()
