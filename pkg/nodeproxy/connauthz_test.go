@@ -47,13 +47,13 @@ func allowRego(unauthenticated bool, accounts ...string) string {
 }
 
 // startEcho serves an app that echoes every byte back until the client closes.
-func startEcho(t *testing.T, addr string) {
+func startEcho(t testing.TB, addr string) {
 	t.Helper()
 	testnet.Serve(t, testnet.Listen(t, addr), func(c net.Conn) { io.Copy(c, c) })
 }
 
 // tunnel opens an HBONE tunnel to pod B's port as the service account sa.
-func tunnel(t *testing.T, m *testMesh, pool *hbone.Pool, sa, authority string) (net.Conn, error) {
+func tunnel(t testing.TB, m *testMesh, pool *hbone.Pool, sa, authority string) (net.Conn, error) {
 	t.Helper()
 	id := trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/"+sa)
 	cert := m.ca.Certificate(t, id, 0)
@@ -64,7 +64,7 @@ func tunnel(t *testing.T, m *testMesh, pool *hbone.Pool, sa, authority string) (
 		Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/b")}})
 }
 
-func newPool(t *testing.T, m *testMesh) *hbone.Pool {
+func newPool(t testing.TB, m *testMesh) *hbone.Pool {
 	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: m.ca.Bundle})
 	if err != nil {
 		t.Fatal(err)

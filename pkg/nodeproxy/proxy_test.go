@@ -87,12 +87,12 @@ type testMesh struct {
 
 // startMesh runs a node proxy per node with a real CA (gRPC, token
 // authentication, node authorization) and the resources of meshResources.
-func startMesh(t *testing.T, nodes ...string) *testMesh {
+func startMesh(t testing.TB, nodes ...string) *testMesh {
 	return startMeshWith(t, nil, nodes...)
 }
 
 // startMeshWith is startMesh with a change to every proxy's options.
-func startMeshWith(t *testing.T, mutate func(*Options), nodes ...string) *testMesh {
+func startMeshWith(t testing.TB, mutate func(*Options), nodes ...string) *testMesh {
 	t.Helper()
 	ca := trusttest.NewCA(t, td)
 	ws, ss, wps := meshResources()
@@ -174,7 +174,7 @@ func (m *testMesh) stop() {
 	m.wg.Wait()
 }
 
-func waitFor(t *testing.T, what string, f func() error) {
+func waitFor(t testing.TB, what string, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -337,6 +337,10 @@ func TestWaypointOnlyIngress(t *testing.T) {
 // through a TLS-only tunnel to the waypoint, which sees no identity.
 func TestHairpinIsUnauthenticated(t *testing.T) {
 	m := startMesh(t, "node-a", "node-b")
+	// D's connection policies do not judge the hairpin: the waypoint
+	// does, and they judge what the waypoint sends on.
+	m.proxies["node-b"].UpdateConnectionPolicies(context.Background(),
+		[]*meshv1.ConnectionPolicy{connectionPolicy(t, "deny", "package envoy.authz\n\ndefault allow := false\n", nil)})
 	peers := make(chan *hbone.Request, 1)
 	wpCert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/waypoint"), 0)
 	srv, err := hbone.NewServer(hbone.ServerOptions{

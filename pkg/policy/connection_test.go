@@ -60,6 +60,19 @@ allow if input.attributes.request.http.method == "GET"
 			t.Errorf("unauthenticated connection input has %s: %s", absent, got)
 		}
 	}
+	// Only an authenticated peer can be the destination's waypoint.
+	fw := BuildConnectionInput(&ConnectionRequest{Source: ca.Peer(t, nil), FromWaypoint: true}).String()
+	if !strings.Contains(fw, `"from_waypoint": false`) {
+		t.Errorf("unauthenticated peer counted as the waypoint: %s", fw)
+	}
+	fw = BuildConnectionInput(&ConnectionRequest{Source: frontend, FromWaypoint: true,
+		DestinationWorkload: &Workload{Namespace: "shop", Name: "db-0", Labels: map[string]string{"app": "db"}},
+		DestinationServices: []string{"db.shop.svc.cluster.local"}}).String()
+	for _, want := range []string{`"from_waypoint": true`, `"labels": {"app": "db"}`, `"destination_services": ["db.shop.svc.cluster.local"]`, `"name": "db-0"`} {
+		if !strings.Contains(fw, want) {
+			t.Errorf("input lacks %s: %s", want, fw)
+		}
+	}
 	if !strings.Contains(got, `"destination_principal": "spiffe://cluster.local/ns/shop/sa/db"`) {
 		t.Errorf("input lacks the destination principal: %s", got)
 	}
