@@ -30,6 +30,10 @@ func TestValidate(t *testing.T) {
 		{"mirror percent", &HTTPRoute{Name: "r", Namespace: "ns", Rules: []*HTTPRouteRule{{Filters: []*HTTPRouteFilter{{Filter: &HTTPRouteFilter_RequestMirror{RequestMirror: &RequestMirror{Backend: &BackendRef{}, Percent: &pct}}}}}}}, "percent"},
 		{"grpc regex", &GRPCRoute{Name: "g", Namespace: "ns", Rules: []*GRPCRouteRule{{Matches: []*GRPCRouteMatch{{Method: &GRPCMethodMatch{Type: GRPCMethodMatch_REGULAR_EXPRESSION, Service: "("}}}}}}, "method regex"},
 		{"empty filter", &GRPCRoute{Name: "g", Namespace: "ns", Rules: []*GRPCRouteRule{{Filters: []*HTTPRouteFilter{{}}}}}, "empty filter"},
+		{"connection policy without set", &ConnectionPolicy{Name: "p", Namespace: "ns"}, "no policy set"},
+		{"connection policy selecting both", &ConnectionPolicy{Name: "p", Namespace: "ns", Policy: "s", Revision: "r",
+			Selector: map[string]string{"app": "db"}, TargetGateways: []string{"wp"}}, "exclusive"},
+		{"connection policy without files", &ConnectionPolicy{Name: "p", Namespace: "ns", Policy: "s", Revision: "r"}, "revision and files"},
 	}
 	for _, c := range cases {
 		err := Validate(c.msg)
