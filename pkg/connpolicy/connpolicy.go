@@ -187,10 +187,11 @@ func sameTable(a, b *Table) bool {
 
 // ForWorkload lists the policies that select a workload: those of its
 // namespace that target no Gateway and whose selector its labels satisfy.
+// A refused policy with both a selector and Gateways selects by both.
 func (t *Table) ForWorkload(w *meshv1.Workload) []*Policy {
 	var out []*Policy
 	for _, p := range t.byNamespace[w.GetNamespace()] {
-		if len(p.res.GetTargetGateways()) > 0 {
+		if len(p.res.GetTargetGateways()) > 0 && len(p.res.GetSelector()) == 0 {
 			continue
 		}
 		if matches(p.res.GetSelector(), w.GetLabels()) {

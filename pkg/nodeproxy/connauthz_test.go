@@ -326,3 +326,33 @@ func TestConnectionPolicyErrorDenies(t *testing.T) {
 		t.Fatalf("error %v, want the reason", err)
 	}
 }
+
+// A ConnectionPolicy the translator refused arrives denying: it denies
+// what it selects, even when it both selects workloads and targets
+// Gateways (one of its faults), and whatever the other policies allow.
+func TestConnectionPolicyRefusedDenies(t *testing.T) {
+	startApp(t, app(podB)+":8080", "B")
+	m, _, _ := policyMesh(t)
+	nb := m.proxies["node-b"]
+	ws, ss, wps := meshResources()
+	for _, w := range ws {
+		if w.GetUid() == "b" {
+			w.Labels = map[string]string{"app": "db"}
+		}
+	}
+	nb.Update(NewRegistry("node-b", ws, ss, wps))
+	refused := &meshv1.ConnectionPolicy{Namespace: "t", Name: "refused", Policy: "p",
+		Selector: map[string]string{"app": "db"}, TargetGateways: []string{"waypoint"},
+		InvalidReason: "refused: spec.selector and spec.targetRefs are exclusive"}
+	if err := meshv1.Validate(refused); err != nil {
+		t.Fatal(err)
+	}
+	allowAll := connectionPolicy(t, "open", "package envoy.authz\n\nallow := true\n", nil)
+	nb.UpdateConnectionPolicies(context.Background(), []*meshv1.ConnectionPolicy{allowAll, refused})
+	if c, err := tunnel(t, m, newPool(t, m), "a", podB+":8080"); err == nil {
+		c.Close()
+		t.Fatal("a refused policy let the connection in")
+	} else if !strings.Contains(err.Error(), "t/refused cannot be enforced: refused:") {
+		t.Fatalf("error %v, want the refusal", err)
+	}
+}
