@@ -51,14 +51,24 @@ func dialFailed(err error) bool {
 func (o *outliers) failed(a netip.AddrPort) (time.Duration, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	now := o.now()
+	// Forget hops whose ejection ended over maxEjection ago: pod addresses
+	// come and go, and one the configuration dropped never succeeds again,
+	// so without this the map would only grow. Dial failures are rare
+	// enough for the sweep to run on each.
+	for k, e := range o.m {
+		if now.Sub(e.until) > maxEjection {
+			delete(o.m, k)
+		}
+	}
 	e := o.m[a]
-	fresh := !o.now().Before(e.until)
+	fresh := !now.Before(e.until)
 	e.failures++
 	d := maxEjection
 	if e.failures <= 4 { // 5 s << 4 is past the cap
 		d = min(baseEjection<<(e.failures-1), maxEjection)
 	}
-	e.until = o.now().Add(d)
+	e.until = now.Add(d)
 	o.m[a] = e
 	return d, fresh
 }

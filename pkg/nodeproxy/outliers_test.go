@@ -53,3 +53,23 @@ func TestEjectedHopTriedLast(t *testing.T) {
 		t.Fatalf("first failure after a success: ejected for %v, want 5s", d)
 	}
 }
+
+// TestOutliersForgetDroppedHops: a hop that failed and was never tried
+// again (its pod gone) is forgotten once its ejection is long over, so the
+// map stays as small as the set of recently failing hops.
+func TestOutliersForgetDroppedHops(t *testing.T) {
+	now := time.Unix(1000, 0)
+	o := newOutliers()
+	o.now = func() time.Time { return now }
+	for i := range 100 {
+		o.failed(netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 72, byte(i)}), 15008))
+	}
+	now = now.Add(baseEjection + maxEjection + time.Second)
+	recent := netip.MustParseAddrPort("127.0.71.9:15008")
+	if d, _ := o.failed(recent); d != baseEjection {
+		t.Fatalf("first failure: ejected for %v, want %v", d, baseEjection)
+	}
+	if len(o.m) != 1 {
+		t.Fatalf("%d hops remembered, want only the one failing now", len(o.m))
+	}
+}
