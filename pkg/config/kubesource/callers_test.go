@@ -50,6 +50,7 @@ type callers struct {
 	logs    *observer.ObservedLogs
 	metrics *prometheus.Registry
 	src     *kubesource.Source
+	run     *running // the source's snapshots
 	pods    map[string]*corev1.Pod // by name
 }
 
@@ -113,7 +114,7 @@ func startCallers(t *testing.T) *callers {
 		t.Fatal(err)
 	}
 	auth = authn.Chain{tr}
-	k.src = r.src
+	k.src, k.run = r.src, r
 
 	k.ca = trusttest.NewCA(t, "cluster.local")
 	srv := k.ca.StartCAServer(t, caserver.Options{
@@ -173,6 +174,13 @@ func writeToken(t *testing.T, path, token string) {
 }
 
 // fetch asks the CA for identity id with the token in path.
+func (k *callers) deletePod(t *testing.T, name string) {
+	t.Helper()
+	if err := k.env.Clientset(t).CoreV1().Pods("kshop").Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (k *callers) fetch(cc *caclient.Client, id string) error {
 	k.t.Helper()
 	ident, err := trust.ParseIdentity(id)
@@ -245,11 +253,40 @@ func testCAAuthentication(t *testing.T, k *callers) {
 	// (the translation refuses that configuration; the last good one, which
 	// knows the waypoint, stays in force while the pod index sees the pod).
 	k.env.Create(t, pod("kshop", "impostor", "node-a", "wp", "127.0.30.3"))
-	eventually(t, "the pod index sees the impostor", func() bool { return k.src.HasWorkload("node-a", trusttest.Identity(t, wpID)) })
+	eventually(t, "the pod informer sees the impostor", func() bool { _, ok, _ := k.src.Pod("kshop", "impostor"); return ok })
 	wantRefused(t, k.fetch(nodeA, wpID), codes.PermissionDenied, "identity "+wpID+" belongs to a waypoint")
-	if err := k.env.Clientset(t).CoreV1().Pods("kshop").Delete(context.Background(), "impostor", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+	k.deletePod(t, "impostor")
+
+	// A pod the translation refuses for another reason is no workload: its
+	// node proxy gets no certificate for it while the refusal stands, and
+	// gets one once the pod is fixed.
+	brokenID := "spiffe://cluster.local/ns/kshop/sa/broken"
+	broken := pod("kshop", "broken", "node-a", "broken", "127.0.30.5")
+	broken.Annotations = map[string]string{config.AnnotationAppAddress: "not-an-address"}
+	k.env.Create(t, broken)
+	k.run.next(t, "the broken pod refused", func(s *config.Snapshot) bool {
+		for _, p := range s.Rejected {
+			if p.Object == "Pod kshop/broken" {
+				return true
+			}
+		}
+		return false
+	})
+	eventually(t, "the pod informer sees the broken pod", func() bool { _, ok, _ := k.src.Pod("kshop", "broken"); return ok })
+	wantRefused(t, k.fetch(nodeA, brokenID), codes.PermissionDenied, "no workload with identity "+brokenID+" on node node-a")
+	fixed, err := k.env.Clientset(t).CoreV1().Pods("kshop").Get(context.Background(), "broken", metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	fixed.Annotations = nil
+	if _, err := k.env.Clientset(t).CoreV1().Pods("kshop").Update(context.Background(), fixed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k.run.next(t, "the fixed pod a workload", func(s *config.Snapshot) bool { return s.HasWorkload("node-a", trusttest.Identity(t, brokenID)) })
+	if err := k.fetch(nodeA, brokenID); err != nil {
+		t.Fatalf("node-a proxy for the fixed pod: %v", err)
+	}
+	k.deletePod(t, "broken")
 
 	// A workload's own token: its identity only.
 	web := k.caClient(tokenFile(t, k.token("web", "causeway-ca")))
@@ -321,8 +358,8 @@ func testCAAuthentication(t *testing.T, k *callers) {
 			t.Errorf("no refusal logged mentioning %q", want)
 		}
 	}
-	if n := refusals(t, k.metrics, "PermissionDenied"); n != 3 {
-		t.Errorf("%v PermissionDenied refusals counted, want 3", n)
+	if n := refusals(t, k.metrics, "PermissionDenied"); n != 4 {
+		t.Errorf("%v PermissionDenied refusals counted, want 4", n)
 	}
 	if n := refusals(t, k.metrics, "Unauthenticated"); n < 3 {
 		t.Errorf("%v Unauthenticated refusals counted, want at least 3", n)

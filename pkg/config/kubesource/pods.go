@@ -52,8 +52,18 @@ func (s *Source) Pod(namespace, name string) (authn.PodInfo, bool, error) {
 // host-network, and not a waypoint's own pod (a waypoint's identity is its
 // own to ask for, never its node proxy's). Pending pods count: a node proxy
 // fetches a pod's certificate while its sandbox is being set up.
+//
+// Both views must agree: the pod informer, which sees a deleted or moved
+// pod before the next snapshot does, and the last good snapshot, whose
+// translation refuses pods the mesh cannot serve (a duplicate address, a
+// broken annotation); a refused pod is no workload, so it gives its node
+// proxy no certificate either. Node proxies learn their pods from the
+// pushed snapshots, so the snapshot is never behind what they ask for.
 func (s *Source) HasWorkload(node string, id trust.Identity) bool {
 	if node == "" || id.IsZero() || !s.podsSynced() {
+		return false
+	}
+	if !s.last.Load().HasWorkload(node, id) {
 		return false
 	}
 	if id.TrustDomain().Name() != s.trustDomain() {
