@@ -50,7 +50,7 @@ type callers struct {
 	logs    *observer.ObservedLogs
 	metrics *prometheus.Registry
 	src     *kubesource.Source
-	run     *running // the source's snapshots
+	run     *running               // the source's snapshots
 	pods    map[string]*corev1.Pod // by name
 }
 
