@@ -9,8 +9,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/causeway-mesh/causeway/pkg/l7/h1"
@@ -20,18 +18,6 @@ import (
 // for, retries (by the rule's policy, within the request's deadline) on
 // other endpoints of the same identity, each with its backendRequest
 // timeout, and the bodies that release an attempt's resources.
-
-// upstreamTransport runs a request's attempts: the first on the endpoint
-// the request was authorized for, retries on others of the same identity.
-type upstreamTransport struct{ e *Engine }
-
-func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
-	if x == nil {
-		return nil, errors.New("l7: request without an exchange")
-	}
-	return x.roundTrip(req)
-}
 
 // roundTrip runs req's attempts (upstreamTransport).
 func (x *exchange) roundTrip(req *http.Request) (*http.Response, error) {
@@ -207,64 +193,3 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	}
 	return resp, nil
 }
-
-func discard(body io.ReadCloser) {
-	_, _ = io.CopyN(io.Discard, body, 64<<10)
-	_ = body.Close()
-}
-
-// attemptDone ends an attempt once: the endpoint's outstanding count drops
-// and the attempt's timer stops.
-type attemptDone struct {
-	ep     *endpoint
-	cancel context.CancelFunc
-	once   sync.Once
-}
-
-func (d *attemptDone) release() {
-	d.once.Do(func() {
-		d.ep.outstanding.Add(-1)
-		d.cancel()
-	})
-}
-
-// releaseBody ends an attempt when the response body is closed.
-type releaseBody struct {
-	io.ReadCloser
-	attemptDone
-}
-
-func (b *releaseBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.release()
-	return err
-}
-
-// releaseRWBody is releaseBody for an upgraded (101) connection, which the
-// proxy writes to as well.
-type releaseRWBody struct {
-	io.ReadWriteCloser
-	attemptDone
-}
-
-func (b *releaseRWBody) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.release()
-	return err
-}
-
-// trackedBody streams a request body that was not buffered, counting what
-// the upstream read: after a connect failure with nothing read, it can still
-// go to another endpoint. Closing is left to the server.
-type trackedBody struct {
-	r io.Reader
-	n atomic.Int64
-}
-
-func (b *trackedBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
-	b.n.Add(int64(n))
-	return n, err
-}
-
-func (b *trackedBody) Close() error { return nil }

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,73 +14,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
-
-// ServiceRef names a Service.
-type ServiceRef struct{ Namespace, Name string }
-
-func (s ServiceRef) String() string { return s.Namespace + "/" + s.Name }
-
-// IsZero reports whether s names no service.
-func (s ServiceRef) IsZero() bool { return s.Namespace == "" && s.Name == "" }
-
-// Protocol is how the waypoint parses a service port.
-type Protocol uint8
-
-const (
-	// ProtocolTCP is an opaque byte stream: not handled by this package.
-	ProtocolTCP Protocol = iota
-	// ProtocolHTTP is HTTP/1.1, with prior-knowledge HTTP/2 detected by its preface.
-	ProtocolHTTP
-	// ProtocolHTTP2 is cleartext HTTP/2 with prior knowledge.
-	ProtocolHTTP2
-	// ProtocolGRPC is gRPC: cleartext HTTP/2 with prior knowledge.
-	ProtocolGRPC
-)
-
-func (p Protocol) String() string {
-	switch p {
-	case ProtocolHTTP:
-		return "http"
-	case ProtocolHTTP2:
-		return "http2"
-	case ProtocolGRPC:
-		return "grpc"
-	}
-	return "tcp"
-}
-
-// ProtocolFor maps a Service port's appProtocol to how it is parsed (DESIGN
-// section 6): http, http2 or kubernetes.io/h2c, grpc; anything else is TCP.
-func ProtocolFor(appProtocol string) Protocol {
-	switch strings.ToLower(appProtocol) {
-	case "http":
-		return ProtocolHTTP
-	case "http2", "kubernetes.io/h2c":
-		return ProtocolHTTP2
-	case "grpc":
-		return ProtocolGRPC
-	}
-	return ProtocolTCP
-}
-
-// upstreamProto is the protocol spoken to a backend.
-type upstreamProto uint8
-
-const (
-	upstreamAuto upstreamProto = iota // unknown appProtocol: as the caller spoke
-	upstreamH1
-	upstreamH2
-)
-
-func upstreamFor(appProtocol string) upstreamProto {
-	switch ProtocolFor(appProtocol) {
-	case ProtocolHTTP:
-		return upstreamH1
-	case ProtocolHTTP2, ProtocolGRPC:
-		return upstreamH2
-	}
-	return upstreamAuto
-}
 
 // Config is compiled routing state: route tables per (service, port) and
 // per (service, port, consumer namespace), the services' endpoints and the
@@ -97,11 +29,6 @@ type Config struct {
 	// (GEP-1294 consumer routes): they apply to callers from that namespace only.
 	consumers map[consumerKey]*routeTable
 	problems  []string
-}
-
-type tableKey struct {
-	svc  ServiceRef
-	port uint32
 }
 
 // consumerKey names the consumer routes of namespace ns for a service port.
@@ -128,21 +55,6 @@ type serviceInfo struct {
 	svc     *meshv1.Service
 	ports   map[uint32]*meshv1.ServicePort
 	targets map[uint32][]Target // service port -> endpoints serving it
-}
-
-// Target is one endpoint the waypoint sends requests to.
-type Target struct {
-	// Address is the endpoint's pod IP and the port on it (the service's
-	// target port for this endpoint).
-	Address netip.AddrPort
-	// Identity is the identity the endpoint's workload must prove (the SAN
-	// to verify); zero when its workload is unknown.
-	Identity trust.Identity
-	// Workload is the endpoint's workload, nil when unknown.
-	Workload *meshv1.Workload
-	// Service is the service the endpoint was selected for (zero for a
-	// workload-addressed destination).
-	Service ServiceRef
 }
 
 // routeMeta is what precedence and logs need from an HTTPRoute or GRPCRoute.

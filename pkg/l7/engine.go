@@ -31,8 +31,6 @@ package l7
 
 import (
 	"context"
-	"errors"
-	"log"
 	"net/http/httputil"
 	"net/netip"
 	"sync"
@@ -152,50 +150,6 @@ type Engine struct {
 type snapshot struct {
 	cfg *Config
 	eps map[tableKey][]*endpoint
-}
-
-// NewEngine creates an engine with no configuration: until the first Update
-// every request gets 503.
-func NewEngine(opts Options) (*Engine, error) {
-	if opts.Dialer == nil {
-		return nil, errors.New("l7: Options.Dialer is required")
-	}
-	if opts.Authorizer == nil {
-		return nil, errors.New("l7: Options.Authorizer is required (AllowAll() to run without policy)")
-	}
-	opts.defaults()
-	m, err := newMetrics(opts.Registerer)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	e := &Engine{
-		opts:      opts,
-		log:       opts.Logger.Named("l7"),
-		metrics:   m,
-		pools:     newPools(opts.Dialer, opts.UpstreamIdleTimeout, opts.EjectionTime, int64(opts.MaxHeaderBytes)),
-		ctx:       ctx,
-		cancel:    cancel,
-		mirrorSem: make(chan struct{}, opts.MaxMirrorsInFlight),
-	}
-	e.h2 = &http2.Server{
-		MaxConcurrentStreams:         opts.MaxConcurrentStreams,
-		IdleTimeout:                  opts.IdleTimeout,
-		ReadIdleTimeout:              30 * time.Second,
-		PingTimeout:                  15 * time.Second,
-		WriteByteTimeout:             30 * time.Second,
-		MaxUploadBufferPerStream:     4 << 20,
-		MaxUploadBufferPerConnection: 16 << 20,
-	}
-	e.proxy = &httputil.ReverseProxy{
-		Rewrite:        e.rewrite,
-		Transport:      upstreamTransport{e},
-		ModifyResponse: e.modifyResponse,
-		ErrorHandler:   e.proxyError,
-		BufferPool:     bufferPool{},
-		ErrorLog:       log.New(zapWriter{e.log}, "", 0),
-	}
-	return e, nil
 }
 
 // Update installs a new configuration. Requests already routed finish on the

@@ -5,12 +5,9 @@ import (
 	"io"
 	"maps"
 	"net/http"
-	"net/http/httptrace"
-	"net/textproto"
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 
 	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
@@ -128,26 +125,6 @@ var teTrailers = []string{"trailers"}
 // (Go would send its own).
 var noUserAgent = []string{""}
 
-// Got1xx (h1.Interim) passes an informational response on to the caller, until the
-// final response has arrived.
-func (x *exchange) Got1xx(code int, hdr textproto.MIMEHeader) error {
-	if code == http.StatusContinue {
-		// The caller's server sent its own when the body was first read
-		// (Expect is not forwarded): one 100 Continue per request.
-		return nil
-	}
-	x.interim.Lock()
-	defer x.interim.Unlock()
-	if x.interimDone {
-		return nil
-	}
-	h := x.interimTo.Header()
-	maps.Copy(h, http.Header(hdr))
-	x.interimTo.WriteHeader(code)
-	clear(h) // a 1xx's headers are not the final response's
-	return nil
-}
-
 // copyBody copies the response body to w, flushing after each read when
 // flush is set (the response is a stream: no length, or server-sent
 // events).
@@ -183,16 +160,6 @@ func isEventStream(h http.Header) bool { return isEventStreamType(h.Get("Content
 func isEventStreamType(contentType string) bool {
 	ct, _, _ := strings.Cut(contentType, ";")
 	return strings.EqualFold(strings.TrimSpace(ct), "text/event-stream")
-}
-
-// isForwarding reports whether the canonical header name k is one of the
-// forwarding headers the waypoint sets itself (setForwarding).
-func isForwarding(k string) bool {
-	switch k {
-	case "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
-		return true
-	}
-	return false
 }
 
 // setUpstreamHeaders adds the waypoint's headers to l, the upstream fields
@@ -233,10 +200,17 @@ func upgradeRequested(h http.Header) bool {
 	return httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") && h.Get("Upgrade") != ""
 }
 
-// interimState is what Got1xx needs: set per request in outgoing.
-type interimState struct {
-	interim     sync.Mutex
-	interimDone bool
-	interimTo   *responseRecorder
-	trace       httptrace.ClientTrace
+// applyResponseHeaders applies ResponseHeaderModifiers, then CORS and
+// policy headers, to a response's headers.
+func (x *exchange) applyResponseHeaders(h http.Header) {
+	for _, m := range x.respMods {
+		m.apply(h)
+	}
+	for k, vs := range x.respHeaders {
+		if k == "Vary" {
+			h[k] = append(h[k], vs...)
+			continue
+		}
+		h[k] = vs
+	}
 }

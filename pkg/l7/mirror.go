@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net/http"
-	"net/url"
 
 	"go.uber.org/zap"
 
@@ -12,15 +11,6 @@ import (
 )
 
 // Request mirrors (RequestMirror filters): fire and forget, bounded.
-
-// mirrorShot is a request as it stood when a RequestMirror filter ran.
-type mirrorShot struct {
-	backend *backend
-	method  string
-	url     url.URL
-	host    string
-	header  http.Header
-}
 
 func (x *exchange) mirrorShot(b *backend) mirrorShot {
 	return mirrorShot{backend: b, method: x.out.Method, url: *x.out.URL, host: x.out.Host, header: x.out.Header.Clone()}

@@ -8,10 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httputil"
-	"net/netip"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,133 +15,6 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 )
-
-// SourcePrincipalHeader carries the caller's authenticated identity to the
-// destination. The waypoint removes it from every incoming request and sets
-// it only from the tunnel's authenticated peer, so the destination can trust
-// it because it arrived from the waypoint.
-const SourcePrincipalHeader = "X-Causeway-Source-Principal"
-
-// identityHeaders are request headers that claim a client identity. They are
-// removed from every request before routing and authorization: an identity
-// comes from the tunnel's certificate and nothing else. Headers with the
-// X-Causeway- prefix are reserved for the mesh and removed as well.
-var identityHeaders = map[string]bool{
-	"X-Forwarded-Client-Cert":  true, // Envoy XFCC
-	"Client-Cert":              true, // RFC 9440
-	"Client-Cert-Chain":        true, // RFC 9440
-	"X-Client-Cert":            true,
-	"X-Ssl-Client-Cert":        true,
-	"Ssl-Client-Cert":          true,
-	"X-Ssl-Client-Dn":          true,
-	"X-Ssl-Client-Verify":      true,
-	"X-Envoy-Peer-Metadata":    true,
-	"X-Envoy-Peer-Metadata-Id": true,
-	"X-Istio-Attributes":       true,
-}
-
-const reservedPrefix = "X-Causeway-"
-
-// sanitizeIdentity removes identity claims from a header map: the identity
-// headers, the mesh's reserved ones, and any name that reads as one of
-// those, or as a forwarding or framing field, once its '_' are taken for
-// '-'. Upstreams that fold '_' into '-' (CGI, WSGI and Rack environments
-// make both HTTP_X_...) would take such a field for the real one, which
-// the waypoint sets or strips. Other names with '_' pass, as with Envoy's
-// default headers_with_underscores_action.
-func sanitizeIdentity(h http.Header) {
-	for k := range h {
-		if claimsIdentity(k) {
-			delete(h, k)
-		}
-	}
-}
-
-// claimsIdentity reports whether the canonical header name k is one
-// sanitizeIdentity removes.
-func claimsIdentity(k string) bool {
-	if identityHeaders[k] || strings.HasPrefix(k, reservedPrefix) {
-		return true
-	}
-	if strings.IndexByte(k, '_') < 0 {
-		return false
-	}
-	d := http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))
-	return identityHeaders[d] || strings.HasPrefix(d, reservedPrefix) || isForwarding(d) || h1.IsHopByHop(d) ||
-		d == "Content-Length" || d == "Host"
-}
-
-// exchange is one request's journey through the engine.
-type exchange struct {
-	e     *Engine
-	info  *tunnel
-	snap  *snapshot
-	start time.Time
-	ctx   context.Context // the request's, with its timeout
-	orig  *http.Request   // as received, sanitized and normalized: what policy sees
-	// out is what goes upstream, filters applied. It shares orig's header
-	// map and URL until a filter changes them (ownOut): the proxy copies
-	// the request it sends anyway.
-	out      *http.Request
-	outReq   http.Request // what out points to: one allocation with the exchange
-	outOwned bool
-	view     *reqView // &viewData once made
-	viewData reqView
-	path     string // out's escaped path
-	escPath  string // orig.URL.EscapedPath() when known, else ""
-
-	rule      *rule
-	backend   *backend
-	endpoints []*endpoint
-	first     *endpoint
-	proto     upstreamProto
-	authz     AuthzRequest // what the Authorizer is asked
-	// try1 holds the first attempt's request, URL and body wrapper, made
-	// with the exchange; a retry makes its own (the first attempt's may
-	// still be referenced).
-	try1 struct {
-		used bool
-		req  http.Request
-		url  url.URL
-		body releaseBody
-	}
-
-	in       *countingBody
-	body     []byte // buffered body (all of it when bodyDone)
-	bodyDone bool
-	stream   *trackedBody // the unbuffered rest, when !bodyDone
-
-	deadline    time.Time // request timeout; zero: none
-	respMods    []*headerMod
-	respHeaders http.Header // CORS and policy headers for the response
-	// wantRaw: forward can pass a response's fields on as they came
-	// (nothing changes them), so the inline transport leaves them in raw.
-	wantRaw bool
-	raw     h1.RawFields
-	// up is the upstream request's header (outgoing), in upFields while it
-	// fits; inlineUp: the inline transport sends it, from up.
-	up       h1.Fields
-	upFields [8]h1.Field
-	inlineUp bool
-	// An allow's request header changes, applied to the proxy's copy of
-	// the request (rewrite).
-	policyRemove []string
-	policySet    http.Header
-	mirrors      []mirrorShot
-	interimState
-
-	rw  responseRecorder // the caller's writer
-	rec record
-}
-
-func (x *exchange) bytesIn() int64 {
-	if x.in == nil {
-		return 0
-	}
-	return x.in.n.Load()
-}
-
-type exchangeKey struct{}
 
 // serveHTTP handles one request on a tunnel.
 func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel) {
@@ -325,14 +194,6 @@ func (x *exchange) answerPreflight(w *responseRecorder) bool {
 	return false
 }
 
-// origPath is the request's escaped path as received (normalized).
-func (x *exchange) origPath() string {
-	if x.escPath != "" {
-		return x.escPath
-	}
-	return x.orig.URL.EscapedPath()
-}
-
 // workloadRule serves a workload-addressed destination: no routes, the
 // workload itself.
 var workloadRule = &rule{retry: defaultRetry}
@@ -483,21 +344,6 @@ func (x *exchange) addResponseHeaders(h http.Header, set bool) {
 	}
 }
 
-// applyResponseHeaders applies ResponseHeaderModifiers, then CORS and
-// policy headers, to a response's headers.
-func (x *exchange) applyResponseHeaders(h http.Header) {
-	for _, m := range x.respMods {
-		m.apply(h)
-	}
-	for k, vs := range x.respHeaders {
-		if k == "Vary" {
-			h[k] = append(h[k], vs...)
-			continue
-		}
-		h[k] = vs
-	}
-}
-
 // readBody buffers the request body for authorization and retries, within
 // the limit and the request timeout. gRPC bodies are streams: they are never
 // waited for.
@@ -603,97 +449,4 @@ func (e *Engine) decide(ctx context.Context, req *AuthzRequest) (d Decision) {
 		}
 	}()
 	return e.opts.Authorizer.Authorize(ctx, req)
-}
-
-// setForwarding adds the caller's address to X-Forwarded-For and Forwarded
-// (after what earlier proxies wrote: that part is informational only), and
-// passes X-Forwarded-Host and -Proto on from in.
-func setForwarding(out *h1.Fields, in http.Header, t *tunnel) {
-	if prior := in.Values("X-Forwarded-For"); len(prior) > 0 {
-		out.Set("X-Forwarded-For", []string{strings.Join(prior, ", ") + ", " + t.forwardedFor})
-	} else {
-		out.Set("X-Forwarded-For", t.xffValues)
-	}
-	if prior := in.Values("Forwarded"); len(prior) > 0 {
-		out.Set("Forwarded", []string{strings.Join(prior, ", ") + ", " + t.forwarded})
-	} else {
-		out.Set("Forwarded", t.forwardValues)
-	}
-	for _, k := range []string{"X-Forwarded-Host", "X-Forwarded-Proto"} {
-		if v, ok := in[k]; ok {
-			out.Set(k, v)
-		}
-	}
-}
-
-// setIdentity sets the identity header from the tunnel's peer, or removes
-// it. Route filters and policy headers were applied after the request was
-// sanitized: identity claims must not survive them either.
-func setIdentity(l *h1.Fields, t *tunnel) {
-	l.DeleteFunc(claimsIdentity)
-	if t.identityValues != nil {
-		l.Set(SourcePrincipalHeader, t.identityValues)
-	}
-}
-
-// applyPolicyHeaders applies an allow's request header changes, last, as
-// Envoy applies ext_authz's after its own forwarding headers. Hop-by-hop
-// names are skipped: they describe the upstream connection, which is the
-// proxy's. The values are shared, not copied (h1.Fields).
-func applyPolicyHeaders(l *h1.Fields, remove []string, set http.Header) {
-	for _, k := range remove {
-		l.Del(http.CanonicalHeaderKey(k))
-	}
-	for k, vs := range set {
-		k = http.CanonicalHeaderKey(k)
-		if !h1.IsHopByHop(k) {
-			l.Set(k, vs)
-		}
-	}
-}
-
-// forwardedElement is the caller's Forwarded (RFC 7239) element.
-func forwardedElement(a netip.AddrPort) string {
-	if a.Addr().Unmap().Is6() {
-		return `for="[` + a.Addr().String() + "]:" + strconv.Itoa(int(a.Port())) + `"`
-	}
-	return `for="` + a.Addr().Unmap().String() + ":" + strconv.Itoa(int(a.Port())) + `"`
-}
-
-// rewrite is the ReverseProxy's request hook (upgrades). The request it
-// receives is already the outgoing one, a copy; the proxy has stripped
-// hop-by-hop and forwarding headers from it.
-func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
-	x, _ := pr.In.Context().Value(exchangeKey{}).(*exchange)
-	if x == nil {
-		return
-	}
-	l := h1.FieldsOf(pr.Out.Header)
-	x.setUpstreamHeaders(&l, pr.In.Header)
-	pr.Out.Header = l.Header()
-}
-
-func (e *Engine) modifyResponse(resp *http.Response) error {
-	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	if x != nil {
-		x.applyResponseHeaders(resp.Header)
-	}
-	return nil
-}
-
-// upstreamBase appends to l the fields of in that an upstream request
-// carries on: not hop-by-hop, not named by in's Connection header, not the
-// forwarding headers the waypoint sets itself, not Expect (the caller's
-// server answers 100-continue itself when the body is read, as Envoy does;
-// the upstream gets the body without having to ask for it).
-func upstreamBase(in http.Header, l h1.Fields) h1.Fields {
-	for k, vv := range in {
-		if !h1.IsHopByHop(k) && !isForwarding(k) && k != "Expect" {
-			l = append(l, h1.Field{Name: k, Values: vv})
-		}
-	}
-	for k := range h1.ConnectionOptions(in["Connection"]) {
-		l.Del(k)
-	}
-	return l
 }

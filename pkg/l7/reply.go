@@ -28,17 +28,6 @@ func (e *proxyErr) Error() string {
 
 func (e *proxyErr) Unwrap() error { return e.err }
 
-// proxyError is the ReverseProxy's error hook (upgrades).
-func (e *Engine) proxyError(w http.ResponseWriter, r *http.Request, err error) {
-	x, _ := r.Context().Value(exchangeKey{}).(*exchange)
-	rw, _ := w.(*responseRecorder)
-	if x == nil || rw == nil {
-		w.WriteHeader(http.StatusBadGateway)
-		return
-	}
-	x.upstreamFailed(rw, err)
-}
-
 // upstreamFailed answers a request whose upstream exchange failed.
 func (x *exchange) upstreamFailed(rw *responseRecorder, err error) {
 	var pe *proxyErr

@@ -9,86 +9,13 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/netip"
-	"sync"
+	"net/http/httputil"
 	"time"
-
-	"go.uber.org/zap"
 
 	"golang.org/x/net/http2"
 
 	"github.com/causeway-mesh/causeway/pkg/l7/h1"
-	"github.com/causeway-mesh/causeway/pkg/trust"
 )
-
-// ConnInfo describes a tunnel the waypoint terminated.
-type ConnInfo struct {
-	// Peer is the tunnel's peer (from trust.PeerFromTLS): authenticated, or
-	// not, for a TLS-only tunnel. Nothing in the traffic can change it.
-	Peer trust.Peer
-	// Source is the caller's address.
-	Source netip.AddrPort
-	// Destination is the address the caller addressed (the CONNECT
-	// :authority): a service VIP:port, or a workload IP:port.
-	Destination netip.AddrPort
-	// Service is the destination service; zero for a workload-addressed
-	// destination, which is then served without routes.
-	Service ServiceRef
-	// Port is the service port addressed (default: Destination's port).
-	Port uint32
-	// Protocol is the port's protocol, from its appProtocol (ProtocolFor).
-	Protocol Protocol
-}
-
-// tunnel is a served tunnel's ConnInfo with the strings every request's
-// log line, metrics and headers use, made once per tunnel.
-type tunnel struct {
-	ConnInfo
-	source    string // Source
-	principal string // Peer: the identity or "unauthenticated"
-	service   string // "{namespace}/{name}", or Destination for a workload
-	// forwardedFor and forwarded are what the caller adds to
-	// X-Forwarded-For and Forwarded; the header values of a request that
-	// had none, and the identity header's, are made once per tunnel and
-	// shared by its requests (an upstream header value is never changed in
-	// place).
-	forwardedFor, forwarded  string
-	xffValues, forwardValues []string
-	identityValues           []string // nil: unauthenticated
-	// callerNS is the namespace of the authenticated caller's identity
-	// ("" when unauthenticated): it selects consumer routes.
-	callerNS string
-
-	// accessLog is the engine's access logger with the tunnel's fields
-	// (source, identity, destination, service) encoded once, not per
-	// request.
-	accessLog *zap.Logger
-
-	// mu guards metrics: HTTP/2 streams finish concurrently. The map holds
-	// the label sets this tunnel's requests used; it goes with the tunnel.
-	mu      sync.Mutex
-	metrics map[metricsKey]labelled
-	last    metricsKey // the key of the previous request's label set, held in lastSet
-	lastSet labelled
-}
-
-func newTunnel(info ConnInfo, log *zap.Logger) *tunnel {
-	t := &tunnel{ConnInfo: info, source: info.Source.String(), principal: info.Peer.String(),
-		forwardedFor: info.Source.Addr().Unmap().String(), forwarded: forwardedElement(info.Source)}
-	destination := info.Destination.String()
-	t.xffValues, t.forwardValues = []string{t.forwardedFor}, []string{t.forwarded}
-	if id, ok := info.Peer.Identity(); ok {
-		t.identityValues = []string{id.String()}
-		t.callerNS = id.Namespace()
-	}
-	t.service = info.Service.String()
-	if info.Service.IsZero() {
-		t.service = destination
-	}
-	t.accessLog = log.With(zap.String("source", t.source), zap.String("identity", t.principal),
-		zap.String("destination", destination), zap.String("service", t.service))
-	return t
-}
 
 // h2Preface is what an HTTP/2 client with prior knowledge sends first.
 const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -192,4 +119,48 @@ func sniffPreface(c net.Conn) ([]byte, bool, error) {
 		}
 	}
 	return buf, true, nil
+}
+
+// NewEngine creates an engine with no configuration: until the first Update
+// every request gets 503.
+func NewEngine(opts Options) (*Engine, error) {
+	if opts.Dialer == nil {
+		return nil, errors.New("l7: Options.Dialer is required")
+	}
+	if opts.Authorizer == nil {
+		return nil, errors.New("l7: Options.Authorizer is required (AllowAll() to run without policy)")
+	}
+	opts.defaults()
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &Engine{
+		opts:      opts,
+		log:       opts.Logger.Named("l7"),
+		metrics:   m,
+		pools:     newPools(opts.Dialer, opts.UpstreamIdleTimeout, opts.EjectionTime, int64(opts.MaxHeaderBytes)),
+		ctx:       ctx,
+		cancel:    cancel,
+		mirrorSem: make(chan struct{}, opts.MaxMirrorsInFlight),
+	}
+	e.h2 = &http2.Server{
+		MaxConcurrentStreams:         opts.MaxConcurrentStreams,
+		IdleTimeout:                  opts.IdleTimeout,
+		ReadIdleTimeout:              30 * time.Second,
+		PingTimeout:                  15 * time.Second,
+		WriteByteTimeout:             30 * time.Second,
+		MaxUploadBufferPerStream:     4 << 20,
+		MaxUploadBufferPerConnection: 16 << 20,
+	}
+	e.proxy = &httputil.ReverseProxy{
+		Rewrite:        e.rewrite,
+		Transport:      upstreamTransport{e},
+		ModifyResponse: e.modifyResponse,
+		ErrorHandler:   e.proxyError,
+		BufferPool:     bufferPool{},
+		ErrorLog:       log.New(zapWriter{e.log}, "", 0),
+	}
+	return e, nil
 }
