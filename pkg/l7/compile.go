@@ -2,6 +2,7 @@ package l7
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -566,6 +567,74 @@ func (c *Config) resolveBackend(ref *meshv1.BackendRef, routeNS string) *backend
 		}
 	}
 	return b
+}
+
+// compileFilters compiles a rule's (or a backendRef's) filters. Any filter
+// that cannot be carried out exactly as written makes the error, and the
+// caller answers the rule's requests with 500 rather than skip it.
+func (c *Config) compileFilters(fs []*meshv1.HTTPRouteFilter, ru *rule, meta *routeMeta, grpc bool) ([]filter, error) {
+	out := make([]filter, 0, len(fs))
+	seen := map[filterKind]bool{}
+	for _, f := range fs {
+		var cf filter
+		var err error
+		switch {
+		case f.GetRequestHeaderModifier() != nil:
+			cf.kind = filterRequestHeaders
+			cf.headers, err = compileHeaderMod(f.GetRequestHeaderModifier())
+		case f.GetResponseHeaderModifier() != nil:
+			cf.kind = filterResponseHeaders
+			cf.headers, err = compileHeaderMod(f.GetResponseHeaderModifier())
+		case f.GetRequestRedirect() != nil:
+			cf.kind = filterRedirect
+			cf.redirect, err = compileRedirect(f.GetRequestRedirect(), ru)
+		case f.GetUrlRewrite() != nil:
+			cf.kind = filterRewrite
+			cf.rewrite, err = compileRewrite(f.GetUrlRewrite(), ru)
+		case f.GetRequestMirror() != nil:
+			cf.kind = filterMirror
+			cf.mirror, err = c.compileMirror(f.GetRequestMirror(), meta)
+		case f.GetCors() != nil:
+			cf.kind = filterCORS
+			cf.cors, err = compileCORS(f.GetCors())
+		default:
+			return nil, errors.New("unsupported filter")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s filter: %w", cf.kind, err)
+		}
+		if grpc && cf.kind != filterRequestHeaders && cf.kind != filterResponseHeaders && cf.kind != filterMirror {
+			return nil, fmt.Errorf("%s filter is not supported on a GRPCRoute", cf.kind)
+		}
+		if seen[cf.kind] && cf.kind != filterMirror {
+			return nil, fmt.Errorf("%s filter repeated", cf.kind)
+		}
+		seen[cf.kind] = true
+		out = append(out, cf)
+	}
+	if seen[filterRedirect] && seen[filterRewrite] {
+		return nil, errors.New("RequestRedirect and URLRewrite filters cannot be combined")
+	}
+	return out, nil
+}
+
+func (c *Config) compileMirror(m *meshv1.RequestMirror, meta *routeMeta) (*mirrorSpec, error) {
+	if m.GetBackend() == nil {
+		return nil, errors.New("no backend")
+	}
+	s := &mirrorSpec{backend: c.resolveBackend(m.GetBackend(), meta.namespace), percent: 100}
+	if m.Percent != nil {
+		if p := m.GetPercent(); p >= 0 && p <= 100 {
+			s.percent = p
+		} else {
+			return nil, fmt.Errorf("percent %v out of range", p)
+		}
+	}
+	if s.backend.invalid != "" {
+		// The spec drops an unresolvable mirror; the rule itself still works.
+		c.problem("%s %s: mirror %s: %s; not mirrored", meta.kind, meta, s.backend, s.backend.invalid)
+	}
+	return s, nil
 }
 
 // implicitRule sends a service port's traffic to the service's own endpoints
