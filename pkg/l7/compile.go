@@ -108,18 +108,13 @@ func (r *rule) routeName() string {
 	return r.route.String()
 }
 
-// backend is one backendRef of a rule (or a mirror's destination).
+// backend is one backendRef of a rule: its destination, its share of the
+// rule's requests and its own filters.
 type backend struct {
-	svc     ServiceRef
-	port    uint32
-	name    string // "{namespace}/{name}:{port}", for logs
+	backendDest
 	weight  uint32
-	invalid string
 	filters []filter
-	proto   upstreamProto
 }
-
-func (b *backend) String() string { return b.name }
 
 // retryPolicy says when a failed attempt is tried again.
 type retryPolicy struct {
@@ -528,8 +523,7 @@ func (c *Config) compileRuleAction(ru *rule, meta *routeMeta, filters []*meshv1.
 		ru.invalid = err.Error()
 	}
 	for _, hb := range backends {
-		b := c.resolveBackend(hb.GetBackend(), meta.namespace)
-		b.weight = hb.GetWeight()
+		b := &backend{backendDest: c.resolveBackend(hb.GetBackend(), meta.namespace), weight: hb.GetWeight()}
 		if b.filters, err = c.compileFilters(hb.GetFilters(), ru, meta, ru.grpc); err != nil && b.invalid == "" {
 			b.invalid = err.Error()
 		}
@@ -542,12 +536,12 @@ func (c *Config) compileRuleAction(ru *rule, meta *routeMeta, filters []*meshv1.
 }
 
 // resolveBackend resolves a backendRef against the known services.
-func (c *Config) resolveBackend(ref *meshv1.BackendRef, routeNS string) *backend {
+func (c *Config) resolveBackend(ref *meshv1.BackendRef, routeNS string) backendDest {
 	ns := ref.GetNamespace()
 	if ns == "" {
 		ns = routeNS
 	}
-	b := &backend{svc: ServiceRef{ns, ref.GetName()}, port: ref.GetPort(), invalid: ref.GetInvalidReason()}
+	b := backendDest{svc: ServiceRef{ns, ref.GetName()}, port: ref.GetPort(), invalid: ref.GetInvalidReason()}
 	b.name = fmt.Sprintf("%s:%d", b.svc, b.port)
 	if b.invalid != "" {
 		return b
@@ -587,10 +581,10 @@ func (c *Config) compileFilters(fs []*meshv1.HTTPRouteFilter, ru *rule, meta *ro
 			cf.headers, err = compileHeaderMod(f.GetResponseHeaderModifier())
 		case f.GetRequestRedirect() != nil:
 			cf.kind = filterRedirect
-			cf.redirect, err = compileRedirect(f.GetRequestRedirect(), ru)
+			cf.redirect, err = compileRedirect(f.GetRequestRedirect(), ru.hasPrefix)
 		case f.GetUrlRewrite() != nil:
 			cf.kind = filterRewrite
-			cf.rewrite, err = compileRewrite(f.GetUrlRewrite(), ru)
+			cf.rewrite, err = compileRewrite(f.GetUrlRewrite(), ru.hasPrefix)
 		case f.GetRequestMirror() != nil:
 			cf.kind = filterMirror
 			cf.mirror, err = c.compileMirror(f.GetRequestMirror(), meta)
@@ -622,7 +616,8 @@ func (c *Config) compileMirror(m *meshv1.RequestMirror, meta *routeMeta) (*mirro
 	if m.GetBackend() == nil {
 		return nil, errors.New("no backend")
 	}
-	s := &mirrorSpec{backend: c.resolveBackend(m.GetBackend(), meta.namespace), percent: 100}
+	ref := c.resolveBackend(m.GetBackend(), meta.namespace)
+	s := &mirrorSpec{backend: &ref, percent: 100}
 	if m.Percent != nil {
 		if p := m.GetPercent(); p >= 0 && p <= 100 {
 			s.percent = p
@@ -640,8 +635,7 @@ func (c *Config) compileMirror(m *meshv1.RequestMirror, meta *routeMeta) (*mirro
 // implicitRule sends a service port's traffic to the service's own endpoints
 // when no route is attached to it.
 func (c *Config) implicitRule(ref ServiceRef, port uint32) *rule {
-	b := c.resolveBackend(&meshv1.BackendRef{Namespace: ref.Namespace, Name: ref.Name, Port: port}, ref.Namespace)
-	b.weight = 1
+	b := &backend{backendDest: c.resolveBackend(&meshv1.BackendRef{Namespace: ref.Namespace, Name: ref.Name, Port: port}, ref.Namespace), weight: 1}
 	ru := &rule{backends: []*backend{b}, retry: defaultRetry}
 	ru.wrr = newWRR(ru.backends)
 	return ru

@@ -127,7 +127,7 @@ type interimState struct {
 
 // mirrorShot is a request as it stood when a RequestMirror filter ran.
 type mirrorShot struct {
-	backend *backend
+	backend *backendDest
 	method  string
 	url     url.URL
 	host    string

@@ -122,7 +122,9 @@ type pathMod struct {
 	value  string
 }
 
-func compilePathMod(p *meshv1.PathModifier, ru *rule) (*pathMod, error) {
+// hasPrefix: the rule has exactly one PathPrefix match (ReplacePrefixMatch
+// needs it).
+func compilePathMod(p *meshv1.PathModifier, hasPrefix bool) (*pathMod, error) {
 	if p == nil {
 		return nil, nil
 	}
@@ -133,7 +135,7 @@ func compilePathMod(p *meshv1.PathModifier, ru *rule) (*pathMod, error) {
 			v = "/" + v
 		}
 	case meshv1.PathModifier_REPLACE_PREFIX_MATCH:
-		if !ru.hasPrefix {
+		if !hasPrefix {
 			return nil, errors.New("ReplacePrefixMatch needs exactly one PathPrefix match in the rule")
 		}
 	default:
@@ -164,11 +166,11 @@ type hostPath struct {
 	path     *pathMod
 }
 
-func compileHostPath(hostname string, p *meshv1.PathModifier, ru *rule) (hostPath, error) {
+func compileHostPath(hostname string, p *meshv1.PathModifier, hasPrefix bool) (hostPath, error) {
 	if err := checkHostname(hostname); err != nil {
 		return hostPath{}, err
 	}
-	pm, err := compilePathMod(p, ru)
+	pm, err := compilePathMod(p, hasPrefix)
 	return hostPath{hostname: hostname, path: pm}, err
 }
 
@@ -179,7 +181,7 @@ type redirectSpec struct {
 	status int
 }
 
-func compileRedirect(r *meshv1.RequestRedirect, ru *rule) (*redirectSpec, error) {
+func compileRedirect(r *meshv1.RequestRedirect, hasPrefix bool) (*redirectSpec, error) {
 	s := &redirectSpec{scheme: strings.ToLower(r.GetScheme()), port: r.GetPort(), status: int(r.GetStatusCode())}
 	switch s.scheme {
 	case "", "http", "https":
@@ -197,7 +199,7 @@ func compileRedirect(r *meshv1.RequestRedirect, ru *rule) (*redirectSpec, error)
 		return nil, fmt.Errorf("port %d out of range", s.port)
 	}
 	var err error
-	if s.hostPath, err = compileHostPath(r.GetHostname(), r.GetPath(), ru); err != nil {
+	if s.hostPath, err = compileHostPath(r.GetHostname(), r.GetPath(), hasPrefix); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -264,8 +266,8 @@ func hostWithoutPort(h string) string {
 
 type rewriteSpec struct{ hostPath }
 
-func compileRewrite(r *meshv1.URLRewrite, ru *rule) (*rewriteSpec, error) {
-	hp, err := compileHostPath(r.GetHostname(), r.GetPath(), ru)
+func compileRewrite(r *meshv1.URLRewrite, hasPrefix bool) (*rewriteSpec, error) {
+	hp, err := compileHostPath(r.GetHostname(), r.GetPath(), hasPrefix)
 	if err != nil {
 		return nil, err
 	}
@@ -275,7 +277,7 @@ func compileRewrite(r *meshv1.URLRewrite, ru *rule) (*rewriteSpec, error) {
 // ---- mirror ----
 
 type mirrorSpec struct {
-	backend *backend
+	backend *backendDest
 	percent float64
 }
 

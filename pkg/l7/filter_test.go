@@ -172,7 +172,7 @@ func TestRequestRedirect(t *testing.T) {
 // (the service's) port.
 func TestRedirectListenerPort(t *testing.T) {
 	ru := &rule{hasPrefix: true, prefix: "/a"}
-	s, err := compileRedirect(&meshv1.RequestRedirect{Hostname: "example.org"}, ru)
+	s, err := compileRedirect(&meshv1.RequestRedirect{Hostname: "example.org"}, ru.hasPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

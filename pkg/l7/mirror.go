@@ -12,7 +12,7 @@ import (
 
 // Request mirrors (RequestMirror filters): fire and forget, bounded.
 
-func (x *exchange) mirrorShot(b *backend) mirrorShot {
+func (x *exchange) mirrorShot(b *backendDest) mirrorShot {
 	return mirrorShot{backend: b, method: x.out.Method, url: *x.out.URL, host: x.out.Host, header: x.out.Header.Clone()}
 }
 

@@ -207,7 +207,7 @@ func (x *exchange) selectRule() *localAnswer {
 			return &localAnswer{http.StatusServiceUnavailable, "unknown destination workload " + x.info.Destination.String()}
 		}
 		x.rule = workloadRule
-		x.backend = &backend{proto: upstreamFor(x.info.Protocol.String()), weight: 1}
+		x.backend = &backend{backendDest: backendDest{proto: upstreamFor(x.info.Protocol.String())}, weight: 1}
 		if x.info.Protocol == ProtocolHTTP {
 			x.backend.proto = upstreamAuto
 		}

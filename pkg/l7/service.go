@@ -83,6 +83,19 @@ type tableKey struct {
 	port uint32
 }
 
+// backendDest is what a backendRef resolves to: the service port it names
+// and the protocol spoken to it, or why it cannot be used (invalid). Rules'
+// backends and mirrors are made of it.
+type backendDest struct {
+	svc     ServiceRef
+	port    uint32
+	name    string // "{namespace}/{name}:{port}", for logs
+	invalid string
+	proto   upstreamProto
+}
+
+func (b *backendDest) String() string { return b.name }
+
 // Target is one endpoint the waypoint sends requests to.
 type Target struct {
 	// Address is the endpoint's pod IP and the port on it (the service's
