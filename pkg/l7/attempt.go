@@ -168,10 +168,10 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		if x.wantRaw {
 			raw = &x.raw
 		}
-		resp, err = ep.inlineH1(true).RoundTripFields(areq, x.up, raw, x)
+		resp, err = ep.inlineH1(true).RoundTripFields(areq, x.up, raw, &x.interimState)
 	} else {
 		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
-			x.trace.Got1xxResponse = x.Got1xx
+			x.trace.Got1xxResponse = x.interimState.Got1xx
 		}
 		resp, err = ep.roundTripper(x.proto, false).RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
 	}

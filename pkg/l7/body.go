@@ -11,6 +11,15 @@ import (
 // the unbuffered rest tracked) and upstream response bodies that end their
 // attempt when closed.
 
+// requestBody is the request body as the exchange holds it: buffered for
+// the policy, retries and mirrors (all of it when bodyDone), and the rest
+// streamed.
+type requestBody struct {
+	body     []byte
+	bodyDone bool
+	stream   *trackedBody // the unbuffered rest, when !bodyDone
+}
+
 // countingBody counts the request body bytes read from the client.
 type countingBody struct {
 	io.ReadCloser

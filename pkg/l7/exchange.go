@@ -17,7 +17,8 @@ import (
 // state is made of. The files above this one add the exchange's phases:
 // observe, reply, attempt, forward, mirror, and proxy, which runs them.
 
-// exchange is one request's journey through the engine.
+// exchange is one request's journey through the engine: one allocation
+// holding the request's state, grouped by the phase that fills it in.
 type exchange struct {
 	e     *Engine
 	info  *tunnel
@@ -25,23 +26,46 @@ type exchange struct {
 	start time.Time
 	ctx   context.Context // the request's, with its timeout
 	orig  *http.Request   // as received, sanitized and normalized: what policy sees
-	// out is what goes upstream, filters applied. It shares orig's header
-	// map and URL until a filter changes them (ownOut): the proxy copies
-	// the request it sends anyway.
-	out      *http.Request
-	outReq   http.Request // what out points to: one allocation with the exchange
-	outOwned bool
+	// deadline is the request timeout's; zero: none.
+	deadline time.Time
+	in       *countingBody
+	requestBody
 	view     *reqView // &viewData once made
 	viewData reqView
-	path     string // out's escaped path
 	escPath  string // orig.URL.EscapedPath() when known, else ""
 
+	// Routing (selectRule, chooseBackend) and the policy's question.
 	rule      *rule
 	backend   *backend
 	endpoints []*endpoint
 	first     *endpoint
 	proto     upstreamProto
 	authz     AuthzRequest // what the Authorizer is asked
+
+	// out is what goes upstream, filters applied. It shares orig's header
+	// map and URL until a filter changes them (ownOut): the proxy copies
+	// the request it sends anyway.
+	out      *http.Request
+	outReq   http.Request // what out points to: one allocation with the exchange
+	outOwned bool
+	path     string // out's escaped path
+	// An allow's request header changes, applied to the proxy's copy of
+	// the request (rewrite).
+	policyRemove []string
+	policySet    http.Header
+	mirrors      []mirrorShot
+	resp         responseChanges
+
+	// The upstream exchange (forward, attempt). up is the upstream
+	// request's header (outgoing), in upFields while it fits; inlineUp:
+	// the inline transport sends it, from up.
+	up       h1.Fields
+	upFields [8]h1.Field
+	inlineUp bool
+	// wantRaw: forward can pass a response's fields on as they came
+	// (nothing changes them), so the inline transport leaves them in raw.
+	wantRaw bool
+	raw     h1.RawFields
 	// try1 holds the first attempt's request, URL and body wrapper, made
 	// with the exchange; a retry makes its own (the first attempt's may
 	// still be referenced).
@@ -51,29 +75,6 @@ type exchange struct {
 		url  url.URL
 		body releaseBody
 	}
-
-	in       *countingBody
-	body     []byte // buffered body (all of it when bodyDone)
-	bodyDone bool
-	stream   *trackedBody // the unbuffered rest, when !bodyDone
-
-	deadline    time.Time // request timeout; zero: none
-	respMods    []*headerMod
-	respHeaders http.Header // CORS and policy headers for the response
-	// wantRaw: forward can pass a response's fields on as they came
-	// (nothing changes them), so the inline transport leaves them in raw.
-	wantRaw bool
-	raw     h1.RawFields
-	// up is the upstream request's header (outgoing), in upFields while it
-	// fits; inlineUp: the inline transport sends it, from up.
-	up       h1.Fields
-	upFields [8]h1.Field
-	inlineUp bool
-	// An allow's request header changes, applied to the proxy's copy of
-	// the request (rewrite).
-	policyRemove []string
-	policySet    http.Header
-	mirrors      []mirrorShot
 	interimState
 
 	rw  responseRecorder // the caller's writer
@@ -97,32 +98,32 @@ func (x *exchange) origPath() string {
 	return x.orig.URL.EscapedPath()
 }
 
-// Got1xx (h1.Interim) passes an informational response on to the caller, until the
-// final response has arrived.
-func (x *exchange) Got1xx(code int, hdr textproto.MIMEHeader) error {
-	if code == http.StatusContinue {
-		// The caller's server sent its own when the body was first read
-		// (Expect is not forwarded): one 100 Continue per request.
-		return nil
-	}
-	x.interim.Lock()
-	defer x.interim.Unlock()
-	if x.interimDone {
-		return nil
-	}
-	h := x.interimTo.Header()
-	maps.Copy(h, http.Header(hdr))
-	x.interimTo.WriteHeader(code)
-	clear(h) // a 1xx's headers are not the final response's
-	return nil
-}
-
 // interimState is what Got1xx needs: set per request in outgoing.
 type interimState struct {
 	interim     sync.Mutex
 	interimDone bool
 	interimTo   *responseRecorder
 	trace       httptrace.ClientTrace
+}
+
+// Got1xx (h1.Interim) passes an informational response on to the caller,
+// until the final response has arrived.
+func (s *interimState) Got1xx(code int, hdr textproto.MIMEHeader) error {
+	if code == http.StatusContinue {
+		// The caller's server sent its own when the body was first read
+		// (Expect is not forwarded): one 100 Continue per request.
+		return nil
+	}
+	s.interim.Lock()
+	defer s.interim.Unlock()
+	if s.interimDone {
+		return nil
+	}
+	h := s.interimTo.Header()
+	maps.Copy(h, http.Header(hdr))
+	s.interimTo.WriteHeader(code)
+	clear(h) // a 1xx's headers are not the final response's
+	return nil
 }
 
 // mirrorShot is a request as it stood when a RequestMirror filter ran.

@@ -24,7 +24,7 @@ import (
 // header copies and passes, and its per-request flush and trace setup.
 func (x *exchange) forward(w *responseRecorder) {
 	out := x.outgoing(w)
-	x.wantRaw = len(x.respMods) == 0 && len(x.respHeaders) == 0 && w.canWriteRaw()
+	x.wantRaw = x.resp.none() && w.canWriteRaw()
 	resp, err := x.roundTrip(out)
 	x.interim.Lock()
 	x.interimDone = true
@@ -50,7 +50,7 @@ func (x *exchange) forward(w *responseRecorder) {
 		return
 	}
 	h1.RemoveHopByHop(resp.Header)
-	x.applyResponseHeaders(resp.Header)
+	x.resp.apply(resp.Header)
 	h := w.takeHeader(resp.Header)
 	announced := len(resp.Trailer)
 	if announced > 0 {
@@ -198,19 +198,4 @@ func reencodeQuery(q string) string {
 // upgrade with an Upgrade protocol), which ReverseProxy serves.
 func upgradeRequested(h http.Header) bool {
 	return httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") && h.Get("Upgrade") != ""
-}
-
-// applyResponseHeaders applies ResponseHeaderModifiers, then CORS and
-// policy headers, to a response's headers.
-func (x *exchange) applyResponseHeaders(h http.Header) {
-	for _, m := range x.respMods {
-		m.apply(h)
-	}
-	for k, vs := range x.respHeaders {
-		if k == "Vary" {
-			h[k] = append(h[k], vs...)
-			continue
-		}
-		h[k] = vs
-	}
 }

@@ -139,3 +139,43 @@ func isForwarding(k string) bool {
 	}
 	return false
 }
+
+// responseChanges are what the waypoint changes in a response to the
+// caller: the route's ResponseHeaderModifiers, then CORS and policy
+// headers.
+type responseChanges struct {
+	mods    []*headerMod
+	headers http.Header // CORS and policy headers
+}
+
+func (c *responseChanges) none() bool { return len(c.mods) == 0 && len(c.headers) == 0 }
+
+// add adds h to the headers set on the response: replacing an earlier
+// value (set), or after it.
+func (c *responseChanges) add(h http.Header, set bool) {
+	if c.headers == nil {
+		c.headers = make(http.Header, len(h))
+	}
+	for k, vs := range h {
+		k = http.CanonicalHeaderKey(k)
+		if set {
+			c.headers[k] = append([]string(nil), vs...)
+		} else {
+			c.headers[k] = append(c.headers[k], vs...)
+		}
+	}
+}
+
+// apply applies the changes to a response's headers.
+func (c *responseChanges) apply(h http.Header) {
+	for _, m := range c.mods {
+		m.apply(h)
+	}
+	for k, vs := range c.headers {
+		if k == "Vary" {
+			h[k] = append(h[k], vs...)
+			continue
+		}
+		h[k] = vs
+	}
+}

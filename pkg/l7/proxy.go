@@ -231,7 +231,7 @@ func (x *exchange) selectRule() *localAnswer {
 func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 	for i := range fs {
 		if fs[i].kind == filterResponseHeaders {
-			x.respMods = append(x.respMods, fs[i].headers)
+			x.resp.mods = append(x.resp.mods, fs[i].headers)
 		}
 	}
 	for i := range fs {
@@ -262,7 +262,7 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 			x.rec.reason = "redirect"
 			h := w.Header()
 			h.Set("Location", loc)
-			x.applyResponseHeaders(h)
+			x.resp.apply(h)
 			w.WriteHeader(f.redirect.status)
 			return true
 		case filterMirror:
@@ -276,7 +276,7 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 				return true
 			}
 			if h := f.cors.responseHeaders(x.orig); h != nil {
-				x.addResponseHeaders(h, true)
+				x.resp.add(h, true)
 			}
 		}
 	}
@@ -328,20 +328,6 @@ func (x *exchange) ownOut() {
 	x.out.Header = x.out.Header.Clone()
 	u := *x.out.URL
 	x.out.URL = &u
-}
-
-func (x *exchange) addResponseHeaders(h http.Header, set bool) {
-	if x.respHeaders == nil {
-		x.respHeaders = make(http.Header, len(h))
-	}
-	for k, vs := range h {
-		k = http.CanonicalHeaderKey(k)
-		if set {
-			x.respHeaders[k] = append([]string(nil), vs...)
-		} else {
-			x.respHeaders[k] = append(x.respHeaders[k], vs...)
-		}
-	}
 }
 
 // readBody buffers the request body for authorization and retries, within
@@ -434,7 +420,7 @@ func (x *exchange) authorize(w *responseRecorder) bool {
 	x.rec.decision = "allow"
 	x.policyRemove, x.policySet = d.RequestHeadersToRemove, d.Headers
 	if len(d.ResponseHeadersToAdd) > 0 {
-		x.addResponseHeaders(d.ResponseHeadersToAdd, false)
+		x.resp.add(d.ResponseHeadersToAdd, false)
 	}
 	return true
 }

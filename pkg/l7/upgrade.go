@@ -39,7 +39,7 @@ func (e *Engine) rewrite(pr *httputil.ProxyRequest) {
 func (e *Engine) modifyResponse(resp *http.Response) error {
 	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	if x != nil {
-		x.applyResponseHeaders(resp.Header)
+		x.resp.apply(resp.Header)
 	}
 	return nil
 }
