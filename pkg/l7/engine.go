@@ -1,32 +1,3 @@
-// Package l7 is the waypoint's HTTP engine: it serves HTTP/1.1, HTTP/2 and
-// gRPC inside HBONE tunnels, routes with Gateway API HTTPRoute/GRPCRoute
-// semantics, applies filters, asks an Authorizer, balances over endpoints
-// (least outstanding requests, power of two choices) and forwards over
-// pooled HTTP connections through tunnels a Dialer opens.
-//
-// The waypoint compiles its xDS resources with Compile, installs the result
-// with Engine.Update (atomic; requests in flight finish on the configuration
-// they started with), and hands every accepted tunnel that carries an HTTP
-// port to Engine.ServeConn.
-//
-// Where Gateway API leaves behaviour to the implementation:
-//   - RegularExpression paths (RE2, whole path) rank with PathPrefix by
-//     length, after a prefix of equal length; Exact ranks first.
-//   - Routing, authorization and the upstream all see the request path in
-//     RFC 3986 normal form (dot segments removed, unreserved escapes decoded,
-//     %2F kept), so a path cannot be routed or authorized as something other
-//     than what the backend serves.
-//   - Without a retry stanza a connect failure (nothing sent) is retried once
-//     on another endpoint; with one, attempts default to 1, backoff to 25 ms
-//     (doubling, up to 10x, with jitter), codes to 500, 502, 503, 504; a retry
-//     that could not finish inside the request timeout is not started.
-//     Retries go only to endpoints with the identity the request was
-//     authorized for, and need a fully buffered body (or, after a connect
-//     failure, a streamed body none of which was sent yet).
-//   - Redirects, CORS preflights and local errors are answered without
-//     asking the Authorizer: they reach no workload.
-//   - Local replies to gRPC requests are gRPC statuses (trailers-only);
-//     logs and metrics record the HTTP status chosen.
 package l7
 
 import (
