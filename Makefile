@@ -37,6 +37,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run ./hack/filedeps -check pkg/l7
 
 # Regenerates the committed protobuf code with pinned generators.
 proto:
