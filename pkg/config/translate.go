@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -190,34 +191,27 @@ func (t *translator) report(object, msg string) {
 // collect indexes the objects, defaulting namespaces and refusing duplicates.
 func (t *translator) collect(objs []Object) {
 	for _, o := range objs {
-		var kind, ns, name string
-		switch v := o.Obj.(type) {
-		case *corev1.Namespace:
-			kind, name = "Namespace", v.Name
-		case *corev1.Pod:
-			kind, ns, name = "Pod", defaultNS(&v.Namespace), v.Name
-		case *corev1.Service:
-			kind, ns, name = "Service", defaultNS(&v.Namespace), v.Name
-		case *corev1.ServiceAccount:
-			kind, ns, name = "ServiceAccount", defaultNS(&v.Namespace), v.Name
-		case *discoveryv1.EndpointSlice:
-			kind, ns, name = "EndpointSlice", defaultNS(&v.Namespace), v.Name
-		case *gwv1.Gateway:
-			kind, ns, name = "Gateway", defaultNS(&v.Namespace), v.Name
-		case *gwv1.GatewayClass:
-			kind, name = "GatewayClass", v.Name
-		case *gwv1.HTTPRoute:
-			kind, ns, name = "HTTPRoute", defaultNS(&v.Namespace), v.Name
-		case *gwv1.GRPCRoute:
-			kind, ns, name = "GRPCRoute", defaultNS(&v.Namespace), v.Name
-		case *gwv1.ReferenceGrant:
-			kind, ns, name = "ReferenceGrant", defaultNS(&v.Namespace), v.Name
-		case *ConnectionPolicy:
-			kind, ns, name = "ConnectionPolicy", defaultNS(&v.Namespace), v.Name
+		var namespaced bool
+		switch o.Obj.(type) {
+		case *corev1.Namespace, *gwv1.GatewayClass:
+		case *corev1.Pod, *corev1.Service, *corev1.ServiceAccount, *discoveryv1.EndpointSlice,
+			*gwv1.Gateway, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *ConnectionPolicy:
+			namespaced = true
 		default:
 			t.fatalProblem(o.Origin, "", "unsupported object %T", o.Obj)
 			continue
 		}
+		// Every kind accepted is a Go type of the kind's name.
+		kind := reflect.TypeOf(o.Obj).Elem().Name()
+		meta := o.Obj.(metav1.Object)
+		var ns string
+		if namespaced {
+			if meta.GetNamespace() == "" {
+				meta.SetNamespace(corev1.NamespaceDefault)
+			}
+			ns = meta.GetNamespace()
+		}
+		name := meta.GetName()
 		key := kind + " " + name
 		if ns != "" {
 			key = kind + " " + ns + "/" + name
