@@ -23,7 +23,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/inpod"
 	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
-	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -66,15 +65,11 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	ctx, stop := bootstrap.SignalContext()
 	defer stop()
 
-	ca, err := common.CAClient(env)
+	certs, closeCA, err := common.Certificates(env, log)
 	if err != nil {
 		return err
 	}
-	defer ca.Close()
-	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log, Clock: env.Clock})
-	if err != nil {
-		return err
-	}
+	defer closeCA()
 	// Connection policies' decisions, in the waypoint's format; which are
 	// written is each policy set's decisionLog setting (default: denials).
 	decisions, err := policy.NewDecisionLogger(env.Log.Buffered("decisions", nodeField), policy.DecisionLogOptions{Mode: policy.LogDenials, Registerer: env.Metrics})

@@ -19,7 +19,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/l7"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
-	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/waypoint"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 )
@@ -119,15 +118,11 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	ca, err := o.common.CAClient(env)
+	certs, closeCA, err := o.common.Certificates(env, log)
 	if err != nil {
 		return err
 	}
-	defer ca.Close()
-	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log, Clock: env.Clock})
-	if err != nil {
-		return err
-	}
+	defer closeCA()
 	tcpIdle := o.idleTimeout
 	if tcpIdle == 0 {
 		tcpIdle = -1 // the option's "never"

@@ -21,6 +21,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
+	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 )
 
 // Flags are the options every proxy shares.
@@ -107,9 +108,20 @@ func (f *Flags) Setup() (*Env, error) {
 	return &Env{Log: log, Bundle: bundle, Token: caclient.TokenFromFile(f.TokenFile), ControlPlaneIdentity: cpID, Metrics: reg, Clock: clock}, nil
 }
 
-// CAClient connects to the control plane's CA.
-func (f *Flags) CAClient(env *Env) (*caclient.Client, error) {
-	return caclient.New(caclient.Options{Address: f.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token})
+// Certificates connects to the control plane's CA and returns the manager
+// that keeps the proxy's certificates from it, with the function that
+// closes the connection to the CA.
+func (f *Flags) Certificates(env *Env, log *zap.Logger) (*certmanager.Manager, func() error, error) {
+	ca, err := caclient.New(caclient.Options{Address: f.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token})
+	if err != nil {
+		return nil, nil, err
+	}
+	certs, err := certmanager.New(certmanager.Options{Fetcher: ca, Bundle: env.Bundle, Logger: log, Clock: env.Clock})
+	if err != nil {
+		ca.Close()
+		return nil, nil, err
+	}
+	return certs, ca.Close, nil
 }
 
 // Ops are what a component serves on its operator ports.
