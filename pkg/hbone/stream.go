@@ -82,6 +82,13 @@ func (st *stream) failLocked(err error) {
 	if !st.recvEOF {
 		st.c.returnConnWindowLocked(st.recv.release())
 	}
+	st.endedLocked()
+}
+
+// endedLocked wakes whatever waits on a stream that cannot go on (failed
+// or released): the response's waiter, the reader, the writer, the
+// stream's context and PeerDone's watchers.
+func (st *stream) endedLocked() {
 	st.closeRespLocked()
 	st.wakeReaderLocked()
 	notify(st.wsig)
@@ -485,13 +492,7 @@ func (st *stream) release() error {
 	}
 	st.released = true
 	c.returnConnWindowLocked(st.recv.release())
-	st.closeRespLocked()
-	st.wakeReaderLocked()
-	notify(st.wsig)
-	if st.cancel != nil {
-		st.cancel()
-	}
-	st.checkPeerDoneLocked()
+	st.endedLocked()
 	c.removeLocked(st)
 	c.mu.Unlock()
 	st.rdl.set(time.Time{})
