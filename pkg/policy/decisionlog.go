@@ -124,12 +124,8 @@ func NewDecisionLogger(log *zap.Logger, opts DecisionLogOptions) (*DecisionLogge
 		Name: "policy_decision_logs_written_total",
 		Help: "Decision log entries written.",
 	})
-	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{dropped, written} {
-			if err := register(opts.Registerer, c); err != nil {
-				return nil, err
-			}
-		}
+	if err := register(opts.Registerer, dropped, written); err != nil {
+		return nil, err
 	}
 	l := &DecisionLogger{
 		log:          log,

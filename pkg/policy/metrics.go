@@ -37,12 +37,8 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		Name: "policy_active_revision",
 		Help: "1 for the active policy's revision (a Git commit SHA, a bundle revision or a content hash).",
 	}, []string{"revision"})
-	if reg != nil {
-		for _, c := range []prometheus.Collector{decisions, loads, cache, readFailed, revision} {
-			if err := register(reg, c); err != nil {
-				return nil, err
-			}
-		}
+	if err := register(reg, decisions, loads, cache, readFailed, revision); err != nil {
+		return nil, err
 	}
 	return &engineMetrics{
 		allow:      decisions.WithLabelValues("allow"),
@@ -59,13 +55,20 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 	}, nil
 }
 
-func register(reg prometheus.Registerer, c prometheus.Collector) error {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			return fmt.Errorf("policy metrics: %w (one registry per engine)", err)
+// register registers cs with reg (nil: the metrics are kept but not
+// exported).
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return fmt.Errorf("policy metrics: %w (one registry per engine)", err)
+			}
+			return fmt.Errorf("policy metrics: %w", err)
 		}
-		return fmt.Errorf("policy metrics: %w", err)
 	}
 	return nil
 }
