@@ -15,6 +15,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/causeway-mesh/causeway/pkg/atomicfile"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
@@ -226,7 +227,7 @@ func writeSelfSignedCA(dir, trustDomain string) (lost bool, _ error) {
 	// link never replaces an existing file, so a concurrent generator loses
 	// at the first file and both end up loading the winner's material.
 	for i, name := range caFiles {
-		err := writeNewFile(dir, name, content[name])
+		err := atomicfile.Create(filepath.Join(dir, name), content[name], 0o600)
 		if errors.Is(err, fs.ErrExist) && i == 0 {
 			return true, nil
 		}
@@ -273,32 +274,6 @@ func SelfSignedCAFiles(trustDomain string) (map[string][]byte, error) {
 		CertChainFile: []byte(chain.String()),
 		RootCertFile:  []byte(roots.String()),
 	}, nil
-}
-
-// writeNewFile creates dir/name (mode 0600) with data, durably, failing with
-// fs.ErrExist if it already exists. Readers never see a partial file.
-func writeNewFile(dir, name string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Link(tmp.Name(), filepath.Join(dir, name))
 }
 
 func readBounded(path string) ([]byte, error) {

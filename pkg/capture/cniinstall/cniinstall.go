@@ -18,12 +18,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
+	"github.com/causeway-mesh/causeway/pkg/atomicfile"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
@@ -154,7 +153,7 @@ func (in *Installer) Write() (bool, error) {
 	if have, err := readlimit.File(ours, maxConf); err == nil && bytes.Equal(have, want) {
 		return false, nil
 	}
-	if err := writeAtomic(ours, bytes.NewReader(want), 0o644); err != nil {
+	if err := atomicfile.Replace(ours, bytes.NewReader(want), 0o644); err != nil {
 		return false, fmt.Errorf("cniinstall: %w", err)
 	}
 	return true, nil
@@ -181,36 +180,8 @@ func CopyBinary(src, dir string) error {
 		return fmt.Errorf("cniinstall: %w", err)
 	}
 	defer f.Close()
-	if err := writeAtomic(filepath.Join(dir, PluginType), f, 0o755); err != nil {
+	if err := atomicfile.Replace(filepath.Join(dir, PluginType), f, 0o755); err != nil {
 		return fmt.Errorf("cniinstall: %w", err)
 	}
 	return nil
-}
-
-// writeAtomic writes through a temporary file in the same directory,
-// renamed into place, so a reader never sees part of it. The temporary
-// name starts with a dot and has no configuration extension: runtimes
-// watching the directory ignore it.
-func writeAtomic(path string, r io.Reader, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))+"-*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, r); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
