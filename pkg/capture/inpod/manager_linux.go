@@ -23,6 +23,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
 	"github.com/causeway-mesh/causeway/pkg/capture/podns"
+	"github.com/causeway-mesh/causeway/pkg/capture/rules"
 )
 
 // Proxy is what takes the connections of captured pods.
@@ -80,18 +81,9 @@ type pod struct {
 
 // NewManager serves pods for proxy.
 func NewManager(proxy Proxy, o Options) *Manager {
-	if o.OutboundPort == 0 {
-		o.OutboundPort = capture.OutboundPort
-	}
-	if o.InboundPort == 0 {
-		o.InboundPort = capture.InboundPort
-	}
-	if o.HBONEPort == 0 {
-		o.HBONEPort = capture.HBONEPort
-	}
-	if o.Mark == 0 {
-		o.Mark = capture.ProxyMark
-	}
+	// The listeners take what the pod's rules redirect: the same defaults.
+	d := rules.Config{OutboundPort: o.OutboundPort, InboundPort: o.InboundPort, HBONEPort: o.HBONEPort, Mark: o.Mark}.Defaults()
+	o.OutboundPort, o.InboundPort, o.HBONEPort, o.Mark = d.OutboundPort, d.InboundPort, d.HBONEPort, d.Mark
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
