@@ -67,14 +67,9 @@ type Snapshot struct {
 	// fails closed as Translate describes and the rest is served.
 	Rejected []Problem
 
-	Workloads  map[string]*meshv1.Workload // by uid
-	Services   map[string]*meshv1.Service  // by "<namespace>/<name>"
-	Waypoints  map[string]*meshv1.Waypoint
-	HTTPRoutes map[string]*meshv1.HTTPRoute
-	GRPCRoutes map[string]*meshv1.GRPCRoute
-	// ConnectionPolicies by "<namespace>/<name>", without their policy
-	// files (AttachPolicy adds them).
-	ConnectionPolicies map[string]*meshv1.ConnectionPolicy
+	// Set holds the resources served; its ConnectionPolicies come
+	// without their policy files (AttachPolicy adds them).
+	meshv1.Set
 	// LocalApps are the applications local mode starts for pods (annotation
 	// causeway.dev/local-app), by workload uid. No proxy reads them.
 	LocalApps map[string]string
@@ -98,16 +93,9 @@ type Snapshot struct {
 
 func newSnapshot() *Snapshot {
 	return &Snapshot{
-		Workloads:  map[string]*meshv1.Workload{},
-		Services:   map[string]*meshv1.Service{},
-		Waypoints:  map[string]*meshv1.Waypoint{},
-		HTTPRoutes: map[string]*meshv1.HTTPRoute{},
-		GRPCRoutes: map[string]*meshv1.GRPCRoute{},
-
-		ConnectionPolicies: map[string]*meshv1.ConnectionPolicy{},
+		Set:                meshv1.NewSet(),
 		LocalApps:          map[string]string{},
 		nodeIdentities:     map[string]map[string]struct{}{},
-
 		waypointIdentities: map[string]string{},
 	}
 }
@@ -116,19 +104,8 @@ func newSnapshot() *Snapshot {
 // the shape the xDS server takes.
 func (s *Snapshot) Resources() map[string]map[string]proto.Message {
 	out := make(map[string]map[string]proto.Message, len(meshv1.TypeURLs))
-	out[meshv1.WorkloadTypeURL] = asMessages(s.Workloads)
-	out[meshv1.ServiceTypeURL] = asMessages(s.Services)
-	out[meshv1.WaypointTypeURL] = asMessages(s.Waypoints)
-	out[meshv1.HTTPRouteTypeURL] = asMessages(s.HTTPRoutes)
-	out[meshv1.GRPCRouteTypeURL] = asMessages(s.GRPCRoutes)
-	out[meshv1.ConnectionPolicyTypeURL] = asMessages(s.ConnectionPolicies)
-	return out
-}
-
-func asMessages[M proto.Message](in map[string]M) map[string]proto.Message {
-	out := make(map[string]proto.Message, len(in))
-	for k, v := range in {
-		out[k] = v
+	for _, t := range meshv1.TypeURLs {
+		out[t] = s.Messages(t)
 	}
 	return out
 }

@@ -89,7 +89,7 @@ func TestUpstreamIdentityIsTheEndpointDialled(t *testing.T) {
 		}
 		return s
 	}
-	f.w.Update(&xds.State{
+	f.w.Update(&xds.State{Set: meshv1.Set{
 		Workloads: map[string]*meshv1.Workload{"shop/up": wl("up", podUp, upID), "shop/down": wl("down", podDown, downID), "shop/tcp": wl("tcp", "127.0.173.5", upID)},
 		Services: map[string]*meshv1.Service{
 			"shop/web":  svc("web", "127.0.74.1", "http", "up"),
@@ -97,7 +97,7 @@ func TestUpstreamIdentityIsTheEndpointDialled(t *testing.T) {
 			"shop/pair": svc("pair", "127.0.74.4", "http", "down", "up"),
 			"shop/pdb":  svc("pdb", "127.0.74.5", "tcp", "down", "tcp"),
 		},
-	})
+	}})
 	httpGet := func(vip string) int {
 		t.Helper()
 		c, err := f.tunnel(t, frontend, vip+":80")

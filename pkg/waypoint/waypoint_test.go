@@ -90,7 +90,7 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 	ep := func(port uint16) *meshv1.Endpoint {
 		return &meshv1.Endpoint{WorkloadUid: "shop/backend", Address: "127.0.173.1", Ports: map[uint32]uint32{80: uint32(port)}}
 	}
-	w.Update(&xds.State{
+	w.Update(&xds.State{Set: meshv1.Set{
 		Workloads: map[string]*meshv1.Workload{
 			"shop/backend": backendWorkload,
 			"shop/elsewhere": {Uid: "shop/elsewhere", Name: "elsewhere", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/x",
@@ -106,7 +106,7 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 			"shop/unbound": {Name: "unbound", Namespace: "shop", Vips: []string{"127.0.74.3"},
 				Ports: []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}}, Endpoints: []*meshv1.Endpoint{ep(httpBackend.Port())}},
 		},
-	})
+	}})
 	ln, err := net.Listen("tcp", "127.0.73.2:0")
 	if err != nil {
 		t.Fatal(err)
@@ -412,14 +412,14 @@ func TestConsumerRouteByCallerNamespace(t *testing.T) {
 				ResponseHeaderModifier: &meshv1.HeaderModifier{Set: []*meshv1.Header{{Name: "x-header-set", Value: "set"}}}}}},
 			Backends: []*meshv1.HTTPBackendRef{{Weight: 1, Backend: &meshv1.BackendRef{Namespace: "shop", Name: "web", Port: 80}}},
 		}}}
-	f.w.Update(&xds.State{
+	f.w.Update(&xds.State{Set: meshv1.Set{
 		Workloads: map[string]*meshv1.Workload{"shop/backend": {Uid: "shop/backend", Name: "backend", Namespace: "shop",
 			Identity: "spiffe://cluster.local/ns/shop/sa/backend", Addresses: []string{"127.0.173.1"}}},
 		Services: map[string]*meshv1.Service{"shop/web": {Name: "web", Namespace: "shop", Vips: []string{"127.0.74.1"}, Waypoint: wp,
 			Ports:     []*meshv1.ServicePort{{Port: 80, AppProtocol: "http"}},
 			Endpoints: []*meshv1.Endpoint{{WorkloadUid: "shop/backend", Address: "127.0.173.1", Ports: map[uint32]uint32{80: uint32(backend.Port())}}}}},
 		HTTPRoutes: map[string]*meshv1.HTTPRoute{"web/mesh-echo-add-header": route},
-	})
+	}})
 	for _, tc := range []struct{ caller, want string }{
 		{frontend, "set"}, // namespace web: the consumer route's
 		{"spiffe://cluster.local/ns/shop/sa/frontend", ""},
