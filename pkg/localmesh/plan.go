@@ -7,8 +7,10 @@ package localmesh
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -119,7 +121,7 @@ func NewPlan(s *config.Snapshot, basePort int) (*Plan, error) {
 			nodes[w.GetNode()] = true
 		}
 	}
-	for i, n := range sortedKeys(nodes) {
+	for i, n := range slices.Sorted(maps.Keys(nodes)) {
 		off := nodePortsStart + i*portsPerProcess
 		p.Nodes = append(p.Nodes, NodePlan{Node: n, Admin: port(off), Status: port(off + 1), SOCKS5: port(off + 2),
 			Token: fmt.Sprintf("node-%s-token", n)})
@@ -196,7 +198,7 @@ func exampleRequest(s *config.Snapshot, p *Plan) *ExampleRequest {
 		apps bool // an endpoint runs a local app
 	}
 	var best *target
-	for _, key := range sortedKeys(s.Services) {
+	for _, key := range slices.Sorted(maps.Keys(s.Services)) {
 		svc := s.Services[key]
 		port, ok := httpPort(svc)
 		if !ok || len(svc.GetEndpoints()) == 0 {
@@ -295,14 +297,5 @@ func sortedWorkloads(s *config.Snapshot) []*meshv1.Workload {
 		out = append(out, w)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].GetUid() < out[j].GetUid() })
-	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }

@@ -10,10 +10,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"sort"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -521,14 +522,14 @@ func (w *Waypoint) Dump() (*admin.ConfigDump, error) {
 		d.ByVIP[ip.String()] = raw
 	}
 	var routes []json.RawMessage
-	for _, name := range sortedKeys(v.state.HTTPRoutes) {
+	for _, name := range slices.Sorted(maps.Keys(v.state.HTTPRoutes)) {
 		raw, err := protojson.Marshal(v.state.HTTPRoutes[name])
 		if err != nil {
 			return nil, err
 		}
 		routes = append(routes, raw)
 	}
-	for _, name := range sortedKeys(v.state.GRPCRoutes) {
+	for _, name := range slices.Sorted(maps.Keys(v.state.GRPCRoutes)) {
 		raw, err := protojson.Marshal(v.state.GRPCRoutes[name])
 		if err != nil {
 			return nil, err
@@ -541,17 +542,8 @@ func (w *Waypoint) Dump() (*admin.ConfigDump, error) {
 
 func values[M any](m map[string]M) []M {
 	out := make([]M, 0, len(m))
-	for _, k := range sortedKeys(m) {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		out = append(out, m[k])
 	}
 	return out
-}
-
-func sortedKeys[M any](m map[string]M) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

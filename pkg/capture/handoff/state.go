@@ -3,7 +3,9 @@ package handoff
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -118,11 +120,7 @@ func (s *State) completeSnapshot() {
 func (s *State) Pods() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.pods))
-	for uid := range s.pods {
-		out = append(out, uid)
-	}
-	return out
+	return slices.Collect(maps.Keys(s.pods))
 }
 
 func identify(f *os.File) (netnsID, error) {

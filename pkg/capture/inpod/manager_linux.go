@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -400,10 +401,5 @@ func unmap(a netip.AddrPort) netip.AddrPort {
 func (m *Manager) Pods() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]string, 0, len(m.pods))
-	for uid := range m.pods {
-		out = append(out, uid)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(m.pods))
 }
