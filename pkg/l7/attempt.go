@@ -186,7 +186,7 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		return nil, err
 	}
 	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-		resp.Body = &releaseRWBody{ReadWriteCloser: rwc, attemptDone: attemptDone{ep: ep, cancel: cancel}}
+		resp.Body = &releaseRWBody{releaseBody: releaseBody{ReadCloser: rwc, attemptDone: attemptDone{ep: ep, cancel: cancel}}, Writer: rwc}
 	} else {
 		rb.ReadCloser, rb.ep, rb.cancel = resp.Body, ep, cancel
 		resp.Body = rb

@@ -67,14 +67,8 @@ func (b *releaseBody) Close() error {
 // releaseRWBody is releaseBody for an upgraded (101) connection, which the
 // proxy writes to as well.
 type releaseRWBody struct {
-	io.ReadWriteCloser
-	attemptDone
-}
-
-func (b *releaseRWBody) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.release()
-	return err
+	releaseBody
+	io.Writer
 }
 
 // trackedBody streams a request body that was not buffered, counting what
