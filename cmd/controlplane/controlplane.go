@@ -234,23 +234,11 @@ func kubeRESTConfig(path string) (*rest.Config, error) {
 
 // renewServingCert issues the control plane's own certificate from its CA.
 func (cp *controlPlane) renewServingCert() error {
-	key, csrPEM, err := trust.NewKeyAndCSR(cp.identity)
-	if err != nil {
-		return err
-	}
-	csr, err := trust.ParseCSR(csrPEM)
-	if err != nil {
-		return err
-	}
 	names, err := servingNames(cp.opts)
 	if err != nil {
 		return fmt.Errorf("serving certificate: %w", err)
 	}
-	chain, err := cp.authority.SignServer(csr, cp.identity, 0, names)
-	if err != nil {
-		return fmt.Errorf("serving certificate: %w", err)
-	}
-	cert, err := trust.TLSCertificate(chain, key)
+	cert, err := cp.authority.IssueServer(cp.identity, names)
 	if err != nil {
 		return fmt.Errorf("serving certificate: %w", err)
 	}

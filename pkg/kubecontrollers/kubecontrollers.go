@@ -162,14 +162,6 @@ func allSynced[K comparable](m map[K]bool) bool {
 // checks the Service's host name, so it carries DNS names as well as the
 // control plane's identity.
 func (kc *Controllers) renewWebhookCert() error {
-	key, csrPEM, err := trust.NewKeyAndCSR(kc.identity)
-	if err != nil {
-		return err
-	}
-	csr, err := trust.ParseCSR(csrPEM)
-	if err != nil {
-		return err
-	}
 	var names trust.ServerNames
 	for _, n := range kc.opts.WebhookDNSNames {
 		if ip := net.ParseIP(n); ip != nil {
@@ -178,11 +170,7 @@ func (kc *Controllers) renewWebhookCert() error {
 			names.DNS = append(names.DNS, n)
 		}
 	}
-	chain, err := kc.authority.SignServer(csr, kc.identity, 0, names)
-	if err != nil {
-		return fmt.Errorf("webhook certificate: %w", err)
-	}
-	cert, err := trust.TLSCertificate(chain, key)
+	cert, err := kc.authority.IssueServer(kc.identity, names)
 	if err != nil {
 		return fmt.Errorf("webhook certificate: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -97,6 +98,25 @@ func (a *Authority) SignServer(csr *x509.CertificateRequest, id Identity, ttl ti
 		}
 	}
 	return a.sign(csr, id, ttl, names)
+}
+
+// IssueServer makes a key and a serving certificate (SignServer, the
+// longest lifetime) for id and names, ready to serve: how the control
+// plane issues its own certificates.
+func (a *Authority) IssueServer(id Identity, names ServerNames) (*tls.Certificate, error) {
+	key, csrPEM, err := NewKeyAndCSR(id)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := ParseCSR(csrPEM)
+	if err != nil {
+		return nil, err
+	}
+	chain, err := a.SignServer(csr, id, 0, names)
+	if err != nil {
+		return nil, err
+	}
+	return TLSCertificate(chain, key)
 }
 
 // checkDNSName accepts a host name of letters, digits and hyphens in

@@ -203,3 +203,21 @@ func TestSignServer(t *testing.T) {
 		}
 	}
 }
+
+// IssueServer's certificate is the key's and carries the identity and the
+// names, as SignServer's.
+func TestIssueServer(t *testing.T) {
+	ca := trusttest.NewCA(t, "cluster.local")
+	id := trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/controlplane")
+	cert, err := ca.Authority.IssueServer(id, trust.ServerNames{DNS: []string{"cp.causeway-system.svc"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := cert.Leaf
+	if leaf == nil || len(leaf.URIs) != 1 || leaf.URIs[0].String() != id.String() || fmt.Sprint(leaf.DNSNames) != "[cp.causeway-system.svc]" || fmt.Sprint(leaf.IPAddresses) != "[127.0.0.1]" {
+		t.Fatalf("leaf %v", leaf)
+	}
+	if _, err := ca.Authority.IssueServer(id, trust.ServerNames{DNS: []string{"a_b.svc"}}); err == nil {
+		t.Error("a DNS name that is not a host name was accepted")
+	}
+}
