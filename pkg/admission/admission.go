@@ -154,18 +154,10 @@ func (w *Webhook) check(req *admissionv1.AdmissionRequest) ([]string, error) {
 	switch gk {
 	case gwv1.GroupName + "/HTTPRoute":
 		var r gwv1.HTTPRoute
-		if err := json.Unmarshal(req.Object.Raw, &r); err != nil {
-			return nil, err
-		}
-		r.Namespace = req.Namespace
-		return checkRoute(&r, r.Spec.ParentRefs), nil
+		return decodeRoute(req, &r, &r.Spec.ParentRefs)
 	case gwv1.GroupName + "/GRPCRoute":
 		var r gwv1.GRPCRoute
-		if err := json.Unmarshal(req.Object.Raw, &r); err != nil {
-			return nil, err
-		}
-		r.Namespace = req.Namespace
-		return checkRoute(&r, r.Spec.ParentRefs), nil
+		return decodeRoute(req, &r, &r.Spec.ParentRefs)
 	case "/Namespace":
 		var n corev1.Namespace
 		if err := json.Unmarshal(req.Object.Raw, &n); err != nil {
@@ -190,6 +182,16 @@ func (w *Webhook) check(req *admissionv1.AdmissionRequest) ([]string, error) {
 
 // checkRoute judges only routes for the mesh: a route of an ingress
 // Gateway belongs to that Gateway's controller.
+// decodeRoute decodes the request's route into r, whose parentRefs are
+// *parents, and checks it.
+func decodeRoute(req *admissionv1.AdmissionRequest, r metav1.Object, parents *[]gwv1.ParentReference) ([]string, error) {
+	if err := json.Unmarshal(req.Object.Raw, r); err != nil {
+		return nil, err
+	}
+	r.SetNamespace(req.Namespace)
+	return checkRoute(r, *parents), nil
+}
+
 func checkRoute(route any, parents []gwv1.ParentReference) []string {
 	for _, p := range parents {
 		if p.Kind != nil && *p.Kind == "Service" && (p.Group == nil || *p.Group == "" || *p.Group == "core") {

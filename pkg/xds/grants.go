@@ -93,27 +93,9 @@ func computeGrants(res map[string]map[string]proto.Message) grants {
 			services[name] = s
 		}
 	}
-	var http []*meshv1.HTTPRoute
-	var grpc []*meshv1.GRPCRoute
 	namespaces := map[string]bool{} // that serve a route
-	for _, m := range res[meshv1.HTTPRouteTypeURL] {
-		if r, ok := m.(*meshv1.HTTPRoute); ok {
-			http = append(http, r)
-			namespaces[r.GetNamespace()] = true
-			for _, ns := range meshv1.ParentNamespaces(r) {
-				namespaces[ns] = true
-			}
-		}
-	}
-	for _, m := range res[meshv1.GRPCRouteTypeURL] {
-		if r, ok := m.(*meshv1.GRPCRoute); ok {
-			grpc = append(grpc, r)
-			namespaces[r.GetNamespace()] = true
-			for _, ns := range meshv1.ParentNamespaces(r) {
-				namespaces[ns] = true
-			}
-		}
-	}
+	http := servedRoutes[*meshv1.HTTPRoute](res[meshv1.HTTPRouteTypeURL], namespaces)
+	grpc := servedRoutes[*meshv1.GRPCRoute](res[meshv1.GRPCRouteTypeURL], namespaces)
 	g := grants{}
 	for ns := range namespaces {
 		svcs, wls := RouteReads(ns, http, grpc, services)
@@ -129,6 +111,25 @@ func computeGrants(res map[string]map[string]proto.Message) grants {
 		}
 	}
 	return g
+}
+
+// servedRoutes returns the routes of type R in ms and marks in namespaces
+// those that serve them: each route's own and its parents'.
+func servedRoutes[R interface {
+	proto.Message
+	GetNamespace() string
+}](ms map[string]proto.Message, namespaces map[string]bool) []R {
+	var out []R
+	for _, m := range ms {
+		if r, ok := m.(R); ok {
+			out = append(out, r)
+			namespaces[r.GetNamespace()] = true
+			for _, ns := range meshv1.ParentNamespaces(r) {
+				namespaces[ns] = true
+			}
+		}
+	}
+	return out
 }
 
 // RouteBackends keeps a waypoint's client subscribed to what its
