@@ -64,6 +64,18 @@ func (v *reqView) headerValue(canonical string) (string, bool) {
 	return strings.Join(vs, ","), true
 }
 
+// headersMatch reports whether every one of ms matches a header of the
+// request.
+func (v *reqView) headersMatch(ms []valueMatch) bool {
+	for i := range ms {
+		hv, ok := v.headerValue(ms[i].name)
+		if !ok || !ms[i].matches(hv) {
+			return false
+		}
+	}
+	return true
+}
+
 func isGRPC(r *http.Request) bool {
 	ct := r.Header.Get("Content-Type")
 	return strings.HasPrefix(ct, "application/grpc") &&
@@ -354,14 +366,8 @@ func (m *httpMatch) matches(v *reqView) bool {
 	if m.method != "" && v.r.Method != m.method {
 		return false
 	}
-	if !m.path.matches(v.path) {
+	if !m.path.matches(v.path) || !v.headersMatch(m.headers) {
 		return false
-	}
-	for i := range m.headers {
-		hv, ok := v.headerValue(m.headers[i].name)
-		if !ok || !m.headers[i].matches(hv) {
-			return false
-		}
 	}
 	for i := range m.query {
 		qv, ok := v.queryValue(m.query[i].name)
@@ -450,13 +456,7 @@ func (m *grpcMatch) matches(v *reqView) bool {
 			return false
 		}
 	}
-	for i := range m.headers {
-		hv, ok := v.headerValue(m.headers[i].name)
-		if !ok || !m.headers[i].matches(hv) {
-			return false
-		}
-	}
-	return true
+	return v.headersMatch(m.headers)
 }
 
 func matchPart(exact string, re *regexp.Regexp, v string) bool {
