@@ -320,58 +320,47 @@ func (s *Source) objects() ([]config.Object, error) {
 		}
 	}
 	all := labels.Everything()
-	nss, err := s.namespaces.List(all)
+	var err error
+	// list adds a lister's objects, unless a list before it failed.
+	list := func(objs []runtime.Object, lerr error) {
+		if err == nil {
+			err = lerr
+		}
+		if err == nil {
+			add(objs)
+		}
+	}
+	list(listed(s.namespaces.List(all)))
+	list(listed(s.pods.List(all)))
+	list(listed(s.services.List(all)))
+	list(listed(servicesSlices(s.slices.List(all))))
+	list(listed(s.gateways.List(all)))
+	list(listed(s.httpRoutes.List(all)))
+	list(listed(s.grpcRoutes.List(all)))
+	list(listed(s.grants.List(all)))
 	if err != nil {
 		return nil, err
 	}
-	add(asObjects(nss))
-	pods, err := s.pods.List(all)
-	if err != nil {
-		return nil, err
-	}
-	add(asObjects(pods))
-	svcs, err := s.services.List(all)
-	if err != nil {
-		return nil, err
-	}
-	add(asObjects(svcs))
-	sls, err := s.slices.List(all)
-	if err != nil {
-		return nil, err
-	}
-	// Slices without the service-name label belong to no Service (a
-	// custom controller's); the translation would refuse them.
-	sls = slices.DeleteFunc(sls, func(sl *discoveryv1.EndpointSlice) bool { return sl.Labels[config.LabelServiceName] == "" })
-	add(asObjects(sls))
-	gws, err := s.gateways.List(all)
-	if err != nil {
-		return nil, err
-	}
-	add(asObjects(gws))
-	hrs, err := s.httpRoutes.List(all)
-	if err != nil {
-		return nil, err
-	}
-	add(asObjects(hrs))
-	grs, err := s.grpcRoutes.List(all)
-	if err != nil {
-		return nil, err
-	}
-	add(asObjects(grs))
-	rgs, err := s.grants.List(all)
-	if err != nil {
-		return nil, err
-	}
-	add(asObjects(rgs))
 	return out, nil
 }
 
-func asObjects[T runtime.Object](list []T) []runtime.Object {
+// servicesSlices keeps the slices that name their Service: one without the
+// service-name label belongs to none (a custom controller's), and the
+// translation would refuse it.
+func servicesSlices(sls []*discoveryv1.EndpointSlice, err error) ([]*discoveryv1.EndpointSlice, error) {
+	return slices.DeleteFunc(sls, func(sl *discoveryv1.EndpointSlice) bool { return sl.Labels[config.LabelServiceName] == "" }), err
+}
+
+// listed is what a lister listed, as runtime objects.
+func listed[T runtime.Object](list []T, err error) ([]runtime.Object, error) {
+	if err != nil {
+		return nil, err
+	}
 	out := make([]runtime.Object, len(list))
 	for i, o := range list {
 		out[i] = o
 	}
-	return out
+	return out, nil
 }
 
 type keyedObject struct {
