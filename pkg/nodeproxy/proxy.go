@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
 	"github.com/causeway-mesh/causeway/pkg/capture"
@@ -389,25 +393,28 @@ func (p *Proxy) Dump() (*admin.ConfigDump, error) {
 	r := p.reg.Load()
 	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{},
 		Certificates: p.opts.Certificates.Snapshot()}
-	for _, w := range r.AllWorkloads() {
-		raw, err := protojson.Marshal(w)
-		if err != nil {
-			return nil, err
-		}
-		for _, a := range w.GetAddresses() {
-			d.ByAddr[a] = raw
-		}
+	if err := dumpBy(d.ByAddr, maps.Values(r.AllWorkloads()), (*meshv1.Workload).GetAddresses); err != nil {
+		return nil, err
 	}
-	for _, s := range r.Services() {
-		raw, err := protojson.Marshal(s)
-		if err != nil {
-			return nil, err
-		}
-		for _, v := range s.GetVips() {
-			d.ByVIP[v] = raw
-		}
+	if err := dumpBy(d.ByVIP, slices.Values(r.Services()), (*meshv1.Service).GetVips); err != nil {
+		return nil, err
 	}
 	return d, nil
+}
+
+// dumpBy puts each of ms, as JSON, into the dump under each of its
+// addresses.
+func dumpBy[M proto.Message](into map[string]json.RawMessage, ms iter.Seq[M], addrs func(M) []string) error {
+	for m := range ms {
+		raw, err := protojson.Marshal(m)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs(m) {
+			into[a] = raw
+		}
+	}
+	return nil
 }
 
 // --- outbound ---
