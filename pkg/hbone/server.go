@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/net/http2/hpack"
 
@@ -128,6 +129,8 @@ type ServerOptions struct {
 	// WriteTimeout closes a connection whose socket accepts no data for
 	// that long (default 30s).
 	WriteTimeout time.Duration
+	// Registerer, if set, registers hbone_handshake_failures_total.
+	Registerer prometheus.Registerer
 }
 
 // Server accepts HBONE connections and serves CONNECT tunnels.
@@ -140,6 +143,9 @@ type Server struct {
 	cancel context.CancelFunc
 
 	tunnels atomic.Int64
+	// handshakeFailures counts connections refused before their first
+	// frame, by reason (handshake.go).
+	handshakeFailures *prometheus.CounterVec
 
 	mu        sync.Mutex
 	closed    bool
@@ -172,12 +178,17 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	cfg.maxStreams = opts.MaxConcurrentStreams
 	cfg.idleTimeout = max(opts.IdleTimeout, 0)
 	cfg.headerTimeout = opts.HeaderTimeout
+	failures, err := newHandshakeFailures(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("hbone server metrics: %w", err)
+	}
 	s := &Server{
-		opts:      opts,
-		cfg:       cfg,
-		log:       opts.Logger,
-		listeners: make(map[net.Listener]struct{}),
-		conns:     make(map[*h2conn]struct{}),
+		handshakeFailures: failures,
+		opts:              opts,
+		cfg:               cfg,
+		log:               opts.Logger,
+		listeners:         make(map[net.Listener]struct{}),
+		conns:             make(map[*h2conn]struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
@@ -293,11 +304,14 @@ func (s *Server) serveConn(raw net.Conn) {
 		// A client certificate outside its validity period is an expired
 		// certificate or a skewed clock: worth a warning with the skew.
 		var te *trust.CertificateTimeError
-		if err := trust.ExplainValidity(err, s.now()); errors.As(err, &te) {
-			log.Warn("TLS handshake refused: client certificate outside its validity period", zap.String("reason", te.Reason()),
+		err = trust.ExplainValidity(err, s.now())
+		reason := handshakeFailure(err)
+		s.handshakeFailures.WithLabelValues(reason).Inc()
+		if errors.As(err, &te) {
+			log.Warn("TLS handshake refused: client certificate outside its validity period", zap.String("reason", reason),
 				zap.Duration("skew", te.Skew()), zap.Error(err))
 		} else {
-			log.Debug("TLS handshake failed", zap.Error(err))
+			log.Debug("TLS handshake failed", zap.String("reason", reason), zap.Error(err))
 		}
 		raw.Close()
 		return
@@ -305,6 +319,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	raw.SetDeadline(time.Time{})
 	cs := tc.ConnectionState()
 	if cs.Version != tls.VersionTLS13 || cs.NegotiatedProtocol != trust.ALPN {
+		s.handshakeFailures.WithLabelValues(FailProtocol).Inc()
 		log.Debug("closing connection: need TLS 1.3 with ALPN h2",
 			zap.Uint16("tls_version", cs.Version), zap.String("alpn", cs.NegotiatedProtocol))
 		tc.Close()
@@ -312,6 +327,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	}
 	peer, err := trust.PeerFromTLS(cs)
 	if err != nil {
+		s.handshakeFailures.WithLabelValues(FailBadCertificate).Inc()
 		log.Info("closing connection: unusable client certificate", zap.Error(err))
 		tc.Close()
 		return

@@ -185,7 +185,7 @@ func New(o Options) (*Proxy, error) {
 	so := o.Server
 	so.TLS = trust.ServerConfig(o.Bundle, p.serverCertificate, trust.RequireClientCert)
 	so.Handler = hbone.HandlerFunc(p.openInbound)
-	so.Logger = o.Logger.Named("hbone-server")
+	so.Logger, so.Registerer = o.Logger.Named("hbone-server"), o.Registry
 	srv, err := hbone.NewServer(so)
 	if err != nil {
 		pool.Close()

@@ -3,6 +3,7 @@ package trust
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -22,6 +23,18 @@ const (
 	// RequireClientCert refuses clients without a verified mesh certificate.
 	RequireClientCert
 )
+
+// ErrNoServerCertificate is wrapped by the handshake error of a server
+// that had no certificate to present for the address dialed.
+var ErrNoServerCertificate = errors.New("no certificate")
+
+// ClientIdentityError is the handshake error of a server refusing a client
+// certificate that chains to the roots but names no identity of the trust
+// domain.
+type ClientIdentityError struct{ Err error }
+
+func (e *ClientIdentityError) Error() string { return e.Err.Error() }
+func (e *ClientIdentityError) Unwrap() error { return e.Err }
 
 // ServerCertFunc returns the certificate to present on a connection accepted
 // at the given local address: a node proxy answers for the pod whose IP the
@@ -51,10 +64,10 @@ func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Confi
 			local := hello.Conn.LocalAddr()
 			cert, err := certFor(local)
 			if err != nil {
-				return nil, fmt.Errorf("no certificate for %s: %w", local, err)
+				return nil, fmt.Errorf("%w for %s: %w", ErrNoServerCertificate, local, err)
 			}
 			if cert == nil {
-				return nil, fmt.Errorf("no certificate for %s", local)
+				return nil, fmt.Errorf("%w for %s", ErrNoServerCertificate, local)
 			}
 			return &tls.Config{
 				MinVersion:             tls.VersionTLS13,
@@ -72,10 +85,10 @@ func ServerConfig(b *Bundle, certFor ServerCertFunc, auth ClientAuth) *tls.Confi
 					}
 					id, err := leafIdentity(cs.PeerCertificates[0].URIs)
 					if err != nil {
-						return fmt.Errorf("client certificate: %w", err)
+						return &ClientIdentityError{fmt.Errorf("client certificate: %w", err)}
 					}
 					if id.TrustDomain() != b.td {
-						return fmt.Errorf("client identity %s is not in trust domain %s", id, b.td)
+						return &ClientIdentityError{fmt.Errorf("client identity %s is not in trust domain %s", id, b.td)}
 					}
 					return nil
 				},

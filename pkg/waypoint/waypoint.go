@@ -154,7 +154,7 @@ func New(o Options) (*Waypoint, error) {
 		defer cancel()
 		return o.Certificates.Get(ctx, o.Identity)
 	}, trust.VerifyIfGiven)
-	so.Handler, so.Logger = hbone.HandlerFunc(w.open), o.Logger.Named("hbone-server")
+	so.Handler, so.Logger, so.Registerer = hbone.HandlerFunc(w.open), o.Logger.Named("hbone-server"), o.Registry
 	srv, err := hbone.NewServer(so)
 	if err != nil {
 		engine.Close()
