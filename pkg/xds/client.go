@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/causeway-mesh/causeway/pkg/reconnect"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -101,12 +101,21 @@ type ClientOptions struct {
 	OnChange func(s *State, changedTypes []string)
 	// Logger (default: none).
 	Logger *zap.Logger
-	// Reconnection backoff: jittered, doubling from InitialBackoff (default
-	// 500ms) up to MaxBackoff (default 30s).
+	// Reconnection backoff: waits doubling from InitialBackoff (default
+	// 100ms) up to MaxBackoff (default 15s), each drawn in [b/2, b); it
+	// starts over once a stream stayed up for MaxBackoff (a control plane
+	// that fails streams right after accepting them is not retried in a
+	// tight loop).
 	InitialBackoff, MaxBackoff time.Duration
 	// DialOptions are added to the gRPC connection's options.
 	DialOptions []grpc.DialOption
 }
+
+// The reconnection backoff's defaults.
+const (
+	DefaultInitialBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff     = 15 * time.Second
+)
 
 // maxResponseBytes bounds one xDS response (a full wildcard sync of a large mesh).
 const maxResponseBytes = 64 << 20
@@ -176,10 +185,10 @@ func NewClient(o ClientOptions) (*Client, error) {
 		return nil, errors.New("xds client: no subscriptions")
 	}
 	if o.InitialBackoff <= 0 {
-		o.InitialBackoff = 500 * time.Millisecond
+		o.InitialBackoff = DefaultInitialBackoff
 	}
 	if o.MaxBackoff < o.InitialBackoff {
-		o.MaxBackoff = max(30*time.Second, o.InitialBackoff)
+		o.MaxBackoff = max(DefaultMaxBackoff, o.InitialBackoff)
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -213,10 +222,11 @@ func NewClient(o ClientOptions) (*Client, error) {
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		// The channel's own reconnection follows the same bounds as the
-		// stream's, or gRPC's defaults (up to 120 s) would stretch outages.
+		// Run paces the attempts (reconnect.Now makes each one reach the
+		// control plane); on its own the channel waits longer than Run ever
+		// does, so that it adds none.
 		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: o.InitialBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: o.MaxBackoff},
+			Backoff:           backoff.Config{BaseDelay: 2 * o.MaxBackoff, Multiplier: 1, MaxDelay: 2 * o.MaxBackoff},
 			MinConnectTimeout: 20 * time.Second,
 		}),
 	}
@@ -369,18 +379,17 @@ func (c *Client) Run(ctx context.Context) error {
 			c.notifyLoop(nctx)
 		}()
 	}
-	backoff := c.opts.InitialBackoff
+	retry := reconnect.Backoff{Initial: c.opts.InitialBackoff, Max: c.opts.MaxBackoff}
 	for {
-		healthy, err := c.runStream(ctx)
+		opened, err := c.runStream(ctx)
 		c.connected.Store(false)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if healthy {
-			backoff = c.opts.InitialBackoff
+		if !opened.IsZero() && time.Since(opened) >= c.opts.MaxBackoff {
+			retry.Reset() // it was stable
 		}
-		// Equal jitter: somewhere in [backoff/2, backoff).
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := retry.Next()
 		c.log.Warn("xDS stream ended; keeping the last state and reconnecting",
 			zap.Error(err), zap.Duration("retry_in", wait), zap.Bool("ready", c.Ready()))
 		t := time.NewTimer(wait)
@@ -390,19 +399,20 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		backoff = min(backoff*2, c.opts.MaxBackoff)
+		reconnect.Now(ctx, c.conn)
 	}
 }
 
-// runStream runs one ADS stream; healthy reports whether it delivered
-// anything (then the backoff starts over).
-func (c *Client) runStream(ctx context.Context) (healthy bool, err error) {
+// runStream runs one ADS stream until it fails; opened is when the stream
+// was open (on a connected channel), zero if it never was.
+func (c *Client) runStream(ctx context.Context) (opened time.Time, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := discovery.NewAggregatedDiscoveryServiceClient(c.conn).DeltaAggregatedResources(sctx)
 	if err != nil {
-		return false, fmt.Errorf("open stream: %w", err)
+		return time.Time{}, fmt.Errorf("open stream: %w", err)
 	}
+	opened = time.Now()
 	cs := &clientStream{st: st}
 
 	// The initial requests and later subscription changes are serialized
@@ -425,7 +435,7 @@ func (c *Client) runStream(ctx context.Context) (healthy bool, err error) {
 		node = nil // only on the first request
 		if err := cs.send(req); err != nil {
 			c.subMu.Unlock()
-			return false, fmt.Errorf("send subscription: %w", err)
+			return opened, fmt.Errorf("send subscription: %w", err)
 		}
 	}
 	c.stream = cs
@@ -441,15 +451,14 @@ func (c *Client) runStream(ctx context.Context) (healthy bool, err error) {
 	for {
 		resp, err := st.Recv()
 		if err != nil {
-			return healthy, fmt.Errorf("receive: %w", err)
+			return opened, fmt.Errorf("receive: %w", err)
 		}
-		if !healthy {
-			healthy = true
+		if !c.connected.Load() {
 			c.connected.Store(true)
 			c.log.Info("xDS stream established")
 		}
 		if err := c.handle(cs, resp); err != nil {
-			return healthy, err
+			return opened, err
 		}
 	}
 }

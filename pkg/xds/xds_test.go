@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -70,6 +71,12 @@ func newEnv(t *testing.T) *testEnv {
 // startCP serves on addr ("127.0.0.1:0" for any port).
 func (e *testEnv) startCP(t *testing.T, addr string) *testCP {
 	t.Helper()
+	return e.startCPWith(t, addr, nil)
+}
+
+// startCPWith is startCP with the server's metrics registered with reg.
+func (e *testEnv) startCPWith(t *testing.T, addr string, reg prometheus.Registerer) *testCP {
+	t.Helper()
 	tf, err := authn.NewTokenFile(e.tokens, td, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +89,7 @@ func (e *testEnv) startCP(t *testing.T, addr string) *testCP {
 	ctx, cancel := context.WithCancel(context.Background())
 	srv, err := NewServer(ctx, ServerOptions{Authenticator: authn.Chain{tf, pc}, TrustedNodeAccounts: []trust.Identity{
 		trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy")}, // the node proxy token's account
-		Logger: zap.New(core)})
+		Logger: zap.New(core), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +137,9 @@ func (e *testEnv) startClient(t *testing.T, addr string, o ClientOptions) *testC
 		o.Bundle = e.ca.Bundle
 	}
 	o.Logger = zap.New(core)
-	o.InitialBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
+	if o.InitialBackoff == 0 {
+		o.InitialBackoff, o.MaxBackoff = 50*time.Millisecond, 500*time.Millisecond
+	}
 	tc := &testClient{logs: logs, changes: make(chan []string, 100)}
 	onChange := o.OnChange
 	o.OnChange = func(s *State, types []string) {

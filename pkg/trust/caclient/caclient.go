@@ -13,12 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/structpb"
 	securityapi "istio.io/api/security/v1alpha1"
 
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
+	"github.com/causeway-mesh/causeway/pkg/reconnect"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -110,32 +110,6 @@ func New(o Options) (*Client, error) {
 	return &Client{conn: conn, client: securityapi.NewIstioCertificateServiceClient(conn)}, nil
 }
 
-// reconnectWait bounds how long Fetch waits for the connection attempt it
-// starts.
-const reconnectWait = 2 * time.Second
-
-// reconnect makes a connection that failed try again now: the caller (the
-// certificate manager) paces its retries with its own backoff, and gRPC's
-// reconnect backoff (growing to 2 minutes) on top of it kept failing them
-// for seconds after the CA was back. It waits, at most reconnectWait, for
-// the attempt to end.
-func (c *Client) reconnect(ctx context.Context) {
-	if c.conn.GetState() != connectivity.TransientFailure {
-		return
-	}
-	c.conn.ResetConnectBackoff()
-	wctx, cancel := context.WithTimeout(ctx, reconnectWait)
-	defer cancel()
-	for s := c.conn.GetState(); s != connectivity.Ready; s = c.conn.GetState() {
-		if !c.conn.WaitForStateChange(wctx, s) {
-			return
-		}
-		if s == connectivity.Connecting && c.conn.GetState() == connectivity.TransientFailure {
-			return // the attempt failed: the CA is still away
-		}
-	}
-}
-
 // Close releases the connection.
 func (c *Client) Close() error { return c.conn.Close() }
 
@@ -152,7 +126,9 @@ func (c *Client) Fetch(ctx context.Context, id trust.Identity, csrPEM []byte, tt
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
-	c.reconnect(ctx)
+	// The caller (the certificate manager) paces its retries; each one
+	// reaches the CA at once.
+	reconnect.Now(ctx, c.conn)
 	secs := int64(0)
 	if ttl > 0 {
 		secs = int64((ttl + time.Second - 1) / time.Second)
