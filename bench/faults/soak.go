@@ -30,6 +30,14 @@ type soakOptions struct {
 	active   int
 	interval time.Duration // between two requests of one active connection
 	sample   time.Duration
+	// openRate paces the opening (connections per second): the kernel
+	// fires the keepalive timers of sockets opened close together in one
+	// batch, and over loopback a batch larger than the input backlog
+	// loses the same sockets' probes every round until it aborts them
+	// (hostnet.go). Connections build up over time in real use; opened
+	// all at once (7 s for 11,000) the soak measured this host instead of
+	// the mesh.
+	openRate int
 }
 
 // sinkAddr is the sink pod's address (mesh.go).
@@ -176,6 +184,77 @@ type soakConns struct {
 	// the active connections made again after a failure.
 	closedIdle, activeOK, activeFailed, redialed atomic.Int64
 	stopping                                     atomic.Bool
+	// held is when the hold began (Unix nanoseconds; before, when the
+	// opening did).
+	held atomic.Int64
+	// idleEnds are the idle connections' ends, by the harness's error
+	// (under mu).
+	idleEnds map[string]*idleEnd
+}
+
+// idleEnd counts the idle connections that ended with one error, and
+// when the first and the last did (after the hold began).
+type idleEnd struct {
+	n           int
+	first, last time.Duration
+}
+
+// idleEnded records an idle connection's end (not one the harness closed).
+func (s *soakConns) idleEnded(err error) {
+	at := time.Since(time.Unix(0, s.held.Load()))
+	s.closedIdle.Add(1)
+	text := "EOF"
+	if err != nil {
+		text = err.Error()
+		// "read tcp 127.0.1.1:40000->127.0.0.1:21100: read: connection
+		// reset by peer": the addresses differ per connection.
+		if i := strings.LastIndex(text, ": "); i >= 0 {
+			text = text[i+2:]
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.idleEnds == nil {
+		s.idleEnds = map[string]*idleEnd{}
+	}
+	e := s.idleEnds[text]
+	if e == nil {
+		e = &idleEnd{first: at}
+		s.idleEnds[text] = e
+	}
+	e.n++
+	e.last = at
+}
+
+// idleEndsMatching counts the idle connections that ended with one of
+// the errors.
+func (s *soakConns) idleEndsMatching(texts ...string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, t := range texts {
+		if e := s.idleEnds[t]; e != nil {
+			n += e.n
+		}
+	}
+	return int64(n)
+}
+
+// idleEndsText is the idle connections' ends, most frequent first.
+func (s *soakConns) idleEndsText() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.idleEnds))
+	for k := range s.idleEnds {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return s.idleEnds[keys[i]].n > s.idleEnds[keys[j]].n })
+	var parts []string
+	for _, k := range keys {
+		e := s.idleEnds[k]
+		parts = append(parts, fmt.Sprintf("%d %q (from %v to %v into the hold)", e.n, k, e.first.Round(time.Second), e.last.Round(time.Second)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (s *soakConns) add(c net.Conn) {
@@ -237,13 +316,19 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 			}
 			return c, br, nil
 		}
+		net0, err := readHostNet()
+		if err != nil {
+			return outcome{}, err
+		}
 		// Open them 64 at a time; each answers one GET first, so that it
 		// is known to cross the mesh.
 		opened := time.Now()
+		s.held.Store(opened.UnixNano())
 		sem := make(chan struct{}, 64)
 		var openErr atomic.Value
 		var opening sync.WaitGroup
 		for i := 0; i < o.idle+o.active && ctx.Err() == nil && openErr.Load() == nil; i++ {
+			sleep(ctx, time.Until(opened.Add(time.Duration(i)*time.Second/time.Duration(max(o.openRate, 1)))))
 			sem <- struct{}{}
 			opening.Go(func() {
 				defer func() { <-sem }()
@@ -261,9 +346,9 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 				s.wg.Go(func() {
 					if !active {
 						// Idle: the read returns only when the connection ends.
-						c.Read(make([]byte, 1))
+						_, err := c.Read(make([]byte, 1))
 						if !s.stopping.Load() {
-							s.closedIdle.Add(1)
+							s.idleEnded(err)
 						}
 						return
 					}
@@ -297,6 +382,7 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 		// Hold them, sampling; the first quarter (at most 2 minutes) warms
 		// up (buffers, the garbage collector's pace) and is only shown.
 		held := time.Now()
+		s.held.Store(held.UnixNano())
 		warm := min(o.duration/4, 2*time.Minute)
 		var samples []map[string]sample
 		for end := held.Add(o.duration); ctx.Err() == nil; {
@@ -310,7 +396,12 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 			for _, name := range soakProcesses {
 				line = append(line, fmt.Sprintf("%s %d/%d/%d/%dMiB", name, sm[name].goroutines, sm[name].fds, sm[name].rss>>20, sm[name].live>>20))
 			}
-			fmt.Fprintf(os.Stderr, "soak: %v goroutines/fds/RSS/live heap: %s\n", at.Round(time.Second), strings.Join(line, ", "))
+			hn, err := readHostNet()
+			if err != nil {
+				return outcome{}, err
+			}
+			fmt.Fprintf(os.Stderr, "soak: %v goroutines/fds/RSS/live heap: %s; idle closed %d; host since opening: %s\n",
+				at.Round(time.Second), strings.Join(line, ", "), s.closedIdle.Load(), hn.since(net0))
 			if at < warm {
 				continue
 			}
@@ -320,11 +411,24 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 			}
 		}
 		closedIdle, ok, failed, redialed := s.closedIdle.Load(), s.activeOK.Load(), s.activeFailed.Load(), s.redialed.Load()
+		ends := s.idleEndsText()
+		net1, err := readHostNet()
+		if err != nil {
+			return outcome{}, err
+		}
 		s.closeAll()
 
 		var problems []string
 		if closedIdle > 0 {
-			problems = append(problems, fmt.Sprintf("%d idle connections closed", closedIdle))
+			// An idle connection the kernel aborted (its keepalive probes
+			// unanswered) ends with ETIMEDOUT on the aborting side, and
+			// the RST it sends ends the other side with ECONNRESET. Such
+			// ends are the host's as long as it aborted at least as many
+			// connections; any other end (EOF: the mesh closed it) fails.
+			aborted := s.idleEndsMatching("connection timed out", "connection reset by peer")
+			if hostAborts := int64(net1["TCPAbortOnTimeout"] - net0["TCPAbortOnTimeout"]); aborted < closedIdle || aborted > hostAborts {
+				problems = append(problems, fmt.Sprintf("%d idle connections closed: %s", closedIdle, ends))
+			}
 		}
 		if failed > 0 {
 			problems = append(problems, fmt.Sprintf("%d requests on active connections failed (%d redialed)", failed, redialed))
@@ -351,9 +455,9 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 			figures = append(figures, fmt.Sprintf("%s goroutines %d→%d→%d, fds %d→%d→%d, RSS %d→%d→%d MiB, live heap %d→%d→%d MiB", name,
 				b.goroutines, m.goroutines, d.goroutines, b.fds, m.fds, d.fds, b.rss>>20, m.rss>>20, d.rss>>20, b.live>>20, m.live>>20, d.live>>20))
 		}
-		note := fmt.Sprintf("%d idle + %d active connections opened in %v, held %v (%d samples every %v after %v; %d GETs on the active ones, %d failed; %d idle ones closed); before→held→after closing (%v): %s",
-			o.idle, o.active, openTook.Round(time.Second), o.duration, len(samples), o.sample, warm, ok, failed, closedIdle,
-			took.Round(100*time.Millisecond), strings.Join(figures, "; "))
+		note := fmt.Sprintf("%d idle + %d active connections opened in %v, held %v (%d samples every %v after %v; %d GETs on the active ones, %d failed; %d idle ones closed%s); before→held→after closing (%v): %s; host (all its work) while open: %s",
+			o.idle, o.active, openTook.Round(time.Second), o.duration, len(samples), o.sample, warm, ok, failed, closedIdle, strings.TrimSuffix(": "+ends, ": "),
+			took.Round(100*time.Millisecond), strings.Join(figures, "; "), net1.since(net0))
 		return outcome{note: note, problem: strings.Join(problems, "; ")}, nil
 	}
 }

@@ -40,7 +40,7 @@ func Now(ctx context.Context, conn *grpc.ClientConn) {
 }
 
 // Backoff is a reconnection policy: waits doubling from Initial up to Max,
-// each drawn in [b/2, b) ("equal jitter": clients that lost the control
+// each drawn in [b/2, b] ("equal jitter": clients that lost the control
 // plane together do not come back together, and none waits less than
 // half).
 type Backoff struct {

@@ -102,7 +102,7 @@ type ClientOptions struct {
 	// Logger (default: none).
 	Logger *zap.Logger
 	// Reconnection backoff: waits doubling from InitialBackoff (default
-	// 100ms) up to MaxBackoff (default 15s), each drawn in [b/2, b); it
+	// 100ms) up to MaxBackoff (default 15s), each drawn in [b/2, b]; it
 	// starts over once a stream stayed up for MaxBackoff (a control plane
 	// that fails streams right after accepting them is not retried in a
 	// tight loop).

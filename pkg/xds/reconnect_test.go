@@ -40,7 +40,7 @@ func (a *attempts) times() []time.Time {
 }
 
 // checkSpacing fails unless the gaps between attempts follow the policy:
-// the k-th wait is drawn in [b/2, b) with b doubling from initial to max.
+// the k-th wait is drawn in [b/2, b] with b doubling from initial to max.
 // Timers never fire early, so every gap is at least its lower bound (less
 // 10 % for clock granularity) however loaded the machine; and the attempts
 // are at least min (the policy makes more, unless the machine stalls).
