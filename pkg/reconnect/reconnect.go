@@ -1,42 +1,68 @@
 // Package reconnect holds how the mesh's gRPC clients of the control plane
 // (the xDS client, the CA client) come back after it was away: the client
 // paces its attempts with a policy of its own, and each attempt it makes
-// reaches the control plane at once. gRPC's channel has its own reconnect
-// backoff (1 s growing to 2 minutes by default); left in place, an
-// attempt made while that backoff runs fails without trying, so recovery
-// waited out both.
+// reaches the control plane at once. A gRPC channel that failed waits out
+// a reconnect backoff of its own (1 s growing to 2 minutes by default) and
+// stays in TransientFailure meanwhile, failing RPCs without trying; left in
+// place, recovery waited out both backoffs. Conn replaces such a channel
+// instead: an RPC on a fresh one makes exactly one connection attempt and
+// ends with it.
 package reconnect
 
 import (
-	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
 )
 
-// Wait bounds how long Now waits for the connection attempt it starts.
-const Wait = 2 * time.Second
+// Conn is a gRPC connection to one target whose channel is made anew when
+// the last one failed.
+type Conn struct {
+	target string
+	opts   []grpc.DialOption
 
-// Now makes a connection that failed (TransientFailure) try again now,
-// and waits, at most Wait, for the attempt to end. A connection in any
-// other state is left alone: an RPC on an idle one connects by itself.
-func Now(ctx context.Context, conn *grpc.ClientConn) {
-	if conn.GetState() != connectivity.TransientFailure {
-		return
+	mu     sync.Mutex
+	cc     *grpc.ClientConn
+	closed bool
+}
+
+// NewConn checks target and opts (grpc.NewClient's errors) and returns a
+// Conn; it connects with the first RPC.
+func NewConn(target string, opts ...grpc.DialOption) (*Conn, error) {
+	cc, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		return nil, err
 	}
-	conn.ResetConnectBackoff()
-	wctx, cancel := context.WithTimeout(ctx, Wait)
-	defer cancel()
-	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-		if !conn.WaitForStateChange(wctx, s) {
-			return
-		}
-		if s == connectivity.Connecting && conn.GetState() == connectivity.TransientFailure {
-			return // the attempt failed: still away
-		}
+	return &Conn{target: target, opts: opts, cc: cc}, nil
+}
+
+// Get returns the channel to make an RPC on: the current one, or a new one
+// in place of one in TransientFailure (RPCs still on the old one fail, as
+// they would have).
+func (c *Conn) Get() *grpc.ClientConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.cc.GetState() != connectivity.TransientFailure {
+		return c.cc
 	}
+	fresh, err := grpc.NewClient(c.target, c.opts...)
+	if err != nil {
+		return c.cc // not for options NewConn accepted
+	}
+	c.cc.Close()
+	c.cc = fresh
+	return c.cc
+}
+
+// Close closes the channel; Get then returns it closed.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return c.cc.Close()
 }
 
 // Backoff is a reconnection policy: waits doubling from Initial up to Max,

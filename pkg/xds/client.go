@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -128,7 +127,7 @@ const maxResponseBytes = 64 << 20
 // and the state stays as it was.
 type Client struct {
 	opts ClientOptions
-	conn *grpc.ClientConn
+	conn *reconnect.Conn
 	log  *zap.Logger
 
 	state     atomic.Pointer[State]
@@ -222,19 +221,12 @@ func NewClient(o ClientOptions) (*Client, error) {
 		grpc.WithTransportCredentials(credentials.NewTLS(tlsConf)),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		// Run paces the attempts (reconnect.Now makes each one reach the
-		// control plane); on its own the channel waits longer than Run ever
-		// does, so that it adds none.
-		grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 2 * o.MaxBackoff, Multiplier: 1, MaxDelay: 2 * o.MaxBackoff},
-			MinConnectTimeout: 20 * time.Second,
-		}),
 	}
 	if o.Token != nil {
 		dial = append(dial, grpc.WithPerRPCCredentials(bearerToken(o.Token)))
 	}
 	dial = append(dial, o.DialOptions...)
-	conn, err := grpc.NewClient(o.Address, dial...)
+	conn, err := reconnect.NewConn(o.Address, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("xds client for %s: %w", o.Address, err)
 	}
@@ -399,7 +391,6 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		reconnect.Now(ctx, c.conn)
 	}
 }
 
@@ -408,7 +399,7 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) runStream(ctx context.Context) (opened time.Time, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(c.conn).DeltaAggregatedResources(sctx)
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(c.conn.Get()).DeltaAggregatedResources(sctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("open stream: %w", err)
 	}

@@ -222,3 +222,27 @@ func TestRestartResyncsWithoutAPushStorm(t *testing.T) {
 		}
 	}
 }
+
+// The control plane's port closed (connection refused, so no listener
+// sees the attempts: the client's log of failed streams does): the same
+// spacing. A failed channel stays in TransientFailure through later
+// attempts, so waiting for its state to tell an attempt's end cost each
+// attempt 2 s.
+func TestReconnectToAClosedPortFollowsThePolicy(t *testing.T) {
+	env := newEnv(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	const initial, maxWait = 100 * time.Millisecond, 800 * time.Millisecond
+	c := env.startClient(t, addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}, InitialBackoff: initial, MaxBackoff: maxWait})
+	time.Sleep(4 * time.Second)
+	var at []time.Time
+	for _, e := range c.logs.FilterMessage("xDS stream ended; keeping the last state and reconnecting").All() {
+		at = append(at, e.Time)
+	}
+	checkSpacing(t, at, initial, maxWait, 5)
+}

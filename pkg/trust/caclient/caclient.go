@@ -78,10 +78,9 @@ type Options struct {
 }
 
 // Client requests certificates from the CA over one gRPC connection
-// (established lazily, re-established as needed).
+// (established lazily, made anew after it failed).
 type Client struct {
-	conn   *grpc.ClientConn
-	client securityapi.IstioCertificateServiceClient
+	conn *reconnect.Conn
 }
 
 // New returns a client for the CA; it does not connect yet.
@@ -103,11 +102,11 @@ func New(o Options) (*Client, error) {
 	if o.Token != nil {
 		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearer(o.Token)))
 	}
-	conn, err := grpc.NewClient(o.Address, dialOpts...)
+	conn, err := reconnect.NewConn(o.Address, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("CA client for %s: %w", o.Address, err)
 	}
-	return &Client{conn: conn, client: securityapi.NewIstioCertificateServiceClient(conn)}, nil
+	return &Client{conn: conn}, nil
 }
 
 // Close releases the connection.
@@ -126,14 +125,13 @@ func (c *Client) Fetch(ctx context.Context, id trust.Identity, csrPEM []byte, tt
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
-	// The caller (the certificate manager) paces its retries; each one
-	// reaches the CA at once.
-	reconnect.Now(ctx, c.conn)
 	secs := int64(0)
 	if ttl > 0 {
 		secs = int64((ttl + time.Second - 1) / time.Second)
 	}
-	resp, err := c.client.CreateCertificate(ctx, &securityapi.IstioCertificateRequest{
+	// The caller (the certificate manager) paces its retries; each one
+	// reaches the CA at once (reconnect.Conn).
+	resp, err := securityapi.NewIstioCertificateServiceClient(c.conn.Get()).CreateCertificate(ctx, &securityapi.IstioCertificateRequest{
 		Csr:              string(csrPEM),
 		ValidityDuration: secs,
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
