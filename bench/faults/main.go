@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/bench/internal/faultload"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 )
@@ -70,7 +71,7 @@ func main() {
 type harness struct {
 	mesh     *localmesh.Mesh
 	cfg, pol string
-	load     *load
+	load     *faultload.Load
 	rowTime  time.Duration
 	certTTL  time.Duration
 	// policyRev is the revision marker of the policy on disk.
@@ -88,7 +89,7 @@ type row struct {
 	name, fault, expectation string
 	inject                   func(ctx context.Context, h *harness) (outcome, error)
 	// judge says whether the figures meet the expectation ("" if so).
-	judge func(fresh, existing summary) string
+	judge func(fresh, existing faultload.Summary) string
 	// before prepares the row (before the mesh is checked to serve).
 	before func(h *harness) error
 	// after mends what the fault broke, once the load has stopped.
@@ -128,7 +129,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshTemplate, BasePort: o.basePort,
-		Policies:         map[string]string{"authz.rego": policy(0)},
+		Policies:         map[string]string{"authz.rego": faultload.Policy(0)},
 		ControlPlaneArgs: []string{"--cert-ttl", o.certTTL.String()},
 		NodeProxyArgs:    map[string][]string{"node-a": {"--clock-offset-file", h.clockFile}}})
 	if err != nil {
@@ -143,8 +144,8 @@ func run(ctx context.Context, o options) error {
 	}
 	fresh := client.HTTP(false)
 	fresh.Timeout = 10 * time.Second
-	h.load = &load{url: "http://reviews.shop/", rate: o.rate, fresh: fresh,
-		existing: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: client.DialContext,
+	h.load = &faultload.Load{URL: "http://reviews.shop/", Rate: o.rate, Fresh: fresh,
+		Existing: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: client.DialContext,
 			MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4, IdleConnTimeout: time.Minute}}}
 
 	fmt.Printf("faults: %d req/s on new and on existing connections, %v per row, fault after %v\n\n", o.rate, o.rowTime, o.rowTime/4)
@@ -154,8 +155,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	fmt.Println()
-	fmt.Println("| fault | connections | sent | failed (by cause) | longest gap | result |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Print(faultload.TableHeader)
 	missed := 0
 	for _, r := range rows(o) {
 		if !only.MatchString(r.name) {
@@ -176,24 +176,11 @@ func run(ctx context.Context, o options) error {
 			keep = true
 			return fmt.Errorf("%s: %w", r.name, err)
 		}
-		verdict := r.judge(fresh, existing)
-		if out.problem != "" {
-			verdict = strings.TrimPrefix(verdict+", "+out.problem, ", ")
+		result, met := faultload.Verdict(r.judge(fresh, existing), out.problem, out.note)
+		if !met {
+			missed++
 		}
-		result := "met"
-		if verdict != "" {
-			result, missed = "NOT met: "+verdict, missed+1
-		}
-		if out.note != "" {
-			result += " (" + out.note + ")"
-		}
-		for _, k := range []struct {
-			name string
-			s    summary
-		}{{"new", fresh}, {"existing", existing}} {
-			fmt.Printf("| %s | %s | %d | %d (%s) | %v | %s |\n", r.name, k.name, k.s.sent, k.s.failed, k.s.causesText(),
-				k.s.longestGap.Round(time.Millisecond), result)
-		}
+		faultload.PrintRow(os.Stdout, r.name, fresh, existing, result)
 		if r.after != nil {
 			if err := r.after(ctx, h); err != nil {
 				keep = true
@@ -216,12 +203,12 @@ func run(ctx context.Context, o options) error {
 
 // window runs the load for one row, injecting the fault after a quarter
 // of it.
-func (h *harness) window(ctx context.Context, inject func(context.Context, *harness) (outcome, error)) (fresh, existing summary, out outcome, err error) {
+func (h *harness) window(ctx context.Context, inject func(context.Context, *harness) (outcome, error)) (fresh, existing faultload.Summary, out outcome, err error) {
 	lctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	from := time.Now()
 	go func() {
-		h.load.run(lctx)
+		h.load.Run(lctx)
 		close(done)
 	}()
 	sleep(ctx, h.rowTime/4)
@@ -229,9 +216,9 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 	sleep(ctx, time.Until(from.Add(h.rowTime)))
 	cancel()
 	<-done
-	rs := h.load.take()
+	rs := h.load.Take()
 	to := time.Now()
-	return summarize(rs, "new", from, to), summarize(rs, "existing", from, to), out, err
+	return faultload.Summarize(rs, "new", from, to), faultload.Summarize(rs, "existing", from, to), out, err
 }
 
 // settle waits until a request succeeds again, so a row starts on a
@@ -239,20 +226,20 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 func (h *harness) settle(ctx context.Context) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		r := h.load.one(h.load.fresh)
-		if r.cause == "" {
-			h.load.take()
+		r := h.load.One(h.load.Fresh)
+		if r.Cause == "" {
+			h.load.Take()
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("last answer: %s", r.cause)
+			return fmt.Errorf("last answer: %s", r.Cause)
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
 }
 
 func (h *harness) writeRoute(v1, v2 int, extra string) error {
-	return writeAtomic(filepath.Join(h.cfg, "route.yaml"), route(v1, v2, extra))
+	return writeAtomic(filepath.Join(h.cfg, "route.yaml"), faultload.Route(v1, v2, extra, faultload.RetryOn5xx))
 }
 
 // writeAtomic replaces a file by renaming, as an editor or a Git checkout
@@ -369,30 +356,17 @@ func (h *harness) waitRefreshed(ctx context.Context, limit time.Duration) (time.
 	}
 }
 
-func noFailures(fresh, existing summary) string {
-	var why []string
-	for _, s := range []struct {
-		kind string
-		s    summary
-	}{{"new", fresh}, {"existing", existing}} {
-		if s.s.failed > 0 {
-			why = append(why, fmt.Sprintf("%d failed on %s connections", s.s.failed, s.kind))
-		}
-	}
-	return strings.Join(why, ", ")
-}
-
 func rows(o options) []row {
 	return []row{
 		{
 			name: "controlplane-kill", fault: "control plane killed (SIGKILL), restarted after 5 s",
 			expectation: "0 failed on existing and new connections (last configuration and certificates kept)",
-			inject:      restart(syscall.SIGKILL, controlPlane, 5*time.Second), judge: noFailures,
+			inject:      restart(syscall.SIGKILL, controlPlane, 5*time.Second), judge: faultload.NoFailures,
 		},
 		{
 			name: "waypoint-sigterm", fault: "waypoint replica restarted gracefully (SIGTERM), 2 replicas",
 			expectation: "0 failed: GOAWAY, drain, exit",
-			inject:      restart(syscall.SIGTERM, waypoint0, 0), judge: noFailures,
+			inject:      restart(syscall.SIGTERM, waypoint0, 0), judge: faultload.NoFailures,
 		},
 		{
 			name: "waypoint-kill", fault: "waypoint replica killed (SIGKILL), 2 replicas, left down",
@@ -432,7 +406,7 @@ func rows(o options) []row {
 				return outcome{note: fmt.Sprintf("%s killed; %s tries it last from %v after (its first failed dial; for 5 s, doubling while dials fail)",
 					waypoint1, nodeProxyA, entry.TS.Sub(killed).Round(time.Millisecond))}, nil
 			},
-			judge: noFailures,
+			judge: faultload.NoFailures,
 			after: func(ctx context.Context, h *harness) error { return h.mesh.Restart(ctx, waypoint1) },
 		},
 		{
@@ -443,9 +417,9 @@ func rows(o options) []row {
 			// one listens: that gap is the figure. Requests on connections
 			// made before keep being answered while it drains (the pool
 			// of the "existing" kind dials a few new ones, refused too).
-			judge: func(_, existing summary) string {
-				if existing.longestGap > 2*time.Second {
-					return fmt.Sprintf("existing connections stopped for %v", existing.longestGap.Round(time.Millisecond))
+			judge: func(_, existing faultload.Summary) string {
+				if existing.LongestGap > 2*time.Second {
+					return fmt.Sprintf("existing connections stopped for %v", existing.LongestGap.Round(time.Millisecond))
 				}
 				return ""
 			},
@@ -457,7 +431,7 @@ func rows(o options) []row {
 				n := int(h.rowTime / 2 / time.Second)
 				for i := 1; i <= n && ctx.Err() == nil; i++ {
 					h.policyRev++
-					if err := writeAtomic(filepath.Join(h.pol, "authz.rego"), policy(h.policyRev)); err != nil {
+					if err := writeAtomic(filepath.Join(h.pol, "authz.rego"), faultload.Policy(h.policyRev)); err != nil {
 						return outcome{}, err
 					}
 					sleep(ctx, time.Second)
@@ -465,9 +439,9 @@ func rows(o options) []row {
 				return outcome{note: fmt.Sprintf("%d edits", n)}, nil
 			},
 			// The edits must take effect: answers show several revisions.
-			judge: func(fresh, existing summary) string {
-				why := noFailures(fresh, existing)
-				if seen := len(fresh.revisions); seen < 2 {
+			judge: func(fresh, existing faultload.Summary) string {
+				why := faultload.NoFailures(fresh, existing)
+				if seen := len(fresh.Revisions); seen < 2 {
 					why = strings.TrimPrefix(why+fmt.Sprintf(", answers show %d policy revision(s)", seen), ", ")
 				}
 				return why
@@ -482,7 +456,7 @@ func rows(o options) []row {
 				for i := 0; i < n && ctx.Err() == nil; i++ {
 					extra := ""
 					if i%2 == 1 {
-						extra = extraRule
+						extra = faultload.ExtraRule
 					}
 					w := weights[i%len(weights)]
 					if err := h.writeRoute(w[0], w[1], extra); err != nil {
@@ -492,7 +466,7 @@ func rows(o options) []row {
 				}
 				return outcome{note: fmt.Sprintf("%d edits", n)}, h.writeRoute(50, 50, "")
 			},
-			judge: noFailures,
+			judge: faultload.NoFailures,
 		},
 		{
 			name: "backend-kill", fault: "one of the two endpoints of the route's backend killed (SIGKILL), left down",
@@ -501,8 +475,10 @@ func rows(o options) []row {
 				_, err := h.kill(ctx, backendV2, syscall.SIGKILL, 10*time.Second)
 				return outcome{note: backendV2 + " killed"}, err
 			},
-			judge:  noFailures,
-			before: func(h *harness) error { return writeAtomic(filepath.Join(h.cfg, "route.yaml"), singleBackendRoute) },
+			judge: faultload.NoFailures,
+			before: func(h *harness) error {
+				return writeAtomic(filepath.Join(h.cfg, "route.yaml"), faultload.SingleBackendRoute(faultload.RetryOn5xx))
+			},
 			after: func(ctx context.Context, h *harness) error {
 				if err := h.writeRoute(50, 50, ""); err != nil {
 					return err
@@ -517,9 +493,9 @@ func rows(o options) []row {
 			// New connections need node-a's own certificate, expired by
 			// its clock ahead: they must fail then (or the skew did not
 			// take). Connections made before keep their TLS sessions.
-			judge: func(fresh, existing summary) string {
-				why := noFailures(summary{}, existing)
-				if fresh.failed == 0 {
+			judge: func(fresh, existing faultload.Summary) string {
+				why := faultload.NoFailures(faultload.Summary{}, existing)
+				if fresh.Failed == 0 {
 					why = strings.TrimPrefix(why+", no new connection refused", ", ")
 				}
 				return why
@@ -531,7 +507,7 @@ func rows(o options) []row {
 				o.soak.idle, o.soak.active, o.soak.interval, o.soak.openRate, o.soak.duration),
 			expectation: "goroutines, file descriptors and RSS of the proxies flat while held (sampled), back down once closed; no connection closed by the mesh " +
 				"(the kernel's keepalive aborts, counted by the host's TCPAbortOnTimeout, are reported as the host's)",
-			inject: soakRow(o.soak), judge: noFailures,
+			inject: soakRow(o.soak), judge: faultload.NoFailures,
 		},
 		// Last: certificates may expire while the CA is down, and the
 		// rows after it would measure the recovery instead of their fault.
@@ -591,11 +567,11 @@ func rows(o options) []row {
 			// out until 90 %: one may lapse from 40 % of its life into the
 			// outage on. New connections then fail until it is refreshed,
 			// at most the rest of the outage and 5 s; existing ones never.
-			judge: func(fresh, existing summary) string {
-				why := noFailures(summary{}, existing)
-				if limit := o.certTTL*6/10 - o.certTTL*4/10 + 5*time.Second; fresh.longestGap > limit {
+			judge: func(fresh, existing faultload.Summary) string {
+				why := faultload.NoFailures(faultload.Summary{}, existing)
+				if limit := o.certTTL*6/10 - o.certTTL*4/10 + 5*time.Second; fresh.LongestGap > limit {
 					why = strings.TrimPrefix(why+fmt.Sprintf(", new connections stopped for %v (at most %v: the outage after the earliest lapse, and 5 s)",
-						fresh.longestGap.Round(time.Millisecond), limit), ", ")
+						fresh.LongestGap.Round(time.Millisecond), limit), ", ")
 				}
 				return why
 			},

@@ -1,10 +1,5 @@
 package main
 
-import (
-	"fmt"
-	"strings"
-)
-
 // The harness's own addresses, apart from the sample (127.0.10.x), the
 // end-to-end suite (127.0.40.x) and the benchmarks (127.0.90.x, 127.0.91.x):
 // pods 127.0.83.x, their apps 127.0.183.x, service VIPs 127.0.84.x.
@@ -104,50 +99,3 @@ spec:
   selector: {app: reviews, version: v2}
   ports: [{name: http, port: 80, targetPort: 8080, appProtocol: http}]
 `
-
-// route is the HTTPRoute of Service reviews: weights for v1 and v2, and
-// extra rules (the route edit adds one), with the retry policy the
-// backend-kill row relies on.
-func route(v1, v2 int, extra string) string {
-	return fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: reviews, namespace: shop}
-spec:
-  parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
-  rules:%s
-  - backendRefs: [{name: reviews-v1, port: 80, weight: %d}, {name: reviews-v2, port: 80, weight: %d}]
-    retry: {attempts: 2, codes: [502, 503]}
-`, extra, v1, v2)
-}
-
-// singleBackendRoute sends everything to Service reviews, whose two
-// endpoints (v1, v2) the waypoint balances and retries across.
-const singleBackendRoute = `apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: reviews, namespace: shop}
-spec:
-  parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
-  rules:
-  - backendRefs: [{name: reviews, port: 80}]
-    retry: {attempts: 2, codes: [502, 503]}
-`
-
-// extraRule routes a header to v2 only (the "new route" of the route edit).
-const extraRule = `
-  - matches: [{headers: [{name: x-version, value: v2}]}]
-    backendRefs: [{name: reviews-v2, port: 80}]`
-
-// policy allows the frontend's reads; every allowed request carries the
-// policy's revision marker in x-policy-revision, so each answer shows
-// which revision decided it.
-func policy(rev int) string {
-	return strings.ReplaceAll(`package envoy.authz
-
-default allow := {"allowed": false, "http_status": 403, "body": "denied\n"}
-
-allow := {"allowed": true, "headers": {"x-policy-revision": "read,rev-REV"}} if {
-	input.attributes.source.principal == "spiffe://cluster.local/ns/web/sa/frontend"
-	input.attributes.request.http.method in {"GET", "HEAD"}
-}
-`, "REV", fmt.Sprint(rev))
-}

@@ -55,7 +55,7 @@ func clockSkew(ctx context.Context, h *harness) (outcome, error) {
 		return outcome{}, err
 	}
 	skewed := time.Now()
-	refused, ok := h.until(ctx, 5*time.Second, func() bool { return h.load.one(h.load.fresh).cause != "" })
+	refused, ok := h.until(ctx, 5*time.Second, func() bool { return h.load.One(h.load.Fresh).Cause != "" })
 	if !ok {
 		problems = append(problems, "new connections still served 5 s after the clock went ahead")
 	}
@@ -63,7 +63,7 @@ func clockSkew(ctx context.Context, h *harness) (outcome, error) {
 	if err := h.setClock(0); err != nil {
 		return outcome{}, err
 	}
-	aheadBack, ok := h.until(ctx, 30*time.Second, func() bool { return h.load.one(h.load.fresh).cause == "" })
+	aheadBack, ok := h.until(ctx, 30*time.Second, func() bool { return h.load.One(h.load.Fresh).Cause == "" })
 	if !ok {
 		problems = append(problems, "new connections not served 30 s after the clock ahead was set right")
 	}
