@@ -8,7 +8,7 @@ TEST_FLAGS ?= -count=1 -timeout 14m
 
 BINARIES := controlplane nodeproxy waypoint meshctl echo
 
-.PHONY: all build test lint proto demo bench fuzz faults clean cluster cluster-down images e2e-k8s
+.PHONY: all build test lint proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s
 
 all: build
 
@@ -74,6 +74,13 @@ FAULTS_BASE_PORT ?= 21000
 FAULTS_FLAGS     ?=
 faults: build
 	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) $(FAULTS_FLAGS)
+
+# The same faults on the running test cluster (bench/README.md "Faults on
+# Kubernetes"), about 7 minutes; needs root and `make cluster` first.
+# FAULTS_K8S_FLAGS: e.g. -row 30s -only waypoint -keep.
+FAULTS_K8S_FLAGS ?=
+faults-k8s:
+	bench/faults-k8s.sh $(FAULTS_K8S_FLAGS)
 
 clean:
 	rm -rf $(BIN)

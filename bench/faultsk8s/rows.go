@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/causeway-mesh/causeway/bench/internal/faultload"
+)
+
+func noFailures(_ []faultload.Result, fresh, existing faultload.Summary, _ outcome) string {
+	return faultload.NoFailures(fresh, existing)
+}
+
+func rows() []row {
+	return []row{
+		{
+			name: "controlplane-delete", fault: "every control plane pod deleted (kubectl delete pod, both replicas); the Deployment starts new ones",
+			expectation: "0 failed on existing and new connections (last configuration and certificates kept)",
+			inject:      deletePods(systemNS, "app.kubernetes.io/name="+controlPlane, 2), judge: noFailures,
+		},
+		{
+			name: "waypoint-delete", fault: "a waypoint replica force-deleted (kubectl delete pod --grace-period=0 --force: the pod object goes at once, the kubelet kills its process 2 s later), 2 replicas",
+			expectation: "requests in flight on it fail at most once each (the load does not retry); requests started after it died 0 failed",
+			inject:      waypointDelete, judge: afterKillNoFailures,
+			after: func(ctx context.Context, h *harness) error {
+				return h.c.do(ctx, []string{"-n", "shop", "rollout", "status", "deployment/" + waypoint, "--timeout=180s"})
+			},
+		},
+		{
+			name: "waypoint-rollout", fault: "kubectl rollout restart of the waypoint Deployment (2 replicas, surge 1)",
+			expectation: "0 failed: GOAWAY, drain, exit",
+			inject:      rollout("shop", "deployment/"+waypoint, waypointSelector, 2), judge: noFailures,
+		},
+		{
+			name: "nodeproxy-rollout", fault: "kubectl rollout restart of the node proxy DaemonSet (maxSurge 1: the new pod listens beside the draining one)",
+			expectation: "0 failed",
+			inject:      rollout(systemNS, "daemonset/"+nodeProxy, "app.kubernetes.io/name="+nodeProxy, 1), judge: noFailures,
+		},
+		{
+			name: "policy-edit", fault: "the waypoint's policy ConfigMap edited every second (kubectl apply)",
+			expectation: "0 failed; every request decided by exactly one revision; the edits take effect",
+			inject:      policyEdit,
+			judge: func(_ []faultload.Result, fresh, existing faultload.Summary, _ outcome) string {
+				why := faultload.NoFailures(fresh, existing)
+				seen := map[string]bool{}
+				for _, s := range []faultload.Summary{fresh, existing} {
+					for rev := range s.Revisions {
+						seen[rev] = true
+					}
+				}
+				if len(seen) < 2 {
+					why = strings.TrimPrefix(why+fmt.Sprintf(", answers show %d policy revision(s)", len(seen)), ", ")
+				}
+				return why
+			},
+		},
+		{
+			name: "route-edit", fault: "the HTTPRoute edited every second (kubectl apply: weights 100/0, 0/100, 50/50; a header rule added and removed)",
+			expectation: "0 failed",
+			inject:      routeEdit, judge: noFailures,
+		},
+		{
+			name: "backend-delete", fault: "one of the two endpoints of the route's backend deleted (kubectl delete pod: reviews-v2's, 2 s grace); its Deployment starts a new one",
+			expectation: "failures within the route's retry policy (no retry stanza: the standard channel has none; the waypoint retries a connect failure once on another endpoint): 0 failed",
+			before: func(ctx context.Context, h *harness) error {
+				if err := h.c.apply(ctx, faultload.SingleBackendRoute("")); err != nil {
+					return err
+				}
+				sleep(ctx, 2*time.Second) // the control plane's debounce and push
+				return nil
+			},
+			inject: deletePods("shop", "app=reviews,version=v2", 1), judge: noFailures,
+			after: func(ctx context.Context, h *harness) error {
+				return h.c.apply(ctx, faultload.Route(50, 50, "", ""))
+			},
+		},
+	}
+}
+
+// deletePods deletes the pods matching selector (gracefully) and waits
+// until n new ones are ready and the old ones gone.
+func deletePods(ns, selector string, n int) func(context.Context, *harness, *remoteLoad) (outcome, error) {
+	return func(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+		old, err := h.c.pods(ctx, ns, selector)
+		if err != nil {
+			return outcome{}, err
+		}
+		at := time.Now()
+		if _, err := h.c.kc(ctx, time.Minute, "", "-n", ns, "delete", "pod", "-l", selector, "--wait=false"); err != nil {
+			return outcome{}, err
+		}
+		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, 3*time.Minute)
+		return outcome{at: at, note: fmt.Sprintf("%s deleted; new pods ready after %v, the old ones gone after %v",
+			names(old), readyAfter.Round(100*time.Millisecond), goneAfter.Round(100*time.Millisecond))}, err
+	}
+}
+
+// rollout restarts a workload (kubectl rollout restart) and waits until n
+// new pods are ready and the old ones gone.
+func rollout(ns, workload, selector string, n int) func(context.Context, *harness, *remoteLoad) (outcome, error) {
+	return func(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+		old, err := h.c.pods(ctx, ns, selector)
+		if err != nil {
+			return outcome{}, err
+		}
+		at := time.Now()
+		if _, err := h.c.kc(ctx, time.Minute, "", "-n", ns, "rollout", "restart", workload); err != nil {
+			return outcome{}, err
+		}
+		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, 3*time.Minute)
+		return outcome{at: at, note: fmt.Sprintf("%d new pods ready after %v, the old ones gone after %v",
+			n, readyAfter.Round(100*time.Millisecond), goneAfter.Round(100*time.Millisecond))}, err
+	}
+}
+
+func names(ps []corev1.Pod) string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Name)
+	}
+	return strings.Join(out, ", ")
+}
+
+// waypointDelete force-deletes one waypoint pod and notes when its
+// process died (its containerd task ended): outcome.at is that moment.
+func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+	ps, err := h.c.pods(ctx, "shop", waypointSelector)
+	if err != nil {
+		return outcome{}, err
+	}
+	if len(ps) != 2 || !ready(ps[0]) || !ready(ps[1]) {
+		return outcome{}, fmt.Errorf("want 2 ready waypoint pods, have %d (%s)", len(ps), names(ps))
+	}
+	victim := ps[0]
+	if len(victim.Status.ContainerStatuses) != 1 {
+		return outcome{}, fmt.Errorf("%s: %d containers, want 1", victim.Name, len(victim.Status.ContainerStatuses))
+	}
+	task, ok := strings.CutPrefix(victim.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	if !ok {
+		return outcome{}, fmt.Errorf("%s: container %q is not containerd's", victim.Name, victim.Status.ContainerStatuses[0].ContainerID)
+	}
+	if alive, err := h.taskRunning(ctx, task); err != nil || !alive {
+		return outcome{}, fmt.Errorf("%s: its task %s is not running (%v)", victim.Name, task, err)
+	}
+	deleted := time.Now()
+	if _, err := h.c.kc(ctx, time.Minute, "", "-n", "shop", "delete", "pod", victim.Name, "--grace-period=0", "--force", "--wait=false"); err != nil {
+		return outcome{}, err
+	}
+	died, ok, err := until(ctx, time.Minute, func() (bool, error) {
+		alive, err := h.taskRunning(ctx, task)
+		return !alive, err
+	})
+	if err != nil || !ok {
+		return outcome{}, fmt.Errorf("%s's process still running a minute after the delete (%v)", victim.Name, err)
+	}
+	at := deleted.Add(died)
+	readyAfter, _, err := h.c.replaced(ctx, "shop", waypointSelector, []corev1.Pod{victim}, 2, 3*time.Minute)
+	return outcome{at: at, note: fmt.Sprintf("%s force-deleted; its process died %v after; a new replica ready %v after the delete",
+		victim.Name, died.Round(100*time.Millisecond), readyAfter.Round(100*time.Millisecond))}, err
+}
+
+// taskRunning says whether containerd runs the container's task.
+func (h *harness) taskRunning(ctx context.Context, id string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ctr", "--address", h.ctrAddress, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return false, fmt.Errorf("ctr tasks ls: %w", err)
+	}
+	return taskListed(string(out), id), nil
+}
+
+// taskListed reads `ctr tasks ls` (TASK PID STATUS): whether the task is
+// there and RUNNING.
+func taskListed(out, id string) bool {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == id {
+			return f[2] == "RUNNING"
+		}
+	}
+	return false
+}
+
+// afterKillNoFailures: requests that started before the waypoint's process
+// died may fail (they were in flight on it, or on their way to it); every
+// one started after must succeed.
+func afterKillNoFailures(rs []faultload.Result, _, _ faultload.Summary, out outcome) string {
+	var inFlight, after []string
+	for _, r := range rs {
+		if r.Cause == "" {
+			continue
+		}
+		if r.Start.Before(out.at) {
+			inFlight = append(inFlight, r.Conn)
+		} else {
+			after = append(after, fmt.Sprintf("%s (%s, %v after)", r.Cause, r.Conn, r.Start.Sub(out.at).Round(time.Millisecond)))
+		}
+	}
+	if len(after) > 0 {
+		return fmt.Sprintf("%d requests started after the process died failed: %s", len(after), strings.Join(after, "; "))
+	}
+	return ""
+}
+
+// policyEdit applies a new revision of the policy every second for half
+// the row, then waits until answers carry the last one (the kubelet
+// refreshes ConfigMap volumes on its own period, a minute by default).
+func policyEdit(ctx context.Context, h *harness, l *remoteLoad) (outcome, error) {
+	n := int(h.rowTime / 2 / time.Second)
+	at := time.Now()
+	var last time.Time
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		h.policyRev++
+		if err := h.c.apply(ctx, policyConfigMap(h.policyRev)); err != nil {
+			return outcome{}, err
+		}
+		last = time.Now()
+		sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
+	}
+	want := fmt.Sprintf("rev-%d", h.policyRev)
+	var first faultload.Result
+	took, ok, err := until(ctx, 3*time.Minute, func() (bool, error) {
+		var found bool
+		first, found = l.first(func(r faultload.Result) bool { return r.Revision == want })
+		return found, nil
+	})
+	out := outcome{at: at}
+	if ok {
+		out.note = fmt.Sprintf("%d edits in %v; the first answer with the last revision came %v after the last edit",
+			n, last.Sub(at).Round(100*time.Millisecond), first.End.Sub(last).Round(100*time.Millisecond))
+	} else {
+		out.note = fmt.Sprintf("%d edits in %v", n, last.Sub(at).Round(100*time.Millisecond))
+		out.problem = fmt.Sprintf("no answer with the last revision (%s) %v after the last edit", want, took.Round(time.Second))
+	}
+	return out, err
+}
+
+// routeEdit applies a new HTTPRoute every second for half the row, then
+// the row's 50/50 route again.
+func routeEdit(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+	n := int(h.rowTime / 2 / time.Second)
+	weights := [][2]int{{100, 0}, {0, 100}, {50, 50}}
+	at := time.Now()
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		extra := ""
+		if i%2 == 1 {
+			extra = faultload.ExtraRule
+		}
+		w := weights[i%len(weights)]
+		if err := h.c.apply(ctx, faultload.Route(w[0], w[1], extra, "")); err != nil {
+			return outcome{}, err
+		}
+		sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
+	}
+	return outcome{at: at, note: fmt.Sprintf("%d edits", n)}, h.c.apply(ctx, faultload.Route(50, 50, "", ""))
+}
