@@ -61,7 +61,9 @@ func (c *cluster) apply(ctx context.Context, yaml string) error {
 	return err
 }
 
-func (c *cluster) path(elem ...string) string { return filepath.Join(append([]string{c.repo}, elem...)...) }
+func (c *cluster) path(elem ...string) string {
+	return filepath.Join(append([]string{c.repo}, elem...)...)
+}
 
 func (c *cluster) overlay() string { return c.path("manifests", "overlays", "local-images") }
 func (c *cluster) sample() string  { return c.path("examples", "kubernetes", "local-images") }

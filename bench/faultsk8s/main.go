@@ -53,4 +53,6 @@ func main() {
 	}
 }
 
-func flagSet(name string) *flag.FlagSet { return flag.NewFlagSet("faultsk8s "+name, flag.ContinueOnError) }
+func flagSet(name string) *flag.FlagSet {
+	return flag.NewFlagSet("faultsk8s "+name, flag.ContinueOnError)
+}
