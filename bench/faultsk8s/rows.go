@@ -32,6 +32,11 @@ func rows() []row {
 			},
 		},
 		{
+			name: "waypoint-kill", fault: "a waypoint replica's process killed (SIGKILL to its container's task, as a crash or the OOM killer would; the kubelet restarts it in place), 2 replicas",
+			expectation: "requests in flight on it fail at most once each (the load does not retry); requests started after it died 0 failed",
+			inject:      waypointKill, judge: afterKillNoFailures,
+		},
+		{
 			name: "waypoint-rollout", fault: "kubectl rollout restart of the waypoint Deployment (2 replicas, surge 1)",
 			expectation: "0 failed: GOAWAY, drain, exit",
 			inject:      rollout("shop", "deployment/"+waypoint, waypointSelector, 2), judge: noFailures,
@@ -126,42 +131,98 @@ func names(ps []corev1.Pod) string {
 	return strings.Join(out, ", ")
 }
 
-// waypointDelete force-deletes one waypoint pod and notes when its
-// process died (its containerd task ended): outcome.at is that moment.
-func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+// waypointVictim picks one of the two ready waypoint pods and its
+// container's running containerd task.
+func (h *harness) waypointVictim(ctx context.Context) (corev1.Pod, string, error) {
 	ps, err := h.c.pods(ctx, "shop", waypointSelector)
 	if err != nil {
-		return outcome{}, err
+		return corev1.Pod{}, "", err
 	}
 	if len(ps) != 2 || !ready(ps[0]) || !ready(ps[1]) {
-		return outcome{}, fmt.Errorf("want 2 ready waypoint pods, have %d (%s)", len(ps), names(ps))
+		return corev1.Pod{}, "", fmt.Errorf("want 2 ready waypoint pods, have %d (%s)", len(ps), names(ps))
 	}
 	victim := ps[0]
 	if len(victim.Status.ContainerStatuses) != 1 {
-		return outcome{}, fmt.Errorf("%s: %d containers, want 1", victim.Name, len(victim.Status.ContainerStatuses))
+		return victim, "", fmt.Errorf("%s: %d containers, want 1", victim.Name, len(victim.Status.ContainerStatuses))
 	}
 	task, ok := strings.CutPrefix(victim.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	if !ok {
-		return outcome{}, fmt.Errorf("%s: container %q is not containerd's", victim.Name, victim.Status.ContainerStatuses[0].ContainerID)
+		return victim, "", fmt.Errorf("%s: container %q is not containerd's", victim.Name, victim.Status.ContainerStatuses[0].ContainerID)
 	}
 	if alive, err := h.taskRunning(ctx, task); err != nil || !alive {
-		return outcome{}, fmt.Errorf("%s: its task %s is not running (%v)", victim.Name, task, err)
+		return victim, "", fmt.Errorf("%s: its task %s is not running (%v)", victim.Name, task, err)
+	}
+	return victim, task, nil
+}
+
+// died waits until the task no longer runs and says how long after since
+// that was.
+func (h *harness) died(ctx context.Context, task string, since time.Time) (time.Duration, error) {
+	_, ok, err := until(ctx, time.Minute, func() (bool, error) {
+		alive, err := h.taskRunning(ctx, task)
+		return !alive, err
+	})
+	if err != nil || !ok {
+		return 0, fmt.Errorf("task %s still running a minute on (%v)", task, err)
+	}
+	return time.Since(since), nil
+}
+
+// waypointDelete force-deletes one waypoint pod and notes when its
+// process died (its containerd task ended): outcome.at is that moment.
+func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+	victim, task, err := h.waypointVictim(ctx)
+	if err != nil {
+		return outcome{}, err
 	}
 	deleted := time.Now()
 	if _, err := h.c.kc(ctx, time.Minute, "", "-n", "shop", "delete", "pod", victim.Name, "--grace-period=0", "--force", "--wait=false"); err != nil {
 		return outcome{}, err
 	}
-	died, ok, err := until(ctx, time.Minute, func() (bool, error) {
-		alive, err := h.taskRunning(ctx, task)
-		return !alive, err
-	})
-	if err != nil || !ok {
-		return outcome{}, fmt.Errorf("%s's process still running a minute after the delete (%v)", victim.Name, err)
+	died, err := h.died(ctx, task, deleted)
+	if err != nil {
+		return outcome{}, err
 	}
-	at := deleted.Add(died)
 	readyAfter, _, err := h.c.replaced(ctx, "shop", waypointSelector, []corev1.Pod{victim}, 2, 3*time.Minute)
-	return outcome{at: at, note: fmt.Sprintf("%s force-deleted; its process died %v after; a new replica ready %v after the delete",
+	return outcome{at: deleted.Add(died), note: fmt.Sprintf("%s force-deleted; its process died %v after; a new replica ready %v after the delete",
 		victim.Name, died.Round(100*time.Millisecond), readyAfter.Round(100*time.Millisecond))}, err
+}
+
+// waypointKill kills one waypoint pod's process and waits until the
+// kubelet has restarted it and it is ready again.
+func waypointKill(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
+	victim, task, err := h.waypointVictim(ctx)
+	if err != nil {
+		return outcome{}, err
+	}
+	restarts := victim.Status.ContainerStatuses[0].RestartCount
+	killed := time.Now()
+	if out, err := exec.CommandContext(ctx, "ctr", "--address", h.ctrAddress, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task).CombinedOutput(); err != nil {
+		return outcome{}, fmt.Errorf("ctr tasks kill %s: %v: %s", task, err, out)
+	}
+	died, err := h.died(ctx, task, killed)
+	if err != nil {
+		return outcome{}, err
+	}
+	_, ok, err := until(ctx, 3*time.Minute, func() (bool, error) {
+		ps, err := h.c.pods(ctx, "shop", waypointSelector)
+		if err != nil {
+			return false, err
+		}
+		n := 0
+		for _, p := range ps {
+			if ready(p) && (p.UID != victim.UID || p.Status.ContainerStatuses[0].RestartCount > restarts) {
+				n++
+			}
+		}
+		return n == 2, nil
+	})
+	if err == nil && !ok {
+		err = fmt.Errorf("%s not restarted and ready within 3 minutes of the kill", victim.Name)
+	}
+	back := time.Since(killed)
+	return outcome{at: killed.Add(died), note: fmt.Sprintf("%s's process killed; its task ended %v after; restarted and ready %v after the kill",
+		victim.Name, died.Round(100*time.Millisecond), back.Round(100*time.Millisecond))}, err
 }
 
 // taskRunning says whether containerd runs the container's task.

@@ -179,9 +179,17 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 		case <-time.After(time.Minute):
 			err = fmt.Errorf("the load did not end within a minute of its stdin")
 		}
-		cancel()
-		if werr := cmd.Wait(); err == nil && werr != nil {
-			err = werr
+		// kubectl exits once the stream is over; kill it if it does not.
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		select {
+		case werr := <-waited:
+			if err == nil && werr != nil {
+				err = werr
+			}
+		case <-time.After(30 * time.Second):
+			cancel()
+			<-waited
 		}
 		if err != nil {
 			err = fmt.Errorf("the load: %w: %s", err, strings.TrimSpace(stderr.String()))
