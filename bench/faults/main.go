@@ -165,7 +165,7 @@ func run(ctx context.Context, o options) error {
 			if err := r.before(h); err != nil {
 				return fmt.Errorf("%s: %w", r.name, err)
 			}
-			sleep(ctx, 2*time.Second) // the control plane's debounce and push
+			faultload.Sleep(ctx, 2*time.Second) // the control plane's debounce and push
 		}
 		if err := h.settle(ctx); err != nil {
 			keep = true
@@ -211,9 +211,9 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 		h.load.Run(lctx)
 		close(done)
 	}()
-	sleep(ctx, h.rowTime/4)
+	faultload.Sleep(ctx, h.rowTime/4)
 	out, err = inject(ctx, h)
-	sleep(ctx, time.Until(from.Add(h.rowTime)))
+	faultload.Sleep(ctx, time.Until(from.Add(h.rowTime)))
 	cancel()
 	<-done
 	rs := h.load.Take()
@@ -234,7 +234,7 @@ func (h *harness) settle(ctx context.Context) error {
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("last answer: %s", r.Cause)
 		}
-		sleep(ctx, 200*time.Millisecond)
+		faultload.Sleep(ctx, 200*time.Millisecond)
 	}
 }
 
@@ -250,16 +250,6 @@ func writeAtomic(path, content string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
 
 // Process names as pkg/localmesh gives them.
@@ -300,7 +290,7 @@ func restart(sig syscall.Signal, name string, down time.Duration) func(context.C
 		if err != nil {
 			return outcome{}, err
 		}
-		sleep(ctx, down)
+		faultload.Sleep(ctx, down)
 		start := time.Now()
 		if err := h.mesh.Restart(ctx, name); err != nil {
 			return outcome{}, err
@@ -352,7 +342,7 @@ func (h *harness) waitRefreshed(ctx context.Context, limit time.Duration) (time.
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return time.Time{}, fmt.Errorf("certificates not refreshed %v after the CA came back: %+v", limit, states)
 		}
-		sleep(ctx, 200*time.Millisecond)
+		faultload.Sleep(ctx, 200*time.Millisecond)
 	}
 }
 
@@ -434,7 +424,7 @@ func rows(o options) []row {
 					if err := writeAtomic(filepath.Join(h.pol, "authz.rego"), faultload.Policy(h.policyRev)); err != nil {
 						return outcome{}, err
 					}
-					sleep(ctx, time.Second)
+					faultload.Sleep(ctx, time.Second)
 				}
 				return outcome{note: fmt.Sprintf("%d edits", n)}, nil
 			},
@@ -462,7 +452,7 @@ func rows(o options) []row {
 					if err := h.writeRoute(w[0], w[1], extra); err != nil {
 						return outcome{}, err
 					}
-					sleep(ctx, time.Second)
+					faultload.Sleep(ctx, time.Second)
 				}
 				return outcome{note: fmt.Sprintf("%d edits", n)}, h.writeRoute(50, 50, "")
 			},
@@ -519,7 +509,7 @@ func rows(o options) []row {
 					return outcome{}, err
 				}
 				down := h.certTTL * 6 / 10
-				sleep(ctx, down)
+				faultload.Sleep(ctx, down)
 				states, err := h.certificateStates()
 				if err != nil {
 					return outcome{}, err

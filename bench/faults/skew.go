@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/causeway-mesh/causeway/bench/internal/faultload"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -59,7 +60,7 @@ func clockSkew(ctx context.Context, h *harness) (outcome, error) {
 	if !ok {
 		problems = append(problems, "new connections still served 5 s after the clock went ahead")
 	}
-	sleep(ctx, time.Until(skewed.Add(skewPhase)))
+	faultload.Sleep(ctx, time.Until(skewed.Add(skewPhase)))
 	if err := h.setClock(0); err != nil {
 		return outcome{}, err
 	}
@@ -84,7 +85,7 @@ func clockSkew(ctx context.Context, h *harness) (outcome, error) {
 	if !ok {
 		problems = append(problems, "a peer's new handshake still accepted 5 s after the clock went behind")
 	}
-	sleep(ctx, time.Until(skewed.Add(skewPhase)))
+	faultload.Sleep(ctx, time.Until(skewed.Add(skewPhase)))
 	if err := h.setClock(0); err != nil {
 		return outcome{}, err
 	}
@@ -137,7 +138,7 @@ func (h *harness) until(ctx context.Context, limit time.Duration, cond func() bo
 		if time.Since(start) > limit || ctx.Err() != nil {
 			return time.Since(start), false
 		}
-		sleep(ctx, 50*time.Millisecond)
+		faultload.Sleep(ctx, 50*time.Millisecond)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/bench/internal/faultload"
 )
 
 // The soak row: many idle connections (to the sink, a pod without a
@@ -352,7 +353,7 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 						}
 						return
 					}
-					sleep(ctx, time.Duration(rand.Int64N(int64(o.interval))))
+					faultload.Sleep(ctx, time.Duration(rand.Int64N(int64(o.interval))))
 					for !s.stopping.Load() && ctx.Err() == nil {
 						if err := get(c, br, host); err != nil {
 							if s.stopping.Load() {
@@ -368,7 +369,7 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 						} else {
 							s.activeOK.Add(1)
 						}
-						sleep(ctx, o.interval)
+						faultload.Sleep(ctx, o.interval)
 					}
 				})
 			})
@@ -386,7 +387,7 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 		warm := min(o.duration/4, 2*time.Minute)
 		var samples []map[string]sample
 		for end := held.Add(o.duration); ctx.Err() == nil; {
-			sleep(ctx, min(o.sample, time.Until(end)))
+			faultload.Sleep(ctx, min(o.sample, time.Until(end)))
 			sm, err := h.sampleAll()
 			if err != nil {
 				return outcome{}, err

@@ -159,7 +159,7 @@ func until(ctx context.Context, limit time.Duration, f func() (bool, error)) (ti
 		if time.Since(start) > limit || ctx.Err() != nil {
 			return time.Since(start), false, ctx.Err()
 		}
-		sleep(ctx, 200*time.Millisecond)
+		faultload.Sleep(ctx, 200*time.Millisecond)
 	}
 }
 

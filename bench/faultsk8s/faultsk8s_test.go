@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -64,12 +65,44 @@ func TestReadRefusesBrokenOutput(t *testing.T) {
 	}
 }
 
-func TestTaskListed(t *testing.T) {
-	out := "TASK    PID     STATUS\nabc     4242    RUNNING\ndef     0       STOPPED\n"
-	for id, want := range map[string]bool{"abc": true, "def": false, "ghi": false, "ab": false} {
-		if got := taskListed(out, id); got != want {
-			t.Errorf("taskListed(%q) = %v, want %v", id, got, want)
+func TestRunningPID(t *testing.T) {
+	out := "TASK    PID     STATUS\nabc     4242    RUNNING\ndef     17      STOPPED\n"
+	for id, want := range map[string]int{"abc": 4242, "def": 0, "ghi": 0, "ab": 0} {
+		if got := runningPID(out, id); got != want {
+			t.Errorf("runningPID(%q) = %v, want %v", id, got, want)
 		}
+	}
+}
+
+func TestDead(t *testing.T) {
+	for stat, want := range map[string]bool{
+		"4242 (waypoint) S 1 4242 4242 0 -1":   false,
+		"4242 (way) point)) R 1 4242":          false,
+		"4242 (waypoint) Z 1 4242 4242 0 -1":   true,
+		"4242 (wait (Z) here) X 1 4242 4242 0": true,
+		"garbage":                              false,
+	} {
+		if got := dead(stat); got != want {
+			t.Errorf("dead(%q) = %v, want %v", stat, got, want)
+		}
+	}
+}
+
+// A process of the test's own: exited sees its end (a zombie until it is
+// reaped) within the poll.
+func TestExited(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer cmd.Wait()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	at, err := exited(context.Background(), cmd.Process.Pid)
+	if err != nil || at.Sub(killed) > 5*time.Second {
+		t.Fatalf("exited: %v after %v", err, at.Sub(killed))
 	}
 }
 

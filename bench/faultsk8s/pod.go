@@ -191,6 +191,19 @@ func (l *remoteLoad) first(f func(faultload.Result) bool) (faultload.Result, boo
 	return out, found
 }
 
+// revisions counts the policy revisions the answers so far show.
+func (l *remoteLoad) revisions() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := map[string]bool{}
+	for _, r := range l.results {
+		if r.Revision != "" {
+			seen[r.Revision] = true
+		}
+	}
+	return len(seen)
+}
+
 // window is the load's results and its span (once it has ended).
 func (l *remoteLoad) window() (rs []faultload.Result, from, to time.Time) {
 	l.mu.Lock()

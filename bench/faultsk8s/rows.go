@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -76,7 +80,7 @@ func rows() []row {
 				if err := h.c.apply(ctx, faultload.SingleBackendRoute("")); err != nil {
 					return err
 				}
-				sleep(ctx, 2*time.Second) // the control plane's debounce and push
+				faultload.Sleep(ctx, 2*time.Second) // the control plane's debounce and push
 				return nil
 			},
 			inject: deletePods("shop", "app=reviews,version=v2", 1), judge: noFailures,
@@ -131,47 +135,79 @@ func names(ps []corev1.Pod) string {
 	return strings.Join(out, ", ")
 }
 
-// waypointVictim picks one of the two ready waypoint pods and its
-// container's running containerd task.
-func (h *harness) waypointVictim(ctx context.Context) (corev1.Pod, string, error) {
+// waypointVictim picks one of the two ready waypoint pods and the host
+// PID of its container's process (its running containerd task).
+func (h *harness) waypointVictim(ctx context.Context) (corev1.Pod, int, error) {
 	ps, err := h.c.pods(ctx, "shop", waypointSelector)
 	if err != nil {
-		return corev1.Pod{}, "", err
+		return corev1.Pod{}, 0, err
 	}
 	if len(ps) != 2 || !ready(ps[0]) || !ready(ps[1]) {
-		return corev1.Pod{}, "", fmt.Errorf("want 2 ready waypoint pods, have %d (%s)", len(ps), names(ps))
+		return corev1.Pod{}, 0, fmt.Errorf("want 2 ready waypoint pods, have %d (%s)", len(ps), names(ps))
 	}
 	victim := ps[0]
 	if len(victim.Status.ContainerStatuses) != 1 {
-		return victim, "", fmt.Errorf("%s: %d containers, want 1", victim.Name, len(victim.Status.ContainerStatuses))
+		return victim, 0, fmt.Errorf("%s: %d containers, want 1", victim.Name, len(victim.Status.ContainerStatuses))
 	}
 	task, ok := strings.CutPrefix(victim.Status.ContainerStatuses[0].ContainerID, "containerd://")
 	if !ok {
-		return victim, "", fmt.Errorf("%s: container %q is not containerd's", victim.Name, victim.Status.ContainerStatuses[0].ContainerID)
+		return victim, 0, fmt.Errorf("%s: container %q is not containerd's", victim.Name, victim.Status.ContainerStatuses[0].ContainerID)
 	}
-	if alive, err := h.taskRunning(ctx, task); err != nil || !alive {
-		return victim, "", fmt.Errorf("%s: its task %s is not running (%v)", victim.Name, task, err)
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(tctx, "ctr", "--address", h.ctrAddress, "-n", "k8s.io", "tasks", "ls").Output()
+	if err != nil {
+		return victim, 0, fmt.Errorf("ctr tasks ls: %w", err)
 	}
-	return victim, task, nil
+	pid := runningPID(string(out), task)
+	if pid == 0 {
+		return victim, 0, fmt.Errorf("%s: its task %s is not running", victim.Name, task)
+	}
+	return victim, pid, nil
 }
 
-// died waits until the task no longer runs and says how long after since
-// that was.
-func (h *harness) died(ctx context.Context, task string, since time.Time) (time.Duration, error) {
-	_, ok, err := until(ctx, time.Minute, func() (bool, error) {
-		alive, err := h.taskRunning(ctx, task)
-		return !alive, err
-	})
-	if err != nil || !ok {
-		return 0, fmt.Errorf("task %s still running a minute on (%v)", task, err)
+// runningPID reads `ctr tasks ls` (TASK PID STATUS): the task's PID if it
+// is RUNNING, else 0.
+func runningPID(out, id string) int {
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == id && f[2] == "RUNNING" {
+			pid, _ := strconv.Atoi(f[1])
+			return pid
+		}
 	}
-	return time.Since(since), nil
+	return 0
+}
+
+// exited waits (polling every 10 ms, up to a minute) until the process is
+// gone or a zombie, and says when it saw that.
+func exited(ctx context.Context, pid int) (time.Time, error) {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if errors.Is(err, os.ErrNotExist) || err == nil && dead(string(b)) {
+			return time.Now(), nil
+		}
+		if err != nil {
+			return time.Time{}, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Time{}, fmt.Errorf("process %d still running a minute on (%v)", pid, ctx.Err())
+}
+
+// dead reads /proc/PID/stat: the state after the command's name is Z
+// (exited, not yet reaped) or X.
+func dead(stat string) bool {
+	i := strings.LastIndexByte(stat, ')')
+	f := strings.Fields(stat[i+1:])
+	return i >= 0 && len(f) > 0 && (f[0] == "Z" || f[0] == "X")
 }
 
 // waypointDelete force-deletes one waypoint pod and notes when its
-// process died (its containerd task ended): outcome.at is that moment.
+// process died: outcome.at is that moment.
 func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
-	victim, task, err := h.waypointVictim(ctx)
+	victim, pid, err := h.waypointVictim(ctx)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -179,31 +215,27 @@ func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, er
 	if _, err := h.c.kc(ctx, time.Minute, "", "-n", "shop", "delete", "pod", victim.Name, "--grace-period=0", "--force", "--wait=false"); err != nil {
 		return outcome{}, err
 	}
-	died, err := h.died(ctx, task, deleted)
+	died, err := exited(ctx, pid)
 	if err != nil {
 		return outcome{}, err
 	}
 	readyAfter, _, err := h.c.replaced(ctx, "shop", waypointSelector, []corev1.Pod{victim}, 2, 3*time.Minute)
-	return outcome{at: deleted.Add(died), note: fmt.Sprintf("%s force-deleted; its process died %v after; a new replica ready %v after the delete",
-		victim.Name, died.Round(100*time.Millisecond), readyAfter.Round(100*time.Millisecond))}, err
+	return outcome{at: died, note: fmt.Sprintf("%s force-deleted; its process exited %v after; a new replica ready %v after the delete",
+		victim.Name, died.Sub(deleted).Round(100*time.Millisecond), readyAfter.Round(100*time.Millisecond))}, err
 }
 
-// waypointKill kills one waypoint pod's process and waits until the
-// kubelet has restarted it and it is ready again.
+// waypointKill sends SIGKILL to one waypoint pod's process and waits until
+// the kubelet has restarted its container and it is ready again.
 func waypointKill(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
-	victim, task, err := h.waypointVictim(ctx)
+	victim, pid, err := h.waypointVictim(ctx)
 	if err != nil {
 		return outcome{}, err
 	}
 	restarts := victim.Status.ContainerStatuses[0].RestartCount
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return outcome{}, fmt.Errorf("kill %s's process %d: %w", victim.Name, pid, err)
+	}
 	killed := time.Now()
-	if out, err := exec.CommandContext(ctx, "ctr", "--address", h.ctrAddress, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task).CombinedOutput(); err != nil {
-		return outcome{}, fmt.Errorf("ctr tasks kill %s: %v: %s", task, err, out)
-	}
-	died, err := h.died(ctx, task, killed)
-	if err != nil {
-		return outcome{}, err
-	}
 	_, ok, err := until(ctx, 3*time.Minute, func() (bool, error) {
 		ps, err := h.c.pods(ctx, "shop", waypointSelector)
 		if err != nil {
@@ -220,32 +252,8 @@ func waypointKill(ctx context.Context, h *harness, _ *remoteLoad) (outcome, erro
 	if err == nil && !ok {
 		err = fmt.Errorf("%s not restarted and ready within 3 minutes of the kill", victim.Name)
 	}
-	back := time.Since(killed)
-	return outcome{at: killed.Add(died), note: fmt.Sprintf("%s's process killed; its task ended %v after; restarted and ready %v after the kill",
-		victim.Name, died.Round(100*time.Millisecond), back.Round(100*time.Millisecond))}, err
-}
-
-// taskRunning says whether containerd runs the container's task.
-func (h *harness) taskRunning(ctx context.Context, id string) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "ctr", "--address", h.ctrAddress, "-n", "k8s.io", "tasks", "ls").Output()
-	if err != nil {
-		return false, fmt.Errorf("ctr tasks ls: %w", err)
-	}
-	return taskListed(string(out), id), nil
-}
-
-// taskListed reads `ctr tasks ls` (TASK PID STATUS): whether the task is
-// there and RUNNING.
-func taskListed(out, id string) bool {
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == id {
-			return f[2] == "RUNNING"
-		}
-	}
-	return false
+	return outcome{at: killed, note: fmt.Sprintf("%s's process killed; restarted by the kubelet and ready again %v after",
+		victim.Name, time.Since(killed).Round(100*time.Millisecond))}, err
 }
 
 // afterKillNoFailures: requests that started before the waypoint's process
@@ -282,7 +290,7 @@ func policyEdit(ctx context.Context, h *harness, l *remoteLoad) (outcome, error)
 			return outcome{}, err
 		}
 		last = time.Now()
-		sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
+		faultload.Sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
 	}
 	want := fmt.Sprintf("rev-%d", h.policyRev)
 	var first faultload.Result
@@ -293,8 +301,8 @@ func policyEdit(ctx context.Context, h *harness, l *remoteLoad) (outcome, error)
 	})
 	out := outcome{at: at}
 	if ok {
-		out.note = fmt.Sprintf("%d edits in %v; the first answer with the last revision came %v after the last edit",
-			n, last.Sub(at).Round(100*time.Millisecond), first.End.Sub(last).Round(100*time.Millisecond))
+		out.note = fmt.Sprintf("%d edits in %v; the first answer with the last revision came %v after the last edit; answers show %d revisions",
+			n, last.Sub(at).Round(100*time.Millisecond), first.End.Sub(last).Round(100*time.Millisecond), l.revisions())
 	} else {
 		out.note = fmt.Sprintf("%d edits in %v", n, last.Sub(at).Round(100*time.Millisecond))
 		out.problem = fmt.Sprintf("no answer with the last revision (%s) %v after the last edit", want, took.Round(time.Second))
@@ -317,7 +325,7 @@ func routeEdit(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) 
 		if err := h.c.apply(ctx, faultload.Route(w[0], w[1], extra, "")); err != nil {
 			return outcome{}, err
 		}
-		sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
+		faultload.Sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
 	}
 	return outcome{at: at, note: fmt.Sprintf("%d edits", n)}, h.c.apply(ctx, faultload.Route(50, 50, "", ""))
 }

@@ -208,13 +208,13 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 		return
 	}
 	_, from, _ := l.window()
-	sleep(ctx, time.Until(from.Add(h.rowTime/4)))
+	faultload.Sleep(ctx, time.Until(from.Add(h.rowTime/4)))
 	out, err = inject(ctx, h, l)
 	end := from.Add(h.rowTime)
 	if tail := time.Now().Add(h.rowTime / 4); tail.After(end) {
 		end = tail
 	}
-	sleep(ctx, time.Until(end))
+	faultload.Sleep(ctx, time.Until(end))
 	if ferr := finish(); err == nil {
 		err = ferr
 	}
@@ -223,16 +223,6 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 	}
 	rs, from, to := l.window()
 	return rs, faultload.Summarize(rs, "new", from, to), faultload.Summarize(rs, "existing", from, to), out, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }
 
 func logf(format string, args ...any) {

@@ -210,3 +210,14 @@ func (s Summary) CausesText() string {
 	sort.Strings(parts)
 	return strings.Join(parts, "; ")
 }
+
+// Sleep waits for d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
