@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"time"
 
@@ -18,7 +21,7 @@ type options struct {
 	kubeconfig, kubectl, ctrAddress, repo, image string
 	rate                                         int
 	rowTime                                      time.Duration
-	only                                         string
+	only, results                                string
 	keep                                         bool
 }
 
@@ -65,6 +68,7 @@ func runMain(ctx context.Context, args []string) error {
 	fs.IntVar(&o.rate, "rate", 25, "requests per second on each kind of connection (new, existing)")
 	fs.DurationVar(&o.rowTime, "row", 24*time.Second, "how long the load runs for each row at least; the fault comes after a quarter of it, and the load goes on for a quarter after the fault is over")
 	fs.StringVar(&o.only, "only", "", "run only the rows whose name matches this regular expression")
+	fs.StringVar(&o.results, "results", "", "write every row's requests to DIR/<row>.jsonl (start, end, cause), for a closer look at a gap")
 	fs.BoolVar(&o.keep, "keep", false, "leave the mesh and the sample installed (to read logs; uninstall with kubectl delete -k)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -131,6 +135,11 @@ func runMain(ctx context.Context, args []string) error {
 			missed++
 		}
 		faultload.PrintRow(os.Stdout, r.name, fresh, existing, result)
+		if o.results != "" {
+			if err := writeResults(filepath.Join(o.results, r.name+".jsonl"), rs, out); err != nil {
+				return err
+			}
+		}
 		if r.after != nil {
 			if err := r.after(ctx, h); err != nil {
 				return fmt.Errorf("%s: mend: %w", r.name, err)
@@ -236,4 +245,24 @@ func loadAvg() string {
 		return f[0]
 	}
 	return "unknown"
+}
+
+// writeResults writes the fault's moment, then a row's requests in the
+// order they started, a JSON line each.
+func writeResults(path string, rs []faultload.Result, out outcome) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Start.Before(rs[j].Start) })
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	if err := enc.Encode(map[string]time.Time{"fault": out.at}); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }
