@@ -19,7 +19,7 @@ import (
 
 type options struct {
 	kubeconfig, kubectl, ctrAddress, repo, image string
-	rate                                         int
+	rate, repeat                                 int
 	rowTime                                      time.Duration
 	only, results                                string
 	keep                                         bool
@@ -67,8 +67,9 @@ func runMain(ctx context.Context, args []string) error {
 	fs.StringVar(&o.image, "image", "causeway.dev/faultsk8s:dev", "the client pod's image (this program)")
 	fs.IntVar(&o.rate, "rate", 25, "requests per second on each kind of connection (new, existing)")
 	fs.DurationVar(&o.rowTime, "row", 24*time.Second, "how long the load runs for each row at least; the fault comes after a quarter of it, and the load goes on for a quarter after the fault is over")
+	fs.IntVar(&o.repeat, "repeat", 1, "run the rows this many times (to catch what does not happen every time)")
 	fs.StringVar(&o.only, "only", "", "run only the rows whose name matches this regular expression")
-	fs.StringVar(&o.results, "results", "", "write every row's requests to DIR/<row>.jsonl (start, end, cause), for a closer look at a gap")
+	fs.StringVar(&o.results, "results", "", "write every row's requests to DIR/<row>-<n>.jsonl (start, end, cause), for a closer look at a gap")
 	fs.BoolVar(&o.keep, "keep", false, "leave the mesh and the sample installed (to read logs; uninstall with kubectl delete -k)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -80,8 +81,8 @@ func runMain(ctx context.Context, args []string) error {
 	if o.kubeconfig == "" || o.ctrAddress == "" {
 		return fmt.Errorf("-kubeconfig and -ctr-address are required")
 	}
-	if o.rate <= 0 || o.rowTime < 4*time.Second {
-		return fmt.Errorf("-rate %d, -row %v: want at least 1 and 4s", o.rate, o.rowTime)
+	if o.rate <= 0 || o.repeat <= 0 || o.rowTime < 4*time.Second {
+		return fmt.Errorf("-rate %d, -repeat %d, -row %v: want at least 1, 1 and 4s", o.rate, o.repeat, o.rowTime)
 	}
 	h := &harness{c: &cluster{kubectl: o.kubectl, kubeconfig: o.kubeconfig, repo: o.repo}, ctrAddress: o.ctrAddress, rate: o.rate, rowTime: o.rowTime}
 
@@ -116,10 +117,15 @@ func runMain(ctx context.Context, args []string) error {
 	fmt.Println()
 	fmt.Print(faultload.TableHeader)
 	missed := 0
-	for _, r := range rows() {
-		if !only.MatchString(r.name) {
-			continue
+	var selected []row
+	for range o.repeat {
+		for _, r := range rows() {
+			if only.MatchString(r.name) {
+				selected = append(selected, r)
+			}
 		}
+	}
+	for i, r := range selected {
 		if r.before != nil {
 			if err := r.before(ctx, h); err != nil {
 				return fmt.Errorf("%s: %w", r.name, err)
@@ -136,7 +142,7 @@ func runMain(ctx context.Context, args []string) error {
 		}
 		faultload.PrintRow(os.Stdout, r.name, fresh, existing, result)
 		if o.results != "" {
-			if err := writeResults(filepath.Join(o.results, r.name+".jsonl"), rs, out); err != nil {
+			if err := writeResults(filepath.Join(o.results, fmt.Sprintf("%s-%d.jsonl", r.name, i)), rs, out); err != nil {
 				return err
 			}
 		}
