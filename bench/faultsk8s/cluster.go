@@ -164,9 +164,9 @@ func until(ctx context.Context, limit time.Duration, f func() (bool, error)) (ti
 }
 
 // replaced waits until none of the old pods (by name) remains and n pods
-// matching the selector are ready, and says when each happened.
-func (c *cluster) replaced(ctx context.Context, ns, selector string, old []corev1.Pod, n int, limit time.Duration) (readyAfter, goneAfter time.Duration, err error) {
-	start := time.Now()
+// matching the selector are ready, and says when each happened after
+// start (when the fault was sent).
+func (c *cluster) replaced(ctx context.Context, ns, selector string, old []corev1.Pod, n int, start time.Time, limit time.Duration) (readyAfter, goneAfter time.Duration, err error) {
 	olds := map[string]bool{}
 	for _, p := range old {
 		olds[p.Name] = true

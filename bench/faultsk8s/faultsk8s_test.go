@@ -50,6 +50,32 @@ func TestStreamReadBack(t *testing.T) {
 	}
 }
 
+// Every connection goes to the address the URL's host had at the start,
+// whatever address the client asks for.
+func TestPinnedDial(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, r.Host) }))
+	defer srv.Close()
+	dial, err := pinnedDial(context.Background(), srv.URL+"/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &http.Client{Transport: &http.Transport{DialContext: dial}}
+	resp, err := c.Get("http://reviews.shop.invalid/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "reviews.shop.invalid" {
+		t.Errorf("Host %q", body)
+	}
+	for _, bad := range []string{"https://a/", "http:///x", "::"} {
+		if _, err := pinnedDial(context.Background(), bad); err == nil {
+			t.Errorf("pinnedDial(%q) accepted", bad)
+		}
+	}
+}
+
 func TestReadRefusesBrokenOutput(t *testing.T) {
 	now := time.Now()
 	line := func(e event) string { b, _ := json.Marshal(e); return string(b) + "\n" }

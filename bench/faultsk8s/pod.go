@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"sync"
@@ -30,7 +32,7 @@ type event struct {
 // result to stdout as it comes.
 func loadMain(args []string) error {
 	fs := flagSet("load")
-	url := fs.String("url", "http://reviews.shop/", "what to GET")
+	target := fs.String("url", "http://reviews.shop/", "what to GET")
 	rate := fs.Int("rate", 25, "requests per second on each kind of connection (new, existing)")
 	settle := fs.Duration("settle", time.Minute, "how long to wait for a first successful GET before the load starts")
 	maxTime := fs.Duration("max", 10*time.Minute, "end the load after this long even if stdin stays open")
@@ -40,12 +42,16 @@ func loadMain(args []string) error {
 	if *rate <= 0 {
 		return fmt.Errorf("-rate %d: want at least 1", *rate)
 	}
-	l := &faultload.Load{URL: *url, Rate: *rate,
-		Fresh: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
-		Existing: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-			MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4, IdleConnTimeout: time.Minute}}}
 	ctx, cancel := context.WithTimeout(context.Background(), *maxTime)
 	defer cancel()
+	dial, err := pinnedDial(ctx, *target)
+	if err != nil {
+		return err
+	}
+	l := &faultload.Load{URL: *target, Rate: *rate,
+		Fresh: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}},
+		Existing: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: dial,
+			MaxIdleConnsPerHost: 4, MaxConnsPerHost: 4, IdleConnTimeout: time.Minute}}}
 	go func() {
 		// The host closes stdin to end the row.
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -55,6 +61,36 @@ func loadMain(args []string) error {
 		return err
 	}
 	return stream(ctx, l, os.Stdout)
+}
+
+// pinnedDial resolves the URL's host once and dials that address for
+// every connection: the cluster's DNS is not the mesh's, and a lost query
+// would cost the resolver's 5 s timeout on a new connection.
+func pinnedDial(ctx context.Context, rawURL string) (func(context.Context, string, string) (net.Conn, error), error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "http" || u.Hostname() == "" {
+		return nil, fmt.Errorf("-url %q: want http://host[:port]/...", rawURL)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var addrs []string
+	for {
+		addrs, err = net.DefaultResolver.LookupHost(rctx, u.Hostname())
+		if err == nil && len(addrs) > 0 {
+			break
+		}
+		if rctx.Err() != nil {
+			return nil, fmt.Errorf("resolve %s: %v", u.Hostname(), err)
+		}
+		faultload.Sleep(rctx, 200*time.Millisecond)
+	}
+	target := net.JoinHostPort(addrs[0], port)
+	var d net.Dialer
+	return func(ctx context.Context, network, _ string) (net.Conn, error) { return d.DialContext(ctx, network, target) }, nil
 }
 
 // settleLoad waits until a GET succeeds, so that a row starts on a mesh

@@ -103,7 +103,7 @@ func deletePods(ns, selector string, n int) func(context.Context, *harness, *rem
 		if _, err := h.c.kc(ctx, time.Minute, "", "-n", ns, "delete", "pod", "-l", selector, "--wait=false"); err != nil {
 			return outcome{}, err
 		}
-		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, 3*time.Minute)
+		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, at, 3*time.Minute)
 		return outcome{at: at, note: fmt.Sprintf("%s deleted; new pods ready after %v, the old ones gone after %v",
 			names(old), readyAfter.Round(100*time.Millisecond), goneAfter.Round(100*time.Millisecond))}, err
 	}
@@ -121,7 +121,7 @@ func rollout(ns, workload, selector string, n int) func(context.Context, *harnes
 		if _, err := h.c.kc(ctx, time.Minute, "", "-n", ns, "rollout", "restart", workload); err != nil {
 			return outcome{}, err
 		}
-		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, 3*time.Minute)
+		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, at, 3*time.Minute)
 		return outcome{at: at, note: fmt.Sprintf("%d new pods ready after %v, the old ones gone after %v",
 			n, readyAfter.Round(100*time.Millisecond), goneAfter.Round(100*time.Millisecond))}, err
 	}
@@ -219,7 +219,7 @@ func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, er
 	if err != nil {
 		return outcome{}, err
 	}
-	readyAfter, _, err := h.c.replaced(ctx, "shop", waypointSelector, []corev1.Pod{victim}, 2, 3*time.Minute)
+	readyAfter, _, err := h.c.replaced(ctx, "shop", waypointSelector, []corev1.Pod{victim}, 2, deleted, 3*time.Minute)
 	return outcome{at: died, note: fmt.Sprintf("%s force-deleted; its process exited %v after; a new replica ready %v after the delete",
 		victim.Name, died.Sub(deleted).Round(100*time.Millisecond), readyAfter.Round(100*time.Millisecond))}, err
 }
