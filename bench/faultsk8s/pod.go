@@ -90,7 +90,9 @@ func pinnedDial(ctx context.Context, rawURL string) (func(context.Context, strin
 	}
 	target := net.JoinHostPort(addrs[0], port)
 	var d net.Dialer
-	return func(ctx context.Context, network, _ string) (net.Conn, error) { return d.DialContext(ctx, network, target) }, nil
+	return func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, network, target)
+	}, nil
 }
 
 // settleLoad waits until a GET succeeds, so that a row starts on a mesh
