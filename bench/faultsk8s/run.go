@@ -180,17 +180,19 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 		return
 	}
 	l := newRemoteLoad()
-	read := make(chan error, 1)
+	var readErr error
+	readDone := make(chan struct{})
 	go func() {
-		err := l.read(stdout)
+		readErr = l.read(stdout)
 		_, _ = io.Copy(io.Discard, stdout)
-		read <- err
+		close(readDone)
 	}()
 	finish := func() error {
 		stdin.Close()
 		var err error
 		select {
-		case err = <-read:
+		case <-readDone:
+			err = readErr
 		case <-time.After(time.Minute):
 			err = fmt.Errorf("the load did not end within a minute of its stdin")
 		}
@@ -213,13 +215,17 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 	}
 	select {
 	case <-l.startedc:
+	case <-readDone:
+		err = fmt.Errorf("the load ended before it started: %v", readErr)
 	case <-time.After(2 * time.Minute):
 		err = fmt.Errorf("the load did not start within 2 minutes")
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
 	if err != nil {
-		finish()
+		if ferr := finish(); ferr != nil {
+			err = fmt.Errorf("%w (%v)", err, ferr)
+		}
 		return
 	}
 	_, from, _ := l.window()
