@@ -76,7 +76,7 @@ faults: build
 	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) $(FAULTS_FLAGS)
 
 # The same faults on the running test cluster (bench/README.md "Faults on
-# Kubernetes"), about 7 minutes; needs root and `make cluster` first.
+# Kubernetes"), 6 to 8 minutes; needs root and `make cluster` first.
 # FAULTS_K8S_FLAGS: e.g. -row 30s -only waypoint -keep.
 FAULTS_K8S_FLAGS ?=
 faults-k8s:

@@ -4,7 +4,7 @@
 # bench/faultsk8s. Not part of make test; needs root and a running cluster
 # (it does not bring one up: the cluster's owner does). It imports the
 # images built from this checkout (as make e2e-k8s does), installs the mesh
-# and the sample, runs the rows and uninstalls both; about 7 minutes.
+# and the sample, runs the rows and uninstalls both; 6 to 8 minutes.
 #
 #   bench/faults-k8s.sh [faultsk8s run flags: -row 24s -rate 25 -only REGEXP -keep]
 set -euo pipefail
