@@ -329,7 +329,7 @@ func soakRow(o soakOptions) func(ctx context.Context, h *harness) (outcome, erro
 		var openErr atomic.Value
 		var opening sync.WaitGroup
 		for i := 0; i < o.idle+o.active && ctx.Err() == nil && openErr.Load() == nil; i++ {
-			sleep(ctx, time.Until(opened.Add(time.Duration(i)*time.Second/time.Duration(max(o.openRate, 1)))))
+			faultload.Sleep(ctx, time.Until(opened.Add(time.Duration(i)*time.Second/time.Duration(max(o.openRate, 1)))))
 			sem <- struct{}{}
 			opening.Go(func() {
 				defer func() { <-sem }()
