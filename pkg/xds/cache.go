@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -60,6 +59,25 @@ func (e *entry) in(ns string) bool {
 // client knows its first sync is complete; and no watch is answered before
 // the first configuration is set, so a restarting control plane never tells
 // clients to drop what they hold.
+//
+// A change costs each wildcard subscriber (a node proxy holds every
+// workload) the changed names, not the whole collection, and so does its
+// acknowledgement: the cache updates the stream's version map in place
+// instead of copying it into each response, and remembers per stream and
+// type the cache version the map is exact for (current), so that an
+// acknowledgement needs no comparison. go-control-plane's Subscription
+// says the cache must not alter that map; with its delta server (v0.14,
+// server/delta/v3 and server/stream/v3) it is safe: the server hands the
+// same map to every watch of the stream (the first request's
+// initial_resource_versions, which nothing reads afterwards, or a new
+// map), keeps each sent response's NextVersionMap (the same map again) as
+// the stream's, and writes the map itself only in
+// UpdateResourceSubscriptions, after cancelling the stream's watch; the
+// cache writes it only under mu, for a watch open in the cache. So the two
+// never touch the map at once (TestConcurrentChangesWhileClientsResubscribe,
+// under -race), and nothing is lost when a change answers the watch an
+// acknowledgement is about to cancel (TestIncrementalAnswersLoseNothing).
+// Re-check both before upgrading go-control-plane.
 type deltaCache struct {
 	mu      sync.Mutex
 	ready   bool
@@ -68,6 +86,16 @@ type deltaCache struct {
 	grants  grants // what each namespace may read outside itself
 	watches map[uint64]*deltaWatch
 	nextID  uint64
+	// current: the wildcard version map of a stream's type holds exactly
+	// what its reader may read of the cache version given; nothing newer of
+	// that type can differ from the map but the names a later set changes.
+	current map[streamType]uint64
+}
+
+// streamType names one type of one delta stream.
+type streamType struct {
+	stream  int64
+	typeURL string
 }
 
 type deltaWatch struct {
@@ -75,12 +103,7 @@ type deltaWatch struct {
 	req     *cache.DeltaRequest
 	sub     cache.Subscription
 	ch      chan cache.DeltaResponse
-	// current: the watch was parked after respond found nothing to send at
-	// cache version parkedAt, so (for a wildcard) the client holds exactly
-	// what it may read of that version; a set that changes only some names
-	// then needs to look at those names alone.
-	current  bool
-	parkedAt uint64
+	key     streamType // stream 0: unknown, never current
 	// replyEvenIfEmpty: the client waits for an answer (first request of a
 	// type, or new names) even if there is nothing to send.
 	replyEvenIfEmpty bool
@@ -89,7 +112,7 @@ type deltaWatch struct {
 var _ cache.Cache = (*deltaCache)(nil)
 
 func newDeltaCache() *deltaCache {
-	c := &deltaCache{types: map[string]map[string]*entry{}, watches: map[uint64]*deltaWatch{}}
+	c := &deltaCache{types: map[string]map[string]*entry{}, watches: map[uint64]*deltaWatch{}, current: map[streamType]uint64{}}
 	for _, t := range meshv1.TypeURLs {
 		c.types[t] = map[string]*entry{}
 	}
@@ -170,15 +193,21 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 	if len(answer) > 0 || !wasReady {
 		prev := c.version
 		c.version++
+		if wasReady {
+			// Streams (with a watch open or a response on its way) whose
+			// type did not change stay current.
+			for k, v := range c.current {
+				if v == prev && !answer[k.typeURL] {
+					c.current[k] = c.version
+				}
+			}
+		}
 		for id, w := range c.watches {
 			if !answer[w.typeURL] && wasReady {
-				if w.current && w.parkedAt == prev {
-					w.parkedAt = c.version // nothing of its type changed
-				}
 				continue
 			}
 			var resp cache.DeltaResponse
-			if w.current && w.parkedAt == prev && !grantsChanged && w.sub.IsWildcard() {
+			if c.currentAt(w, prev) && !grantsChanged {
 				resp = c.respondChanged(w, changedNames[w.typeURL])
 			} else {
 				resp = c.respond(w)
@@ -186,12 +215,19 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 			if resp != nil {
 				w.ch <- resp
 				delete(c.watches, id)
-			} else {
-				w.current, w.parkedAt = true, c.version
 			}
 		}
 	}
 	return changed, nil
+}
+
+// forget drops what the cache knows of a stream that ended.
+func (c *deltaCache) forget(stream int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range meshv1.TypeURLs {
+		delete(c.current, streamType{stream, t})
+	}
 }
 
 // CreateDeltaWatch answers at once when the client lacks something, or
@@ -205,16 +241,21 @@ func (c *deltaCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 	}
 	w := &deltaWatch{
 		typeURL: typeURL, req: req, sub: sub, ch: ch,
+		key:              streamType{readerOf(req).stream, typeURL},
 		replyEvenIfEmpty: req.GetResponseNonce() == "" || len(req.GetResourceNamesSubscribe()) > 0,
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ready {
+	// An ACK or NACK of a current wildcard stream (the common request)
+	// needs no comparison: the client holds what it may read. A request
+	// that unsubscribes names may have marked them in the map (the delta
+	// server does, for a wildcard), so it is compared in full.
+	ack := !w.replyEvenIfEmpty && len(req.GetResourceNamesUnsubscribe()) == 0 && len(req.GetInitialResourceVersions()) == 0
+	if c.ready && !(ack && c.currentAt(w, c.version)) {
 		if resp := c.respond(w); resp != nil {
 			ch <- resp
 			return func() {}, nil
 		}
-		w.current, w.parkedAt = true, c.version
 	}
 	c.nextID++
 	id := c.nextID
@@ -224,6 +265,13 @@ func (c *deltaCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 		delete(c.watches, id)
 		c.mu.Unlock()
 	}, nil
+}
+
+// currentAt reports whether w's wildcard stream holds exactly what it may
+// read of cache version v. Must hold c.mu.
+func (c *deltaCache) currentAt(w *deltaWatch, v uint64) bool {
+	at, ok := c.current[w.key]
+	return ok && at == v && w.key.stream != 0 && w.sub.IsWildcard()
 }
 
 // respond computes what the watch's client lacks: resources it does not
@@ -255,11 +303,13 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 				removed = append(removed, name)
 			}
 		}
+		c.markCurrent(w)
 		if len(updated) == 0 && len(removed) == 0 && !w.replyEvenIfEmpty {
 			return nil
 		}
-		next = nextVersions(returned, resources, updated, removed)
+		next = advance(returned, resources, updated, removed)
 	} else {
+		delete(c.current, w.key)
 		next = map[string]string{}
 		want := map[string]bool{}
 		for name := range w.sub.SubscribedResources() {
@@ -324,26 +374,37 @@ func (c *deltaCache) respondChanged(w *deltaWatch, names []string) cache.DeltaRe
 			removed = append(removed, name)
 		}
 	}
+	c.markCurrent(w)
 	if len(updated) == 0 && len(removed) == 0 {
 		return nil
 	}
-	return c.response(w, updated, removed, nextVersions(returned, resources, updated, removed))
+	return c.response(w, updated, removed, advance(returned, resources, updated, removed))
 }
 
-// nextVersions is what a client holding returned holds once it has the
-// updated resources and the removals.
-func nextVersions(returned map[string]string, resources map[string]*entry, updated, removed []string) map[string]string {
-	next := maps.Clone(returned)
-	if next == nil {
-		next = map[string]string{}
+// markCurrent records that w's wildcard stream holds, once the response
+// being built reaches it, exactly what it may read of this version. Must
+// hold c.mu.
+func (c *deltaCache) markCurrent(w *deltaWatch) {
+	if w.key.stream != 0 {
+		c.current[w.key] = c.version
+	}
+}
+
+// advance brings a stream's version map to what its client holds once it
+// has the updated resources and the removals, in place (see deltaCache:
+// the map is the stream's, and the delta server keeps it as the stream's
+// map again when it sends the response), and returns it.
+func advance(returned map[string]string, resources map[string]*entry, updated, removed []string) map[string]string {
+	if returned == nil {
+		returned = map[string]string{}
 	}
 	for _, name := range removed {
-		delete(next, name)
+		delete(returned, name)
 	}
 	for _, name := range updated {
-		next[name] = resources[name].version
+		returned[name] = resources[name].version
 	}
-	return next
+	return returned
 }
 
 // response builds the answer to w. Must hold c.mu.

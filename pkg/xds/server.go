@@ -199,7 +199,7 @@ func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) erro
 	caller, _ := ctx.Value(callerKey{}).(authn.Caller)
 	s.mu.Lock()
 	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now(),
-		reader: reader{trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()}}
+		reader: reader{stream: id, trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()}}
 	s.mu.Unlock()
 	s.metrics.clients.Inc()
 	s.log.Info("xDS client connected", zap.Int64("stream", id), zap.Stringer("caller", caller), zap.String("remote", remoteAddr(ctx)))
@@ -212,6 +212,7 @@ func (s *Server) OnDeltaStreamClosed(id int64, node *core.Node) {
 	info := s.streams[id]
 	delete(s.streams, id)
 	s.mu.Unlock()
+	s.cache.forget(id)
 	s.metrics.clients.Dec()
 	if info != nil {
 		s.log.Info("xDS client disconnected", zap.Int64("stream", id), zap.String("node_id", node.GetId()),
@@ -287,8 +288,9 @@ func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDi
 	return nil
 }
 
-// reader is what the cache needs to know about a stream's caller.
+// reader is what the cache needs to know about a stream and its caller.
 type reader struct {
+	stream    int64  // the delta server's stream id (0: none)
 	trusted   bool   // reads everything (node proxies)
 	namespace string // otherwise: its namespace, plus the namespace's grants
 }
@@ -296,6 +298,7 @@ type reader struct {
 // Node metadata keys that carry the reader from the server's request
 // callback to the cache. Whatever a client sends under them is overwritten.
 const (
+	readerStreamKey    = "causeway.reader.stream"
 	readerTrustedKey   = "causeway.reader.trusted"
 	readerNamespaceKey = "causeway.reader.namespace"
 )
@@ -310,6 +313,7 @@ func stampReader(req *discovery.DeltaDiscoveryRequest, r reader) {
 	if req.Node.Metadata.Fields == nil {
 		req.Node.Metadata.Fields = map[string]*structpb.Value{}
 	}
+	req.Node.Metadata.Fields[readerStreamKey] = structpb.NewNumberValue(float64(r.stream))
 	req.Node.Metadata.Fields[readerTrustedKey] = structpb.NewBoolValue(r.trusted)
 	req.Node.Metadata.Fields[readerNamespaceKey] = structpb.NewStringValue(r.namespace)
 }
@@ -317,7 +321,7 @@ func stampReader(req *discovery.DeltaDiscoveryRequest, r reader) {
 // readerOf reads the stamp; a request without one reads nothing.
 func readerOf(req *discovery.DeltaDiscoveryRequest) reader {
 	f := req.GetNode().GetMetadata().GetFields()
-	return reader{trusted: f[readerTrustedKey].GetBoolValue(), namespace: f[readerNamespaceKey].GetStringValue()}
+	return reader{stream: int64(f[readerStreamKey].GetNumberValue()), trusted: f[readerTrustedKey].GetBoolValue(), namespace: f[readerNamespaceKey].GetStringValue()}
 }
 
 // OnStreamDeltaResponse implements delta.Callbacks.

@@ -698,3 +698,97 @@ func TestWaypointReceivesConsumerRoutes(t *testing.T) {
 		return names(s.HTTPRoutes) == "a/own" && names(s.Services) == "a/front" && names(s.Workloads) == ""
 	})
 }
+
+// Node proxies (wildcard streams, whose version maps the cache updates in
+// place) and a waypoint keep receiving changes while they acknowledge
+// and subscribe and unsubscribe names over the wildcard, which the delta
+// server writes into the same maps; under -race this holds the cache and
+// go-control-plane's server to never touching a map at once (deltaCache),
+// and every client ends holding exactly what is served.
+func TestConcurrentChangesWhileClientsResubscribe(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	msgs := map[string]*meshv1.Workload{}
+	put := func(i, rev int) {
+		w := workload([]string{"a", "b"}[i%2], fmt.Sprintf("w%d", i), fmt.Sprintf("127.0.10.%d", i+1))
+		w.Labels = map[string]string{"rev": fmt.Sprint(rev)}
+		msgs[w.Uid] = w
+	}
+	update := func() {
+		res := map[string]map[string]proto.Message{meshv1.WorkloadTypeURL: {}}
+		for uid, w := range msgs {
+			res[meshv1.WorkloadTypeURL][uid] = w
+		}
+		if err := cp.server.Update(res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 40 {
+		put(i, 0)
+	}
+	update()
+	var nodes []*testClient
+	for i := range 4 {
+		nodes = append(nodes, env.startClient(t, cp.addr, ClientOptions{
+			NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken), Subscriptions: NodeProxySubscriptions(),
+		}))
+		waitReady(t, nodes[i])
+	}
+	wp := env.startClient(t, cp.addr, ClientOptions{
+		NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken), Subscriptions: WaypointSubscriptions("a", "wp"),
+	})
+	waitReady(t, wp)
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	for i, n := range nodes {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("a/w%d", 2*((i+k)%20))
+				if err := n.Subscribe(meshv1.WorkloadTypeURL, name); err != nil {
+					t.Error(err)
+				}
+				if err := n.Unsubscribe(meshv1.WorkloadTypeURL, name); err != nil {
+					t.Error(err)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	for rev := 1; rev <= 200; rev++ {
+		put(rev%45, rev) // changes, and adds 5 workloads
+		if rev%7 == 0 {
+			delete(msgs, fmt.Sprintf("b/w%d", rev%40|1))
+		}
+		update()
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	for range nodes {
+		<-done
+	}
+	update()
+	holds := func(s *State, ns string) bool {
+		n := 0
+		for uid, w := range msgs {
+			if ns != "" && w.Namespace != ns {
+				continue
+			}
+			n++
+			if !proto.Equal(s.Workloads[uid], w) {
+				return false
+			}
+		}
+		return len(s.Workloads) == n
+	}
+	for i, n := range nodes {
+		eventually(t, fmt.Sprintf("node proxy %d holds every workload as served", i), func() bool { return holds(n.State(), "") })
+	}
+	eventually(t, "the waypoint holds namespace a's workloads as served", func() bool { return holds(wp.State(), "a") })
+}
