@@ -337,7 +337,7 @@ func (c *Client) Unsubscribe(typeURL string, names ...string) error {
 	}
 	old := c.state.Load()
 	var drop []string
-	for name := range old.versions[typeURL] {
+	for name := range old.versions[typeURL].all() {
 		if m, ok := old.Get(typeURL, name); !ok || !s.covers(name, m) {
 			drop = append(drop, name)
 		}
@@ -506,7 +506,7 @@ func (c *Client) handle(cs *clientStream, resp *discovery.DeltaDiscoveryResponse
 	old := c.state.Load()
 	var removed []string
 	for _, name := range resp.GetRemovedResources() {
-		if _, held := old.versions[typeURL][name]; held {
+		if _, held := old.versions[typeURL].get(name); held {
 			removed = append(removed, name)
 		}
 	}

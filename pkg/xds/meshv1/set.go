@@ -1,6 +1,10 @@
 package meshv1
 
-import "google.golang.org/protobuf/proto"
+import (
+	"maps"
+
+	"google.golang.org/protobuf/proto"
+)
 
 // Set holds mesh resources, one map a type, by resource name: the control
 // plane's translation (config.Snapshot) and what an xDS client holds
@@ -95,9 +99,9 @@ func (m byName[M]) messages() map[string]proto.Message {
 }
 
 func (m byName[M]) patched(updated map[string]proto.Message, removed []string) typedMap {
-	out := make(byName[M], len(m)+len(updated))
-	for k, v := range m {
-		out[k] = v
+	out := maps.Clone(m) // about twice as fast as inserting each entry again
+	if out == nil {
+		out = byName[M]{}
 	}
 	for _, name := range removed {
 		delete(out, name)
