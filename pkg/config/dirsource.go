@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
 
+	"github.com/causeway-mesh/causeway/pkg/dirwatch"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
@@ -94,77 +94,14 @@ func (s *DirSource) Load() (*Snapshot, error) {
 // force; refused objects are logged as they come and go. Run returns nil
 // when ctx ends.
 func (s *DirSource) Run(ctx context.Context, emit func(*Snapshot)) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		s.log.Warn("file watching unavailable; relying on periodic rescans", zap.Error(err))
-		w = nil
-	} else {
-		defer w.Close()
-	}
-	watched := map[string]bool{}
-	watch := func() {
-		if w == nil {
-			return
-		}
-		for _, d := range s.dirs() {
-			if watched[d] {
-				continue
-			}
-			if err := w.Add(d); err != nil {
-				s.log.Warn("cannot watch directory; relying on periodic rescans", zap.String("dir", d), zap.Error(err))
-				continue
-			}
-			watched[d] = true
-		}
-	}
-	watch()
-	s.reload(emit, time.Now())
-
-	rescan := time.NewTicker(s.opts.Rescan)
-	defer rescan.Stop()
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	var firstEvent time.Time // of the burst the debounce timer waits out
-	var events <-chan fsnotify.Event
-	var errs <-chan error
-	if w != nil {
-		events, errs = w.Events, w.Errors
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-events:
-			if !ok {
-				events = nil
-				continue
-			}
-			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
-				delete(watched, ev.Name) // re-added below if it comes back
-			}
-			if firstEvent.IsZero() {
-				firstEvent = time.Now()
-			}
-			debounce.Reset(s.opts.Debounce)
-		case err, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			s.log.Warn("file watch error; rescanning", zap.Error(err))
-			if firstEvent.IsZero() {
-				firstEvent = time.Now()
-			}
-			debounce.Reset(s.opts.Debounce)
-		case <-debounce.C:
-			watch()
-			s.reload(emit, firstEvent)
-			firstEvent = time.Time{}
-		case <-rescan.C:
-			watch()
-			s.reload(emit, time.Now())
-		}
-	}
+	dirwatch.Run(ctx, dirwatch.Options{
+		Dirs:     s.dirs,
+		Debounce: s.opts.Debounce,
+		Rescan:   s.opts.Rescan,
+		Logger:   s.log,
+		Reload:   func(changedAt time.Time) { s.reload(emit, changedAt) },
+	})
+	return nil
 }
 
 // reload reads the directory and, if its content changed since the last
@@ -258,8 +195,8 @@ func isConfigFile(name string) bool {
 }
 
 // dirs lists the directory and its (non-hidden) subdirectories to watch.
-func (s *DirSource) dirs() []string {
-	out := []string{s.dir}
+func (s *DirSource) dirs() map[string]bool {
+	out := map[string]bool{s.dir: true}
 	_ = filepath.WalkDir(s.dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == s.dir {
 			return nil
@@ -268,7 +205,7 @@ func (s *DirSource) dirs() []string {
 			if strings.HasPrefix(d.Name(), ".") {
 				return filepath.SkipDir
 			}
-			out = append(out, p)
+			out[p] = true
 		}
 		return nil
 	})

@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/dirwatch"
 )
 
 // Run keeps the policy current until ctx ends: it loads the directory and
@@ -47,93 +48,21 @@ func (e *Engine) Run(ctx context.Context) error {
 // symlink to publish a checkout, so besides the resolved tree the watcher
 // covers the directory holding every symlink on the configured path.
 func (e *Engine) watchDir(ctx context.Context) {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		e.log.Warn("file notifications unavailable, relying on periodic rescan", zap.Error(err))
-		w = nil
-	} else {
-		defer w.Close()
-	}
-	watched := map[string]bool{}
-	syncWatches := func() {
-		if w == nil {
-			return
-		}
-		want := watchTargets(e.opts.Dir, e.opts.Limits.MaxFiles)
-		for p := range watched {
-			if !want[p] {
-				_ = w.Remove(p) // fails when the directory is already gone
-				delete(watched, p)
+	first := true
+	dirwatch.Run(ctx, dirwatch.Options{
+		Dirs:     func() map[string]bool { return watchTargets(e.opts.Dir, e.opts.Limits.MaxFiles) },
+		Debounce: e.opts.Debounce,
+		Rescan:   e.opts.RescanInterval,
+		Logger:   e.log,
+		Reload: func(time.Time) {
+			if first {
+				first = false
+				_ = e.Load(ctx) // a rejection is logged; the rescan and events retry
+				return
 			}
-		}
-		for p := range want {
-			if watched[p] {
-				continue
-			}
-			if err := w.Add(p); err != nil {
-				e.log.Debug("cannot watch policy path", zap.String("path", p), zap.Error(err))
-				continue
-			}
-			watched[p] = true
-		}
-	}
-	// Watches are always in place before the directory is read, so a change
-	// made after a read is never missed: it raises an event.
-	syncWatches()
-	_ = e.Load(ctx) // a rejection is logged; the rescan and events retry
-
-	var events <-chan fsnotify.Event
-	var errs <-chan error
-	if w != nil {
-		events, errs = w.Events, w.Errors
-	}
-	var rescan <-chan time.Time
-	if e.opts.RescanInterval > 0 {
-		t := time.NewTicker(e.opts.RescanInterval)
-		defer t.Stop()
-		rescan = t.C
-	}
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
-	defer debounce.Stop()
-	var pendingSince time.Time
-	maxWait := 10 * e.opts.Debounce
-
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case ev, ok := <-events:
-			if !ok {
-				events = nil
-				continue
-			}
-			if ev.Op == fsnotify.Chmod {
-				continue
-			}
-			// Trailing debounce, but a steady stream of events cannot
-			// postpone the reload for more than maxWait.
-			if pendingSince.IsZero() {
-				pendingSince = time.Now()
-				debounce.Reset(e.opts.Debounce)
-			} else if time.Since(pendingSince) < maxWait {
-				debounce.Reset(e.opts.Debounce)
-			}
-		case err, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			e.log.Warn("policy watcher error", zap.Error(err))
-		case <-debounce.C:
-			pendingSince = time.Time{}
-			syncWatches()
 			e.reloadDir(ctx)
-		case <-rescan:
-			syncWatches()
-			e.reloadDir(ctx)
-		}
-	}
+		},
+	})
 }
 
 // reloadDir reads the directory and offers it; unchanged or already rejected
