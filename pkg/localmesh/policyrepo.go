@@ -2,16 +2,15 @@ package localmesh
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/plumbing"
 	"github.com/go-git/go-git/v5/plumbing/object"
 
+	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
@@ -31,7 +30,8 @@ type PolicyRepo struct {
 }
 
 // CreatePolicyRepo makes a fresh repository at path (any earlier one is
-// removed) whose first commit holds the regular files of dir.
+// removed) whose first commit holds the policy files of dir: those the
+// engine reads from a policy directory (policy.DirFiles).
 func CreatePolicyRepo(path, dir string) (*PolicyRepo, error) {
 	if err := os.RemoveAll(path); err != nil {
 		return nil, fmt.Errorf("policy repository: %w", err)
@@ -40,31 +40,9 @@ func CreatePolicyRepo(path, dir string) (*PolicyRepo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy repository: %w", err)
 	}
-	files := map[string][]byte{}
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p != dir && strings.HasPrefix(d.Name(), ".") {
-			if d.IsDir() {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil {
-			return err
-		}
-		b, err := readlimit.File(p, maxImportedFile)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p, err)
-		}
-		files[filepath.ToSlash(rel)] = b
-		return nil
-	})
+	// Exactly what a waypoint would read from dir, so the repository's
+	// first revision is the directory's policy.
+	files, err := policy.DirFiles(dir, policy.Limits{MaxFileBytes: maxImportedFile})
 	if err != nil {
 		return nil, fmt.Errorf("policy directory: %w", err)
 	}

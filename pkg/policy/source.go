@@ -81,11 +81,42 @@ func isDataFile(name string) bool {
 	return false
 }
 
-// readDir reads a policy directory. The directory may be, or sit under, a
-// symbolic link (git-sync swaps one): it is resolved once, so one read sees
-// one checkout. Hidden entries (".git", ".worktrees") are skipped; symbolic
-// links to files are followed, links to directories are not (no cycles).
+// readDir reads a policy directory.
 func readDir(dir string, limits Limits) (*snapshot, error) {
+	c, err := collectDir(dir, limits)
+	if err != nil {
+		return nil, err
+	}
+	return c.finish("")
+}
+
+// DirFiles returns the files of a policy directory that the engine reads
+// (Rego modules, data documents, the SettingsFile), by slash path relative
+// to the directory, read by the same rules and within the same limits, but
+// not parsed: e.g. to publish the directory's policy elsewhere.
+func DirFiles(dir string, limits Limits) (map[string][]byte, error) {
+	c, err := collectDir(dir, limits)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string][]byte{}
+	for _, group := range [][]sourceFile{c.snap.Modules, c.snap.DataDocs} {
+		for _, f := range group {
+			files[f.Path] = f.Content
+		}
+	}
+	if c.snap.Settings != nil {
+		files[SettingsFile] = c.snap.Settings
+	}
+	return files, nil
+}
+
+// collectDir reads the files of a policy directory. The directory may be,
+// or sit under, a symbolic link (git-sync swaps one): it is resolved once,
+// so one read sees one checkout. Hidden entries (".git", ".worktrees") are
+// skipped; symbolic links to files are followed, links to directories are
+// not (no cycles).
+func collectDir(dir string, limits Limits) (*collector, error) {
 	root, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return nil, fmt.Errorf("policy directory %s: %w", dir, err)
@@ -131,7 +162,7 @@ func readDir(dir string, limits Limits) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read policy directory %s: %w", dir, err)
 	}
-	return c.finish("")
+	return c, nil
 }
 
 // collector builds a snapshot from a source's files, whatever holds them (a
