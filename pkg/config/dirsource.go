@@ -31,7 +31,8 @@ type DirOptions struct {
 	Translate Options
 	Logger    *zap.Logger
 	// Debounce is how long the directory must be quiet after a change event
-	// before it is read (editors and git-sync write in several steps).
+	// before it is read (editors and git-sync write in several steps); a
+	// steady stream is read at most 10× it after its first event.
 	// Default 100ms.
 	Debounce time.Duration
 	// Rescan is the period of a full re-read that catches what file events

@@ -6,6 +6,8 @@ package dirwatch
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -52,6 +54,7 @@ func Run(ctx context.Context, o Options) {
 		defer w.Close()
 	}
 	watched := map[string]bool{}
+	unwatchable := map[string]bool{} // warned about once, retried on every sync
 	syncWatches := func() {
 		if w == nil {
 			return
@@ -63,15 +66,25 @@ func Run(ctx context.Context, o Options) {
 				delete(watched, p)
 			}
 		}
+		for p := range unwatchable {
+			if !want[p] {
+				delete(unwatchable, p)
+			}
+		}
 		for p := range want {
 			if watched[p] {
 				continue
 			}
 			if err := w.Add(p); err != nil {
-				log.Debug("cannot watch directory; relying on periodic rescans", zap.String("dir", p), zap.Error(err))
+				// Gone since Dirs listed it, or out of inotify watches.
+				if !unwatchable[p] && !errors.Is(err, fs.ErrNotExist) {
+					log.Warn("cannot watch directory; relying on periodic rescans", zap.String("dir", p), zap.Error(err))
+				}
+				unwatchable[p] = true
 				continue
 			}
 			watched[p] = true
+			delete(unwatchable, p)
 		}
 	}
 	// Watches are in place before every read, so a change made after a

@@ -42,7 +42,8 @@ type Options struct {
 	// EvalTimeout bounds each evaluation (default 1s, negative: only the
 	// caller's context); a request whose policy takes longer is denied with 500.
 	EvalTimeout time.Duration
-	// Debounce groups file events before a reload (default 250ms).
+	// Debounce groups file events before a reload (default 250ms); a
+	// steady stream is read at most 10× it after its first event.
 	Debounce time.Duration
 	// RescanInterval rereads the directory even without events, as a fallback
 	// for missed notifications (default 30s; negative disables).
