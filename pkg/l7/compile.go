@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/causeway-mesh/causeway/pkg/backendtls"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -257,6 +258,12 @@ func (c *Config) addService(s *meshv1.Service) {
 		}
 		si.ports[sp.GetPort()] = sp
 	}
+	tlsKeys := map[uint32]string{}
+	for port, sp := range si.ports {
+		if bt := sp.GetBackendTls(); bt != nil {
+			tlsKeys[port] = backendtls.Key(bt)
+		}
+	}
 	for _, ep := range s.GetEndpoints() {
 		addr, err := netip.ParseAddr(ep.GetAddress())
 		if err != nil {
@@ -284,6 +291,8 @@ func (c *Config) addService(s *meshv1.Service) {
 				Identity: id,
 				Workload: w,
 				Service:  ref,
+				TLS:      sp.GetBackendTls(),
+				TLSKey:   tlsKeys[port],
 			})
 		}
 	}

@@ -105,7 +105,7 @@ func (x *exchange) outgoing(w *responseRecorder) *http.Request {
 	if out.ContentLength == 0 {
 		out.Body = nil
 	}
-	x.inlineUp = x.proto != upstreamH2 && h1.Inlinable(out, l)
+	x.inlineUp = x.proto != upstreamH2 && x.first != nil && x.first.inlinable() && h1.Inlinable(out, l)
 	if x.inlineUp {
 		out.Header = nil
 	} else {

@@ -509,13 +509,13 @@ func TestDeadlinePassedBeforeTheContextKnows(t *testing.T) {
 	refused := netip.MustParseAddrPort("127.0.0.1:1") // nothing listens there
 	ep := &endpoint{pool: &pools{dialer: &testDialer{}, ejection: time.Minute}}
 	ep.target.Store(&Target{Address: refused})
-	if _, err := ep.dial(ctx); err == nil {
+	if _, err := ep.dial(ctx, "http/1.1"); err == nil {
 		t.Fatal("dial to a closed port succeeded")
 	}
 	if !ep.healthy(time.Now().UnixNano()) {
 		t.Fatal("endpoint ejected for a dial our own deadline ended")
 	}
-	if _, err := ep.dial(context.Background()); err == nil {
+	if _, err := ep.dial(context.Background(), "http/1.1"); err == nil {
 		t.Fatal("dial to a closed port succeeded")
 	}
 	if ep.healthy(time.Now().UnixNano()) {

@@ -109,4 +109,14 @@ type Target struct {
 	// Service is the service the endpoint was selected for (zero for a
 	// workload-addressed destination).
 	Service ServiceRef
+	// TLS is the BackendTLSPolicy of the service port, nil when none
+	// applies: the dialer speaks TLS to the endpoint and verifies it
+	// (inside the tunnel for a mesh workload). TLSKey identifies its
+	// settings (backendtls.Key): pooled connections are kept per key.
+	TLS    *meshv1.BackendTLS
+	TLSKey string
+	// ALPN is the application protocol the connection will carry ("h2",
+	// "http/1.1"; "" for TCP), for the dialer to offer in its TLS
+	// handshake. Set per dial.
+	ALPN string
 }

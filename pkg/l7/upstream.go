@@ -41,10 +41,12 @@ func (e *connectError) Unwrap() error { return e.err }
 // endpointKey identifies an endpoint across configuration versions, so its
 // pooled connections, load and health survive unrelated config changes. The
 // identity is part of the key: a pod IP reused by another workload gets
-// fresh connections verified against the new identity.
+// fresh connections verified against the new identity; so does a change
+// of the port's BackendTLSPolicy.
 type endpointKey struct {
 	addr     netip.AddrPort
 	identity string
+	tls      string // Target.TLSKey: TLS settings changed, fresh connections
 }
 
 // endpoint is an endpoint's shared state: outstanding requests (for least
@@ -83,7 +85,7 @@ func newPools(d Dialer, idle, ejection time.Duration, maxHeader int64) *pools {
 
 // get returns the shared state of the endpoint t, creating it if needed.
 func (p *pools) get(t Target) *endpoint {
-	k := endpointKey{t.Address, t.Identity.String()}
+	k := endpointKey{t.Address, t.Identity.String(), t.TLSKey}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ep := p.endpoints[k]
@@ -130,10 +132,12 @@ func (ep *endpoint) closeIdle() {
 	}
 }
 
-// dial opens a tunnel to the endpoint, recording connect failures.
-func (ep *endpoint) dial(ctx context.Context) (net.Conn, error) {
-	t := ep.target.Load()
-	c, err := ep.pool.dialer.DialEndpoint(ctx, *t)
+// dial opens a tunnel to the endpoint for a connection carrying alpn,
+// recording connect failures.
+func (ep *endpoint) dial(ctx context.Context, alpn string) (net.Conn, error) {
+	t := *ep.target.Load()
+	t.ALPN = alpn
+	c, err := ep.pool.dialer.DialEndpoint(ctx, t)
 	if err != nil {
 		if ctx.Err() == nil && !pastDeadline(ctx) {
 			ep.markFailed() // not when our own deadline cut the dial short
@@ -162,7 +166,7 @@ func (ep *endpoint) h1T(create bool) *http.Transport {
 		ep.h1once.Do(func() {
 			ep.h1.Store(&http.Transport{
 				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-					return ep.dial(ctx)
+					return ep.dial(ctx, "http/1.1")
 				},
 				// The body goes to the client as the backend sent it.
 				DisableCompression:     true,
@@ -185,7 +189,7 @@ func (ep *endpoint) h2T(create bool) *http2.Transport {
 			ep.h2.Store(&http2.Transport{
 				AllowHTTP: true,
 				DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
-					return ep.dial(ctx)
+					return ep.dial(ctx, "h2")
 				},
 				DisableCompression: true,
 				IdleConnTimeout:    ep.pool.idleTimeout,
@@ -203,7 +207,8 @@ func (ep *endpoint) h2T(create bool) *http2.Transport {
 func (ep *endpoint) inlineH1(create bool) *h1.Client {
 	if create {
 		ep.inlineOnce.Do(func() {
-			ep.inline.Store(&h1.Client{Dial: ep.dial, IdleTimeout: ep.pool.idleTimeout, MaxHeaderBytes: ep.pool.maxHeader})
+			dial := func(ctx context.Context) (net.Conn, error) { return ep.dial(ctx, "http/1.1") }
+			ep.inline.Store(&h1.Client{Dial: dial, IdleTimeout: ep.pool.idleTimeout, MaxHeaderBytes: ep.pool.maxHeader})
 		})
 	}
 	return ep.inline.Load()
@@ -215,11 +220,17 @@ func (ep *endpoint) roundTripper(p upstreamProto, plain bool) http.RoundTripper 
 	if p == upstreamH2 {
 		return ep.h2T(true)
 	}
-	if plain {
+	if plain && ep.inlinable() {
 		return ep.inlineH1(true)
 	}
 	return ep.h1T(true)
 }
+
+// inlinable: the inline HTTP/1.1 client can reuse the endpoint's
+// connections. It tells an idle connection that received bytes by asking
+// the tunnel or the socket, which a TLS connection's buffered records hide,
+// so TLS endpoints go through net/http's Transport, whose reader sees them.
+func (ep *endpoint) inlinable() bool { return ep.key.tls == "" }
 
 // pickEndpoint chooses by least outstanding requests among two random
 // candidates (power of two choices). Ejected endpoints are skipped while

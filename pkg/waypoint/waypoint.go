@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/backendtls"
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/l7"
@@ -89,6 +90,9 @@ type Waypoint struct {
 	tunnels  *connpolicy.Tracker
 	stop     context.CancelFunc
 	stopped  chan struct{}
+
+	// backendTLS counts the TLS handshakes with backends by policy and result.
+	backendTLS *prometheus.CounterVec
 }
 
 // view indexes the destinations the waypoint may serve.
@@ -99,6 +103,9 @@ type view struct {
 	// bound: workload uid -> the waypoints it is bound to (own binding and
 	// through services it is an endpoint of).
 	bound map[string][]*meshv1.Ref
+	// tls: the BackendTLSPolicies of the service ports, compiled, by
+	// backendtls.Key.
+	tls map[string]*backendtls.Policy
 }
 
 // New builds a waypoint; Serve runs it.
@@ -129,8 +136,15 @@ func New(o Options) (*Waypoint, error) {
 		o.TCPIdleTimeout = 0
 	}
 	w := &Waypoint{opts: o, self: &meshv1.Ref{Namespace: o.Namespace, Name: o.Name}, log: o.Logger, access: o.AccessLog}
+	w.backendTLS = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "backend_tls_handshakes_total",
+		Help: "TLS handshakes with backends a BackendTLSPolicy covers, by policy (<namespace>/<name>) and result: ok, verify_failed (the certificate did not verify; refused), handshake_failed, invalid_policy (the policy cannot be carried out; nothing sent).",
+	}, []string{"policy", "result"})
+	if err := o.Registry.Register(w.backendTLS); err != nil {
+		return nil, fmt.Errorf("waypoint metrics: %w", err)
+	}
 	o.Certificates.Prefetch(o.Identity)
-	w.view.Store(newView(&xds.State{}))
+	w.view.Store(newView(&xds.State{}, nil))
 
 	po := o.Pool
 	po.Bundle, po.Logger = o.Bundle, o.Logger.Named("hbone-client")
@@ -181,7 +195,7 @@ func New(o Options) (*Waypoint, error) {
 
 // Update installs a new configuration from the control plane.
 func (w *Waypoint) Update(s *xds.State) {
-	v := newView(s)
+	v := newView(s, w.view.Load().tls)
 	// Policies first: a destination that arrives with its policy is never
 	// served without it.
 	w.policies.Update(context.Background(), values(s.ConnectionPolicies))
@@ -191,8 +205,11 @@ func (w *Waypoint) Update(s *xds.State) {
 	w.synced.Store(true)
 }
 
-func newView(s *xds.State) *view {
-	v := &view{state: s, byVIP: map[netip.Addr]*meshv1.Service{}, byIP: map[netip.Addr]*meshv1.Workload{}, bound: map[string][]*meshv1.Ref{}}
+// newView indexes s; prevTLS are the previous view's compiled
+// BackendTLSPolicies, reused where their settings did not change.
+func newView(s *xds.State, prevTLS map[string]*backendtls.Policy) *view {
+	v := &view{state: s, byVIP: map[netip.Addr]*meshv1.Service{}, byIP: map[netip.Addr]*meshv1.Workload{}, bound: map[string][]*meshv1.Ref{},
+		tls: map[string]*backendtls.Policy{}}
 	for _, wl := range s.Workloads {
 		for _, a := range wl.GetAddresses() {
 			if ip, err := netip.ParseAddr(a); err == nil {
@@ -204,6 +221,16 @@ func newView(s *xds.State) *view {
 		}
 	}
 	for _, svc := range s.Services {
+		for _, sp := range svc.GetPorts() {
+			if bt := sp.GetBackendTls(); bt != nil {
+				k := backendtls.Key(bt)
+				if p := prevTLS[k]; p != nil {
+					v.tls[k] = p
+				} else if v.tls[k] == nil {
+					v.tls[k] = backendtls.Compile(bt)
+				}
+			}
+		}
 		for _, a := range svc.GetVips() {
 			if ip, err := netip.ParseAddr(a); err == nil {
 				v.byVIP[ip.Unmap()] = svc
@@ -430,6 +457,9 @@ func (v *view) serviceTargets(svc *meshv1.Service, sp *meshv1.ServicePort) []l7.
 		wl := v.state.Workloads[ep.GetWorkloadUid()]
 		t := workloadTarget(wl, netip.AddrPortFrom(ip, uint16(port)))
 		t.Service = l7.ServiceRef{Namespace: svc.GetNamespace(), Name: svc.GetName()}
+		if t.TLS = sp.GetBackendTls(); t.TLS != nil {
+			t.TLSKey = backendtls.Key(t.TLS)
+		}
 		out = append(out, t)
 	}
 	return out
@@ -466,14 +496,54 @@ func workloadTarget(wl *meshv1.Workload, addr netip.AddrPort) l7.Target {
 }
 
 // DialEndpoint opens an HBONE tunnel to an endpoint's pod under the
-// waypoint's own identity (l7.Dialer). Endpoints outside the mesh get plain TCP.
+// waypoint's own identity (l7.Dialer). Endpoints outside the mesh get plain
+// TCP. When a BackendTLSPolicy covers the endpoint's port, TLS to the
+// endpoint runs over either, verified as the policy says; a policy that
+// cannot be carried out, or a certificate that does not verify, fails the
+// connection: nothing is ever sent unverified.
 func (w *Waypoint) DialEndpoint(ctx context.Context, t l7.Target) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.opts.ConnectTimeout)
 	defer cancel()
-	if t.Workload == nil {
+	if t.TLS == nil {
+		return w.dialEndpoint(ctx, t)
+	}
+	p := w.view.Load().tls[t.TLSKey]
+	if p == nil { // a target of a configuration older or newer than the view
+		p = backendtls.Compile(t.TLS)
+	}
+	if why := p.Invalid(); why != "" {
+		w.backendTLS.WithLabelValues(p.Name(), "invalid_policy").Inc()
+		return nil, fmt.Errorf("endpoint %s: BackendTLSPolicy %s cannot be carried out, nothing sent: %s", t.Address, p.Name(), why)
+	}
+	raw, err := w.dialEndpoint(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := p.Client(ctx, raw, t.ALPN)
+	if err != nil {
+		result := "handshake_failed"
+		var te *backendtls.Error
+		if errors.As(err, &te) && te.Verify {
+			result = "verify_failed"
+		}
+		w.backendTLS.WithLabelValues(p.Name(), result).Inc()
+		w.log.Warn("backend TLS refused", zap.String("policy", p.Name()), zap.Stringer("endpoint", t.Address),
+			zap.String("service", t.Service.Namespace+"/"+t.Service.Name), zap.Error(err))
+		return nil, fmt.Errorf("endpoint %s: %w", t.Address, err)
+	}
+	w.backendTLS.WithLabelValues(p.Name(), "ok").Inc()
+	return conn, nil
+}
+
+// dialEndpoint opens the tunnel or TCP connection to an endpoint. An
+// endpoint that is no pod (an EndpointSlice address outside the cluster)
+// is reached only under a BackendTLSPolicy, whose certificate check is
+// then what authenticates it.
+func (w *Waypoint) dialEndpoint(ctx context.Context, t l7.Target) (net.Conn, error) {
+	if t.Workload == nil && t.TLS == nil {
 		return nil, fmt.Errorf("endpoint %s: unknown workload", t.Address)
 	}
-	if !t.Workload.GetHbone() {
+	if t.Workload == nil || !t.Workload.GetHbone() {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", t.Address.String())
 	}

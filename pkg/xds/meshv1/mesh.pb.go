@@ -31,6 +31,52 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SubjectAltName_Type int32
+
+const (
+	SubjectAltName_HOSTNAME SubjectAltName_Type = 0
+	SubjectAltName_URI      SubjectAltName_Type = 1
+)
+
+// Enum value maps for SubjectAltName_Type.
+var (
+	SubjectAltName_Type_name = map[int32]string{
+		0: "HOSTNAME",
+		1: "URI",
+	}
+	SubjectAltName_Type_value = map[string]int32{
+		"HOSTNAME": 0,
+		"URI":      1,
+	}
+)
+
+func (x SubjectAltName_Type) Enum() *SubjectAltName_Type {
+	p := new(SubjectAltName_Type)
+	*p = x
+	return p
+}
+
+func (x SubjectAltName_Type) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SubjectAltName_Type) Descriptor() protoreflect.EnumDescriptor {
+	return file_mesh_proto_enumTypes[0].Descriptor()
+}
+
+func (SubjectAltName_Type) Type() protoreflect.EnumType {
+	return &file_mesh_proto_enumTypes[0]
+}
+
+func (x SubjectAltName_Type) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SubjectAltName_Type.Descriptor instead.
+func (SubjectAltName_Type) EnumDescriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{3, 0}
+}
+
 type PathMatch_Type int32
 
 const (
@@ -64,11 +110,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[0].Descriptor()
+	return file_mesh_proto_enumTypes[1].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[0]
+	return &file_mesh_proto_enumTypes[1]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -77,7 +123,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{7, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{9, 0}
 }
 
 type StringMatch_Type int32
@@ -110,11 +156,11 @@ func (x StringMatch_Type) String() string {
 }
 
 func (StringMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[1].Descriptor()
+	return file_mesh_proto_enumTypes[2].Descriptor()
 }
 
 func (StringMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[1]
+	return &file_mesh_proto_enumTypes[2]
 }
 
 func (x StringMatch_Type) Number() protoreflect.EnumNumber {
@@ -123,7 +169,7 @@ func (x StringMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StringMatch_Type.Descriptor instead.
 func (StringMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{8, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{10, 0}
 }
 
 type PathModifier_Type int32
@@ -156,11 +202,11 @@ func (x PathModifier_Type) String() string {
 }
 
 func (PathModifier_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[2].Descriptor()
+	return file_mesh_proto_enumTypes[3].Descriptor()
 }
 
 func (PathModifier_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[2]
+	return &file_mesh_proto_enumTypes[3]
 }
 
 func (x PathModifier_Type) Number() protoreflect.EnumNumber {
@@ -169,7 +215,7 @@ func (x PathModifier_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathModifier_Type.Descriptor instead.
 func (PathModifier_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{12, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{14, 0}
 }
 
 type GRPCMethodMatch_Type int32
@@ -202,11 +248,11 @@ func (x GRPCMethodMatch_Type) String() string {
 }
 
 func (GRPCMethodMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[3].Descriptor()
+	return file_mesh_proto_enumTypes[4].Descriptor()
 }
 
 func (GRPCMethodMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[3]
+	return &file_mesh_proto_enumTypes[4]
 }
 
 func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
@@ -215,7 +261,7 @@ func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GRPCMethodMatch_Type.Descriptor instead.
 func (GRPCMethodMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{23, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{25, 0}
 }
 
 // Ref names a namespaced object (a Service, a waypoint Gateway).
@@ -440,7 +486,10 @@ type ServicePort struct {
 	// Numeric target port; 0 when the target is named (see Endpoint.ports).
 	TargetPort uint32 `protobuf:"varint,3,opt,name=target_port,json=targetPort,proto3" json:"target_port,omitempty"`
 	// http, http2, kubernetes.io/h2c, grpc, tcp; empty or unknown means TCP.
-	AppProtocol   string `protobuf:"bytes,4,opt,name=app_protocol,json=appProtocol,proto3" json:"app_protocol,omitempty"`
+	AppProtocol string `protobuf:"bytes,4,opt,name=app_protocol,json=appProtocol,proto3" json:"app_protocol,omitempty"`
+	// Set when a BackendTLSPolicy applies to this port: the waypoint speaks
+	// TLS to the port's endpoints and verifies them as it says.
+	BackendTls    *BackendTLS `protobuf:"bytes,5,opt,name=backend_tls,json=backendTls,proto3" json:"backend_tls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -503,6 +552,166 @@ func (x *ServicePort) GetAppProtocol() string {
 	return ""
 }
 
+func (x *ServicePort) GetBackendTls() *BackendTLS {
+	if x != nil {
+		return x.BackendTls
+	}
+	return nil
+}
+
+// SubjectAltName is one name a backend's certificate may present.
+type SubjectAltName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          SubjectAltName_Type    `protobuf:"varint,1,opt,name=type,proto3,enum=causeway.mesh.v1.SubjectAltName_Type" json:"type,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubjectAltName) Reset() {
+	*x = SubjectAltName{}
+	mi := &file_mesh_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubjectAltName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubjectAltName) ProtoMessage() {}
+
+func (x *SubjectAltName) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubjectAltName.ProtoReflect.Descriptor instead.
+func (*SubjectAltName) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SubjectAltName) GetType() SubjectAltName_Type {
+	if x != nil {
+		return x.Type
+	}
+	return SubjectAltName_HOSTNAME
+}
+
+func (x *SubjectAltName) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+// BackendTLS is the BackendTLSPolicy (Gateway API) that applies to a
+// service port, resolved by the control plane: its CA certificates read,
+// conflicts between policies decided. The waypoint originates TLS to every
+// endpoint of the port (inside the HBONE tunnel for mesh workloads) and
+// verifies the certificate: chained to the CA certificates (or the system
+// roots), and presenting one of subject_alt_names exactly, or when there
+// are none, valid for hostname.
+type BackendTLS struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The policy, for logs and metrics.
+	Policy *Ref `protobuf:"bytes,1,opt,name=policy,proto3" json:"policy,omitempty"`
+	// SNI, and the name verified when subject_alt_names is empty.
+	Hostname        string            `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	SubjectAltNames []*SubjectAltName `protobuf:"bytes,3,rep,name=subject_alt_names,json=subjectAltNames,proto3" json:"subject_alt_names,omitempty"`
+	// PEM CA certificates (from the policy's caCertificateRefs); empty when
+	// system_roots is set.
+	CaCertificates []byte `protobuf:"bytes,4,opt,name=ca_certificates,json=caCertificates,proto3" json:"ca_certificates,omitempty"`
+	// wellKnownCACertificates: System.
+	SystemRoots bool `protobuf:"varint,5,opt,name=system_roots,json=systemRoots,proto3" json:"system_roots,omitempty"`
+	// Set when the policy cannot be carried out (a CA certificate reference
+	// that does not resolve, an invalid field): the waypoint refuses to
+	// connect to the port's endpoints, with this reason, rather than send
+	// anything unverified.
+	InvalidReason string `protobuf:"bytes,6,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackendTLS) Reset() {
+	*x = BackendTLS{}
+	mi := &file_mesh_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackendTLS) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackendTLS) ProtoMessage() {}
+
+func (x *BackendTLS) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackendTLS.ProtoReflect.Descriptor instead.
+func (*BackendTLS) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *BackendTLS) GetPolicy() *Ref {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *BackendTLS) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *BackendTLS) GetSubjectAltNames() []*SubjectAltName {
+	if x != nil {
+		return x.SubjectAltNames
+	}
+	return nil
+}
+
+func (x *BackendTLS) GetCaCertificates() []byte {
+	if x != nil {
+		return x.CaCertificates
+	}
+	return nil
+}
+
+func (x *BackendTLS) GetSystemRoots() bool {
+	if x != nil {
+		return x.SystemRoots
+	}
+	return false
+}
+
+func (x *BackendTLS) GetInvalidReason() string {
+	if x != nil {
+		return x.InvalidReason
+	}
+	return ""
+}
+
 type Endpoint struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	WorkloadUid string                 `protobuf:"bytes,1,opt,name=workload_uid,json=workloadUid,proto3" json:"workload_uid,omitempty"`
@@ -520,7 +729,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_mesh_proto_msgTypes[3]
+	mi := &file_mesh_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +741,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[3]
+	mi := &file_mesh_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +754,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{3}
+	return file_mesh_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Endpoint) GetWorkloadUid() string {
@@ -599,7 +808,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_mesh_proto_msgTypes[4]
+	mi := &file_mesh_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +820,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[4]
+	mi := &file_mesh_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +833,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{4}
+	return file_mesh_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Service) GetName() string {
@@ -701,7 +910,7 @@ type Waypoint struct {
 
 func (x *Waypoint) Reset() {
 	*x = Waypoint{}
-	mi := &file_mesh_proto_msgTypes[5]
+	mi := &file_mesh_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +922,7 @@ func (x *Waypoint) String() string {
 func (*Waypoint) ProtoMessage() {}
 
 func (x *Waypoint) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[5]
+	mi := &file_mesh_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +935,7 @@ func (x *Waypoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waypoint.ProtoReflect.Descriptor instead.
 func (*Waypoint) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{5}
+	return file_mesh_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Waypoint) GetName() string {
@@ -783,7 +992,7 @@ type ParentRef struct {
 
 func (x *ParentRef) Reset() {
 	*x = ParentRef{}
-	mi := &file_mesh_proto_msgTypes[6]
+	mi := &file_mesh_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +1004,7 @@ func (x *ParentRef) String() string {
 func (*ParentRef) ProtoMessage() {}
 
 func (x *ParentRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[6]
+	mi := &file_mesh_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +1017,7 @@ func (x *ParentRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParentRef.ProtoReflect.Descriptor instead.
 func (*ParentRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{6}
+	return file_mesh_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ParentRef) GetNamespace() string {
@@ -842,7 +1051,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_mesh_proto_msgTypes[7]
+	mi := &file_mesh_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1063,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[7]
+	mi := &file_mesh_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1076,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{7}
+	return file_mesh_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -896,7 +1105,7 @@ type StringMatch struct {
 
 func (x *StringMatch) Reset() {
 	*x = StringMatch{}
-	mi := &file_mesh_proto_msgTypes[8]
+	mi := &file_mesh_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +1117,7 @@ func (x *StringMatch) String() string {
 func (*StringMatch) ProtoMessage() {}
 
 func (x *StringMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[8]
+	mi := &file_mesh_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1130,7 @@ func (x *StringMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringMatch.ProtoReflect.Descriptor instead.
 func (*StringMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{8}
+	return file_mesh_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StringMatch) GetType() StringMatch_Type {
@@ -959,7 +1168,7 @@ type HTTPRouteMatch struct {
 
 func (x *HTTPRouteMatch) Reset() {
 	*x = HTTPRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[9]
+	mi := &file_mesh_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1180,7 @@ func (x *HTTPRouteMatch) String() string {
 func (*HTTPRouteMatch) ProtoMessage() {}
 
 func (x *HTTPRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[9]
+	mi := &file_mesh_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1193,7 @@ func (x *HTTPRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteMatch.ProtoReflect.Descriptor instead.
 func (*HTTPRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{9}
+	return file_mesh_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HTTPRouteMatch) GetPath() *PathMatch {
@@ -1025,7 +1234,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_mesh_proto_msgTypes[10]
+	mi := &file_mesh_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1246,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[10]
+	mi := &file_mesh_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1259,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{10}
+	return file_mesh_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Header) GetName() string {
@@ -1078,7 +1287,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_mesh_proto_msgTypes[11]
+	mi := &file_mesh_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1299,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[11]
+	mi := &file_mesh_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1312,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{11}
+	return file_mesh_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeaderModifier) GetSet() []*Header {
@@ -1137,7 +1346,7 @@ type PathModifier struct {
 
 func (x *PathModifier) Reset() {
 	*x = PathModifier{}
-	mi := &file_mesh_proto_msgTypes[12]
+	mi := &file_mesh_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1358,7 @@ func (x *PathModifier) String() string {
 func (*PathModifier) ProtoMessage() {}
 
 func (x *PathModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[12]
+	mi := &file_mesh_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1371,7 @@ func (x *PathModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathModifier.ProtoReflect.Descriptor instead.
 func (*PathModifier) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{12}
+	return file_mesh_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PathModifier) GetType() PathModifier_Type {
@@ -1193,7 +1402,7 @@ type RequestRedirect struct {
 
 func (x *RequestRedirect) Reset() {
 	*x = RequestRedirect{}
-	mi := &file_mesh_proto_msgTypes[13]
+	mi := &file_mesh_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1414,7 @@ func (x *RequestRedirect) String() string {
 func (*RequestRedirect) ProtoMessage() {}
 
 func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[13]
+	mi := &file_mesh_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1427,7 @@ func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRedirect.ProtoReflect.Descriptor instead.
 func (*RequestRedirect) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{13}
+	return file_mesh_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RequestRedirect) GetScheme() string {
@@ -1266,7 +1475,7 @@ type URLRewrite struct {
 
 func (x *URLRewrite) Reset() {
 	*x = URLRewrite{}
-	mi := &file_mesh_proto_msgTypes[14]
+	mi := &file_mesh_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1487,7 @@ func (x *URLRewrite) String() string {
 func (*URLRewrite) ProtoMessage() {}
 
 func (x *URLRewrite) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[14]
+	mi := &file_mesh_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1500,7 @@ func (x *URLRewrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use URLRewrite.ProtoReflect.Descriptor instead.
 func (*URLRewrite) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{14}
+	return file_mesh_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *URLRewrite) GetHostname() string {
@@ -1319,7 +1528,7 @@ type RequestMirror struct {
 
 func (x *RequestMirror) Reset() {
 	*x = RequestMirror{}
-	mi := &file_mesh_proto_msgTypes[15]
+	mi := &file_mesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1540,7 @@ func (x *RequestMirror) String() string {
 func (*RequestMirror) ProtoMessage() {}
 
 func (x *RequestMirror) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[15]
+	mi := &file_mesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1553,7 @@ func (x *RequestMirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestMirror.ProtoReflect.Descriptor instead.
 func (*RequestMirror) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{15}
+	return file_mesh_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RequestMirror) GetBackend() *BackendRef {
@@ -1378,7 +1587,7 @@ type CORS struct {
 
 func (x *CORS) Reset() {
 	*x = CORS{}
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1390,7 +1599,7 @@ func (x *CORS) String() string {
 func (*CORS) ProtoMessage() {}
 
 func (x *CORS) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1403,7 +1612,7 @@ func (x *CORS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CORS.ProtoReflect.Descriptor instead.
 func (*CORS) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{16}
+	return file_mesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CORS) GetAllowOrigins() []string {
@@ -1465,7 +1674,7 @@ type HTTPRouteFilter struct {
 
 func (x *HTTPRouteFilter) Reset() {
 	*x = HTTPRouteFilter{}
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1686,7 @@ func (x *HTTPRouteFilter) String() string {
 func (*HTTPRouteFilter) ProtoMessage() {}
 
 func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1699,7 @@ func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteFilter.ProtoReflect.Descriptor instead.
 func (*HTTPRouteFilter) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{17}
+	return file_mesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HTTPRouteFilter) GetFilter() isHTTPRouteFilter_Filter {
@@ -1609,7 +1818,7 @@ type BackendRef struct {
 
 func (x *BackendRef) Reset() {
 	*x = BackendRef{}
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1830,7 @@ func (x *BackendRef) String() string {
 func (*BackendRef) ProtoMessage() {}
 
 func (x *BackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1843,7 @@ func (x *BackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendRef.ProtoReflect.Descriptor instead.
 func (*BackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{18}
+	return file_mesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BackendRef) GetNamespace() string {
@@ -1677,7 +1886,7 @@ type HTTPBackendRef struct {
 
 func (x *HTTPBackendRef) Reset() {
 	*x = HTTPBackendRef{}
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1898,7 @@ func (x *HTTPBackendRef) String() string {
 func (*HTTPBackendRef) ProtoMessage() {}
 
 func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1911,7 @@ func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPBackendRef.ProtoReflect.Descriptor instead.
 func (*HTTPBackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{19}
+	return file_mesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HTTPBackendRef) GetBackend() *BackendRef {
@@ -1739,7 +1948,7 @@ type HTTPRouteRetry struct {
 
 func (x *HTTPRouteRetry) Reset() {
 	*x = HTTPRouteRetry{}
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1960,7 @@ func (x *HTTPRouteRetry) String() string {
 func (*HTTPRouteRetry) ProtoMessage() {}
 
 func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1973,7 @@ func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRetry.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRetry) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{20}
+	return file_mesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HTTPRouteRetry) GetCodes() []uint32 {
@@ -1808,7 +2017,7 @@ type HTTPRouteRule struct {
 
 func (x *HTTPRouteRule) Reset() {
 	*x = HTTPRouteRule{}
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2029,7 @@ func (x *HTTPRouteRule) String() string {
 func (*HTTPRouteRule) ProtoMessage() {}
 
 func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2042,7 @@ func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRule.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{21}
+	return file_mesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HTTPRouteRule) GetName() string {
@@ -1908,7 +2117,7 @@ type HTTPRoute struct {
 
 func (x *HTTPRoute) Reset() {
 	*x = HTTPRoute{}
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2129,7 @@ func (x *HTTPRoute) String() string {
 func (*HTTPRoute) ProtoMessage() {}
 
 func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2142,7 @@ func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRoute.ProtoReflect.Descriptor instead.
 func (*HTTPRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{22}
+	return file_mesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HTTPRoute) GetName() string {
@@ -1991,7 +2200,7 @@ type GRPCMethodMatch struct {
 
 func (x *GRPCMethodMatch) Reset() {
 	*x = GRPCMethodMatch{}
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2212,7 @@ func (x *GRPCMethodMatch) String() string {
 func (*GRPCMethodMatch) ProtoMessage() {}
 
 func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2225,7 @@ func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCMethodMatch.ProtoReflect.Descriptor instead.
 func (*GRPCMethodMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{23}
+	return file_mesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GRPCMethodMatch) GetType() GRPCMethodMatch_Type {
@@ -2050,7 +2259,7 @@ type GRPCRouteMatch struct {
 
 func (x *GRPCRouteMatch) Reset() {
 	*x = GRPCRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2062,7 +2271,7 @@ func (x *GRPCRouteMatch) String() string {
 func (*GRPCRouteMatch) ProtoMessage() {}
 
 func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2075,7 +2284,7 @@ func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteMatch.ProtoReflect.Descriptor instead.
 func (*GRPCRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{24}
+	return file_mesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GRPCRouteMatch) GetMethod() *GRPCMethodMatch {
@@ -2107,7 +2316,7 @@ type GRPCRouteRule struct {
 
 func (x *GRPCRouteRule) Reset() {
 	*x = GRPCRouteRule{}
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2328,7 @@ func (x *GRPCRouteRule) String() string {
 func (*GRPCRouteRule) ProtoMessage() {}
 
 func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2341,7 @@ func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteRule.ProtoReflect.Descriptor instead.
 func (*GRPCRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{25}
+	return file_mesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GRPCRouteRule) GetName() string {
@@ -2185,7 +2394,7 @@ type GRPCRoute struct {
 
 func (x *GRPCRoute) Reset() {
 	*x = GRPCRoute{}
-	mi := &file_mesh_proto_msgTypes[26]
+	mi := &file_mesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2406,7 @@ func (x *GRPCRoute) String() string {
 func (*GRPCRoute) ProtoMessage() {}
 
 func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[26]
+	mi := &file_mesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2419,7 @@ func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRoute.ProtoReflect.Descriptor instead.
 func (*GRPCRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{26}
+	return file_mesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GRPCRoute) GetName() string {
@@ -2267,7 +2476,7 @@ type PolicyFile struct {
 
 func (x *PolicyFile) Reset() {
 	*x = PolicyFile{}
-	mi := &file_mesh_proto_msgTypes[27]
+	mi := &file_mesh_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2488,7 @@ func (x *PolicyFile) String() string {
 func (*PolicyFile) ProtoMessage() {}
 
 func (x *PolicyFile) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[27]
+	mi := &file_mesh_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2501,7 @@ func (x *PolicyFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyFile.ProtoReflect.Descriptor instead.
 func (*PolicyFile) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{27}
+	return file_mesh_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PolicyFile) GetPath() string {
@@ -2323,7 +2532,7 @@ type PolicySource struct {
 
 func (x *PolicySource) Reset() {
 	*x = PolicySource{}
-	mi := &file_mesh_proto_msgTypes[28]
+	mi := &file_mesh_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2335,7 +2544,7 @@ func (x *PolicySource) String() string {
 func (*PolicySource) ProtoMessage() {}
 
 func (x *PolicySource) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[28]
+	mi := &file_mesh_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2348,7 +2557,7 @@ func (x *PolicySource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicySource.ProtoReflect.Descriptor instead.
 func (*PolicySource) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{28}
+	return file_mesh_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PolicySource) GetName() string {
@@ -2409,7 +2618,7 @@ type ConnectionPolicy struct {
 
 func (x *ConnectionPolicy) Reset() {
 	*x = ConnectionPolicy{}
-	mi := &file_mesh_proto_msgTypes[29]
+	mi := &file_mesh_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2630,7 @@ func (x *ConnectionPolicy) String() string {
 func (*ConnectionPolicy) ProtoMessage() {}
 
 func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[29]
+	mi := &file_mesh_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2643,7 @@ func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionPolicy.ProtoReflect.Descriptor instead.
 func (*ConnectionPolicy) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{29}
+	return file_mesh_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ConnectionPolicy) GetName() string {
@@ -2521,13 +2730,29 @@ const file_mesh_proto_rawDesc = "" +
 	"\x0einvalid_reason\x18\x0e \x01(\tR\rinvalidReason\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x03 \x01(\rR\n" +
 	"targetPort\x12!\n" +
-	"\fapp_protocol\x18\x04 \x01(\tR\vappProtocol\"\xda\x01\n" +
+	"\fapp_protocol\x18\x04 \x01(\tR\vappProtocol\x12=\n" +
+	"\vbackend_tls\x18\x05 \x01(\v2\x1c.causeway.mesh.v1.BackendTLSR\n" +
+	"backendTls\"\x80\x01\n" +
+	"\x0eSubjectAltName\x129\n" +
+	"\x04type\x18\x01 \x01(\x0e2%.causeway.mesh.v1.SubjectAltName.TypeR\x04type\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x1d\n" +
+	"\x04Type\x12\f\n" +
+	"\bHOSTNAME\x10\x00\x12\a\n" +
+	"\x03URI\x10\x01\"\x98\x02\n" +
+	"\n" +
+	"BackendTLS\x12-\n" +
+	"\x06policy\x18\x01 \x01(\v2\x15.causeway.mesh.v1.RefR\x06policy\x12\x1a\n" +
+	"\bhostname\x18\x02 \x01(\tR\bhostname\x12L\n" +
+	"\x11subject_alt_names\x18\x03 \x03(\v2 .causeway.mesh.v1.SubjectAltNameR\x0fsubjectAltNames\x12'\n" +
+	"\x0fca_certificates\x18\x04 \x01(\fR\x0ecaCertificates\x12!\n" +
+	"\fsystem_roots\x18\x05 \x01(\bR\vsystemRoots\x12%\n" +
+	"\x0einvalid_reason\x18\x06 \x01(\tR\rinvalidReason\"\xda\x01\n" +
 	"\bEndpoint\x12!\n" +
 	"\fworkload_uid\x18\x01 \x01(\tR\vworkloadUid\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12;\n" +
@@ -2709,103 +2934,110 @@ func file_mesh_proto_rawDescGZIP() []byte {
 	return file_mesh_proto_rawDescData
 }
 
-var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_mesh_proto_goTypes = []any{
-	(PathMatch_Type)(0),           // 0: causeway.mesh.v1.PathMatch.Type
-	(StringMatch_Type)(0),         // 1: causeway.mesh.v1.StringMatch.Type
-	(PathModifier_Type)(0),        // 2: causeway.mesh.v1.PathModifier.Type
-	(GRPCMethodMatch_Type)(0),     // 3: causeway.mesh.v1.GRPCMethodMatch.Type
-	(*Ref)(nil),                   // 4: causeway.mesh.v1.Ref
-	(*Workload)(nil),              // 5: causeway.mesh.v1.Workload
-	(*ServicePort)(nil),           // 6: causeway.mesh.v1.ServicePort
-	(*Endpoint)(nil),              // 7: causeway.mesh.v1.Endpoint
-	(*Service)(nil),               // 8: causeway.mesh.v1.Service
-	(*Waypoint)(nil),              // 9: causeway.mesh.v1.Waypoint
-	(*ParentRef)(nil),             // 10: causeway.mesh.v1.ParentRef
-	(*PathMatch)(nil),             // 11: causeway.mesh.v1.PathMatch
-	(*StringMatch)(nil),           // 12: causeway.mesh.v1.StringMatch
-	(*HTTPRouteMatch)(nil),        // 13: causeway.mesh.v1.HTTPRouteMatch
-	(*Header)(nil),                // 14: causeway.mesh.v1.Header
-	(*HeaderModifier)(nil),        // 15: causeway.mesh.v1.HeaderModifier
-	(*PathModifier)(nil),          // 16: causeway.mesh.v1.PathModifier
-	(*RequestRedirect)(nil),       // 17: causeway.mesh.v1.RequestRedirect
-	(*URLRewrite)(nil),            // 18: causeway.mesh.v1.URLRewrite
-	(*RequestMirror)(nil),         // 19: causeway.mesh.v1.RequestMirror
-	(*CORS)(nil),                  // 20: causeway.mesh.v1.CORS
-	(*HTTPRouteFilter)(nil),       // 21: causeway.mesh.v1.HTTPRouteFilter
-	(*BackendRef)(nil),            // 22: causeway.mesh.v1.BackendRef
-	(*HTTPBackendRef)(nil),        // 23: causeway.mesh.v1.HTTPBackendRef
-	(*HTTPRouteRetry)(nil),        // 24: causeway.mesh.v1.HTTPRouteRetry
-	(*HTTPRouteRule)(nil),         // 25: causeway.mesh.v1.HTTPRouteRule
-	(*HTTPRoute)(nil),             // 26: causeway.mesh.v1.HTTPRoute
-	(*GRPCMethodMatch)(nil),       // 27: causeway.mesh.v1.GRPCMethodMatch
-	(*GRPCRouteMatch)(nil),        // 28: causeway.mesh.v1.GRPCRouteMatch
-	(*GRPCRouteRule)(nil),         // 29: causeway.mesh.v1.GRPCRouteRule
-	(*GRPCRoute)(nil),             // 30: causeway.mesh.v1.GRPCRoute
-	(*PolicyFile)(nil),            // 31: causeway.mesh.v1.PolicyFile
-	(*PolicySource)(nil),          // 32: causeway.mesh.v1.PolicySource
-	(*ConnectionPolicy)(nil),      // 33: causeway.mesh.v1.ConnectionPolicy
-	nil,                           // 34: causeway.mesh.v1.Workload.LabelsEntry
-	nil,                           // 35: causeway.mesh.v1.Endpoint.PortsEntry
-	nil,                           // 36: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
-	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(SubjectAltName_Type)(0),      // 0: causeway.mesh.v1.SubjectAltName.Type
+	(PathMatch_Type)(0),           // 1: causeway.mesh.v1.PathMatch.Type
+	(StringMatch_Type)(0),         // 2: causeway.mesh.v1.StringMatch.Type
+	(PathModifier_Type)(0),        // 3: causeway.mesh.v1.PathModifier.Type
+	(GRPCMethodMatch_Type)(0),     // 4: causeway.mesh.v1.GRPCMethodMatch.Type
+	(*Ref)(nil),                   // 5: causeway.mesh.v1.Ref
+	(*Workload)(nil),              // 6: causeway.mesh.v1.Workload
+	(*ServicePort)(nil),           // 7: causeway.mesh.v1.ServicePort
+	(*SubjectAltName)(nil),        // 8: causeway.mesh.v1.SubjectAltName
+	(*BackendTLS)(nil),            // 9: causeway.mesh.v1.BackendTLS
+	(*Endpoint)(nil),              // 10: causeway.mesh.v1.Endpoint
+	(*Service)(nil),               // 11: causeway.mesh.v1.Service
+	(*Waypoint)(nil),              // 12: causeway.mesh.v1.Waypoint
+	(*ParentRef)(nil),             // 13: causeway.mesh.v1.ParentRef
+	(*PathMatch)(nil),             // 14: causeway.mesh.v1.PathMatch
+	(*StringMatch)(nil),           // 15: causeway.mesh.v1.StringMatch
+	(*HTTPRouteMatch)(nil),        // 16: causeway.mesh.v1.HTTPRouteMatch
+	(*Header)(nil),                // 17: causeway.mesh.v1.Header
+	(*HeaderModifier)(nil),        // 18: causeway.mesh.v1.HeaderModifier
+	(*PathModifier)(nil),          // 19: causeway.mesh.v1.PathModifier
+	(*RequestRedirect)(nil),       // 20: causeway.mesh.v1.RequestRedirect
+	(*URLRewrite)(nil),            // 21: causeway.mesh.v1.URLRewrite
+	(*RequestMirror)(nil),         // 22: causeway.mesh.v1.RequestMirror
+	(*CORS)(nil),                  // 23: causeway.mesh.v1.CORS
+	(*HTTPRouteFilter)(nil),       // 24: causeway.mesh.v1.HTTPRouteFilter
+	(*BackendRef)(nil),            // 25: causeway.mesh.v1.BackendRef
+	(*HTTPBackendRef)(nil),        // 26: causeway.mesh.v1.HTTPBackendRef
+	(*HTTPRouteRetry)(nil),        // 27: causeway.mesh.v1.HTTPRouteRetry
+	(*HTTPRouteRule)(nil),         // 28: causeway.mesh.v1.HTTPRouteRule
+	(*HTTPRoute)(nil),             // 29: causeway.mesh.v1.HTTPRoute
+	(*GRPCMethodMatch)(nil),       // 30: causeway.mesh.v1.GRPCMethodMatch
+	(*GRPCRouteMatch)(nil),        // 31: causeway.mesh.v1.GRPCRouteMatch
+	(*GRPCRouteRule)(nil),         // 32: causeway.mesh.v1.GRPCRouteRule
+	(*GRPCRoute)(nil),             // 33: causeway.mesh.v1.GRPCRoute
+	(*PolicyFile)(nil),            // 34: causeway.mesh.v1.PolicyFile
+	(*PolicySource)(nil),          // 35: causeway.mesh.v1.PolicySource
+	(*ConnectionPolicy)(nil),      // 36: causeway.mesh.v1.ConnectionPolicy
+	nil,                           // 37: causeway.mesh.v1.Workload.LabelsEntry
+	nil,                           // 38: causeway.mesh.v1.Endpoint.PortsEntry
+	nil,                           // 39: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
 }
 var file_mesh_proto_depIdxs = []int32{
-	4,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
-	34, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
-	4,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
-	35, // 3: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
-	6,  // 4: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
-	7,  // 5: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
-	4,  // 6: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
-	0,  // 7: causeway.mesh.v1.PathMatch.type:type_name -> causeway.mesh.v1.PathMatch.Type
-	1,  // 8: causeway.mesh.v1.StringMatch.type:type_name -> causeway.mesh.v1.StringMatch.Type
-	11, // 9: causeway.mesh.v1.HTTPRouteMatch.path:type_name -> causeway.mesh.v1.PathMatch
-	12, // 10: causeway.mesh.v1.HTTPRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	12, // 11: causeway.mesh.v1.HTTPRouteMatch.query_params:type_name -> causeway.mesh.v1.StringMatch
-	14, // 12: causeway.mesh.v1.HeaderModifier.set:type_name -> causeway.mesh.v1.Header
-	14, // 13: causeway.mesh.v1.HeaderModifier.add:type_name -> causeway.mesh.v1.Header
-	2,  // 14: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
-	16, // 15: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
-	16, // 16: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
-	22, // 17: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
-	15, // 18: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
-	15, // 19: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
-	17, // 20: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
-	18, // 21: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
-	19, // 22: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
-	20, // 23: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
-	22, // 24: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
-	21, // 25: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	37, // 26: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
-	13, // 27: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
-	21, // 28: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	23, // 29: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	37, // 30: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
-	37, // 31: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
-	24, // 32: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
-	38, // 33: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
-	10, // 34: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	25, // 35: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
-	3,  // 36: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
-	27, // 37: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
-	12, // 38: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	28, // 39: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
-	21, // 40: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	23, // 41: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	38, // 42: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
-	10, // 43: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	29, // 44: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
-	31, // 45: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
-	36, // 46: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
-	32, // 47: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
-	48, // [48:48] is the sub-list for method output_type
-	48, // [48:48] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	5,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
+	37, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
+	5,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
+	9,  // 3: causeway.mesh.v1.ServicePort.backend_tls:type_name -> causeway.mesh.v1.BackendTLS
+	0,  // 4: causeway.mesh.v1.SubjectAltName.type:type_name -> causeway.mesh.v1.SubjectAltName.Type
+	5,  // 5: causeway.mesh.v1.BackendTLS.policy:type_name -> causeway.mesh.v1.Ref
+	8,  // 6: causeway.mesh.v1.BackendTLS.subject_alt_names:type_name -> causeway.mesh.v1.SubjectAltName
+	38, // 7: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
+	7,  // 8: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
+	10, // 9: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
+	5,  // 10: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
+	1,  // 11: causeway.mesh.v1.PathMatch.type:type_name -> causeway.mesh.v1.PathMatch.Type
+	2,  // 12: causeway.mesh.v1.StringMatch.type:type_name -> causeway.mesh.v1.StringMatch.Type
+	14, // 13: causeway.mesh.v1.HTTPRouteMatch.path:type_name -> causeway.mesh.v1.PathMatch
+	15, // 14: causeway.mesh.v1.HTTPRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	15, // 15: causeway.mesh.v1.HTTPRouteMatch.query_params:type_name -> causeway.mesh.v1.StringMatch
+	17, // 16: causeway.mesh.v1.HeaderModifier.set:type_name -> causeway.mesh.v1.Header
+	17, // 17: causeway.mesh.v1.HeaderModifier.add:type_name -> causeway.mesh.v1.Header
+	3,  // 18: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
+	19, // 19: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
+	19, // 20: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
+	25, // 21: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
+	18, // 22: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
+	18, // 23: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
+	20, // 24: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
+	21, // 25: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
+	22, // 26: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
+	23, // 27: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
+	25, // 28: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
+	24, // 29: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	40, // 30: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
+	16, // 31: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
+	24, // 32: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	26, // 33: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	40, // 34: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
+	40, // 35: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
+	27, // 36: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
+	41, // 37: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
+	13, // 38: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	28, // 39: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
+	4,  // 40: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
+	30, // 41: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
+	15, // 42: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	31, // 43: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
+	24, // 44: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	26, // 45: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	41, // 46: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
+	13, // 47: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	32, // 48: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
+	34, // 49: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
+	39, // 50: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	35, // 51: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
+	52, // [52:52] is the sub-list for method output_type
+	52, // [52:52] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_mesh_proto_init() }
@@ -2813,8 +3045,8 @@ func file_mesh_proto_init() {
 	if File_mesh_proto != nil {
 		return
 	}
-	file_mesh_proto_msgTypes[15].OneofWrappers = []any{}
-	file_mesh_proto_msgTypes[17].OneofWrappers = []any{
+	file_mesh_proto_msgTypes[17].OneofWrappers = []any{}
+	file_mesh_proto_msgTypes[19].OneofWrappers = []any{
 		(*HTTPRouteFilter_RequestHeaderModifier)(nil),
 		(*HTTPRouteFilter_ResponseHeaderModifier)(nil),
 		(*HTTPRouteFilter_RequestRedirect)(nil),
@@ -2827,8 +3059,8 @@ func file_mesh_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_proto_rawDesc), len(file_mesh_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   33,
+			NumEnums:      5,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -179,6 +179,11 @@ func validateService(s *Service) error {
 		if p.GetTargetPort() > 65535 {
 			return fmt.Errorf("service %s: target port %d out of range", name, p.GetTargetPort())
 		}
+		if bt := p.GetBackendTls(); bt != nil {
+			if err := validateBackendTLS(bt); err != nil {
+				return fmt.Errorf("service %s: port %d: backend TLS: %w", name, p.GetPort(), err)
+			}
+		}
 	}
 	for _, e := range s.GetEndpoints() {
 		if err := checkIP(e.GetAddress()); err != nil {
@@ -201,6 +206,49 @@ func validateService(s *Service) error {
 		}
 	}
 	return nil
+}
+
+// validateBackendTLS checks what the waypoint needs to verify a backend:
+// a name to send and verify, and something to verify against. The CA
+// certificates themselves are parsed where they are used; one that does
+// not parse fails that port closed.
+func validateBackendTLS(b *BackendTLS) error {
+	if err := checkRef(b.GetPolicy()); err != nil {
+		return fmt.Errorf("policy: %w", err)
+	}
+	if b.GetInvalidReason() != "" {
+		return nil // the port's connections are refused, whatever else it says
+	}
+	if !isDNSName(b.GetHostname()) {
+		return fmt.Errorf("hostname %q is not a DNS name", b.GetHostname())
+	}
+	if (len(b.GetCaCertificates()) > 0) == b.GetSystemRoots() {
+		return errors.New("exactly one of CA certificates and system roots is needed")
+	}
+	for _, san := range b.GetSubjectAltNames() {
+		if san.GetValue() == "" {
+			return errors.New("empty subject alt name")
+		}
+		switch san.GetType() {
+		case SubjectAltName_HOSTNAME, SubjectAltName_URI:
+		default:
+			return fmt.Errorf("subject alt name %q: unknown type %d", san.GetValue(), san.GetType())
+		}
+	}
+	return nil
+}
+
+// isDNSName: lower-case labels separated by dots.
+func isDNSName(s string) bool {
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if !isDNSLabel(l) {
+			return false
+		}
+	}
+	return true
 }
 
 func validateWaypoint(w *Waypoint) error {

@@ -33,6 +33,12 @@ func TestValidate(t *testing.T) {
 		{"connection policy without set", &ConnectionPolicy{Name: "p", Namespace: "ns"}, "no policy set"},
 		{"connection policy selecting both", &ConnectionPolicy{Name: "p", Namespace: "ns", Policy: "s", Revision: "r",
 			Selector: map[string]string{"app": "db"}, TargetGateways: []string{"wp"}}, "exclusive"},
+		{"backend TLS without policy", tlsService(&BackendTLS{Hostname: "a.example", SystemRoots: true}), "policy"},
+		{"backend TLS hostname", tlsService(&BackendTLS{Policy: &Ref{Namespace: "ns", Name: "p"}, Hostname: "*.example", SystemRoots: true}), "not a DNS name"},
+		{"backend TLS both roots", tlsService(&BackendTLS{Policy: &Ref{Namespace: "ns", Name: "p"}, Hostname: "a.example", SystemRoots: true, CaCertificates: []byte("x")}), "exactly one"},
+		{"backend TLS no roots", tlsService(&BackendTLS{Policy: &Ref{Namespace: "ns", Name: "p"}, Hostname: "a.example"}), "exactly one"},
+		{"backend TLS empty SAN", tlsService(&BackendTLS{Policy: &Ref{Namespace: "ns", Name: "p"}, Hostname: "a.example", SystemRoots: true,
+			SubjectAltNames: []*SubjectAltName{{Type: SubjectAltName_URI}}}), "empty subject alt name"},
 		{"connection policy without files", &ConnectionPolicy{Name: "p", Namespace: "ns", Policy: "s", Revision: "r"}, "revision and files"},
 	}
 	for _, c := range cases {
@@ -40,6 +46,10 @@ func TestValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want error containing %q", c.name, err, c.want)
 		}
+	}
+	refused := tlsService(&BackendTLS{Policy: &Ref{Namespace: "ns", Name: "p"}, InvalidReason: "no CA"})
+	if err := Validate(refused); err != nil {
+		t.Errorf("a refused backend TLS policy is served as it is: %v", err)
 	}
 	if ResourceName(good) != "u" || ResourceName(&Service{Name: "s", Namespace: "ns"}) != "ns/s" {
 		t.Error("ResourceName")
@@ -50,4 +60,8 @@ func TestValidate(t *testing.T) {
 			t.Errorf("NewResource(%s) = %v, %v", u, m, err)
 		}
 	}
+}
+
+func tlsService(b *BackendTLS) *Service {
+	return &Service{Name: "s", Namespace: "ns", Ports: []*ServicePort{{Port: 443, BackendTls: b}}}
 }
