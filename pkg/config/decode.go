@@ -22,7 +22,9 @@ import (
 // Object is one decoded Kubernetes object and where it came from. Obj is one
 // of *corev1.Namespace, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 // *discoveryv1.EndpointSlice, *gwv1.Gateway, *gwv1.GatewayClass,
-// *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant or *ConnectionPolicy
+// *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *gwv1.BackendTLSPolicy,
+// *corev1.ConfigMap (read for BackendTLSPolicies' CA certificates) or
+// *ConnectionPolicy
 // (v1beta1 Gateway API objects are converted to v1). The Kubernetes source
 // builds the same list from its informers and translates it incrementally
 // (Incremental), to the same result, so both sources share every rule.
@@ -108,7 +110,7 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *corev1.Namespace, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 		*discoveryv1.EndpointSlice,
 		*gwv1.Gateway, *gwv1.GatewayClass, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant,
-		*ConnectionPolicy:
+		*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *ConnectionPolicy:
 		return obj, nil
 	case *gwv1beta1.Gateway:
 		return (*gwv1.Gateway)(o), nil
@@ -119,7 +121,7 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *gwv1beta1.ReferenceGrant:
 		return (*gwv1.ReferenceGrant)(o), nil
 	}
-	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Pod, Service, ServiceAccount, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant and ConnectionPolicy",
+	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Pod, Service, ServiceAccount, ConfigMap, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy and ConnectionPolicy",
 		gvk.Kind, gvk.GroupVersion())
 }
 

@@ -87,6 +87,10 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
 		case *corev1.ServiceAccount:
 			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *gwv1.BackendTLSPolicy: // targets and CA references are in its namespace
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *corev1.ConfigMap:
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
 		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant:
 			routeObjs = append(routeObjs, o)
 		default:

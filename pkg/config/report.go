@@ -21,6 +21,8 @@ type Reports struct {
 	// Services by "ns/name": the waypoint each Service with a
 	// use-waypoint label (its own or its namespace's) is bound to.
 	Services map[string]WaypointBinding
+	// BackendTLSPolicies by "ns/name": one entry per targetRef.
+	BackendTLSPolicies map[string][]PolicyAncestor
 	// Err is what Translate returns for the same objects: set only when
 	// they are not a configuration at all.
 	Err error
@@ -63,7 +65,8 @@ type WaypointBinding struct {
 // waypoint-labelled Service.
 func Analyze(objs []Object, opts Options) *Reports {
 	t := newTranslator(opts)
-	t.reports = &Reports{Routes: map[string]*RouteReport{}, Problems: map[string][]string{}, Services: map[string]WaypointBinding{}}
+	t.reports = &Reports{Routes: map[string]*RouteReport{}, Problems: map[string][]string{}, Services: map[string]WaypointBinding{},
+		BackendTLSPolicies: map[string][]PolicyAncestor{}}
 	t.run(objs)
 	t.reports.Err = t.fatal.err()
 	t.reportServiceBindings()

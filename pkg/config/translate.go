@@ -51,6 +51,7 @@ func newTranslator(opts Options) *translator {
 		slices:     map[nsName][]*sliceInfo{},
 		gateways:   map[nsName]*gatewayInfo{},
 		grants:     map[string][]*gwv1.ReferenceGrant{},
+		configMaps: map[nsName]*corev1.ConfigMap{},
 		seen:       map[string]string{},
 		reasons:    map[string][]string{},
 		out:        newSnapshot(),
@@ -71,6 +72,7 @@ func (t *translator) run(objs []Object) {
 	t.checkPodIdentities()
 	t.checkWaypointLabels()
 	t.translateServices()
+	t.translateBackendTLSPolicies()
 	t.translateWorkloads()
 	t.translateRoutes()
 	t.translateConnectionPolicies()
@@ -152,7 +154,9 @@ type translator struct {
 	grpcRoutes   []routeInfo[*gwv1.GRPCRoute]
 	grants       map[string][]*gwv1.ReferenceGrant // by namespace
 	connPolicies []connPolicyInfo
-	seen         map[string]string // "Kind ns/name" -> origin
+	tlsPolicies  []*tlsPolicyInfo
+	configMaps   map[nsName]*corev1.ConfigMap // read for BackendTLSPolicies' CA certificates
+	seen         map[string]string            // "Kind ns/name" -> origin
 	out          *Snapshot
 	reports      *Reports // nil unless Analyze asked for them
 }
@@ -195,7 +199,8 @@ func (t *translator) collect(objs []Object) {
 		switch o.Obj.(type) {
 		case *corev1.Namespace, *gwv1.GatewayClass:
 		case *corev1.Pod, *corev1.Service, *corev1.ServiceAccount, *discoveryv1.EndpointSlice,
-			*gwv1.Gateway, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *ConnectionPolicy:
+			*gwv1.Gateway, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *ConnectionPolicy,
+			*gwv1.BackendTLSPolicy, *corev1.ConfigMap:
 			namespaced = true
 		default:
 			t.fatalProblem(o.Origin, "", "unsupported object %T", o.Obj)
@@ -260,6 +265,10 @@ func (t *translator) collect(objs []Object) {
 			t.grants[ns] = append(t.grants[ns], v)
 		case *ConnectionPolicy:
 			t.connPolicies = append(t.connPolicies, connPolicyInfo{o.Origin, v})
+		case *gwv1.BackendTLSPolicy:
+			t.tlsPolicies = append(t.tlsPolicies, &tlsPolicyInfo{origin: o.Origin, obj: key, policy: v})
+		case *corev1.ConfigMap:
+			t.configMaps[id] = v
 		}
 	}
 	// A slice of a Service that does not exist is refused (unused).
