@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/util/validation"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -232,4 +233,23 @@ func svcPortNamed(svc *corev1.Service, name string) *corev1.ServicePort {
 		}
 	}
 	return nil
+}
+
+// Trim is an informer transform: it drops what the translation never
+// reads and what makes up much of an object's size in memory, managed
+// fields, and of a ConfigMap everything but the CA certificates a
+// BackendTLSPolicy may name (every ConfigMap of the cluster is watched,
+// and most hold other things).
+func Trim(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	if cm, ok := obj.(*corev1.ConfigMap); ok {
+		ca, has := cm.Data[CACertificateKey]
+		cm.Data, cm.BinaryData, cm.Annotations = nil, nil, nil
+		if has {
+			cm.Data = map[string]string{CACertificateKey: ca}
+		}
+	}
+	return obj, nil
 }

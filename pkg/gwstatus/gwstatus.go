@@ -3,7 +3,8 @@
 // pods are ready, addresses), their GatewayClass (Accepted), the parent
 // entries of HTTPRoutes and GRPCRoutes attached to Services (Accepted,
 // ResolvedRefs), and a causeway.dev/WaypointBound condition on Services
-// that name a waypoint. What a route's status says comes from the
+// that name a waypoint, and the ancestors of BackendTLSPolicies (the
+// Services they target). What a route's status says comes from the
 // translation itself (config.Analyze), so status and served configuration
 // cannot disagree.
 //
@@ -80,6 +81,8 @@ type Writer struct {
 	httpRoutes  gwlisters.HTTPRouteLister
 	grpcRoutes  gwlisters.GRPCRouteLister
 	grants      gwlisters.ReferenceGrantLister
+	tlsPolicies gwlisters.BackendTLSPolicyLister
+	configMaps  corelisters.ConfigMapLister
 }
 
 // New checks the options.
@@ -106,6 +109,8 @@ func (w *Writer) Run(ctx context.Context) error {
 	kf := informers.NewSharedInformerFactory(w.opts.Client, 0)
 	df := informers.NewSharedInformerFactoryWithOptions(w.opts.Client, 0,
 		informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = config.LabelGatewayName }))
+	// ConfigMaps (for BackendTLSPolicies' CA certificates) keep only their ca.crt.
+	cf := informers.NewSharedInformerFactoryWithOptions(w.opts.Client, 0, informers.WithTransform(config.Trim))
 	gf := gwinformers.NewSharedInformerFactory(w.opts.Gateways, 0)
 	w.namespaces = kf.Core().V1().Namespaces().Lister()
 	w.services = kf.Core().V1().Services().Lister()
@@ -115,6 +120,8 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.httpRoutes = gf.Gateway().V1().HTTPRoutes().Lister()
 	w.grpcRoutes = gf.Gateway().V1().GRPCRoutes().Lister()
 	w.grants = gf.Gateway().V1().ReferenceGrants().Lister()
+	w.tlsPolicies = gf.Gateway().V1().BackendTLSPolicies().Lister()
+	w.configMaps = cf.Core().V1().ConfigMaps().Lister()
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.trigger() },
 		UpdateFunc: func(any, any) { w.trigger() },
@@ -125,7 +132,8 @@ func (w *Writer) Run(ctx context.Context) error {
 		df.Apps().V1().Deployments().Informer(),
 		gf.Gateway().V1().GatewayClasses().Informer(), gf.Gateway().V1().Gateways().Informer(),
 		gf.Gateway().V1().HTTPRoutes().Informer(), gf.Gateway().V1().GRPCRoutes().Informer(),
-		gf.Gateway().V1().ReferenceGrants().Informer(),
+		gf.Gateway().V1().ReferenceGrants().Informer(), gf.Gateway().V1().BackendTLSPolicies().Informer(),
+		cf.Core().V1().ConfigMaps().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
@@ -133,11 +141,14 @@ func (w *Writer) Run(ctx context.Context) error {
 	}
 	kf.Start(ctx.Done())
 	df.Start(ctx.Done())
+	cf.Start(ctx.Done())
 	gf.Start(ctx.Done())
 	defer kf.Shutdown()
 	defer df.Shutdown()
+	defer cf.Shutdown()
 	defer gf.Shutdown()
-	for _, synced := range []map[reflect.Type]bool{kf.WaitForCacheSync(ctx.Done()), df.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
+	for _, synced := range []map[reflect.Type]bool{kf.WaitForCacheSync(ctx.Done()), df.WaitForCacheSync(ctx.Done()),
+		cf.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
 		for typ, ok := range synced {
 			if !ok {
 				if ctx.Err() != nil {
@@ -219,6 +230,10 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for _, s := range svcs {
 		errs = append(errs, w.syncService(ctx, s, rep))
 	}
+	tps, _ := w.tlsPolicies.List(labels.Everything())
+	for _, p := range tps {
+		errs = append(errs, w.syncBackendTLSPolicy(ctx, p, rep))
+	}
 	return errors.Join(errs...)
 }
 
@@ -241,6 +256,10 @@ func (w *Writer) objects() ([]config.Object, error) {
 	objs = appendObjects(objs, "GRPCRoute", grs)
 	rgs, _ := w.grants.List(labels.Everything())
 	objs = appendObjects(objs, "ReferenceGrant", rgs)
+	tps, _ := w.tlsPolicies.List(labels.Everything())
+	objs = appendObjects(objs, "BackendTLSPolicy", tps)
+	cms, _ := w.configMaps.List(labels.Everything())
+	objs = appendObjects(objs, "ConfigMap", cms)
 	sort.SliceStable(objs, func(i, j int) bool { return objs[i].Origin < objs[j].Origin })
 	return objs, nil
 }
@@ -526,6 +545,53 @@ func (w *Writer) syncService(ctx context.Context, s *corev1.Service, rep *config
 		w.recorder.Event(s, corev1.EventTypeWarning, "WaypointNotBound", event)
 	}
 	return nil
+}
+
+// maxAncestors is the API's limit on a policy's status.ancestors.
+const maxAncestors = 16
+
+// syncBackendTLSPolicy writes a BackendTLSPolicy's status.ancestors: other
+// controllers' entries as they are, ours one per targetRef, with the
+// targeted Service (and port, for a sectionName) as the ancestor, as the
+// translation found it (Accepted: applied, Conflicted, TargetNotFound,
+// Invalid or NoValidCACertificate; ResolvedRefs: the CA certificate
+// references).
+func (w *Writer) syncBackendTLSPolicy(ctx context.Context, p *gwv1.BackendTLSPolicy, rep *config.Reports) error {
+	var out []gwv1.PolicyAncestorStatus
+	ours := map[string][]metav1.Condition{}
+	for _, a := range p.Status.Ancestors {
+		if a.ControllerName == ControllerName {
+			ours[parentKey(a.AncestorRef)] = a.Conditions
+			continue
+		}
+		out = append(out, a)
+	}
+	ns := gwv1.Namespace(p.Namespace)
+	for _, a := range rep.BackendTLSPolicies[p.Namespace+"/"+p.Name] {
+		if a.Index >= len(p.Spec.TargetRefs) || len(out) >= maxAncestors {
+			continue
+		}
+		tr := p.Spec.TargetRefs[a.Index]
+		group, kind := tr.Group, tr.Kind
+		ref := gwv1.ParentReference{Group: &group, Kind: &kind, Namespace: &ns, Name: tr.Name, SectionName: tr.SectionName}
+		acc := condition(string(gwv1.PolicyConditionAccepted), a.Accepted, string(a.AcceptedReason), a.AcceptedMessage, p.Generation)
+		res := condition(string(gwv1.BackendTLSPolicyConditionResolvedRefs), a.ResolvedRefs, string(a.ResolvedRefsReason), a.ResolvedRefsMessage, p.Generation)
+		out = append(out, gwv1.PolicyAncestorStatus{AncestorRef: ref, ControllerName: ControllerName, Conditions: setConditions(ours[parentKey(ref)], acc, res)})
+	}
+	if len(out) == 0 {
+		out = nil
+	}
+	cur := p.Status.Ancestors
+	if len(cur) == 0 {
+		cur = nil
+	}
+	if equality.Semantic.DeepEqual(out, cur) {
+		return nil
+	}
+	cp := p.DeepCopy()
+	cp.Status.Ancestors = out
+	_, err := w.opts.Gateways.GatewayV1().BackendTLSPolicies(p.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	return ignoreGone(err)
 }
 
 // ignoreGone: an object deleted since the cache saw it needs no status.

@@ -22,6 +22,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 	"github.com/causeway-mesh/causeway/pkg/leader"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
@@ -110,6 +111,14 @@ func (f *fixture) create(doc string) {
 		var o gwv1.ReferenceGrant
 		f.decode(doc, &o)
 		_, err = f.gw.GatewayV1().ReferenceGrants(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
+	case "BackendTLSPolicy":
+		var o gwv1.BackendTLSPolicy
+		f.decode(doc, &o)
+		_, err = f.gw.GatewayV1().BackendTLSPolicies(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
+	case "ConfigMap":
+		var o corev1.ConfigMap
+		f.decode(doc, &o)
+		_, err = f.cs.CoreV1().ConfigMaps(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
 	default:
 		f.t.Fatalf("kind %q", tm.Kind)
 	}
@@ -488,4 +497,65 @@ spec:
   parentRefs: [{group: "", kind: Service, name: reviews}]
 `)
 	f.waitFor("b writes status", func() (bool, error) { return ourParent(f.route("st-fo", "after")) != nil, nil })
+}
+
+// A BackendTLSPolicy's ancestor (the Service it targets) says whether the
+// mesh applies it and whether its CA certificate reference resolves, and
+// follows the ConfigMap as it appears; a second policy for the same
+// Service is Conflicted, one for a missing Service TargetNotFound.
+func TestBackendTLSPolicyStatus(t *testing.T) {
+	f := newFixture(t)
+	f.startWriter()
+	ca := trusttest.NewCA(t, "pay.example")
+	f.create(`{apiVersion: v1, kind: Namespace, metadata: {name: tlsstatus}}`)
+	f.create(`{apiVersion: v1, kind: Service, metadata: {name: pay, namespace: tlsstatus}, spec: {ports: [{name: https, port: 443}]}}`)
+	policy := func(name, svc string) string {
+		return `{apiVersion: gateway.networking.k8s.io/v1, kind: BackendTLSPolicy, metadata: {name: ` + name + `, namespace: tlsstatus},
+		  spec: {targetRefs: [{group: "", kind: Service, name: ` + svc + `}],
+		    validation: {hostname: pay.example, caCertificateRefs: [{group: "", kind: ConfigMap, name: pay-ca}]}}}`
+	}
+	f.create(policy("pay-tls", "pay"))
+	ancestor := func(name string) *gwv1.PolicyAncestorStatus {
+		p, err := f.gw.GatewayV1().BackendTLSPolicies("tlsstatus").Get(f.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for i := range p.Status.Ancestors {
+			if a := &p.Status.Ancestors[i]; a.ControllerName == ControllerName {
+				return a
+			}
+		}
+		return nil
+	}
+	conditions := func(name string, accepted metav1.ConditionStatus, acceptedReason string, resolved metav1.ConditionStatus, resolvedReason string) func() (bool, error) {
+		return func() (bool, error) {
+			a := ancestor(name)
+			return a != nil && string(a.AncestorRef.Name) == "pay" && ptrValue(a.AncestorRef.Kind) == "Service" &&
+				is(cond(a.Conditions, "Accepted"), accepted, acceptedReason) && is(cond(a.Conditions, "ResolvedRefs"), resolved, resolvedReason), nil
+		}
+	}
+	f.waitFor("missing CA ConfigMap reported", conditions("pay-tls", metav1.ConditionFalse, "NoValidCACertificate", metav1.ConditionFalse, "InvalidCACertificateRef"))
+	if c := cond(ancestor("pay-tls").Conditions, "ResolvedRefs"); !strings.Contains(c.Message, "ConfigMap tlsstatus/pay-ca does not exist") {
+		t.Errorf("ResolvedRefs message %q", c.Message)
+	}
+	pemData := strings.ReplaceAll(strings.TrimSpace(string(ca.Authority.RootsPEM())), "\n", "\\n")
+	f.create(`{apiVersion: v1, kind: ConfigMap, metadata: {name: pay-ca, namespace: tlsstatus}, data: {ca.crt: "` + pemData + `"}}`)
+	f.waitFor("accepted once the ConfigMap exists", conditions("pay-tls", metav1.ConditionTrue, "Accepted", metav1.ConditionTrue, "ResolvedRefs"))
+
+	time.Sleep(1100 * time.Millisecond) // creation timestamps have a resolution of a second
+	f.create(policy("pay-tls-2", "pay"))
+	f.waitFor("the newer policy Conflicted", conditions("pay-tls-2", metav1.ConditionFalse, "Conflicted", metav1.ConditionTrue, "ResolvedRefs"))
+	f.create(policy("lost", "nope"))
+	f.waitFor("a missing Service is TargetNotFound", func() (bool, error) {
+		a := ancestor("lost")
+		return a != nil && is(cond(a.Conditions, "Accepted"), metav1.ConditionFalse, "TargetNotFound"), nil
+	})
+}
+
+func ptrValue[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }

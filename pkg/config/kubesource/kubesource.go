@@ -1,7 +1,8 @@
 // Package kubesource is the control plane's configuration source in a
 // Kubernetes cluster: shared informers (resync off) on Namespaces, Pods,
-// Services, EndpointSlices and the Gateway API Gateways, HTTPRoutes,
-// GRPCRoutes and ReferenceGrants. It hands what the informers hold to the
+// Services, EndpointSlices, ConfigMaps (their ca.crt only) and the Gateway
+// API Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants and
+// BackendTLSPolicies. It hands what the informers hold to the
 // same translation as the directory source (config.Translate), so both
 // sources give the same snapshot for the same objects. The translation is
 // incremental (config.Incremental): informer objects keep their identity
@@ -83,15 +84,17 @@ type Source struct {
 	synced     []cache.InformerSynced
 	podsSynced cache.InformerSynced
 
-	namespaces corelisters.NamespaceLister
-	pods       corelisters.PodLister
-	podIndex   cache.Indexer
-	services   corelisters.ServiceLister
-	slices     discoverylisters.EndpointSliceLister
-	gateways   gwlisters.GatewayLister
-	httpRoutes gwlisters.HTTPRouteLister
-	grpcRoutes gwlisters.GRPCRouteLister
-	grants     gwlisters.ReferenceGrantLister
+	namespaces  corelisters.NamespaceLister
+	pods        corelisters.PodLister
+	podIndex    cache.Indexer
+	services    corelisters.ServiceLister
+	slices      discoverylisters.EndpointSliceLister
+	gateways    gwlisters.GatewayLister
+	httpRoutes  gwlisters.HTTPRouteLister
+	grpcRoutes  gwlisters.GRPCRouteLister
+	grants      gwlisters.ReferenceGrantLister
+	tlsPolicies gwlisters.BackendTLSPolicyLister
+	configMaps  corelisters.ConfigMapLister
 
 	changed    chan time.Time // a change was seen, and when; capacity 1
 	lastErr    string
@@ -131,8 +134,8 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Sourc
 		opts: opts, log: opts.Logger, kube: kube, gw: gw,
 		// Resync off: every change arrives as an event; a periodic resync
 		// would only translate the same objects again.
-		factory:   informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields)),
-		gwFactory: gwinformers.NewSharedInformerFactoryWithOptions(gw, 0, gwinformers.WithTransform(stripManagedFields)),
+		factory:   informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(config.Trim)),
+		gwFactory: gwinformers.NewSharedInformerFactoryWithOptions(gw, 0, gwinformers.WithTransform(config.Trim)),
 		changed:   make(chan time.Time, 1),
 
 		rejections: config.NewRejectionLog(opts.Logger),
@@ -150,6 +153,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Sourc
 	for _, inf := range []cache.SharedIndexInformer{
 		core.Namespaces().Informer(), podInformer, core.Services().Informer(), disc.EndpointSlices().Informer(),
 		gwi.Gateways().Informer(), gwi.HTTPRoutes().Informer(), gwi.GRPCRoutes().Informer(), gwi.ReferenceGrants().Informer(),
+		gwi.BackendTLSPolicies().Informer(), core.ConfigMaps().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { s.notify() },
@@ -163,6 +167,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Sourc
 	s.namespaces, s.pods, s.services = core.Namespaces().Lister(), core.Pods().Lister(), core.Services().Lister()
 	s.slices = disc.EndpointSlices().Lister()
 	s.gateways, s.httpRoutes, s.grpcRoutes, s.grants = gwi.Gateways().Lister(), gwi.HTTPRoutes().Lister(), gwi.GRPCRoutes().Lister(), gwi.ReferenceGrants().Lister()
+	s.tlsPolicies, s.configMaps = gwi.BackendTLSPolicies().Lister(), core.ConfigMaps().Lister()
 	return s, nil
 }
 
@@ -238,13 +243,13 @@ func (s *Source) checkGatewayAPI() error {
 		have[r.Name] = true
 	}
 	var missing []string
-	for _, r := range []string{"gateways", "httproutes", "grpcroutes", "referencegrants"} {
+	for _, r := range []string{"gateways", "httproutes", "grpcroutes", "referencegrants", "backendtlspolicies"} {
 		if !have[r] {
 			missing = append(missing, r)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("Gateway API %s does not serve %s: install the standard-channel CRDs", gwv1.GroupVersion, strings.Join(missing, ", "))
+		return fmt.Errorf("Gateway API %s does not serve %s: install the standard-channel CRDs (v1.4 or later)", gwv1.GroupVersion, strings.Join(missing, ", "))
 	}
 	return nil
 }
@@ -338,6 +343,8 @@ func (s *Source) objects() ([]config.Object, error) {
 	list(listed(s.httpRoutes.List(all)))
 	list(listed(s.grpcRoutes.List(all)))
 	list(listed(s.grants.List(all)))
+	list(listed(s.tlsPolicies.List(all)))
+	list(listed(s.configMaps.List(all)))
 	if err != nil {
 		return nil, err
 	}
@@ -374,13 +381,4 @@ func key(o runtime.Object) string {
 		return ""
 	}
 	return m.GetNamespace() + "/" + m.GetName()
-}
-
-// stripManagedFields drops what the translation never reads and what makes
-// up much of an object's size in memory.
-func stripManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
@@ -89,14 +90,35 @@ func sampleObjects(t *testing.T) []config.Object {
 	return objs
 }
 
-// The sample applied to the API server and read by the informers gives
-// the snapshot the directory source gives for the same objects. The only
-// differences are the apiserver's own doing, carried over to the directory
-// side: the uids and creation times it assigns and the kubernetes Service
-// it creates.
+// backendTLSObjects are a BackendTLSPolicy on the sample's ratings Service
+// and the ConfigMap with its CA certificate (with a key the translation
+// does not read, which the informer drops).
+func backendTLSObjects(t *testing.T) []config.Object {
+	t.Helper()
+	ca := trusttest.NewCA(t, "ratings.example")
+	cm := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: "ratings-ca", Namespace: "shop"},
+		Data:       map[string]string{config.CACertificateKey: string(ca.Authority.RootsPEM()), "notes": "not read"}}
+	grpc := gwv1.SectionName("grpc")
+	pol := &gwv1.BackendTLSPolicy{TypeMeta: metav1.TypeMeta{APIVersion: gwv1.GroupVersion.String(), Kind: "BackendTLSPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: "ratings-tls", Namespace: "shop"},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "ratings"}, SectionName: &grpc}},
+			Validation: gwv1.BackendTLSPolicyValidation{Hostname: "ratings.example",
+				CACertificateRefs: []gwv1.LocalObjectReference{{Group: "", Kind: "ConfigMap", Name: "ratings-ca"}},
+				SubjectAltNames:   []gwv1.SubjectAltName{{Type: gwv1.URISubjectAltNameType, URI: "spiffe://ratings.example/ns/shop/sa/ratings"}}},
+		}}
+	return []config.Object{{Origin: "test", Obj: cm}, {Origin: "test", Obj: pol}}
+}
+
+// The sample (with a BackendTLSPolicy and its CA ConfigMap) applied to the
+// API server and read by the informers gives the snapshot the directory
+// source gives for the same objects. The only differences are the
+// apiserver's own doing, carried over to the directory side: the uids and
+// creation times it assigns and the kubernetes Service it creates.
 func TestSourceEqualsDirectory(t *testing.T) {
 	env := kubetest.Start(t) // its own apiserver: nothing but the sample in it
-	objs := sampleObjects(t)
+	objs := append(sampleObjects(t), backendTLSObjects(t)...)
 	var sample []runtime.Object
 	for _, o := range objs {
 		sample = append(sample, o.Obj)
@@ -115,6 +137,8 @@ func TestSourceEqualsDirectory(t *testing.T) {
 			v.CreationTimestamp = created[i].(*gwv1.HTTPRoute).CreationTimestamp
 		case *gwv1.GRPCRoute:
 			v.CreationTimestamp = created[i].(*gwv1.GRPCRoute).CreationTimestamp
+		case *gwv1.BackendTLSPolicy:
+			v.CreationTimestamp = created[i].(*gwv1.BackendTLSPolicy).CreationTimestamp
 		}
 		docs = append(docs, toYAML(t, stamped))
 	}
@@ -140,6 +164,9 @@ func TestSourceEqualsDirectory(t *testing.T) {
 	if len(want.Workloads) != 7 || len(want.Services) != 5 || len(want.Waypoints) != 1 || len(want.HTTPRoutes) != 1 || len(want.GRPCRoutes) != 1 {
 		t.Fatalf("directory snapshot is not the whole sample: %d workloads, %d services, %d waypoints, %d+%d routes",
 			len(want.Workloads), len(want.Services), len(want.Waypoints), len(want.HTTPRoutes), len(want.GRPCRoutes))
+	}
+	if b := want.Services["shop/ratings"].GetPorts()[0].GetBackendTls(); b.GetHostname() != "ratings.example" || len(b.GetCaCertificates()) == 0 {
+		t.Fatalf("directory snapshot without the BackendTLSPolicy: %v", b)
 	}
 	compareSnapshots(t, want, got)
 }

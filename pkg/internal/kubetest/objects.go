@@ -30,8 +30,8 @@ func (e *Env) Gateway(t testing.TB) gwclient.Interface {
 // without: a created Namespace gets its "default" ServiceAccount, a Pod's
 // service account is created if missing, and a Pod's status (which the
 // apiserver ignores on create) is written through the status subresource.
-// Kinds: Namespace, ServiceAccount, Pod, Service, EndpointSlice, Gateway,
-// HTTPRoute, GRPCRoute, ReferenceGrant.
+// Kinds: Namespace, ServiceAccount, Pod, Service, ConfigMap, EndpointSlice,
+// Gateway, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy.
 func (e *Env) Create(t testing.TB, objs ...runtime.Object) []runtime.Object {
 	t.Helper()
 	kube, gw := e.Clientset(t), e.Gateway(t)
@@ -78,6 +78,8 @@ func create(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interfac
 		return kube.CoreV1().Pods(v.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
 	case *corev1.Service:
 		return kube.CoreV1().Services(v.Namespace).Create(ctx, v, c)
+	case *corev1.ConfigMap:
+		return kube.CoreV1().ConfigMaps(v.Namespace).Create(ctx, v, c)
 	case *discoveryv1.EndpointSlice:
 		return kube.DiscoveryV1().EndpointSlices(v.Namespace).Create(ctx, v, c)
 	case *gwv1.Gateway:
@@ -88,6 +90,8 @@ func create(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interfac
 		return gw.GatewayV1().GRPCRoutes(v.Namespace).Create(ctx, v, c)
 	case *gwv1.ReferenceGrant:
 		return gw.GatewayV1().ReferenceGrants(v.Namespace).Create(ctx, v, c)
+	case *gwv1.BackendTLSPolicy:
+		return gw.GatewayV1().BackendTLSPolicies(v.Namespace).Create(ctx, v, c)
 	}
 	return nil, fmt.Errorf("kind %T not supported", o)
 }
