@@ -342,3 +342,87 @@ func TestBackendTLSGRPC(t *testing.T) {
 		t.Errorf("health check to a backend failing verification: %v, want Unavailable", err)
 	}
 }
+
+// A mesh workload behind a BackendTLSPolicy keeps its HBONE tunnel (mTLS,
+// its SPIFFE identity verified) and gets the policy's TLS inside it, to the
+// application, verified as the policy says: the mesh's transport security
+// and the application's TLS are separate layers (GEP-1897).
+func TestBackendTLSInsideHBONE(t *testing.T) {
+	const pod, podID = "127.0.176.1", "spiffe://cluster.local/ns/shop/sa/pay"
+	ln := testnet.Listen(t, pod+":0")
+	hbonePort := netip.MustParseAddrPort(ln.Addr().String()).Port()
+	f := start(t, func(o *Options) { o.HBONEPort = hbonePort })
+	b := startTLSBackend(t, "127.0.175.5:0")
+	np := startNodeProxy(t, f.ca, ln, b.addr)
+	np.present(t, f.ca, podID)
+	ca := newTestCA(t, "backend CA")
+	const host = "pay.example.com"
+	b.presents.Store(ca.leaf(t, []string{host}, nil, time.Time{}))
+	update := func(bt *meshv1.BackendTLS) {
+		f.w.Update(&xds.State{
+			Workloads: map[string]*meshv1.Workload{"shop/pay": {Uid: "shop/pay", Name: "pay", Namespace: "shop", Identity: podID, Addresses: []string{pod}, Hbone: true}},
+			Services: map[string]*meshv1.Service{"shop/pay": {Name: "pay", Namespace: "shop", Vips: []string{"127.0.74.21"}, Waypoint: &meshv1.Ref{Namespace: "shop", Name: "wp"},
+				Ports:     []*meshv1.ServicePort{{Port: 443, TargetPort: 8443, AppProtocol: "http", BackendTls: bt}},
+				Endpoints: []*meshv1.Endpoint{{WorkloadUid: "shop/pay", Address: pod}}}},
+		})
+	}
+	get := func() (int, string) {
+		t.Helper()
+		c, err := f.tunnel(t, frontend, "127.0.74.21:443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return get(t, c, "")
+	}
+
+	update(policyTLS(ca, host, dnsSAN(host)))
+	if code, body := get(); code != 200 || body != "tls backend over HTTP/1.1" {
+		t.Fatalf("got %d %q, want the backend's answer over TLS inside the tunnel", code, body)
+	}
+	if np.tunnels.Load() == 0 {
+		t.Error("no HBONE tunnel to the mesh workload")
+	}
+	if sni, _ := b.sni.Load().(string); sni != host {
+		t.Errorf("SNI %q inside the tunnel, want %q", sni, host)
+	}
+	// The tunnel's identity is right, the application's certificate is not
+	// what the policy asks for: refused all the same.
+	update(policyTLS(ca, host, dnsSAN("billing.example.com")))
+	served := b.served.Load()
+	if code, _ := get(); code != 503 || b.served.Load() != served {
+		t.Errorf("got %d, want 503 and nothing served, for a certificate the policy refuses", code)
+	}
+}
+
+// A TCP port behind a BackendTLSPolicy: the waypoint relays the caller's
+// bytes over verified TLS (no ALPN), and refuses the tunnel when the
+// certificate does not verify.
+func TestBackendTLSForTCP(t *testing.T) {
+	f := start(t)
+	ca := newTestCA(t, "backend CA")
+	const host = "db.example.com"
+	ln := testnet.Listen(t, "127.0.175.6:0")
+	cert := ca.leaf(t, []string{host}, nil, time.Time{})
+	tlsLn := tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*cert}})
+	testnet.Serve(t, tlsLn, func(c net.Conn) { io.WriteString(c, "tls tcp backend\n"); io.Copy(io.Discard, c) })
+	greet := func() (string, error) {
+		t.Helper()
+		c, err := f.tunnel(t, frontend, "127.0.74.20:443")
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.(interface{ CloseWrite() error }).CloseWrite()
+		out, err := io.ReadAll(c)
+		return string(out), err
+	}
+	withTLS(f, netip.MustParseAddrPort(ln.Addr().String()), "tcp", policyTLS(ca, host, dnsSAN(host)))
+	if out, err := greet(); out != "tls tcp backend\n" {
+		t.Errorf("TCP over verified TLS: %q %v", out, err)
+	}
+	withTLS(f, netip.MustParseAddrPort(ln.Addr().String()), "tcp", policyTLS(ca, host, dnsSAN("other.example.com")))
+	if out, err := greet(); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("TCP to a certificate the policy refuses: %q %v, want the tunnel refused with 503", out, err)
+	}
+}
