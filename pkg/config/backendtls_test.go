@@ -90,8 +90,9 @@ func TestBackendTLSPolicyApplies(t *testing.T) {
 		}
 	})
 	t.Run("a port's own policy takes precedence over the Service's; neither conflicts", func(t *testing.T) {
-		docs := tlsBase(caPEM) + tlsPolicyDoc("whole", t0, payTarget, payCAValid) +
-			tlsPolicyDoc("grpc-only", t1, `[{group: "", kind: Service, name: pay, sectionName: grpc}]`, `{hostname: grpc.example.com, wellKnownCACertificates: System}`)
+		// The port's own policy is the older: precedence is not by age here.
+		docs := tlsBase(caPEM) + tlsPolicyDoc("whole", t1, payTarget, payCAValid) +
+			tlsPolicyDoc("grpc-only", t0, `[{group: "", kind: Service, name: pay, sectionName: grpc}]`, `{hostname: grpc.example.com, wellKnownCACertificates: System}`)
 		s := mustTranslate(t, docs)
 		if b := port(s, "pay", 443); policyOf(b) != "ns/whole" {
 			t.Errorf("443: %v", b)
@@ -129,14 +130,20 @@ func TestBackendTLSPolicyApplies(t *testing.T) {
 		}
 	})
 	t.Run("targets that do not resolve", func(t *testing.T) {
-		docs := tlsBase(caPEM) + tlsPolicyDoc("lost", t0, `[{group: "", kind: Service, name: nope}, {group: "", kind: Service, name: pay, sectionName: nope}, {group: apps, kind: Deployment, name: pay}]`, payCAValid)
+		docs := tlsBase(caPEM) + `
+---
+apiVersion: v1
+kind: Service
+metadata: {name: outside, namespace: ns}
+spec: {type: ExternalName, externalName: pay.example.com}
+` + tlsPolicyDoc("lost", t0, `[{group: "", kind: Service, name: nope}, {group: "", kind: Service, name: pay, sectionName: nope}, {group: apps, kind: Deployment, name: pay}, {group: "", kind: Service, name: outside}]`, payCAValid)
 		s := mustTranslate(t, docs) // not refused: the targets may come later
 		if b := port(s, "pay", 443); b != nil {
 			t.Errorf("443: %v", b)
 		}
 		a := analyzeYAML(t, docs).BackendTLSPolicies["ns/lost"]
-		if len(a) != 3 || a[0].AcceptedReason != gwv1.PolicyReasonTargetNotFound || a[1].AcceptedReason != gwv1.PolicyReasonTargetNotFound ||
-			a[2].AcceptedReason != gwv1.PolicyReasonInvalid || a[0].Accepted || a[1].Accepted || a[2].Accepted {
+		if len(a) != 4 || a[0].AcceptedReason != gwv1.PolicyReasonTargetNotFound || a[1].AcceptedReason != gwv1.PolicyReasonTargetNotFound ||
+			a[2].AcceptedReason != gwv1.PolicyReasonInvalid || a[3].AcceptedReason != gwv1.PolicyReasonTargetNotFound || a[0].Accepted || a[1].Accepted || a[2].Accepted || a[3].Accepted {
 			t.Errorf("%+v", a)
 		}
 	})

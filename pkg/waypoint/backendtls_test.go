@@ -88,8 +88,9 @@ func (ca *testCA) leaf(t *testing.T, dns []string, uris []string, notAfter time.
 }
 
 // tlsBackend is an HTTPS server outside the mesh (HTTP/1.1 and h2 by
-// ALPN) presenting whatever certificate presents holds; it closes each
-// connection after one response, so every request is a new handshake.
+// ALPN) presenting whatever certificate presents holds; unless keepAlive,
+// it closes each connection after one response, so every request is a new
+// handshake.
 type tlsBackend struct {
 	addr     netip.AddrPort
 	presents atomic.Pointer[tls.Certificate]
@@ -121,7 +122,7 @@ func (l countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-func startTLSBackend(t *testing.T, addr string) *tlsBackend {
+func startTLSBackend(t *testing.T, addr string, keepAlive bool) *tlsBackend {
 	t.Helper()
 	b := &tlsBackend{}
 	ln := testnet.Listen(t, addr)
@@ -130,7 +131,7 @@ func startTLSBackend(t *testing.T, addr string) *tlsBackend {
 		b.served.Add(1)
 		w.Write([]byte("tls backend over " + r.Proto))
 	}), TLSConfig: b.config(), ErrorLog: log.New(io.Discard, "", 0)}
-	srv.SetKeepAlivesEnabled(false)
+	srv.SetKeepAlivesEnabled(keepAlive)
 	go srv.ServeTLS(countingListener{ln, &b.accepted}, "", "")
 	t.Cleanup(func() { srv.Close() })
 	return b
@@ -167,7 +168,7 @@ func uriSAN(v string) *meshv1.SubjectAltName {
 func TestBackendTLSVerifies(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	f := start(t, func(o *Options) { o.Logger = zap.New(core) })
-	b := startTLSBackend(t, "127.0.175.1:0")
+	b := startTLSBackend(t, "127.0.175.1:0", false)
 	ca, otherCA := newTestCA(t, "backend CA"), newTestCA(t, "another CA")
 	const host = "api.example.com"
 	spiffe := "spiffe://external.example/ns/payments/sa/api"
@@ -260,7 +261,7 @@ func TestBackendTLSVerifies(t *testing.T) {
 // dialled: 503, never plaintext, never unverified TLS.
 func TestBackendTLSInvalidPolicyFailsClosed(t *testing.T) {
 	f := start(t)
-	b := startTLSBackend(t, "127.0.175.2:0")
+	b := startTLSBackend(t, "127.0.175.2:0", false)
 	ca := newTestCA(t, "backend CA")
 	b.presents.Store(ca.leaf(t, []string{"api.example.com"}, nil, time.Time{}))
 	for _, bt := range []*meshv1.BackendTLS{
@@ -289,7 +290,7 @@ func TestBackendTLSInvalidPolicyFailsClosed(t *testing.T) {
 // without one there is nothing to authenticate it.
 func TestEndpointOutsideTheClusterNeedsBackendTLS(t *testing.T) {
 	f := start(t)
-	b := startTLSBackend(t, "127.0.175.3:0")
+	b := startTLSBackend(t, "127.0.175.3:0", false)
 	withTLS(f, b.addr, "http", nil)
 	c, err := f.tunnel(t, frontend, "127.0.74.20:443")
 	if err != nil {
@@ -352,7 +353,7 @@ func TestBackendTLSInsideHBONE(t *testing.T) {
 	ln := testnet.Listen(t, pod+":0")
 	hbonePort := netip.MustParseAddrPort(ln.Addr().String()).Port()
 	f := start(t, func(o *Options) { o.HBONEPort = hbonePort })
-	b := startTLSBackend(t, "127.0.175.5:0")
+	b := startTLSBackend(t, "127.0.175.5:0", false)
 	np := startNodeProxy(t, f.ca, ln, b.addr)
 	np.present(t, f.ca, podID)
 	ca := newTestCA(t, "backend CA")
@@ -424,5 +425,26 @@ func TestBackendTLSForTCP(t *testing.T) {
 	withTLS(f, netip.MustParseAddrPort(ln.Addr().String()), "tcp", policyTLS(ca, host, dnsSAN("other.example.com")))
 	if out, err := greet(); err == nil || !strings.Contains(err.Error(), "503") {
 		t.Errorf("TCP to a certificate the policy refuses: %q %v, want the tunnel refused with 503", out, err)
+	}
+}
+
+// Verified connections are pooled: two requests, one handshake.
+func TestBackendTLSConnectionsReused(t *testing.T) {
+	f := start(t)
+	b := startTLSBackend(t, "127.0.175.7:0", true)
+	ca := newTestCA(t, "backend CA")
+	b.presents.Store(ca.leaf(t, []string{"api.example.com"}, nil, time.Time{}))
+	withTLS(f, b.addr, "http", policyTLS(ca, "api.example.com"))
+	for i := range 3 {
+		c, err := f.tunnel(t, frontend, "127.0.74.20:443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, body := get(t, c, ""); code != 200 {
+			t.Fatalf("request %d: %d %q", i, code, body)
+		}
+	}
+	if n := b.accepted.Load(); n != 1 {
+		t.Errorf("%d connections for 3 requests, want 1 reused", n)
 	}
 }
