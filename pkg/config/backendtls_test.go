@@ -206,3 +206,26 @@ func TestBackendTLSPolicyRefusedAlone(t *testing.T) {
 		})
 	}
 }
+
+// examples/backend-tls applies to the sample as it is: no refusal, the
+// payments port verified by its policy, its endpoint outside the cluster.
+func TestBackendTLSExample(t *testing.T) {
+	var objs []Object
+	for _, f := range []string{"../../examples/local/mesh.yaml", "../../examples/backend-tls/payments.yaml"} {
+		o, err := DecodeFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, o...)
+	}
+	s, err := Translate(objs, Options{})
+	if err != nil || len(s.Rejected) > 0 {
+		t.Fatalf("%v %v", err, s.Rejected)
+	}
+	svc := s.Services["shop/payments"]
+	b := svc.GetPorts()[0].GetBackendTls()
+	if b.GetHostname() != "payments.example" || len(b.GetCaCertificates()) == 0 || b.GetInvalidReason() != "" || svc.GetWaypoint().GetName() != "waypoint" ||
+		len(svc.GetEndpoints()) != 1 || svc.GetEndpoints()[0].GetWorkloadUid() != "" {
+		t.Errorf("payments: %v", svc)
+	}
+}
