@@ -142,11 +142,11 @@ func startTLSBackend(t *testing.T, addr string, keepAlive bool) *tlsBackend {
 // pod), under BackendTLS bt.
 func withTLS(f *fixture, backend netip.AddrPort, proto string, bt *meshv1.BackendTLS) {
 	wp := &meshv1.Ref{Namespace: "shop", Name: "wp"}
-	f.w.Update(&xds.State{Services: map[string]*meshv1.Service{
+	f.w.Update(&xds.State{Set: meshv1.Set{Services: map[string]*meshv1.Service{
 		"shop/ext": {Name: "ext", Namespace: "shop", Vips: []string{"127.0.74.20"}, Waypoint: wp,
 			Ports:     []*meshv1.ServicePort{{Port: 443, AppProtocol: proto, BackendTls: bt}},
 			Endpoints: []*meshv1.Endpoint{{Address: backend.Addr().String(), Ports: map[uint32]uint32{443: uint32(backend.Port())}}}},
-	}})
+	}}})
 }
 
 func policyTLS(ca *testCA, hostname string, sans ...*meshv1.SubjectAltName) *meshv1.BackendTLS {
@@ -360,12 +360,12 @@ func TestBackendTLSInsideHBONE(t *testing.T) {
 	const host = "pay.example.com"
 	b.presents.Store(ca.leaf(t, []string{host}, nil, time.Time{}))
 	update := func(bt *meshv1.BackendTLS) {
-		f.w.Update(&xds.State{
+		f.w.Update(&xds.State{Set: meshv1.Set{
 			Workloads: map[string]*meshv1.Workload{"shop/pay": {Uid: "shop/pay", Name: "pay", Namespace: "shop", Identity: podID, Addresses: []string{pod}, Hbone: true}},
 			Services: map[string]*meshv1.Service{"shop/pay": {Name: "pay", Namespace: "shop", Vips: []string{"127.0.74.21"}, Waypoint: &meshv1.Ref{Namespace: "shop", Name: "wp"},
 				Ports:     []*meshv1.ServicePort{{Port: 443, TargetPort: 8443, AppProtocol: "http", BackendTls: bt}},
 				Endpoints: []*meshv1.Endpoint{{WorkloadUid: "shop/pay", Address: pod}}}},
-		})
+		}})
 	}
 	get := func() (int, string) {
 		t.Helper()
