@@ -2,15 +2,8 @@ package backendtls
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,13 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // systemCA stands in for the machine's roots: TestMain points
 // SSL_CERT_FILE at it before anything reads the system pool (Go reads it
 // once per process).
-var systemCA, otherCA *issuer
+var systemCA, otherCA *backendtlstest.CA
 
 func TestMain(m *testing.M) {
 	os.Exit(func() int {
@@ -35,7 +29,7 @@ func TestMain(m *testing.M) {
 		}
 		defer os.RemoveAll(dir)
 		file := filepath.Join(dir, "roots.pem")
-		if err := os.WriteFile(file, systemCA.pem, 0o600); err != nil {
+		if err := os.WriteFile(file, systemCA.PEM, 0o600); err != nil {
 			panic(err)
 		}
 		os.Setenv("SSL_CERT_FILE", file)
@@ -44,40 +38,21 @@ func TestMain(m *testing.M) {
 	}())
 }
 
-type issuer struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newIssuer(name string) *issuer {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+func newIssuer(name string) *backendtlstest.CA {
+	ca, err := backendtlstest.NewCA(name)
 	if err != nil {
 		panic(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		panic(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &issuer{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return ca
 }
 
-func (i *issuer) leaf(t *testing.T, dns string) tls.Certificate {
+func leaf(t *testing.T, ca *backendtlstest.CA, dns string) tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := ca.Leaf([]string{dns}, nil, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "backend"}, NotBefore: time.Now().Add(-time.Hour),
-		NotAfter: time.Now().Add(time.Hour), DNSNames: []string{dns}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, i.cert, &key.PublicKey, i.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return *c
 }
 
 // handshake runs the policy's client against a TLS server on loopback
@@ -116,10 +91,10 @@ func TestSystemRoots(t *testing.T) {
 	if p.Invalid() != "" {
 		t.Fatal(p.Invalid())
 	}
-	if err := handshake(t, p, systemCA.leaf(t, "api.example.com")); err != nil {
+	if err := handshake(t, p, leaf(t, systemCA, "api.example.com")); err != nil {
 		t.Errorf("a certificate from the system roots: %v", err)
 	}
-	err := handshake(t, p, otherCA.leaf(t, "api.example.com"))
+	err := handshake(t, p, leaf(t, otherCA, "api.example.com"))
 	if err == nil || !strings.Contains(err.Error(), "BackendTLSPolicy ns/sys: certificate not trusted") {
 		t.Errorf("a certificate from another CA: %v", err)
 	}

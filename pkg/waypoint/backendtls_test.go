@@ -2,20 +2,12 @@ package waypoint
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -30,61 +22,33 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // testCA issues server certificates for the backends outside the mesh.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
+type testCA struct{ *backendtlstest.CA }
 
 func newTestCA(t *testing.T, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := backendtlstest.NewCA(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return &testCA{ca}
 }
 
 // leaf issues a server certificate for the DNS names and URIs, valid
-// from notBefore for a day (zero: from an hour ago).
+// until notAfter (zero: an hour from now).
 func (ca *testCA) leaf(t *testing.T, dns []string, uris []string, notAfter time.Time) *tls.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := ca.Leaf(dns, uris, notAfter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if notAfter.IsZero() {
-		notAfter = time.Now().Add(time.Hour)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "backend"},
-		NotBefore: notAfter.Add(-2 * time.Hour), NotAfter: notAfter, DNSNames: dns,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	for _, u := range uris {
-		pu, err := url.Parse(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl.URIs = append(tmpl.URIs, pu)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return c
 }
 
 // tlsBackend is an HTTPS server outside the mesh (HTTP/1.1 and h2 by
@@ -150,7 +114,7 @@ func withTLS(f *fixture, backend netip.AddrPort, proto string, bt *meshv1.Backen
 }
 
 func policyTLS(ca *testCA, hostname string, sans ...*meshv1.SubjectAltName) *meshv1.BackendTLS {
-	return &meshv1.BackendTLS{Policy: &meshv1.Ref{Namespace: "shop", Name: "ext-tls"}, Hostname: hostname, SubjectAltNames: sans, CaCertificates: ca.pem}
+	return &meshv1.BackendTLS{Policy: &meshv1.Ref{Namespace: "shop", Name: "ext-tls"}, Hostname: hostname, SubjectAltNames: sans, CaCertificates: ca.PEM}
 }
 
 func dnsSAN(v string) *meshv1.SubjectAltName {
