@@ -34,7 +34,19 @@ var CausewayGroupVersion = schema.GroupVersion{Group: "causeway.dev", Version: "
 type ConnectionPolicy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
-	Spec              ConnectionPolicySpec `json:"spec"`
+	Spec              ConnectionPolicySpec   `json:"spec"`
+	Status            ConnectionPolicyStatus `json:"status,omitempty"`
+	// Unreadable, set by the Kubernetes source, says why an object of
+	// this kind could not be read into this type (its CRD is not the
+	// mesh's): the translation refuses it, and what it selects is unknown,
+	// so it denies every workload of its namespace.
+	Unreadable string `json:"-"`
+}
+
+// ConnectionPolicyStatus is what the control plane reports (pkg/gwstatus):
+// condition Accepted, false while the translation refuses the policy.
+type ConnectionPolicyStatus struct {
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // ConnectionPolicySpec is what a ConnectionPolicy selects and the policy set it applies.
@@ -65,6 +77,10 @@ func (p *ConnectionPolicy) DeepCopyObject() runtime.Object {
 		out.Spec.Selector = &WorkloadSelector{MatchLabels: maps.Clone(s.MatchLabels)}
 	}
 	out.Spec.TargetRefs = slices.Clone(p.Spec.TargetRefs)
+	out.Status.Conditions = nil
+	for _, c := range p.Status.Conditions {
+		out.Status.Conditions = append(out.Status.Conditions, *c.DeepCopy())
+	}
 	return &out
 }
 
@@ -82,7 +98,10 @@ func (t *translator) translateConnectionPolicies() {
 		p := ci.policy
 		key := "ConnectionPolicy " + p.Namespace + "/" + p.Name
 		ok := true
-		if p.Spec.Policy == "" {
+		if p.Unreadable != "" {
+			t.problem(ci.origin, key, "unreadable: %s", p.Unreadable)
+			ok = false
+		} else if p.Spec.Policy == "" {
 			t.problem(ci.origin, key, "spec.policy is required")
 			ok = false
 		}

@@ -20,8 +20,8 @@ import (
 // namespace's translation, not the cluster's.
 //
 // A namespace is translated with every Namespace and Gateway (labels,
-// waypoints of other namespaces, admission) and its own Pods, Services and
-// EndpointSlices; routes are translated apart, with every Service and
+// waypoints of other namespaces, admission) and its own Pods, Services,
+// EndpointSlices and ConnectionPolicies; routes are translated apart, with every Service and
 // ReferenceGrant. A changed Namespace or Gateway translates every namespace
 // again. What only the whole set can decide (an address or uid claimed in
 // two namespaces, an EndpointSlice naming a pod of another namespace, a set
@@ -90,6 +90,8 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 		case *gwv1.BackendTLSPolicy: // targets and CA references are in its namespace
 			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
 		case *corev1.ConfigMap:
+			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *ConnectionPolicy:
 			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
 		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant:
 			routeObjs = append(routeObjs, o)
@@ -217,6 +219,11 @@ func mergeNamespace(out, s *Snapshot, ns string) {
 	}
 	for k, v := range s.LocalApps {
 		out.LocalApps[k] = v
+	}
+	for k, v := range s.ConnectionPolicies {
+		if v.Namespace == ns {
+			out.ConnectionPolicies[k] = v
+		}
 	}
 	for node, ids := range s.nodeIdentities {
 		m := out.nodeIdentities[node]

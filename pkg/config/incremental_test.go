@@ -95,6 +95,8 @@ func objectKey(o runtime.Object) (kind, ns, name string) {
 		return "Gateway", v.Namespace, v.Name
 	case *gwv1.HTTPRoute:
 		return "HTTPRoute", v.Namespace, v.Name
+	case *ConnectionPolicy:
+		return "ConnectionPolicy", v.Namespace, v.Name
 	}
 	return "", "", ""
 }
@@ -102,9 +104,15 @@ func objectKey(o runtime.Object) (kind, ns, name string) {
 // The incremental translation equals the whole one after every kind of
 // change, and translates again only what a change touches.
 func TestIncrementalEqualsTranslate(t *testing.T) {
-	objs := append(decodeFile(t, filepath.Join("..", "..", "examples", "local", "mesh.yaml")), decodeFile(t, filepath.Join("testdata", "refusals.yaml"))...)
+	var objs []Object
+	for _, f := range []string{filepath.Join("..", "..", "examples", "local", "mesh.yaml"), filepath.Join("..", "..", "examples", "local", "connection-policies.yaml"), filepath.Join("testdata", "refusals.yaml")} {
+		objs = append(objs, decodeFile(t, f)...)
+	}
 	in := NewIncremental(Options{})
 	first := sameTranslation(t, "first", in, objs)
+	if len(first.ConnectionPolicies) == 0 {
+		t.Fatal("the sample has no ConnectionPolicy")
+	}
 
 	// A pod's change: only its namespace is translated again.
 	objs = replace(t, objs, "Pod", "app", "good-0", func(o runtime.Object) { o.(*corev1.Pod).Labels["rev"] = "2" })
@@ -142,6 +150,12 @@ func TestIncrementalEqualsTranslate(t *testing.T) {
 		{"a pod IP of another namespace", "Pod", "broken", "plain-0", func(o runtime.Object) { o.(*corev1.Pod).Status.PodIP = "127.0.30.11" }},
 		{"and back", "Pod", "broken", "plain-0", func(o runtime.Object) { o.(*corev1.Pod).Status.PodIP = "127.0.30.13" }},
 		{"a pod with a waypoint's account", "Pod", "app", "lost-0", func(o runtime.Object) { o.(*corev1.Pod).Spec.ServiceAccountName = "wp" }},
+		{"a connection policy's selector", "ConnectionPolicy", "shop", "ingress", func(o runtime.Object) {
+			o.(*ConnectionPolicy).Spec.Selector = &WorkloadSelector{MatchLabels: map[string]string{"app": "reviews"}}
+		}},
+		{"a connection policy refused", "ConnectionPolicy", "shop", "ingress", func(o runtime.Object) {
+			o.(*ConnectionPolicy).Spec.TargetRefs = []PolicyTargetRef{{Group: "gateway.networking.k8s.io", Kind: "Gateway", Name: "waypoint"}}
+		}},
 	} {
 		objs = replace(t, objs, c.kind, c.ns, c.name, c.change)
 		sameTranslation(t, c.what, in, objs)
