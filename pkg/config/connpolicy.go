@@ -17,6 +17,10 @@ import (
 // CausewayGroupVersion is the API group of Causeway's own kinds.
 var CausewayGroupVersion = schema.GroupVersion{Group: "causeway.dev", Version: "v1alpha1"}
 
+// ConnectionPolicyResource is the ConnectionPolicy kind's API resource
+// (manifests/core/connectionpolicy-crd.yaml).
+var ConnectionPolicyResource = CausewayGroupVersion.WithResource("connectionpolicies")
+
 // ConnectionPolicy binds a Rego policy set to connections, as Istio's
 // AuthorizationPolicy binds rules: spec.selector picks workloads of its
 // namespace (their destination node proxy checks every inbound connection;

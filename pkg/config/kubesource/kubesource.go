@@ -1,8 +1,10 @@
 // Package kubesource is the control plane's configuration source in a
 // Kubernetes cluster: shared informers (resync off) on Namespaces, Pods,
-// Services, EndpointSlices, ConfigMaps (their ca.crt only) and the Gateway
+// Services, EndpointSlices, ConfigMaps (their ca.crt only), the Gateway
 // API Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants and
-// BackendTLSPolicies. It hands what the informers hold to the
+// BackendTLSPolicies, and Causeway's ConnectionPolicies (a dynamic
+// informer, while the cluster serves the kind: see ConnectionPolicies).
+// It hands what the informers hold to the
 // same translation as the directory source (config.Translate), so both
 // sources give the same snapshot for the same objects. The translation is
 // incremental (config.Incremental): informer objects keep their identity
@@ -40,6 +42,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -67,6 +70,9 @@ type Options struct {
 	Debounce time.Duration
 	// SyncTimeout bounds the wait for the informers' first list (default 2m).
 	SyncTimeout time.Duration
+	// KindRecheck is how often a ConnectionPolicy kind the cluster does not
+	// serve is looked for again (default 30s).
+	KindRecheck time.Duration
 	// OnRejected, when set, is called with each rejected configuration's
 	// error (an *config.InvalidError).
 	OnRejected func(error)
@@ -95,6 +101,7 @@ type Source struct {
 	grants      gwlisters.ReferenceGrantLister
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
+	policies    *ConnectionPolicies
 
 	changed    chan time.Time // a change was seen, and when; capacity 1
 	lastErr    string
@@ -113,19 +120,27 @@ func NewForConfig(cfg *rest.Config, opts Options) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return New(kube, gw, opts)
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return New(kube, gw, dyn, opts)
 }
 
 // podIndexName indexes pods by "<node>/<namespace>/<service account>".
 const podIndexName = "node-serviceaccount"
 
-// New returns a source over the given clients. The informers start in Run.
-func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Source, error) {
+// New returns a source over the given clients (dyn reads
+// ConnectionPolicies). The informers start in Run.
+func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface, opts Options) (*Source, error) {
 	if opts.Debounce <= 0 {
 		opts.Debounce = 100 * time.Millisecond
 	}
 	if opts.SyncTimeout <= 0 {
 		opts.SyncTimeout = 2 * time.Minute
+	}
+	if opts.KindRecheck <= 0 {
+		opts.KindRecheck = 30 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -168,6 +183,10 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, opts Options) (*Sourc
 	s.slices = disc.EndpointSlices().Lister()
 	s.gateways, s.httpRoutes, s.grpcRoutes, s.grants = gwi.Gateways().Lister(), gwi.HTTPRoutes().Lister(), gwi.GRPCRoutes().Lister(), gwi.ReferenceGrants().Lister()
 	s.tlsPolicies, s.configMaps = gwi.BackendTLSPolicies().Lister(), core.ConfigMaps().Lister()
+	var err error
+	if s.policies, err = NewConnectionPolicies(dyn, kube.Discovery(), opts.Logger, opts.KindRecheck, s.notify); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -190,12 +209,25 @@ func (s *Source) Run(ctx context.Context, emit func(*config.Snapshot)) error {
 	if err := s.checkGatewayAPI(); err != nil {
 		return err
 	}
-	s.factory.Start(ctx.Done())
-	s.gwFactory.Start(ctx.Done())
+	// On return the informers are stopped, then waited for (an error
+	// returns with the caller's ctx still live).
+	ctx, stop := context.WithCancel(ctx)
 	defer s.factory.Shutdown()
 	defer s.gwFactory.Shutdown()
+	defer s.policies.Shutdown()
+	defer stop()
+	s.factory.Start(ctx.Done())
+	s.gwFactory.Start(ctx.Done())
+	policiesSynced, err := s.policies.Start(ctx)
+	if err != nil {
+		return err
+	}
+	synced := s.synced
+	if policiesSynced != nil {
+		synced = append(slices.Clip(synced), policiesSynced)
+	}
 	syncCtx, cancel := context.WithTimeout(ctx, s.opts.SyncTimeout)
-	ok := cache.WaitForCacheSync(syncCtx.Done(), s.synced...)
+	ok := cache.WaitForCacheSync(syncCtx.Done(), synced...)
 	cancel()
 	if !ok {
 		if ctx.Err() != nil {
@@ -345,6 +377,7 @@ func (s *Source) objects() ([]config.Object, error) {
 	list(listed(s.grants.List(all)))
 	list(listed(s.tlsPolicies.List(all)))
 	list(listed(s.configMaps.List(all)))
+	list(listed(s.policies.List(), nil))
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,12 @@ func startSource(t *testing.T, env *kubetest.Env, debounce time.Duration, also .
 	if err != nil {
 		t.Fatal(err)
 	}
+	return run(t, src, also...)
+}
+
+// run runs src until the test ends, as startSource does.
+func run(t *testing.T, src *kubesource.Source, also ...func(*config.Snapshot)) *running {
+	t.Helper()
 	r := &running{src: src, snaps: make(chan *config.Snapshot, 1000)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -80,12 +86,16 @@ func (r *running) next(t *testing.T, what string, ok func(*config.Snapshot) bool
 	}
 }
 
-// sampleObjects decodes the local-mode sample.
+// sampleObjects decodes the local-mode sample and its ConnectionPolicies.
 func sampleObjects(t *testing.T) []config.Object {
 	t.Helper()
-	objs, err := config.DecodeFile(filepath.Join("..", "..", "..", "examples", "local", "mesh.yaml"))
-	if err != nil {
-		t.Fatal(err)
+	var objs []config.Object
+	for _, f := range []string{"mesh.yaml", "connection-policies.yaml"} {
+		o, err := config.DecodeFile(filepath.Join("..", "..", "..", "examples", "local", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, o...)
 	}
 	return objs
 }
@@ -111,9 +121,9 @@ func backendTLSObjects(t *testing.T) []config.Object {
 	return []config.Object{{Origin: "test", Obj: cm}, {Origin: "test", Obj: pol}}
 }
 
-// The sample (with a BackendTLSPolicy and its CA ConfigMap) applied to the
-// API server and read by the informers gives the snapshot the directory
-// source gives for the same objects. The only differences are the
+// The sample (with its ConnectionPolicies, a BackendTLSPolicy and its CA
+// ConfigMap) applied to the API server and read by the informers gives the
+// snapshot the directory source gives for the same objects. The only differences are the
 // apiserver's own doing, carried over to the directory side: the uids and
 // creation times it assigns and the kubernetes Service it creates.
 func TestSourceEqualsDirectory(t *testing.T) {
@@ -161,9 +171,10 @@ func TestSourceEqualsDirectory(t *testing.T) {
 
 	r := startSource(t, env, 50*time.Millisecond)
 	got := r.next(t, "the sample", func(s *config.Snapshot) bool { return len(s.Workloads) > 0 })
-	if len(want.Workloads) != 7 || len(want.Services) != 5 || len(want.Waypoints) != 1 || len(want.HTTPRoutes) != 1 || len(want.GRPCRoutes) != 1 {
-		t.Fatalf("directory snapshot is not the whole sample: %d workloads, %d services, %d waypoints, %d+%d routes",
-			len(want.Workloads), len(want.Services), len(want.Waypoints), len(want.HTTPRoutes), len(want.GRPCRoutes))
+	if len(want.Workloads) != 7 || len(want.Services) != 5 || len(want.Waypoints) != 1 || len(want.HTTPRoutes) != 1 || len(want.GRPCRoutes) != 1 ||
+		len(want.ConnectionPolicies) != 2 {
+		t.Fatalf("directory snapshot is not the whole sample: %d workloads, %d services, %d waypoints, %d+%d routes, %d connection policies",
+			len(want.Workloads), len(want.Services), len(want.Waypoints), len(want.HTTPRoutes), len(want.GRPCRoutes), len(want.ConnectionPolicies))
 	}
 	if b := want.Services["shop/ratings"].GetPorts()[0].GetBackendTls(); b.GetHostname() != "ratings.example" || len(b.GetCaCertificates()) == 0 {
 		t.Fatalf("directory snapshot without the BackendTLSPolicy: %v", b)

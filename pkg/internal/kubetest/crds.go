@@ -10,9 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -24,33 +27,55 @@ const gatewayAPIModule = "sigs.k8s.io/gateway-api"
 
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
-// gatewayCRDDir finds the standard-channel CRDs of the Gateway API module
-// the tests are built with, in the module cache. (A test binary carries no
-// dependency list in its build info, so the go command is asked.)
-func gatewayCRDDir() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", gatewayAPIModule).Output()
+// ConnectionPolicyCRD is the name of the mesh's own CRD, which every
+// apiserver here serves (manifests/core/connectionpolicy-crd.yaml).
+const ConnectionPolicyCRD = "connectionpolicies.causeway.dev"
+
+// moduleDir finds a module's directory with the go command: the module
+// cache's copy of a dependency, or the main module's checkout for "". (A
+// test binary carries no dependency list in its build info.)
+func moduleDir(module string) (string, error) {
+	args := []string{"list", "-m", "-f", "{{.Dir}}"}
+	if module != "" {
+		args = append(args, module)
+	}
+	out, err := exec.Command("go", args...).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
 		}
-		return "", fmt.Errorf("find module %s: go list: %w", gatewayAPIModule, err)
+		return "", fmt.Errorf("find module %q: go list: %w", module, err)
 	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard")
-	if _, err := os.Stat(dir); err != nil {
-		return "", fmt.Errorf("gateway API CRDs: %w", err)
-	}
-	return dir, nil
+	return strings.TrimSpace(string(out)), nil
 }
 
-// installCRDs creates the Gateway API standard CRDs and waits until they
-// are served.
-func (e *Env) installCRDs() error {
-	dir, err := gatewayCRDDir()
+// crdFiles are the Gateway API standard-channel CRDs of the module the
+// tests are built with, and the mesh's own.
+func crdFiles() ([]string, error) {
+	gw, err := moduleDir(gatewayAPIModule)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	files, err := filepath.Glob(filepath.Join(gw, "config", "crd", "standard", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("gateway API CRDs in %s: none found (%v)", gw, err)
+	}
+	main, err := moduleDir("")
+	if err != nil {
+		return nil, err
+	}
+	own := filepath.Join(main, "manifests", "core", "connectionpolicy-crd.yaml")
+	if _, err := os.Stat(own); err != nil {
+		return nil, fmt.Errorf("the mesh's CRD: %w", err)
+	}
+	return append(files, own), nil
+}
+
+// installCRDs creates the Gateway API standard CRDs and the mesh's own and
+// waits until they are served.
+func (e *Env) installCRDs() error {
+	files, err := crdFiles()
 	if err != nil {
 		return err
 	}
@@ -98,6 +123,46 @@ func (e *Env) installCRDs() error {
 		}
 	}
 	return nil
+}
+
+// DeleteCRD deletes a CRD and waits until its kind is no longer served.
+func (e *Env) DeleteCRD(t testing.TB, name string) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	u, err := dyn.Resource(crdResource).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("kubetest: CRD %s: %v", name, err)
+	}
+	group, _, _ := unstructured.NestedString(u.Object, "spec", "group")
+	plural, _, _ := unstructured.NestedString(u.Object, "spec", "names", "plural")
+	versions, _, _ := unstructured.NestedSlice(u.Object, "spec", "versions")
+	if err := dyn.Resource(crdResource).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("kubetest: delete CRD %s: %v", name, err)
+	}
+	disc := e.Clientset(t).Discovery()
+	for _, v := range versions {
+		version, _ := v.(map[string]any)["name"].(string)
+		gvr := schema.GroupVersionResource{Group: group, Version: version, Resource: plural}
+		// Gone from the API and from discovery.
+		err := WaitFor(ctx, 60*time.Second, func() (bool, error) {
+			if _, err := dyn.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			res, err := disc.ServerResourcesForGroupVersion(gvr.GroupVersion().String())
+			if apierrors.IsNotFound(err) {
+				return true, nil
+			}
+			return err == nil && !slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == plural }), nil
+		})
+		if err != nil {
+			t.Fatalf("kubetest: %s still served: %v", gvr, err)
+		}
+	}
 }
 
 func tlsConfig(pool *x509.CertPool) *tls.Config {

@@ -9,10 +9,14 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
 )
 
 // Gateway returns a Gateway API client for the Config.
@@ -25,20 +29,49 @@ func (e *Env) Gateway(t testing.TB) gwclient.Interface {
 	return c
 }
 
+// Dynamic returns a dynamic client for the Config.
+func (e *Env) Dynamic(t testing.TB) dynamic.Interface {
+	t.Helper()
+	c, err := dynamic.NewForConfig(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// createConnectionPolicy creates p through the dynamic client and returns
+// it as stored.
+func createConnectionPolicy(ctx context.Context, dyn dynamic.Interface, p *config.ConnectionPolicy) (runtime.Object, error) {
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		return nil, err
+	}
+	obj := &unstructured.Unstructured{Object: u}
+	obj.SetAPIVersion(config.CausewayGroupVersion.String())
+	obj.SetKind("ConnectionPolicy")
+	got, err := dyn.Resource(config.ConnectionPolicyResource).Namespace(p.Namespace).Create(ctx, obj, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := &config.ConnectionPolicy{}
+	return out, runtime.DefaultUnstructuredConverter.FromUnstructured(got.Object, out)
+}
+
 // Create creates objects in order and returns them as the apiserver
 // stored them. It stands in for the controllers this apiserver runs
 // without: a created Namespace gets its "default" ServiceAccount, a Pod's
 // service account is created if missing, and a Pod's status (which the
 // apiserver ignores on create) is written through the status subresource.
 // Kinds: Namespace, ServiceAccount, Pod, Service, ConfigMap, EndpointSlice,
-// Gateway, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy.
+// Gateway, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy,
+// ConnectionPolicy.
 func (e *Env) Create(t testing.TB, objs ...runtime.Object) []runtime.Object {
 	t.Helper()
-	kube, gw := e.Clientset(t), e.Gateway(t)
+	kube, gw, dyn := e.Clientset(t), e.Gateway(t), e.Dynamic(t)
 	ctx := context.Background()
 	out := make([]runtime.Object, 0, len(objs))
 	for _, o := range objs {
-		got, err := create(ctx, kube, gw, o.DeepCopyObject())
+		got, err := create(ctx, kube, gw, dyn, o.DeepCopyObject())
 		if err != nil {
 			t.Fatalf("kubetest: create %T: %v", o, err)
 		}
@@ -47,7 +80,7 @@ func (e *Env) Create(t testing.TB, objs ...runtime.Object) []runtime.Object {
 	return out
 }
 
-func create(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, o runtime.Object) (runtime.Object, error) {
+func create(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface, o runtime.Object) (runtime.Object, error) {
 	c := metav1.CreateOptions{}
 	switch v := o.(type) {
 	case *corev1.Namespace:
@@ -92,6 +125,8 @@ func create(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interfac
 		return gw.GatewayV1().ReferenceGrants(v.Namespace).Create(ctx, v, c)
 	case *gwv1.BackendTLSPolicy:
 		return gw.GatewayV1().BackendTLSPolicies(v.Namespace).Create(ctx, v, c)
+	case *config.ConnectionPolicy:
+		return createConnectionPolicy(ctx, dyn, v)
 	}
 	return nil, fmt.Errorf("kind %T not supported", o)
 }
