@@ -2,9 +2,10 @@
 // it serves: waypoint Gateways (Accepted, Programmed once the waypoint's
 // pods are ready, addresses), their GatewayClass (Accepted), the parent
 // entries of HTTPRoutes and GRPCRoutes attached to Services (Accepted,
-// ResolvedRefs), and a causeway.dev/WaypointBound condition on Services
-// that name a waypoint, and the ancestors of BackendTLSPolicies (the
-// Services they target). What a route's status says comes from the
+// ResolvedRefs), a causeway.dev/WaypointBound condition on Services that
+// name a waypoint, the ancestors of BackendTLSPolicies (the Services they
+// target), and Accepted on ConnectionPolicies (false, with a Warning
+// event, while the translation refuses one). What a route's status says comes from the
 // translation itself (config.Analyze), so status and served configuration
 // cannot disagree.
 //
@@ -16,6 +17,7 @@ package gwstatus
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -32,7 +34,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -47,6 +51,7 @@ import (
 	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 )
 
 // ControllerName is the waypoint GatewayClass's controller (docs/design.md §10).
@@ -61,6 +66,9 @@ type Options struct {
 	Gateways    gwclient.Interface
 	Translation config.Options
 	Logger      *zap.Logger
+	// Dynamic reads ConnectionPolicies and writes their status; nil: they
+	// are left alone.
+	Dynamic dynamic.Interface
 	// Debounce gathers a burst of changes into one pass (default 100ms).
 	Debounce time.Duration
 }
@@ -83,6 +91,7 @@ type Writer struct {
 	grants      gwlisters.ReferenceGrantLister
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
+	policies    *kubesource.ConnectionPolicies // nil: no Dynamic client
 }
 
 // New checks the options.
@@ -139,14 +148,35 @@ func (w *Writer) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	kf.Start(ctx.Done())
-	df.Start(ctx.Done())
-	cf.Start(ctx.Done())
-	gf.Start(ctx.Done())
+	// On return the informers are stopped, then waited for.
+	ctx, stop := context.WithCancel(ctx)
 	defer kf.Shutdown()
 	defer df.Shutdown()
 	defer cf.Shutdown()
 	defer gf.Shutdown()
+	defer stop()
+	kf.Start(ctx.Done())
+	df.Start(ctx.Done())
+	cf.Start(ctx.Done())
+	gf.Start(ctx.Done())
+	if w.opts.Dynamic != nil {
+		policies, err := kubesource.NewConnectionPolicies(w.opts.Dynamic, w.opts.Client.Discovery(), w.log, 30*time.Second, w.trigger)
+		if err != nil {
+			return err
+		}
+		defer policies.Shutdown()
+		synced, err := policies.Start(ctx)
+		if err != nil {
+			return err
+		}
+		if synced != nil && !cache.WaitForCacheSync(ctx.Done(), synced) {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return errors.New("gwstatus: cache of ConnectionPolicies did not sync")
+		}
+		w.policies = policies
+	}
 	for _, synced := range []map[reflect.Type]bool{kf.WaitForCacheSync(ctx.Done()), df.WaitForCacheSync(ctx.Done()),
 		cf.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
 		for typ, ok := range synced {
@@ -234,6 +264,9 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for _, p := range tps {
 		errs = append(errs, w.syncBackendTLSPolicy(ctx, p, rep))
 	}
+	for _, p := range w.connectionPolicies() {
+		errs = append(errs, w.syncConnectionPolicy(ctx, p, rep))
+	}
 	return errors.Join(errs...)
 }
 
@@ -260,6 +293,7 @@ func (w *Writer) objects() ([]config.Object, error) {
 	objs = appendObjects(objs, "BackendTLSPolicy", tps)
 	cms, _ := w.configMaps.List(labels.Everything())
 	objs = appendObjects(objs, "ConfigMap", cms)
+	objs = appendObjects(objs, "ConnectionPolicy", w.connectionPolicies())
 	sort.SliceStable(objs, func(i, j int) bool { return objs[i].Origin < objs[j].Origin })
 	return objs, nil
 }
@@ -592,6 +626,47 @@ func (w *Writer) syncBackendTLSPolicy(ctx context.Context, p *gwv1.BackendTLSPol
 	cp.Status.Ancestors = out
 	_, err := w.opts.Gateways.GatewayV1().BackendTLSPolicies(p.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
 	return ignoreGone(err)
+}
+
+func (w *Writer) connectionPolicies() []*config.ConnectionPolicy {
+	if w.policies == nil {
+		return nil
+	}
+	return w.policies.List()
+}
+
+// syncConnectionPolicy writes a ConnectionPolicy's Accepted condition: false
+// while the translation refuses it (it then denies everything it selects),
+// with a Warning event when that starts or its reason changes.
+func (w *Writer) syncConnectionPolicy(ctx context.Context, p *config.ConnectionPolicy, rep *config.Reports) error {
+	const typ = "Accepted"
+	problems := rep.Problems["ConnectionPolicy "+p.Namespace+"/"+p.Name]
+	acc := condition(typ, true, "Accepted", fmt.Sprintf("connections it selects are checked by policy set %q", p.Spec.Policy), p.Generation)
+	if len(problems) > 0 {
+		acc = condition(typ, false, "Invalid", "refused, so it denies every connection it selects: "+strings.Join(problems, "; "), p.Generation)
+	}
+	cur := meta.FindStatusCondition(p.Status.Conditions, typ)
+	conds := setConditions(p.Status.Conditions, acc)
+	if equality.Semantic.DeepEqual(conds, p.Status.Conditions) {
+		return nil
+	}
+	// The resourceVersion makes the patch fail on a conflict, as an
+	// update would; the next pass recomputes.
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": p.ResourceVersion},
+		"status":   map[string]any{"conditions": conds},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := w.opts.Dynamic.Resource(config.ConnectionPolicyResource).Namespace(p.Namespace).Patch(ctx, p.Name,
+		types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "causeway"}, "status"); err != nil {
+		return ignoreGone(err)
+	}
+	if acc.Status == metav1.ConditionFalse && (cur == nil || cur.Status != metav1.ConditionFalse || cur.Message != acc.Message) {
+		w.recorder.Event(p, corev1.EventTypeWarning, "ConnectionPolicyRefused", acc.Message)
+	}
+	return nil
 }
 
 // ignoreGone: an object deleted since the cache saw it needs no status.

@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -35,8 +37,9 @@ type fixture struct {
 	env *kubetest.Env
 }
 
-func newFixture(t *testing.T) *fixture {
-	env := kubetest.Shared(t)
+func newFixture(t *testing.T) *fixture { return fixtureOn(t, kubetest.Shared(t)) }
+
+func fixtureOn(t *testing.T, env *kubetest.Env) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	f := &fixture{t: t, ctx: ctx, cs: env.Clientset(t), env: env}
@@ -49,7 +52,7 @@ func newFixture(t *testing.T) *fixture {
 
 // startWriter runs a status writer until the test ends.
 func (f *fixture) startWriter() {
-	w, err := New(Options{Client: f.cs, Gateways: f.gw, Logger: zaptest.NewLogger(f.t)})
+	w, err := New(Options{Client: f.cs, Gateways: f.gw, Dynamic: f.env.Dynamic(f.t), Logger: zaptest.NewLogger(f.t)})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -558,4 +561,73 @@ func ptrValue[T any](p *T) T {
 		return zero
 	}
 	return *p
+}
+
+// A ConnectionPolicy the translation refuses (here past a CRD that takes
+// anything; the mesh's schema refuses it at once) says so in its Accepted
+// condition and a Warning event; one it takes, and the refused one once
+// fixed, are Accepted.
+func TestConnectionPolicyStatus(t *testing.T) {
+	env := kubetest.Start(t) // its own apiserver: the CRD is replaced
+	env.DeleteCRD(t, kubetest.ConnectionPolicyCRD)
+	env.InstallPermissiveConnectionPolicyCRD(t)
+	f := fixtureOn(t, env)
+	const ns = "st-connpolicy"
+	f.create("apiVersion: v1\nkind: Namespace\nmetadata: {name: " + ns + "}\n")
+	policies := env.Dynamic(t).Resource(config.ConnectionPolicyResource).Namespace(ns)
+	policy := func(name, spec string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		f.decode("apiVersion: causeway.dev/v1alpha1\nkind: ConnectionPolicy\nmetadata: {name: "+name+", namespace: "+ns+"}\nspec: "+spec+"\n", &u.Object)
+		return u
+	}
+	for name, spec := range map[string]string{
+		"good": "{selector: {matchLabels: {app: db}}, policy: db}",
+		"both": "{selector: {matchLabels: {app: db}}, targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: w}], policy: db}",
+	} {
+		if _, err := policies.Create(f.ctx, policy(name, spec), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.startWriter()
+	accepted := func(name string) *metav1.Condition {
+		u, err := policies.Get(f.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p config.ConnectionPolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
+			t.Fatal(err)
+		}
+		if c := cond(p.Status.Conditions, "Accepted"); c != nil && c.ObservedGeneration == p.Generation {
+			return c
+		}
+		return nil
+	}
+	f.waitFor("good Accepted", func() (bool, error) { return is(accepted("good"), metav1.ConditionTrue, "Accepted"), nil })
+	f.waitFor("both refused", func() (bool, error) {
+		c := accepted("both")
+		return is(c, metav1.ConditionFalse, "Invalid") && strings.Contains(c.Message, "spec.selector and spec.targetRefs are exclusive"), nil
+	})
+	f.waitFor("a Warning event on the refused policy", func() (bool, error) {
+		evs, err := f.cs.CoreV1().Events(ns).List(f.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=both"})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "ConnectionPolicyRefused" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "exclusive") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	fixed := policy("both", "{selector: {matchLabels: {app: db}}, policy: db}")
+	cur, err := policies.Get(f.ctx, "both", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed.SetResourceVersion(cur.GetResourceVersion())
+	if _, err := policies.Update(f.ctx, fixed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the fixed policy Accepted", func() (bool, error) { return is(accepted("both"), metav1.ConditionTrue, "Accepted"), nil })
 }

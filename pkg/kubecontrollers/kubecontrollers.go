@@ -23,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
@@ -117,7 +118,11 @@ func New(o Options) (*Controllers, error) {
 		Values: func() deployer.Values { return values }, Logger: log.Named("deployer")}); err != nil {
 		return nil, err
 	}
-	if kc.status, err = gwstatus.New(gwstatus.Options{Client: cs, Gateways: gw, Translation: o.Translation, Logger: log.Named("status")}); err != nil {
+	dyn, err := dynamic.NewForConfig(o.Config)
+	if err != nil {
+		return nil, err
+	}
+	if kc.status, err = gwstatus.New(gwstatus.Options{Client: cs, Gateways: gw, Dynamic: dyn, Translation: o.Translation, Logger: log.Named("status")}); err != nil {
 		return nil, err
 	}
 	if o.WebhookListen != "" {

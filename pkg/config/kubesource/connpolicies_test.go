@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
@@ -100,24 +99,6 @@ func TestConnectionPolicySchemaMatchesTranslation(t *testing.T) {
 	}
 }
 
-// permissiveCRD is a ConnectionPolicy CRD other than the mesh's: it takes
-// any spec.
-const permissiveCRD = `
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: connectionpolicies.causeway.dev}
-spec:
-  group: causeway.dev
-  scope: Namespaced
-  names: {kind: ConnectionPolicy, listKind: ConnectionPolicyList, plural: connectionpolicies, singular: connectionpolicy}
-  versions:
-  - name: v1alpha1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-`
-
 // Without the ConnectionPolicy CRD the source neither hangs nor fails: it
 // says so once and has no policies. When a CRD appears it reads the kind;
 // an object its type cannot hold (this CRD takes anything) is refused and
@@ -143,14 +124,7 @@ func TestConnectionPolicyKindAbsent(t *testing.T) {
 		t.Fatalf("the missing kind logged %d times, want once", n)
 	}
 
-	var crd unstructured.Unstructured
-	if err := yaml.Unmarshal([]byte(permissiveCRD), &crd.Object); err != nil {
-		t.Fatal(err)
-	}
-	crds := env.Dynamic(t).Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-	if _, err := crds.Create(context.Background(), &crd, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	env.InstallPermissiveConnectionPolicyCRD(t)
 	policies := env.Dynamic(t).Resource(config.ConnectionPolicyResource).Namespace(ns)
 	err = kubetest.WaitFor(context.Background(), patience, func() (bool, error) {
 		_, err := policies.Create(context.Background(), connPolicy(t, ns, "good", "{selector: {matchLabels: {app: db}}, policy: p}"), metav1.CreateOptions{})

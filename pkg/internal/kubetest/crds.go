@@ -79,6 +79,20 @@ func (e *Env) installCRDs() error {
 	if err != nil {
 		return err
 	}
+	var docs []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		docs = append(docs, string(data))
+	}
+	return e.createCRDs(docs)
+}
+
+// createCRDs creates the CRDs of the YAML documents (other kinds are
+// skipped) and waits until they are established.
+func (e *Env) createCRDs(docs []string) error {
 	dyn, err := dynamic.NewForConfig(e.Config)
 	if err != nil {
 		return err
@@ -86,14 +100,10 @@ func (e *Env) installCRDs() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var names []string
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
+	for i, doc := range docs {
 		obj := &unstructured.Unstructured{}
-		if err := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 64<<10).Decode(&obj.Object); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
+		if err := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(doc), 64<<10).Decode(&obj.Object); err != nil {
+			return fmt.Errorf("CRD document %d: %w", i+1, err)
 		}
 		if obj.GetKind() != "CustomResourceDefinition" {
 			continue // e.g. the ValidatingAdmissionPolicy guarding upgrades
@@ -123,6 +133,35 @@ func (e *Env) installCRDs() error {
 		}
 	}
 	return nil
+}
+
+// permissiveConnectionPolicyCRD serves the ConnectionPolicy kind with a
+// schema that takes anything: a CRD other than the mesh's.
+const permissiveConnectionPolicyCRD = `
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: connectionpolicies.causeway.dev}
+spec:
+  group: causeway.dev
+  scope: Namespaced
+  names: {kind: ConnectionPolicy, listKind: ConnectionPolicyList, plural: connectionpolicies, singular: connectionpolicy}
+  versions:
+  - name: v1alpha1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+`
+
+// InstallPermissiveConnectionPolicyCRD serves the ConnectionPolicy kind
+// (after DeleteCRD of the mesh's) with a schema that takes any object, so
+// that a test can create what the mesh's schema refuses.
+func (e *Env) InstallPermissiveConnectionPolicyCRD(t testing.TB) {
+	t.Helper()
+	if err := e.createCRDs([]string{permissiveConnectionPolicyCRD}); err != nil {
+		t.Fatalf("kubetest: %v", err)
+	}
 }
 
 // DeleteCRD deletes a CRD and waits until its kind is no longer served.
