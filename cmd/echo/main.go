@@ -9,9 +9,14 @@
 // `echo fetch URL...` is the client side, for images that hold nothing but
 // this binary: it GETs each URL in turn, each on a new connection, copies the
 // body to stdout and exits non-zero unless every answer was 2xx.
+//
+// `echo hold URL` is a long-lived client: one connection, a GET of URL on it
+// every interval, a line per answer, until the connection ends (exit 1,
+// saying how) or -for has passed (exit 0).
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +25,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"sort"
@@ -58,6 +64,9 @@ type Echo struct {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "fetch" {
 		os.Exit(fetchMain(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "hold" {
+		os.Exit(holdMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	var listens stringList
 	flag.Var(&listens, "listen", "address to serve on (repeatable)")
@@ -207,6 +216,71 @@ func fetch(client *http.Client, url string, w io.Writer) error {
 		return fmt.Errorf("status %s", resp.Status)
 	}
 	return nil
+}
+
+// holdMain runs `echo hold [-interval D] [-for D] [-timeout D] URL` and
+// returns the exit code. The connection is its own (no pool that would
+// dial again behind its back): when it ends, hold ends.
+func holdMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("echo hold", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	interval := fs.Duration("interval", 200*time.Millisecond, "time between requests")
+	total := fs.Duration("for", time.Minute, "how long to hold the connection")
+	timeout := fs.Duration("timeout", 5*time.Second, "bound on the dial and on each answer")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "usage: echo hold [-interval D] [-for D] [-timeout D] URL")
+		return 2
+	}
+	u, err := url.Parse(fs.Arg(0))
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		fmt.Fprintf(stderr, "echo hold: %q is not an http:// URL\n", fs.Arg(0))
+		return 2
+	}
+	addr := u.Host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	conn, err := net.DialTimeout("tcp", addr, *timeout)
+	if err != nil {
+		fmt.Fprintf(stderr, "echo hold %s: %v\n", u, err)
+		return 1
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	end := time.Now().Add(*total)
+	for n := 1; time.Now().Before(end); n++ {
+		req, err := http.NewRequest(http.MethodGet, u.String(), nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "echo hold: %v\n", err)
+			return 2
+		}
+		_ = conn.SetDeadline(time.Now().Add(*timeout))
+		if err := req.Write(conn); err != nil {
+			fmt.Fprintf(stderr, "echo hold %s: connection ended after %d answers: %v\n", u, n-1, err)
+			return 1
+		}
+		resp, err := http.ReadResponse(br, req)
+		if err != nil {
+			fmt.Fprintf(stderr, "echo hold %s: connection ended after %d answers: %v\n", u, n-1, err)
+			return 1
+		}
+		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+		resp.Body.Close()
+		if err != nil {
+			fmt.Fprintf(stderr, "echo hold %s: connection ended after %d answers: %v\n", u, n-1, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "answer %d: %s\n", n, resp.Status)
+		if resp.Close {
+			fmt.Fprintf(stderr, "echo hold %s: the server closed the connection after %d answers\n", u, n)
+			return 1
+		}
+		time.Sleep(*interval)
+	}
+	return 0
 }
 
 type stringList []string

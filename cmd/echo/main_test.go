@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -129,5 +130,51 @@ func TestFetchFailsOnErrorStatusAndBadInput(t *testing.T) {
 		if code := fetchMain(tc.args, &out, &errs); code != tc.code || !strings.Contains(errs.String(), tc.err) {
 			t.Errorf("fetch %q: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, errs.String(), tc.code, tc.err)
 		}
+	}
+}
+
+// hold answers on one connection until it ends: closed under it, hold
+// exits 1 saying so (it never dials again); held for its time, 0.
+func TestHoldEndsWithItsConnection(t *testing.T) {
+	addr := startEcho(t)
+	var out, errs strings.Builder
+	if code := holdMain([]string{"-interval", "10ms", "-for", "200ms", "http://" + addr + "/h"}, &out, &errs); code != 0 || !strings.Contains(out.String(), "answer 3: 200 OK") {
+		t.Fatalf("held for its time: exit %d, stdout %q, stderr %q", code, out.String(), errs.String())
+	}
+
+	// A server that answers twice on each connection, then closes it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dials := make(chan struct{}, 10)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials <- struct{}{}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for range 2 {
+					if _, err := http.ReadRequest(br); err != nil {
+						return
+					}
+					_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+				}
+			}()
+		}
+	}()
+	out.Reset()
+	errs.Reset()
+	code := holdMain([]string{"-interval", "10ms", "-for", "10s", "http://" + ln.Addr().String() + "/h"}, &out, &errs)
+	if code != 1 || !strings.Contains(errs.String(), "connection ended after 2 answers") || len(dials) != 1 {
+		t.Fatalf("connection closed: exit %d, stdout %q, stderr %q, %d dials; want exit 1 after 2 answers on 1 connection", code, out.String(), errs.String(), len(dials))
+	}
+	if code := holdMain(nil, &out, &errs); code != 2 {
+		t.Fatalf("no URL: exit %d", code)
 	}
 }

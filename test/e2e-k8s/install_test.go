@@ -97,6 +97,11 @@ func TestInstall(t *testing.T) {
 	})
 
 	step("install", func(t *testing.T) {
+		// The control plane's connection policy set "default" (README), in
+		// place before it starts: a ConfigMap created later reaches its
+		// pods when the kubelet next syncs them (within about a minute).
+		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-default",
+			"--from-file="+filepath.Join("testdata", "connection-policy"))
 		kc(t, 2*time.Minute, "apply", "--server-side", "-k", overlay)
 		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
 		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
@@ -214,6 +219,10 @@ func TestInstall(t *testing.T) {
 		if err != nil || p.UID != client.UID || p.Status.ContainerStatuses[0].RestartCount != 0 {
 			t.Errorf("the pod was restarted or replaced: %v", err)
 		}
+	})
+
+	t.Run("connection policy at workloads without a waypoint", func(t *testing.T) {
+		testConnectionPolicy(t, func(args ...string) { kc(t, time.Minute, args...) })
 	})
 
 	// The CA takes a node proxy's token (read from its projected volume on
@@ -431,21 +440,41 @@ func newReadyNodeProxy(ctx context.Context, old types.UID) error {
 // and waits for it to be ready.
 func startEcho(ctx context.Context, ns string) (*corev1.Pod, error) {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "client", Labels: map[string]string{"app": "client"}}, Spec: echoPodSpec()}
-	created := false
+	ready, err := startPods(ctx, ns, p)
+	if err != nil {
+		return nil, err
+	}
+	return ready[0], nil
+}
+
+// startPods creates the pods in ns and waits until all are ready; it
+// returns them as they are then.
+func startPods(ctx context.Context, ns string, pods ...*corev1.Pod) ([]*corev1.Pod, error) {
+	ready := make([]*corev1.Pod, len(pods))
+	created := make([]bool, len(pods))
 	var err error
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		if !created {
-			// Refused until the namespace's default ServiceAccount exists.
-			_, err = client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-			created = err == nil
-			continue
+		waiting := 0
+		for i, p := range pods {
+			switch {
+			case !created[i]:
+				// Refused until the pod's ServiceAccount exists.
+				_, err = client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+				created[i] = err == nil
+				waiting++
+			case ready[i] == nil:
+				if cur, err := clientPod(ctx, ns, p.Name); err == nil && podReady(*cur) {
+					ready[i] = cur
+				} else {
+					waiting++
+				}
+			}
 		}
-		cur, err := clientPod(ctx, ns, p.Name)
-		if err == nil && podReady(*cur) {
-			return cur, nil
+		if waiting == 0 {
+			return ready, nil
 		}
 	}
-	return nil, fmt.Errorf("pod %s/%s not ready within 2m (%v)", ns, p.Name, err)
+	return nil, fmt.Errorf("pods of %s not ready within 2m (%v)", ns, err)
 }
 
 // issuance is what the CA logged for one identity.

@@ -1,0 +1,150 @@
+package e2ek8s
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// testConnectionPolicy: a ConnectionPolicy read from the API server, at
+// workloads without a waypoint, naming the install's policy set "default"
+// (testdata/connection-policy: only the service account "allowed" of the
+// workload's namespace). The server's node proxy admits the allowed pod and
+// refuses another; an edit that selects the server again closes the other
+// pod's open connection and leaves the allowed one's. kubectl runs
+// kubectl against the cluster, failing the test on an error.
+func testConnectionPolicy(t *testing.T, kubectl func(args ...string)) {
+	ctx := context.Background()
+	ns := newNamespace(t, "e2e-connpolicy")
+	kubectl("label", "namespace", ns, "causeway.dev/dataplane-mode=mesh")
+	if _, err := client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "allowed"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, sa string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}}, Spec: echoPodSpec()}
+		p.Spec.ServiceAccountName = sa
+		return p
+	}
+	pods, err := startPods(ctx, ns, pod("server", "default"), pod("allowed", "allowed"), pod("other", "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := "http://" + net.JoinHostPort(pods[0].Status.PodIP, "8080")
+
+	// The policy, applied as a user would (the CRD's schema checks it).
+	file := filepath.Join(t.TempDir(), "connection-policy.yaml")
+	apply := func(app string) {
+		t.Helper()
+		doc := fmt.Sprintf("apiVersion: causeway.dev/v1alpha1\nkind: ConnectionPolicy\nmetadata: {name: only-allowed, namespace: %s}\nspec:\n  selector: {matchLabels: {app: %s}}\n  policy: default\n", ns, app)
+		if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", file)
+	}
+	apply("server")
+	kubectl("-n", ns, "wait", "--for=condition=Accepted", "--timeout=60s", "connectionpolicy/only-allowed")
+	eventually(t, 30*time.Second, "the other pod refused", func() error { return refusedConnection(ns, "other", server+"/refused") })
+	fetchOK(t, ns, "allowed", server+"/allowed")
+
+	// Selecting nothing, the policy admits both; both hold a connection
+	// open. Selecting the server again closes the other's only.
+	apply("nothing")
+	fetchOK(t, ns, "other", server+"/unselected")
+	allowed, other := startHold(t, ns, "allowed", server+"/hold"), startHold(t, ns, "other", server+"/hold")
+	allowed.answered(t, 1)
+	other.answered(t, 1)
+	apply("server")
+	select {
+	case <-other.done:
+		if !strings.Contains(other.stderr.String(), "connection ended") {
+			t.Fatalf("the other pod's hold ended with %v: %s", other.err, other.stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the other pod's open connection is still open 30s after the policy selected its server (%d answers)", other.count.Load())
+	case <-allowed.done:
+		t.Fatalf("the allowed pod's connection ended: %v: %s", allowed.err, allowed.stderr.String())
+	}
+	allowed.answered(t, allowed.count.Load()+5) // still answering on the same connection
+	if err := refusedConnection(ns, "other", server+"/again"); err != nil {
+		t.Error(err)
+	}
+}
+
+// refusedConnection: a GET from the pod fails for its connection (no HTTP
+// status: the destination's node proxy refused it).
+func refusedConnection(ns, pod, url string) error {
+	body, err := kubectlExec(ns, pod, "echo", "/usr/local/bin/echo", "fetch", "-timeout", "3s", url)
+	var ee *execError
+	if errors.As(err, &ee) && strings.Contains(ee.stderr, "echo fetch") && !strings.Contains(ee.stderr, "status ") {
+		return nil
+	}
+	return fmt.Errorf("want the connection refused, got %q (%v)", body, err)
+}
+
+// hold is an `echo hold` running in a pod, through kubectl exec.
+type hold struct {
+	what   string
+	count  atomic.Int64 // answers so far
+	done   chan struct{}
+	err    error         // once done
+	stderr *bytes.Buffer // once done
+}
+
+// startHold holds one connection from the pod to url open, a request every
+// 100ms, for at most two minutes; it is stopped when the test ends.
+func startHold(t *testing.T, ns, pod, url string) *hold {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &hold{what: ns + "/" + pod + " holding " + url, done: make(chan struct{}), stderr: &bytes.Buffer{}}
+	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "-n", ns, "exec", pod, "-c", "echo", "--",
+		"/usr/local/bin/echo", "hold", "-interval", "100ms", "-for", "2m", url)
+	cmd.Stderr = h.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "answer ") {
+				h.count.Add(1)
+			}
+		}
+		h.err = cmd.Wait()
+		close(h.done)
+	}()
+	t.Cleanup(func() { cancel(); <-h.done })
+	return h
+}
+
+// answered waits until the hold has n answers; it fails the test at once
+// if the hold ends first.
+func (h *hold) answered(t *testing.T, n int64) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for h.count.Load() < n {
+		select {
+		case <-h.done:
+			t.Fatalf("%s ended after %d answers, want %d: %v: %s", h.what, h.count.Load(), n, h.err, h.stderr.String())
+		case <-deadline:
+			t.Fatalf("%s: %d answers within 30s, want %d", h.what, h.count.Load(), n)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
