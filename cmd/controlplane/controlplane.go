@@ -590,6 +590,9 @@ func (cp *controlPlane) push(s *config.Snapshot, changedAt time.Time) error {
 // activates a new revision (before the first configuration there is
 // nothing to push: that push will carry it).
 func (cp *controlPlane) policyChanged() {
+	if cp.kube != nil {
+		cp.kube.PolicySetsChanged()
+	}
 	s := cp.model.Current()
 	cp.pushMu.Lock()
 	ready := cp.xdsServer != nil

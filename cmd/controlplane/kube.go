@@ -125,6 +125,6 @@ func (k *kubeOptions) controllers(cfg *rest.Config, cp *controlPlane) (*kubecont
 		Waypoint: deployer.Values{Image: k.waypointImage, XDSAddress: k.waypointXDSAddress,
 			TokenAudience: k.waypointTokenAudience},
 		WaypointTemplate: k.waypointTemplate, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,
-		WebhookConfiguration: k.webhookConfiguration, Logger: cp.log.Logger, Registerer: cp.registry,
+		WebhookConfiguration: k.webhookConfiguration, PolicySet: cp.policySets.state, Logger: cp.log.Logger, Registerer: cp.registry,
 	})
 }

@@ -110,10 +110,31 @@ func (ps *policySets) attach(p *meshv1.ConnectionPolicy) *meshv1.ConnectionPolic
 	e, ok := ps.engines[p.GetPolicy()]
 	if !ok {
 		q := proto.CloneOf(p)
-		q.InvalidReason = fmt.Sprintf("the control plane loads no policy set %q (--connection-policy %s=SOURCE)", p.GetPolicy(), p.GetPolicy())
+		q.InvalidReason = notLoaded(p.GetPolicy())
 		return q
 	}
 	return config.AttachPolicy(p, ps.contentOf(p.GetPolicy(), e))
+}
+
+func notLoaded(set string) string {
+	return fmt.Sprintf("the control plane loads no policy set %q (--connection-policy %s=SOURCE)", set, set)
+}
+
+// state says whether set can be enforced: its active revision, or why not
+// (for the ConnectionPolicies' status).
+func (ps *policySets) state(set string) (revision, problem string) {
+	e, ok := ps.engines[set]
+	if !ok {
+		return "", notLoaded(set)
+	}
+	if rev := e.Revision(); rev != "" {
+		return rev, ""
+	}
+	problem = fmt.Sprintf("policy set %q has no good revision at the control plane", set)
+	if r := e.Status().LastRejection; r != nil {
+		problem += ": " + r.Reason
+	}
+	return "", problem
 }
 
 // contentOf converts a set's active content once per revision.

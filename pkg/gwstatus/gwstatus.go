@@ -4,8 +4,9 @@
 // entries of HTTPRoutes and GRPCRoutes attached to Services (Accepted,
 // ResolvedRefs), a causeway.dev/WaypointBound condition on Services that
 // name a waypoint, the ancestors of BackendTLSPolicies (the Services they
-// target), and Accepted on ConnectionPolicies (false, with a Warning
-// event, while the translation refuses one). What a route's status says comes from the
+// target), and Accepted and ResolvedRefs on ConnectionPolicies (false, with
+// a Warning event, while the translation refuses one or its policy set
+// cannot be enforced). What a route's status says comes from the
 // translation itself (config.Analyze), so status and served configuration
 // cannot disagree.
 //
@@ -69,6 +70,11 @@ type Options struct {
 	// Dynamic reads ConnectionPolicies and writes their status; nil: they
 	// are left alone.
 	Dynamic dynamic.Interface
+	// PolicySet, when set, says whether a connection policy set can be
+	// enforced (its active revision, or why not), for the ResolvedRefs
+	// condition of the ConnectionPolicies naming it. Call Resync when its
+	// answers change.
+	PolicySet func(name string) (revision, problem string)
 	// Debounce gathers a burst of changes into one pass (default 100ms).
 	Debounce time.Duration
 }
@@ -222,6 +228,9 @@ func drain(c chan struct{}) {
 	default:
 	}
 }
+
+// Resync makes the writer compute every status again (soon, debounced).
+func (w *Writer) Resync() { w.trigger() }
 
 func (w *Writer) trigger() {
 	select {
@@ -635,18 +644,26 @@ func (w *Writer) connectionPolicies() []*config.ConnectionPolicy {
 	return w.policies.List()
 }
 
-// syncConnectionPolicy writes a ConnectionPolicy's Accepted condition: false
-// while the translation refuses it (it then denies everything it selects),
-// with a Warning event when that starts or its reason changes.
+// syncConnectionPolicy writes a ConnectionPolicy's conditions: Accepted,
+// false while the translation refuses it, and ResolvedRefs (with a
+// PolicySet), false while its policy set cannot be enforced; either way it
+// denies every connection it selects. A condition turning false, or
+// changing its reason while false, also makes a Warning event.
 func (w *Writer) syncConnectionPolicy(ctx context.Context, p *config.ConnectionPolicy, rep *config.Reports) error {
-	const typ = "Accepted"
-	problems := rep.Problems["ConnectionPolicy "+p.Namespace+"/"+p.Name]
-	acc := condition(typ, true, "Accepted", fmt.Sprintf("connections it selects are checked by policy set %q", p.Spec.Policy), p.Generation)
-	if len(problems) > 0 {
-		acc = condition(typ, false, "Invalid", "refused, so it denies every connection it selects: "+strings.Join(problems, "; "), p.Generation)
+	const denies = ", so it denies every connection it selects"
+	want := []metav1.Condition{condition("Accepted", true, "Accepted", "accepted by the mesh", p.Generation)}
+	if problems := rep.Problems["ConnectionPolicy "+p.Namespace+"/"+p.Name]; len(problems) > 0 {
+		want[0] = condition("Accepted", false, "Invalid", "refused"+denies+": "+strings.Join(problems, "; "), p.Generation)
 	}
-	cur := meta.FindStatusCondition(p.Status.Conditions, typ)
-	conds := setConditions(p.Status.Conditions, acc)
+	if w.opts.PolicySet != nil {
+		rev, problem := w.opts.PolicySet(p.Spec.Policy)
+		refs := condition("ResolvedRefs", true, "ResolvedRefs", fmt.Sprintf("policy set %q at revision %s", p.Spec.Policy, rev), p.Generation)
+		if problem != "" {
+			refs = condition("ResolvedRefs", false, "PolicySetNotActive", problem+denies, p.Generation)
+		}
+		want = append(want, refs)
+	}
+	conds := setConditions(p.Status.Conditions, want...)
 	if equality.Semantic.DeepEqual(conds, p.Status.Conditions) {
 		return nil
 	}
@@ -663,8 +680,15 @@ func (w *Writer) syncConnectionPolicy(ctx context.Context, p *config.ConnectionP
 		types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "causeway"}, "status"); err != nil {
 		return ignoreGone(err)
 	}
-	if acc.Status == metav1.ConditionFalse && (cur == nil || cur.Status != metav1.ConditionFalse || cur.Message != acc.Message) {
-		w.recorder.Event(p, corev1.EventTypeWarning, "ConnectionPolicyRefused", acc.Message)
+	for _, c := range want {
+		cur := meta.FindStatusCondition(p.Status.Conditions, c.Type)
+		if c.Status == metav1.ConditionFalse && (cur == nil || cur.Status != metav1.ConditionFalse || cur.Message != c.Message) {
+			reason := "ConnectionPolicyRefused"
+			if c.Type == "ResolvedRefs" {
+				reason = c.Reason
+			}
+			w.recorder.Event(p, corev1.EventTypeWarning, reason, c.Message)
+		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,9 +51,14 @@ func fixtureOn(t *testing.T, env *kubetest.Env) *fixture {
 	return f
 }
 
-// startWriter runs a status writer until the test ends.
-func (f *fixture) startWriter() {
-	w, err := New(Options{Client: f.cs, Gateways: f.gw, Dynamic: f.env.Dynamic(f.t), Logger: zaptest.NewLogger(f.t)})
+// startWriter runs a status writer until the test ends; set changes its
+// options.
+func (f *fixture) startWriter(set ...func(*Options)) *Writer {
+	o := Options{Client: f.cs, Gateways: f.gw, Dynamic: f.env.Dynamic(f.t), Logger: zaptest.NewLogger(f.t)}
+	for _, s := range set {
+		s(&o)
+	}
+	w, err := New(o)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -65,6 +71,7 @@ func (f *fixture) startWriter() {
 			f.t.Errorf("status writer: %v", err)
 		}
 	})
+	return w
 }
 
 func (f *fixture) waitFor(what string, cond func() (bool, error)) {
@@ -566,7 +573,8 @@ func ptrValue[T any](p *T) T {
 // A ConnectionPolicy the translation refuses (here past a CRD that takes
 // anything; the mesh's schema refuses it at once) says so in its Accepted
 // condition and a Warning event; one it takes, and the refused one once
-// fixed, are Accepted.
+// fixed, are Accepted. ResolvedRefs follows the policy set: false while it
+// has no revision, true with its revision after Resync.
 func TestConnectionPolicyStatus(t *testing.T) {
 	env := kubetest.Start(t) // its own apiserver: the CRD is replaced
 	env.DeleteCRD(t, kubetest.ConnectionPolicyCRD)
@@ -588,8 +596,17 @@ func TestConnectionPolicyStatus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	f.startWriter()
-	accepted := func(name string) *metav1.Condition {
+	var revision atomic.Value
+	revision.Store("")
+	w := f.startWriter(func(o *Options) {
+		o.PolicySet = func(name string) (string, string) {
+			if rev := revision.Load().(string); name == "db" && rev != "" {
+				return rev, ""
+			}
+			return "", "policy set " + name + " has no good revision"
+		}
+	})
+	condOf := func(name, typ string) *metav1.Condition {
 		u, err := policies.Get(f.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -598,11 +615,22 @@ func TestConnectionPolicyStatus(t *testing.T) {
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &p); err != nil {
 			t.Fatal(err)
 		}
-		if c := cond(p.Status.Conditions, "Accepted"); c != nil && c.ObservedGeneration == p.Generation {
+		if c := cond(p.Status.Conditions, typ); c != nil && c.ObservedGeneration == p.Generation {
 			return c
 		}
 		return nil
 	}
+	accepted := func(name string) *metav1.Condition { return condOf(name, "Accepted") }
+	f.waitFor("ResolvedRefs false without a revision", func() (bool, error) {
+		c := condOf("good", "ResolvedRefs")
+		return is(c, metav1.ConditionFalse, "PolicySetNotActive") && strings.Contains(c.Message, "denies every connection it selects"), nil
+	})
+	revision.Store("r1")
+	w.Resync()
+	f.waitFor("ResolvedRefs true at the revision", func() (bool, error) {
+		c := condOf("good", "ResolvedRefs")
+		return is(c, metav1.ConditionTrue, "ResolvedRefs") && strings.Contains(c.Message, "r1"), nil
+	})
 	f.waitFor("good Accepted", func() (bool, error) { return is(accepted("good"), metav1.ConditionTrue, "Accepted"), nil })
 	f.waitFor("both refused", func() (bool, error) {
 		c := accepted("both")

@@ -61,8 +61,12 @@ type Options struct {
 	// WebhookConfiguration names the ValidatingWebhookConfiguration whose
 	// CA bundle the leader keeps equal to the roots; empty: left alone.
 	WebhookConfiguration string
-	Logger               *zap.Logger
-	Registerer           prometheus.Registerer
+	// PolicySet says whether a connection policy set can be enforced, for
+	// the ConnectionPolicies' status (gwstatus.Options.PolicySet); call
+	// PolicySetsChanged when its answers change.
+	PolicySet  func(name string) (revision, problem string)
+	Logger     *zap.Logger
+	Registerer prometheus.Registerer
 }
 
 // Controllers runs the webhook on every replica and the leader's work on
@@ -122,7 +126,8 @@ func New(o Options) (*Controllers, error) {
 	if err != nil {
 		return nil, err
 	}
-	if kc.status, err = gwstatus.New(gwstatus.Options{Client: cs, Gateways: gw, Dynamic: dyn, Translation: o.Translation, Logger: log.Named("status")}); err != nil {
+	if kc.status, err = gwstatus.New(gwstatus.Options{Client: cs, Gateways: gw, Dynamic: dyn, PolicySet: o.PolicySet,
+		Translation: o.Translation, Logger: log.Named("status")}); err != nil {
 		return nil, err
 	}
 	if o.WebhookListen != "" {
@@ -182,6 +187,10 @@ func (kc *Controllers) renewWebhookCert() error {
 	kc.hookCert.Store(cert)
 	return nil
 }
+
+// PolicySetsChanged has the status writer look at the connection policy
+// sets again (a new revision, or a set's first).
+func (kc *Controllers) PolicySetsChanged() { kc.status.Resync() }
 
 // Healthy fails when this replica may be leading without holding the Lease.
 func (kc *Controllers) Healthy() error { return kc.elector.Healthy() }
