@@ -55,6 +55,13 @@ func TestPolicySetsAttach(t *testing.T) {
 	if unknown := ps.attach(&meshv1.ConnectionPolicy{Namespace: "shop", Name: "x", Policy: "nope", InvalidReason: "pending"}); !strings.Contains(unknown.GetInvalidReason(), `no policy set "nope"`) {
 		t.Fatalf("unknown set: %q", unknown.GetInvalidReason())
 	}
+	// The same answers for the policies' status.
+	if rev, problem := ps.state("db"); rev != got.GetRevision() || problem != "" {
+		t.Fatalf("state of the active set: %q %q", rev, problem)
+	}
+	if rev, problem := ps.state("nope"); rev != "" || !strings.Contains(problem, `no policy set "nope"`) {
+		t.Fatalf("state of an unknown set: %q %q", rev, problem)
+	}
 	<-changed // the first activation
 	go ps.run(ctx)
 	write("package envoy.authz\n\nallow := false\n")
@@ -72,4 +79,20 @@ func optsDir(dir string) (o policy.Options) {
 	o.Dir = dir
 	o.Debounce = 50 * time.Millisecond
 	return o
+}
+
+// A set that never compiled has no revision, and its state says why.
+func TestPolicySetStateWithoutRevision(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte("package envoy.authz\n\nallow if {\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := newPolicySets([]policySetFlag{{name: "bad", opts: optsDir(dir)}}, zap.NewNop(), func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps.loadAll(context.Background(), 10*time.Second)
+	if rev, problem := ps.state("bad"); rev != "" || !strings.Contains(problem, `policy set "bad" has no good revision`) || !strings.Contains(problem, "authz.rego") {
+		t.Fatalf("state: %q %q, want no revision and the compile error", rev, problem)
+	}
 }

@@ -55,7 +55,11 @@ func testConnectionPolicy(t *testing.T, kubectl func(args ...string)) {
 		kubectl("apply", "-f", file)
 	}
 	apply("server")
-	kubectl("-n", ns, "wait", "--for=condition=Accepted", "--timeout=60s", "connectionpolicy/only-allowed")
+	// The leader's status: accepted, and the set (the ConfigMap mounted
+	// into the control plane) active.
+	for _, c := range []string{"Accepted", "ResolvedRefs"} {
+		kubectl("-n", ns, "wait", "--for=condition="+c, "--timeout=60s", "connectionpolicy/only-allowed")
+	}
 	eventually(t, 30*time.Second, "the other pod refused", func() error { return refusedConnection(ns, "other", server+"/refused") })
 	fetchOK(t, ns, "allowed", server+"/allowed")
 
