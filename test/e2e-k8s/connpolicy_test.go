@@ -81,6 +81,19 @@ func testConnectionPolicy(t *testing.T, kubectl func(args ...string)) {
 	case <-allowed.done:
 		t.Fatalf("the allowed pod's connection ended: %v: %s", allowed.err, allowed.stderr.String())
 	}
+	// The node proxy said which policy, at which revision, closed it.
+	eventually(t, 30*time.Second, "the node proxy's log line of the closed connection", func() error {
+		found := false
+		err := eachLogLine(ctx, systemNS, "app.kubernetes.io/name="+nodeProxy, "nodeproxy", func(line map[string]any) {
+			if line["msg"] == "open connection no longer authorized; closed" && line["policy"] == ns+"/only-allowed" && line["policy_revision"] != "" {
+				found = true
+			}
+		})
+		if err == nil && !found {
+			err = errors.New("no line names the policy and its revision")
+		}
+		return err
+	})
 	allowed.answered(t, allowed.count.Load()+5) // still answering on the same connection
 	if err := refusedConnection(ns, "other", server+"/again"); err != nil {
 		t.Error(err)
