@@ -21,9 +21,9 @@ import (
 //
 // A namespace is translated with every Namespace and Gateway (labels,
 // waypoints of other namespaces, admission) and its own Pods, Services,
-// EndpointSlices and ConnectionPolicies; routes are translated apart, with every Service and
-// ReferenceGrant. A changed Namespace or Gateway translates every namespace
-// again. What only the whole set can decide (an address or uid claimed in
+// EndpointSlices and ConnectionPolicies; routes are translated apart, with
+// every Service and ReferenceGrant. A changed Namespace or Gateway
+// translates every namespace again. What only the whole set can decide (an address or uid claimed in
 // two namespaces, an EndpointSlice naming a pod of another namespace, a set
 // that is not a configuration) sends the call to Translate, so the result
 // is always Translate's.
