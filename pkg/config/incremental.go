@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -81,18 +82,12 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 		case *corev1.Service:
 			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
 			routeObjs = append(routeObjs, o)
-		case *corev1.Pod:
-			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
-		case *discoveryv1.EndpointSlice:
-			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
-		case *corev1.ServiceAccount:
-			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
-		case *gwv1.BackendTLSPolicy: // targets and CA references are in its namespace
-			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
-		case *corev1.ConfigMap:
-			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
-		case *ConnectionPolicy:
-			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)
+		case *corev1.Pod, *discoveryv1.EndpointSlice, *corev1.ServiceAccount, *corev1.ConfigMap,
+			*gwv1.BackendTLSPolicy, *ConnectionPolicy: // what they name is in their own namespace
+			m := v.(metav1.Object)
+			ns := m.GetNamespace()
+			m.SetNamespace(defaultNS(&ns))
+			byNS[ns] = append(byNS[ns], o)
 		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant:
 			routeObjs = append(routeObjs, o)
 		default:
