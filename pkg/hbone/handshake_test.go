@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
@@ -16,24 +17,7 @@ import (
 // handshakeFailureCounts gathers hbone_handshake_failures_total by reason.
 func handshakeFailureCounts(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "hbone_handshake_failures_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" {
-					out[l.GetValue()] = m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return out
+	return metricstest.ByLabel(t, reg, "hbone_handshake_failures_total", "reason")
 }
 
 // TestHandshakeFailureReasons: every way an inbound handshake is refused,

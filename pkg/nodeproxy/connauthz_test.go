@@ -18,6 +18,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/connpolicy/connpolicytest"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/policy"
@@ -93,25 +94,8 @@ func echoes(c net.Conn, msg string) error {
 // counter reads connection_policy_decisions_total{policy, result}.
 func counter(t *testing.T, reg *prometheus.Registry, pol, result string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "connection_policy_decisions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["policy"] == pol && labels["result"] == result {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	v, _ := metricstest.Value(t, reg, "connection_policy_decisions_total", map[string]string{"policy": pol, "result": result})
+	return v
 }
 
 // policyMesh is startMesh on node-a and node-b with node-b's metrics and

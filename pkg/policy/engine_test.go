@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/prometheus/client_golang/prometheus"
@@ -634,14 +635,8 @@ func counterValue(t testing.TB, c prometheus.Counter) float64 {
 // gathered returns the value of an unlabelled counter from a registry, -1 if absent.
 func gathered(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
+	if v, ok := metricstest.Value(t, reg, name, nil); ok {
+		return v
 	}
 	return -1
 }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/go-git/go-billy/v5/memfs"
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
@@ -176,7 +177,7 @@ func TestGitRevisions(t *testing.T) {
 	if d := decide(t, e, "POST"); d.Allowed {
 		t.Fatal("POST allowed by the first commit")
 	}
-	if v := gaugeWith(t, reg, "policy_active_revision", add.String()); v != 1 {
+	if v := gaugeWith(t, reg, "policy_active_revision", "revision", add.String()); v != 1 {
 		t.Fatalf("policy_active_revision{revision=%s} = %v", add, v)
 	}
 
@@ -185,7 +186,7 @@ func TestGitRevisions(t *testing.T) {
 	if d := decide(t, e, "POST"); !d.Allowed || d.Revision != change.String() {
 		t.Fatalf("POST after the change: %+v", d)
 	}
-	if v := gaugeWith(t, reg, "policy_active_revision", add.String()); v != -1 {
+	if v := gaugeWith(t, reg, "policy_active_revision", "revision", add.String()); v != -1 {
 		t.Errorf("the replaced revision is still a metric (%v)", v)
 	}
 
@@ -209,7 +210,7 @@ func TestGitRevisions(t *testing.T) {
 	if n := logs.FilterMessage("policy rejected, keeping the active policy").FilterField(zap.String("revision", broken.String())).Len(); n != 1 {
 		t.Errorf("%d rejection logs for the broken commit, want 1 (polls must not repeat it)", n)
 	}
-	if v := gaugeWith(t, reg, "policy_loads_total", "rejected"); v != 2 {
+	if v := gaugeWith(t, reg, "policy_loads_total", "result", "rejected"); v != 2 {
 		t.Errorf("rejected loads = %v, want 2", v)
 	}
 
@@ -248,28 +249,12 @@ func TestGitRevisions(t *testing.T) {
 	}
 }
 
-// gaugeWith returns the value of name's series with a label of that value,
+// gaugeWith returns the value of name's series whose label has that value,
 // -1 if absent.
-func gaugeWith(t testing.TB, reg *prometheus.Registry, name, label string) float64 {
+func gaugeWith(t testing.TB, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetValue() == label {
-					if m.GetGauge() != nil {
-						return m.GetGauge().GetValue()
-					}
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
+	if v, ok := metricstest.Value(t, reg, name, map[string]string{label: value}); ok {
+		return v
 	}
 	return -1
 }

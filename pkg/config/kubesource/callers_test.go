@@ -27,6 +27,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
@@ -429,23 +430,8 @@ func (k *callers) xdsClient(t *testing.T, token caclient.TokenSource, node strin
 // refusals reads causeway_ca_refusals_total{code}.
 func refusals(t *testing.T, reg *prometheus.Registry, code string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "causeway_ca_refusals_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "code" && l.GetValue() == code {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := metricstest.Value(t, reg, "causeway_ca_refusals_total", map[string]string{"code": code})
+	return v
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {
