@@ -106,6 +106,9 @@ type view struct {
 	// tls: the BackendTLSPolicies of the service ports, compiled, by
 	// backendtls.Key.
 	tls map[string]*backendtls.Policy
+	// tlsKeys: each service port's backendtls.Key, made once per view
+	// rather than per endpoint of every connection.
+	tlsKeys map[*meshv1.BackendTLS]string
 }
 
 // New builds a waypoint; Serve runs it.
@@ -209,7 +212,7 @@ func (w *Waypoint) Update(s *xds.State) {
 // BackendTLSPolicies, reused where their settings did not change.
 func newView(s *xds.State, prevTLS map[string]*backendtls.Policy) *view {
 	v := &view{state: s, byVIP: map[netip.Addr]*meshv1.Service{}, byIP: map[netip.Addr]*meshv1.Workload{}, bound: map[string][]*meshv1.Ref{},
-		tls: map[string]*backendtls.Policy{}}
+		tls: map[string]*backendtls.Policy{}, tlsKeys: map[*meshv1.BackendTLS]string{}}
 	for _, wl := range s.Workloads {
 		for _, a := range wl.GetAddresses() {
 			if ip, err := netip.ParseAddr(a); err == nil {
@@ -224,6 +227,7 @@ func newView(s *xds.State, prevTLS map[string]*backendtls.Policy) *view {
 		for _, sp := range svc.GetPorts() {
 			if bt := sp.GetBackendTls(); bt != nil {
 				k := backendtls.Key(bt)
+				v.tlsKeys[bt] = k
 				if p := prevTLS[k]; p != nil {
 					v.tls[k] = p
 				} else if v.tls[k] == nil {
@@ -442,6 +446,11 @@ func servicePort(svc *meshv1.Service, port uint32) *meshv1.ServicePort {
 // serviceTargets lists the endpoints serving a service port.
 func (v *view) serviceTargets(svc *meshv1.Service, sp *meshv1.ServicePort) []l7.Target {
 	var out []l7.Target
+	bt := sp.GetBackendTls()
+	tlsKey, ok := v.tlsKeys[bt]
+	if !ok && bt != nil {
+		tlsKey = backendtls.Key(bt)
+	}
 	for _, ep := range svc.GetEndpoints() {
 		ip, err := netip.ParseAddr(ep.GetAddress())
 		if err != nil {
@@ -457,9 +466,7 @@ func (v *view) serviceTargets(svc *meshv1.Service, sp *meshv1.ServicePort) []l7.
 		wl := v.state.Workloads[ep.GetWorkloadUid()]
 		t := workloadTarget(wl, netip.AddrPortFrom(ip, uint16(port)))
 		t.Service = l7.ServiceRef{Namespace: svc.GetNamespace(), Name: svc.GetName()}
-		if t.TLS = sp.GetBackendTls(); t.TLS != nil {
-			t.TLSKey = backendtls.Key(t.TLS)
-		}
+		t.TLS, t.TLSKey = bt, tlsKey
 		out = append(out, t)
 	}
 	return out
