@@ -21,26 +21,59 @@ func Splice(upstream net.Conn) Stream {
 // Relay), cutting the pair once idle for idle (0: never), and calls done
 // with the bytes sent to upstream, received from it, and the first error.
 // A Server carries it without a goroutine waiting for its end.
-func RelayTo(upstream net.Conn, idle time.Duration, done func(sent, received int64, err error)) Stream {
-	return &relayStream{upstream: upstream, idle: idle, done: done}
+func RelayTo(upstream net.Conn, idle time.Duration, done func(sent, received int64, err error)) *RelayStream {
+	return &RelayStream{upstream: upstream, idle: idle, done: done}
 }
 
-type relayStream struct {
+// RelayStream is the Stream RelayTo returns.
+type RelayStream struct {
 	upstream net.Conn
 	idle     time.Duration
 	done     func(sent, received int64, err error)
+
+	mu      sync.Mutex
+	relay   *relay // once started without goroutines per direction
+	aborted error  // Abort's cause, when it came before the start
 }
 
-func (r *relayStream) Serve(ctx context.Context, tunnel net.Conn) {
-	r.done(JoinIdle(ctx, tunnel, r.upstream, r.idle))
+func (r *RelayStream) Serve(ctx context.Context, tunnel net.Conn) {
+	finished := make(chan struct{})
+	r.start(ctx, tunnel, func() { close(finished) })
+	<-finished
 }
 
 // start relays and returns at once; finished runs after done.
-func (r *relayStream) start(ctx context.Context, tunnel net.Conn, finished func()) {
-	Relay(ctx, tunnel, r.upstream, r.idle, func(sent, received int64, err error) {
+func (r *RelayStream) start(ctx context.Context, tunnel net.Conn, finished func()) {
+	// Held while the relay starts: an Abort meanwhile waits for it.
+	r.mu.Lock()
+	r.relay = relayPair(ctx, tunnel, r.upstream, r.idle, func(sent, received int64, err error) {
 		r.done(sent, received, err)
 		finished()
 	})
+	rl, cause := r.relay, r.aborted
+	r.mu.Unlock()
+	if rl != nil && cause != nil {
+		rl.abort(cause)
+	}
+}
+
+// Abort ends the relay with cause, resetting the tunnel and the upstream
+// connection; before the relay starts, it resets upstream at once and the
+// tunnel when the relay starts. Closing upstream by hand is not enough
+// once the relay runs: a direction waiting in the idle poller would not
+// hear of it.
+func (r *RelayStream) Abort(cause error) {
+	r.mu.Lock()
+	rl := r.relay
+	if rl == nil && r.aborted == nil {
+		r.aborted = cause
+	}
+	r.mu.Unlock()
+	if rl != nil {
+		rl.abort(cause)
+		return
+	}
+	abortConn(r.upstream)
 }
 
 // Join copies between a and b in both directions until both are done, then
@@ -67,7 +100,7 @@ func JoinIdle(ctx context.Context, a, b net.Conn, idle time.Duration) (aToB, bTo
 		return joinCopying(ctx, a, b, idle)
 	}
 	done := make(chan struct{})
-	Relay(ctx, a, b, idle, func(ab, ba int64, e error) {
+	relayPair(ctx, a, b, idle, func(ab, ba int64, e error) {
 		aToB, bToA, err = ab, ba, e
 		close(done)
 	})

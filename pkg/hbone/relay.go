@@ -28,9 +28,15 @@ import (
 // whose TLS and framing grew its own. Other pairs get JoinIdle's goroutine
 // per direction.
 func Relay(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aToB, bToA int64, err error)) {
+	relayPair(ctx, a, b, idle, done)
+}
+
+// relayPair is Relay; it returns the relay it started, nil for a pair
+// carried by joinCopying.
+func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aToB, bToA int64, err error)) *relay {
 	if !relayable(a, b) {
 		go func() { done(joinCopying(ctx, a, b, idle)) }()
-		return
+		return nil
 	}
 	r := &relay{idle: idle, done: done}
 	if st, ok := a.(*stream); ok {
@@ -56,6 +62,7 @@ func Relay(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aTo
 	r.st.wakeReaderLocked() // data may be waiting already
 	r.st.c.mu.Unlock()
 	go r.fromPeer()
+	return r
 }
 
 // relayable reports whether Relay carries a and b without a goroutine per

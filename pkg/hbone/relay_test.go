@@ -112,3 +112,54 @@ func TestRelayCancelledWhileIdle(t *testing.T) {
 		t.Fatalf("tunnel after the abort: %v, want a reset", err)
 	}
 }
+
+// A RelayStream aborted while both sides idle (its socket direction parked
+// in the poller, where closing the socket goes unheard) ends at once with
+// the cause, resetting the socket and the tunnel; one aborted before the
+// server starts it ends as it starts.
+func TestRelayStreamAbort(t *testing.T) {
+	cause := errors.New("revoked")
+	for _, early := range []bool{false, true} {
+		m := newMesh(t)
+		result := make(chan error, 1)
+		streams := make(chan *RelayStream, 1)
+		apps := make(chan net.Conn, 1)
+		h := HandlerFunc(func(_ context.Context, r *Request) (Stream, error) {
+			a, b := tcpPair(t)
+			apps <- b
+			rs := RelayTo(a, 0, func(_, _ int64, err error) { result <- err })
+			if early {
+				rs.Abort(cause)
+			}
+			streams <- rs
+			return rs, nil
+		})
+		_, addr := startServer(t, m, h, nil)
+		p := newPool(t, m, nil)
+		tn := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+		defer tn.Close()
+		up := <-apps
+		defer up.Close()
+		if rs := <-streams; !early {
+			time.Sleep(100 * time.Millisecond) // parked
+			rs.Abort(cause)
+		}
+		select {
+		case err := <-result:
+			if !errors.Is(err, cause) {
+				t.Fatalf("early %v: relay ended with %v, want the cause", early, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("early %v: aborted relay never ended", early)
+		}
+		up.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := up.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("early %v: socket after the abort: %v, want a reset", early, err)
+		}
+		tn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		var re *resetError
+		if _, err := io.ReadAll(tn); !errors.As(err, &re) {
+			t.Fatalf("early %v: tunnel after the abort: %v, want a reset", early, err)
+		}
+	}
+}

@@ -453,7 +453,7 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 		log.Debug("answering CONNECT failed", target, zap.Error(err))
 	}
 	handedOff = true
-	if rs, ok := strm.(*relayStream); ok {
+	if rs, ok := strm.(*RelayStream); ok {
 		rs.start(st.ctx, st, func() {
 			st.Close()
 			s.tunnels.Add(-1)

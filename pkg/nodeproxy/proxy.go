@@ -682,14 +682,18 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		return nil, err
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
-	// Tracked before the relay starts: a re-check that denies it resets
-	// the upstream connection, which ends the relay and aborts the tunnel.
-	tracked, untrack := p.track(ctx, conn, func() { abort(upstream) })
-	return hbone.RelayTo(upstream, p.idleTimeout(), func(sent, received int64, err error) {
+	// Tracked before the relay starts (which is after this returns): a
+	// re-check that denies it aborts the relay, resetting the tunnel and
+	// the upstream connection.
+	var tracked *connpolicy.Open
+	var untrack func()
+	relay := hbone.RelayTo(upstream, p.idleTimeout(), func(sent, received int64, err error) {
 		untrack()
 		rec.sent, rec.received = sent, received
 		p.finish(rec, start, tracked.Result(err))
-	}), nil
+	})
+	tracked, untrack = p.track(ctx, conn, func() { relay.Abort(connpolicy.ErrRevoked) })
+	return relay, nil
 }
 
 // servePlaintext takes connections from outside the mesh on a pod's serving
