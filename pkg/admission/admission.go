@@ -8,12 +8,23 @@
 //   - a Namespace, Service or Pod whose causeway.dev/use-waypoint names a
 //     waypoint in another namespace that does not admit it (config.WaypointAdmits);
 //   - a Pod running as a waypoint's service account that is not one of the
-//     waypoint's own: it could obtain the waypoint's certificate.
+//     waypoint's own: it could obtain the waypoint's certificate;
+//   - a ConnectionPolicy the translation refuses (config.CheckConnectionPolicy),
+//     or whose policy set this control plane cannot enforce (not loaded, or
+//     no revision that compiled and passed its tests: Options.PolicySet, the
+//     same answer as the policy's ResolvedRefs status). Either would deny
+//     every connection the policy selects;
+//   - a BackendTLSPolicy whose validation, options or reference kinds the
+//     mesh refuses (config.CheckBackendTLSPolicy): its waypoints would
+//     refuse the traffic it applies to.
+//
+// References to objects that do not exist (yet) are not refused: objects
+// are applied in any order, and the status reports what stays dangling.
 //
 // The webhook has no side effects (sideEffects: None) and is served by every
 // control plane replica over TLS from the mesh CA. Its failure policy
-// differs by webhook (see Configuration): Fail for routes, whose edits can
-// wait for the control plane; Ignore for workloads, so that a control plane
+// differs by webhook (see Configuration): Fail for routes and policies, whose
+// edits can wait for the control plane; Ignore for workloads, so that a control plane
 // outage never stops pods from starting cluster-wide. Ignoring loses only
 // the early message: the translation refuses the same bindings and
 // identities, so nothing unsafe is served either way.
@@ -33,11 +44,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 )
 
 // Path is where the webhook is served.
@@ -52,6 +65,9 @@ type Options struct {
 	// Gateways and Namespaces are informer listers of the cluster's objects.
 	Gateways   gwlisters.GatewayLister
 	Namespaces corelisters.NamespaceLister
+	// PolicySet says whether the control plane can enforce a connection
+	// policy set: its active revision, or why not. Nil: sets are not checked.
+	PolicySet  func(name string) (revision, problem string)
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer // optional
 }
@@ -176,12 +192,22 @@ func (w *Webhook) check(req *admissionv1.AdmissionRequest) ([]string, error) {
 			return nil, err
 		}
 		return append(w.checkUseWaypoint(req.Namespace, p.Labels, w.namespaceLabels(req.Namespace)), w.checkPodIdentity(req.Namespace, &p)...), nil
+	case config.CausewayGroupVersion.Group + "/ConnectionPolicy":
+		var u unstructured.Unstructured
+		if err := u.UnmarshalJSON(req.Object.Raw); err != nil {
+			return nil, err
+		}
+		return w.checkConnectionPolicy(kubesource.ConnectionPolicy(&u)), nil
+	case gwv1.GroupName + "/BackendTLSPolicy":
+		var p gwv1.BackendTLSPolicy
+		if err := json.Unmarshal(req.Object.Raw, &p); err != nil {
+			return nil, err
+		}
+		return config.CheckBackendTLSPolicy(&p), nil
 	}
 	return nil, nil // not ours to judge
 }
 
-// checkRoute judges only routes for the mesh: a route of an ingress
-// Gateway belongs to that Gateway's controller.
 // decodeRoute decodes the request's route into r, whose parentRefs are
 // *parents, and checks it.
 func decodeRoute(req *admissionv1.AdmissionRequest, r metav1.Object, parents *[]gwv1.ParentReference) ([]string, error) {
@@ -192,6 +218,8 @@ func decodeRoute(req *admissionv1.AdmissionRequest, r metav1.Object, parents *[]
 	return checkRoute(r, *parents), nil
 }
 
+// checkRoute judges only routes for the mesh: a route of an ingress
+// Gateway belongs to that Gateway's controller.
 func checkRoute(route any, parents []gwv1.ParentReference) []string {
 	for _, p := range parents {
 		if p.Kind != nil && *p.Kind == "Service" && (p.Group == nil || *p.Group == "" || *p.Group == "core") {
@@ -256,4 +284,20 @@ func (w *Webhook) checkPodIdentity(ns string, p *corev1.Pod) []string {
 	}
 	return []string{fmt.Sprintf("service account %s is the identity of waypoint %s/%s, which only the waypoint's own pods may hold: give the application its own service account",
 		sa, ns, sa)}
+}
+
+// checkConnectionPolicy refuses what the translation refuses and a policy
+// naming a set the control plane cannot enforce now: the node proxies and
+// waypoints would deny everything it selects. The set's files are compiled
+// and tested by the control plane's engine for it (the node proxies
+// compile the same files with the same package), so this answer and the
+// data plane's agree.
+func (w *Webhook) checkConnectionPolicy(p *config.ConnectionPolicy) []string {
+	reasons := config.CheckConnectionPolicy(p)
+	if w.opts.PolicySet != nil && p.Spec.Policy != "" {
+		if _, problem := w.opts.PolicySet(p.Spec.Policy); problem != "" {
+			reasons = append(reasons, "spec.policy: "+problem)
+		}
+	}
+	return reasons
 }

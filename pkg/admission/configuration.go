@@ -4,13 +4,19 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
 )
 
 // Webhook names in the ValidatingWebhookConfiguration.
 const (
 	RoutesWebhook    = "routes.validation.causeway.dev"
+	PoliciesWebhook  = "policies.validation.causeway.dev"
 	WorkloadsWebhook = "workloads.validation.causeway.dev"
 )
+
+// Webhooks are the names of the webhooks this package serves.
+var Webhooks = []string{RoutesWebhook, PoliciesWebhook, WorkloadsWebhook}
 
 // Configuration is the ValidatingWebhookConfiguration that sends the
 // apiserver's reviews to the webhook at cc (a Service in the cluster, or a
@@ -19,14 +25,17 @@ const (
 //   - Routes (HTTPRoute, GRPCRoute): failurePolicy Fail. A route the mesh
 //     would reject must not slip in while the control plane is away; route
 //     edits can wait for it.
+//   - Policies (ConnectionPolicy, BackendTLSPolicy): failurePolicy Fail, for
+//     the same reasons.
 //   - Workloads (Namespace, Service, Pod): failurePolicy Ignore, and never
 //     for kube-system or the control plane's own namespace, so that an
 //     outage of the control plane cannot stop pods (its own included) from
 //     starting. The translation refuses the same things, so Ignore loses
 //     only the early message.
 //
-// Both have sideEffects None and a 5 s timeout, and match equivalent
-// versions (v1beta1 routes are converted to v1 for review).
+// All have sideEffects None and a 5 s timeout, and match equivalent
+// versions (v1beta1 routes, or BackendTLSPolicies of an older version, are
+// converted to v1 for review).
 func Configuration(name, controlPlaneNamespace string, cc admissionregistrationv1.WebhookClientConfig) *admissionregistrationv1.ValidatingWebhookConfiguration {
 	none := admissionregistrationv1.SideEffectClassNone
 	fail, ignore := admissionregistrationv1.Fail, admissionregistrationv1.Ignore
@@ -45,6 +54,18 @@ func Configuration(name, controlPlaneNamespace string, cc admissionregistrationv
 			Name:                    RoutesWebhook,
 			ClientConfig:            cc,
 			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(gwv1.GroupName, "v1", "httproutes", "grpcroutes")},
+			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}, {
+			Name:         PoliciesWebhook,
+			ClientConfig: cc,
+			Rules: []admissionregistrationv1.RuleWithOperations{
+				rule(config.CausewayGroupVersion.Group, config.CausewayGroupVersion.Version, config.ConnectionPolicyResource.Resource),
+				rule(gwv1.GroupName, "v1", "backendtlspolicies"),
+			},
 			FailurePolicy:           &fail,
 			MatchPolicy:             &equivalent,
 			SideEffects:             &none,

@@ -79,9 +79,8 @@ func (t *translator) translateBackendTLSPolicies() {
 			id := nsName{pi.policy.Namespace, string(ref.Name)}
 			s := t.services[id]
 			switch {
-			case ref.Group != "" || ref.Kind != "Service":
-				a.Accepted, a.AcceptedReason, a.AcceptedMessage = false, gwv1.PolicyReasonInvalid,
-					fmt.Sprintf("spec.targetRefs[%d]: only Services (group \"\", kind Service) can be targeted", i)
+			case tlsTargetProblem(i, ref) != "":
+				a.Accepted, a.AcceptedReason, a.AcceptedMessage = false, gwv1.PolicyReasonInvalid, tlsTargetProblem(i, ref)
 			case s == nil || s.out == nil:
 				a.Accepted, a.AcceptedReason, a.AcceptedMessage = false, gwv1.PolicyReasonTargetNotFound,
 					fmt.Sprintf("spec.targetRefs[%d]: Service %s does not exist (or is an ExternalName Service, which is not part of the mesh)", i, id)
@@ -141,7 +140,72 @@ func (t *translator) compileBackendTLS(pi *tlsPolicyInfo) *meshv1.BackendTLS {
 	p := pi.policy
 	v := p.Spec.Validation
 	out := &meshv1.BackendTLS{Policy: &meshv1.Ref{Namespace: p.Namespace, Name: p.Name}, Hostname: string(v.Hostname)}
-	refuse := func(format string, args ...any) { t.problem(pi.origin, pi.obj, format, args...) }
+	for _, msg := range checkBackendTLSValidation(p, out) {
+		t.problem(pi.origin, pi.obj, "%s", msg)
+	}
+	var bundle []byte
+	var refIssues []string
+	badKind := false
+	for i, ref := range v.CACertificateRefs {
+		if msg := caRefKindProblem(i, ref); msg != "" {
+			badKind = true
+			refIssues = append(refIssues, msg)
+			continue
+		}
+		id := nsName{p.Namespace, string(ref.Name)}
+		cm := t.configMaps[id]
+		if cm == nil {
+			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: ConfigMap %s does not exist", i, id))
+			continue
+		}
+		data, ok := cm.Data[CACertificateKey]
+		if !ok {
+			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: ConfigMap %s has no key %s", i, id, CACertificateKey))
+			continue
+		}
+		if _, err := backendtls.ParseCACertificates([]byte(data)); err != nil {
+			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: ConfigMap %s: %v", i, id, err))
+			continue
+		}
+		bundle = append(append(bundle, strings.TrimSpace(data)...), '\n')
+	}
+	for _, msg := range refIssues {
+		t.problem(pi.origin, pi.obj, "%s", msg)
+	}
+	out.CaCertificates = bundle
+	if t.refused(pi.obj) {
+		out = &meshv1.BackendTLS{Policy: out.Policy, InvalidReason: "BackendTLSPolicy " + p.Namespace + "/" + p.Name + " refused: " + strings.Join(t.reasons[pi.obj], "; ")}
+	}
+	pi.refs = refResult{issues: refIssues, badKind: badKind, allBad: len(v.CACertificateRefs) > 0 && len(refIssues) == len(v.CACertificateRefs)}
+	return out
+}
+
+// CheckBackendTLSPolicy says what refuses p whatever else the cluster
+// holds: its validation and options, and references of a kind the mesh
+// cannot follow. The translation refuses these (besides references that do
+// not resolve, and targets that do not exist, which depend on other
+// objects), and the admission webhook refuses them at apply time.
+func CheckBackendTLSPolicy(p *gwv1.BackendTLSPolicy) []string {
+	out := checkBackendTLSValidation(p, &meshv1.BackendTLS{})
+	for i, ref := range p.Spec.TargetRefs {
+		if msg := tlsTargetProblem(i, ref); msg != "" {
+			out = append(out, msg)
+		}
+	}
+	for i, ref := range p.Spec.Validation.CACertificateRefs {
+		if msg := caRefKindProblem(i, ref); msg != "" {
+			out = append(out, msg)
+		}
+	}
+	return out
+}
+
+// checkBackendTLSValidation checks p's validation and options, setting
+// out's subject alt names and system roots; it returns what refuses p.
+func checkBackendTLSValidation(p *gwv1.BackendTLSPolicy, out *meshv1.BackendTLS) []string {
+	var problems []string
+	refuse := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	v := p.Spec.Validation
 	if h := string(v.Hostname); h == "" {
 		refuse("spec.validation.hostname is required")
 	} else if errs := validation.IsDNS1123Subdomain(h); len(errs) > 0 {
@@ -189,41 +253,21 @@ func (t *translator) compileBackendTLS(pi *tlsPolicyInfo) *meshv1.BackendTLS {
 	if len(v.CACertificateRefs) > 8 {
 		refuse("spec.validation.caCertificateRefs: at most 8")
 	}
-	var bundle []byte
-	var refIssues []string
-	badKind := false
-	for i, ref := range v.CACertificateRefs {
-		if ref.Group != "" || ref.Kind != "ConfigMap" {
-			badKind = true
-			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: kind %s (group %q) is not supported: name a ConfigMap", i, ref.Kind, ref.Group))
-			continue
-		}
-		id := nsName{p.Namespace, string(ref.Name)}
-		cm := t.configMaps[id]
-		if cm == nil {
-			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: ConfigMap %s does not exist", i, id))
-			continue
-		}
-		data, ok := cm.Data[CACertificateKey]
-		if !ok {
-			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: ConfigMap %s has no key %s", i, id, CACertificateKey))
-			continue
-		}
-		if _, err := backendtls.ParseCACertificates([]byte(data)); err != nil {
-			refIssues = append(refIssues, fmt.Sprintf("spec.validation.caCertificateRefs[%d]: ConfigMap %s: %v", i, id, err))
-			continue
-		}
-		bundle = append(append(bundle, strings.TrimSpace(data)...), '\n')
+	return problems
+}
+
+func tlsTargetProblem(i int, ref gwv1.LocalPolicyTargetReferenceWithSectionName) string {
+	if ref.Group != "" || ref.Kind != "Service" {
+		return fmt.Sprintf("spec.targetRefs[%d]: only Services (group \"\", kind Service) can be targeted", i)
 	}
-	for _, msg := range refIssues {
-		refuse("%s", msg)
+	return ""
+}
+
+func caRefKindProblem(i int, ref gwv1.LocalObjectReference) string {
+	if ref.Group != "" || ref.Kind != "ConfigMap" {
+		return fmt.Sprintf("spec.validation.caCertificateRefs[%d]: kind %s (group %q) is not supported: name a ConfigMap", i, ref.Kind, ref.Group)
 	}
-	out.CaCertificates = bundle
-	if t.refused(pi.obj) {
-		out = &meshv1.BackendTLS{Policy: out.Policy, InvalidReason: "BackendTLSPolicy " + p.Namespace + "/" + p.Name + " refused: " + strings.Join(t.reasons[pi.obj], "; ")}
-	}
-	pi.refs = refResult{issues: refIssues, badKind: badKind, allBad: len(v.CACertificateRefs) > 0 && len(refIssues) == len(v.CACertificateRefs)}
-	return out
+	return ""
 }
 
 func svcPortNamed(svc *corev1.Service, name string) *corev1.ServicePort {

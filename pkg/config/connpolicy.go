@@ -101,46 +101,20 @@ func (t *translator) translateConnectionPolicies() {
 	for _, ci := range t.connPolicies {
 		p := ci.policy
 		key := "ConnectionPolicy " + p.Namespace + "/" + p.Name
-		ok := true
-		if p.Unreadable != "" {
-			t.problem(ci.origin, key, "unreadable: %s", p.Unreadable)
-			ok = false
-		} else if p.Spec.Policy == "" {
-			t.problem(ci.origin, key, "spec.policy is required")
-			ok = false
+		problems := CheckConnectionPolicy(p)
+		for _, msg := range problems {
+			t.problem(ci.origin, key, "%s", msg)
 		}
 		var gateways []string
-		for i, ref := range p.Spec.TargetRefs {
-			if ref.Group != gatewayGroup || ref.Kind != "Gateway" {
-				t.problem(ci.origin, key, "spec.targetRefs[%d]: only group %s kind Gateway can be targeted", i, gatewayGroup)
-				ok = false
-			}
-			if ref.Name == "" {
-				t.problem(ci.origin, key, "spec.targetRefs[%d]: name is required", i)
-				ok = false
-			}
+		for _, ref := range p.Spec.TargetRefs {
 			gateways = append(gateways, ref.Name)
 		}
 		var selector map[string]string
 		if s := p.Spec.Selector; s != nil {
-			if len(gateways) > 0 {
-				t.problem(ci.origin, key, "spec.selector and spec.targetRefs are exclusive")
-				ok = false
-			}
-			for k, v := range s.MatchLabels {
-				if errs := validation.IsQualifiedName(k); len(errs) > 0 {
-					t.problem(ci.origin, key, "spec.selector label %q: %s", k, errs[0])
-					ok = false
-				}
-				if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
-					t.problem(ci.origin, key, "spec.selector label %s value %q: %s", k, v, errs[0])
-					ok = false
-				}
-			}
 			selector = maps.Clone(s.MatchLabels)
 		}
 		reason := fmt.Sprintf("policy set %q has no active revision at the control plane", p.Spec.Policy)
-		if !ok {
+		if len(problems) > 0 {
 			// Skipping a refused policy would leave what it selects
 			// unchecked (fail open): it is sent denying instead.
 			reason = RefusedPrefix + strings.Join(t.reasons[key], "; ")
@@ -150,6 +124,41 @@ func (t *translator) translateConnectionPolicies() {
 			TargetGateways: slices.Compact(gateways), Policy: p.Spec.Policy, InvalidReason: reason}
 		t.out.ConnectionPolicies[p.Namespace+"/"+p.Name] = out
 	}
+}
+
+// CheckConnectionPolicy says why the translation refuses p (nothing: it
+// does not). The admission webhook refuses the same at apply time.
+func CheckConnectionPolicy(p *ConnectionPolicy) []string {
+	var out []string
+	if p.Unreadable != "" {
+		return []string{"unreadable: " + p.Unreadable}
+	}
+	if p.Spec.Policy == "" {
+		out = append(out, "spec.policy is required")
+	}
+	for i, ref := range p.Spec.TargetRefs {
+		if ref.Group != gatewayGroup || ref.Kind != "Gateway" {
+			out = append(out, fmt.Sprintf("spec.targetRefs[%d]: only group %s kind Gateway can be targeted", i, gatewayGroup))
+		}
+		if ref.Name == "" {
+			out = append(out, fmt.Sprintf("spec.targetRefs[%d]: name is required", i))
+		}
+	}
+	if s := p.Spec.Selector; s != nil {
+		if len(p.Spec.TargetRefs) > 0 {
+			out = append(out, "spec.selector and spec.targetRefs are exclusive")
+		}
+		for _, k := range slices.Sorted(maps.Keys(s.MatchLabels)) {
+			v := s.MatchLabels[k]
+			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+				out = append(out, fmt.Sprintf("spec.selector label %q: %s", k, errs[0]))
+			}
+			if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+				out = append(out, fmt.Sprintf("spec.selector label %s value %q: %s", k, v, errs[0]))
+			}
+		}
+	}
+	return out
 }
 
 // PolicyContent is what AttachPolicy needs of a policy set: its active

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,7 +64,8 @@ type Options struct {
 	WebhookConfiguration string
 	// PolicySet says whether a connection policy set can be enforced, for
 	// the ConnectionPolicies' status (gwstatus.Options.PolicySet); call
-	// PolicySetsChanged when its answers change.
+	// PolicySetsChanged when its answers change. The admission webhook refuses
+	// a ConnectionPolicy naming a set it says cannot be enforced.
 	PolicySet  func(name string) (revision, problem string)
 	Logger     *zap.Logger
 	Registerer prometheus.Registerer
@@ -134,7 +136,7 @@ func New(o Options) (*Controllers, error) {
 		kf := informers.NewSharedInformerFactory(cs, 0)
 		gf := gwinformers.NewSharedInformerFactory(gw, 0)
 		if kc.webhook, err = admission.New(admission.Options{Gateways: gf.Gateway().V1().Gateways().Lister(),
-			Namespaces: kf.Core().V1().Namespaces().Lister(), Logger: log.Named("admission"), Registerer: o.Registerer}); err != nil {
+			Namespaces: kf.Core().V1().Namespaces().Lister(), PolicySet: o.PolicySet, Logger: log.Named("admission"), Registerer: o.Registerer}); err != nil {
 			return nil, err
 		}
 		kc.informers = append(kc.informers, kf, gf)
@@ -378,7 +380,7 @@ func (kc *Controllers) applyCABundle(ctx context.Context, roots []byte) error {
 	ac := admissionac.ValidatingWebhookConfiguration(kc.opts.WebhookConfiguration)
 	stale := false
 	for _, w := range cur.Webhooks {
-		if w.Name != admission.RoutesWebhook && w.Name != admission.WorkloadsWebhook {
+		if !slices.Contains(admission.Webhooks, w.Name) {
 			continue
 		}
 		if !bytes.Equal(w.ClientConfig.CABundle, roots) {

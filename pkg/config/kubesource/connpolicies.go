@@ -134,15 +134,20 @@ func (c *ConnectionPolicies) List() []*config.ConnectionPolicy {
 	return out
 }
 
-// toConnectionPolicy is the informer's transform: what the API server sent,
-// as the translation's type, without managed fields. Unknown fields make it
-// unreadable, as they make a file of the directory source fail to decode.
+// toConnectionPolicy is the informer's transform.
 func toConnectionPolicy(obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return obj, nil // a tombstone, or already converted
 	}
 	u.SetManagedFields(nil)
+	return ConnectionPolicy(u), nil
+}
+
+// ConnectionPolicy is what the API server sent, as the translation's type
+// (also the admission webhook's reading of it). Unknown fields make it
+// unreadable, as they make a file of the directory source fail to decode.
+func ConnectionPolicy(u *unstructured.Unstructured) *config.ConnectionPolicy {
 	p := &config.ConnectionPolicy{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, p, true); err != nil {
 		p = &config.ConnectionPolicy{Unreadable: err.Error()}
@@ -150,5 +155,5 @@ func toConnectionPolicy(obj any) (any, error) {
 		p.Namespace, p.Name, p.UID = u.GetNamespace(), u.GetName(), u.GetUID()
 		p.ResourceVersion, p.Generation = u.GetResourceVersion(), u.GetGeneration()
 	}
-	return p, nil
+	return p
 }
