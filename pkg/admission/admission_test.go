@@ -55,7 +55,8 @@ func startWebhook(t *testing.T) *cluster {
 	}
 	kf := informers.NewSharedInformerFactory(c.cs, 0)
 	gf := gwinformers.NewSharedInformerFactory(c.gw, 0)
-	w, err := New(Options{Gateways: gf.Gateway().V1().Gateways().Lister(), Namespaces: kf.Core().V1().Namespaces().Lister(), Logger: zaptest.NewLogger(t)})
+	w, err := New(Options{Gateways: gf.Gateway().V1().Gateways().Lister(), Namespaces: kf.Core().V1().Namespaces().Lister(),
+		PolicySet: policySets(t), Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
