@@ -100,6 +100,43 @@ func testConnectionPolicy(t *testing.T, kubectl func(args ...string)) {
 	}
 }
 
+// testConnectionPolicyAdmission: `kubectl apply` of a ConnectionPolicy
+// naming the install's set "e2e-broken" (its Rego does not compile) is
+// refused by the control plane's webhook with the compiler's message; one
+// naming the good set "default" is accepted.
+func testConnectionPolicyAdmission(t *testing.T, kubectl func(args ...string)) {
+	ns := newNamespace(t, "e2e-cpadmission")
+	dir := t.TempDir()
+	write := func(name, set string) string {
+		t.Helper()
+		file := filepath.Join(dir, name+".yaml")
+		doc := fmt.Sprintf("apiVersion: causeway.dev/v1alpha1\nkind: ConnectionPolicy\nmetadata: {name: %s, namespace: %s}\nspec:\n  selector: {matchLabels: {app: db}}\n  policy: %s\n", name, ns, set)
+		if err := os.WriteFile(file, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	broken := write("broken", "e2e-broken")
+	want := []string{`admission webhook "policies.validation.causeway.dev" denied the request`,
+		"causeway: ConnectionPolicy " + ns + `/broken: spec.policy: policy set "e2e-broken" has no good revision at the control plane: `,
+		"authz.rego"} // the compiler names the file
+	eventually(t, 30*time.Second, "the broken policy refused by the webhook", func() error {
+		out, err := runKubectl(context.Background(), "apply", "-f", broken)
+		if err == nil {
+			_, _ = runKubectl(context.Background(), "delete", "-f", broken, "--ignore-not-found")
+			return fmt.Errorf("admitted: %s", out)
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				return fmt.Errorf("refused without %q: %s", w, out)
+			}
+		}
+		return nil
+	})
+	kubectl("apply", "-f", write("good", "default"))
+	kubectl("-n", ns, "wait", "--for=condition=ResolvedRefs", "--timeout=60s", "connectionpolicy/good")
+}
+
 // refusedConnection: a GET from the pod fails for its connection (no HTTP
 // status: the destination's node proxy refused it).
 func refusedConnection(ns, pod, url string) error {

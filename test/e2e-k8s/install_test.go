@@ -66,7 +66,9 @@ func TestInstall(t *testing.T) {
 		return out
 	}
 	manifests := filepath.Join(repoRoot, "manifests")
-	overlay := filepath.Join(manifests, "overlays", "local-images")
+	// The README's overlay with one more policy set, for the admission test
+	// (testdata/install).
+	overlay := filepath.Join("testdata", "install")
 	sample := filepath.Join(repoRoot, "examples", "kubernetes", "local-images")
 
 	uninstalled := false
@@ -102,6 +104,8 @@ func TestInstall(t *testing.T) {
 		// pods when the kubelet next syncs them (within about a minute).
 		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-default",
 			"--from-file="+filepath.Join("testdata", "connection-policy"))
+		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-e2e-broken",
+			"--from-file="+filepath.Join("testdata", "connection-policy-broken"))
 		kc(t, 2*time.Minute, "apply", "--server-side", "-k", overlay)
 		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
 		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
@@ -223,6 +227,10 @@ func TestInstall(t *testing.T) {
 
 	t.Run("connection policy at workloads without a waypoint", func(t *testing.T) {
 		testConnectionPolicy(t, func(args ...string) { kc(t, time.Minute, args...) })
+	})
+
+	t.Run("connection policy admission", func(t *testing.T) {
+		testConnectionPolicyAdmission(t, func(args ...string) { kc(t, time.Minute, args...) })
 	})
 
 	// The CA takes a node proxy's token (read from its projected volume on
