@@ -6,6 +6,10 @@
 // gRPC: every method of every service is answered with a
 // google.protobuf.StringValue holding the same JSON.
 //
+// With --tls-cert and --tls-key, each --tls-listen address serves the same
+// over TLS (HTTP/1.1), and answers name the server name the client sent (a
+// backend outside the mesh for BackendTLSPolicy tests).
+//
 // `echo fetch URL...` is the client side, for images that hold nothing but
 // this binary: it GETs each URL in turn, each on a new connection, copies the
 // body to stdout and exits non-zero unless every answer was 2xx.
@@ -18,6 +22,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -59,6 +64,8 @@ type Echo struct {
 	Pod       string              `json:"pod"`
 	Namespace string              `json:"namespace"`
 	Remote    string              `json:"remote"`
+	// TLSServerName is the SNI of a request that came over TLS.
+	TLSServerName string `json:"tls_server_name,omitempty"`
 }
 
 func main() {
@@ -68,15 +75,27 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "hold" {
 		os.Exit(holdMain(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	var listens stringList
+	var listens, tlsListens stringList
 	flag.Var(&listens, "listen", "address to serve on (repeatable)")
+	flag.Var(&tlsListens, "tls-listen", "address to serve on over TLS (repeatable; needs --tls-cert and --tls-key)")
+	certFile := flag.String("tls-cert", "", "PEM certificate chain for --tls-listen")
+	keyFile := flag.String("tls-key", "", "PEM private key for --tls-listen")
 	pod := flag.String("pod", os.Getenv("POD_NAME"), "pod name reported in answers")
 	ns := flag.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace reported in answers")
 	idle := flag.Duration("idle-timeout", 2*time.Minute, "close keep-alive connections idle for this long")
 	flag.Parse()
-	if len(listens) == 0 {
-		fmt.Fprintln(os.Stderr, "echo: at least one --listen address is required")
+	if len(listens)+len(tlsListens) == 0 {
+		fmt.Fprintln(os.Stderr, "echo: at least one --listen or --tls-listen address is required")
 		os.Exit(2)
+	}
+	var tlsConf *tls.Config
+	if len(tlsListens) > 0 {
+		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "echo: --tls-cert/--tls-key: %v\n", err)
+			os.Exit(2)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -88,6 +107,14 @@ func main() {
 			os.Exit(1)
 		}
 		lns = append(lns, ln)
+	}
+	for _, a := range tlsListens {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "echo: listen %s: %v\n", a, err)
+			os.Exit(1)
+		}
+		lns = append(lns, tls.NewListener(ln, tlsConf))
 	}
 	if err := serve(ctx, lns, identity{Pod: *pod, Namespace: *ns}, *idle); err != nil {
 		fmt.Fprintf(os.Stderr, "echo: %v\n", err)
@@ -133,6 +160,9 @@ func handler(id identity, gs *grpc.Server) http.HandlerFunc {
 		e := Echo{
 			Protocol: r.Proto, Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host,
 			Headers: r.Header, Body: string(body), Pod: id.Pod, Namespace: id.Namespace, Remote: r.RemoteAddr,
+		}
+		if r.TLS != nil {
+			e.TLSServerName = r.TLS.ServerName
 		}
 		w.Header().Set("Content-Type", "application/json")
 		// Let tests ask for a status: /status/503.

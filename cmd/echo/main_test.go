@@ -3,8 +3,13 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -177,4 +182,55 @@ func TestHoldEndsWithItsConnection(t *testing.T) {
 	if code := holdMain(nil, &out, &errs); code != 2 {
 		t.Fatalf("no URL: exit %d", code)
 	}
+}
+
+// Over TLS the answer names the server name the client sent.
+func TestTLSServerName(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := selfSigned(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []net.Listener{tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})}, identity{Pod: "echo-1"}, time.Minute)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	roots := x509.NewCertPool()
+	roots.AddCert(cert.Leaf)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "backend.example"}}}
+	resp, err := c.Get("https://" + ln.Addr().String() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := decode(t, resp); e.TLSServerName != "backend.example" {
+		t.Fatalf("tls_server_name %q, want backend.example", e.TLSServerName)
+	}
+	resp, err = http.Get("http://" + startEcho(t) + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := decode(t, resp); e.TLSServerName != "" {
+		t.Fatalf("plaintext answer names server name %q", e.TLSServerName)
+	}
+}
+
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), DNSNames: []string{"backend.example"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }

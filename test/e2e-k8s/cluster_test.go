@@ -142,6 +142,8 @@ type echoAnswer struct {
 	Pod       string              `json:"pod"`
 	Namespace string              `json:"namespace"`
 	Remote    string              `json:"remote"`
+	// TLSServerName: the SNI of a request that came over TLS.
+	TLSServerName string `json:"tls_server_name"`
 }
 
 // runKubectl runs kubectl against the cluster under test (bounded by ctx)

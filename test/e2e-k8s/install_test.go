@@ -183,6 +183,10 @@ func TestInstall(t *testing.T) {
 		})
 	})
 
+	t.Run("backend TLS to a server outside the mesh", func(t *testing.T) {
+		testBackendTLS(t, pods["frontend"], func(args ...string) { kc(t, time.Minute, args...) })
+	})
+
 	t.Run("outside the mesh: hairpinned, unauthenticated", func(t *testing.T) {
 		// To the Service and straight to a pod: the destination's node
 		// proxy sends both through the waypoint with no identity, which
