@@ -3,13 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"math/big"
 	"net"
 	"net/http"
 	"strings"
@@ -21,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 )
 
 func startEcho(t *testing.T) string {
@@ -190,15 +188,22 @@ func TestTLSServerName(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert := selfSigned(t)
+	ca, err := backendtlstest.NewCA("echo test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.Leaf([]string{"backend.example"}, nil, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- serve(ctx, []net.Listener{tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}})}, identity{Pod: "echo-1"}, time.Minute)
+		done <- serve(ctx, []net.Listener{tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{*cert}})}, identity{Pod: "echo-1"}, time.Minute)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	roots := x509.NewCertPool()
-	roots.AddCert(cert.Leaf)
+	roots.AppendCertsFromPEM(ca.PEM)
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "backend.example"}}}
 	resp, err := c.Get("https://" + ln.Addr().String() + "/")
 	if err != nil {
@@ -214,23 +219,4 @@ func TestTLSServerName(t *testing.T) {
 	if e := decode(t, resp); e.TLSServerName != "" {
 		t.Fatalf("plaintext answer names server name %q", e.TLSServerName)
 	}
-}
-
-func selfSigned(t *testing.T) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), DNSNames: []string{"backend.example"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }
