@@ -87,6 +87,7 @@ iptables -w -F "$GUARD_CHAIN" 2>/dev/null && iptables -w -X "$GUARD_CHAIN"
 for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
   grep -qx "$ns" "$BEFORE/netns" 2>/dev/null || ip netns delete "$ns"
 done
+if [ -f "$BEFORE/netns-mount" ]; then umount /run/netns 2>/dev/null || umount -l /run/netns; fi
 for l in "$POD_BRIDGE" "$NODE_BRIDGE"; do
   ip link show "$l" >/dev/null 2>&1 && ip link delete "$l"
 done

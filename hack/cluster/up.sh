@@ -45,7 +45,21 @@ record_host_state() {
   mv "$before.tmp" "$before"
 }
 
+# share_netns: the node agent's /run/netns volume is HostToContainer, which
+# the runtime accepts only from a shared or slave mount ("path /run/netns is
+# mounted on / but it is not a shared or slave mount" on a host whose / is
+# private and where nothing made /run/netns a mount of its own yet).
+share_netns() {
+  mkdir -p /run/netns
+  if ! awk '$5 == "/run/netns" {found=1} END {exit !found}' /proc/self/mountinfo; then
+    mount --bind /run/netns /run/netns
+    touch "$CLUSTER_DIR/before/netns-mount"
+  fi
+  mount --make-shared /run/netns
+}
+
 setup_network() {
+  share_netns
   if ! ip link show "$NODE_BRIDGE" >/dev/null 2>&1; then
     ip link add "$NODE_BRIDGE" type bridge
   fi
