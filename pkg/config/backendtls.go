@@ -78,9 +78,9 @@ func (t *translator) translateBackendTLSPolicies() {
 				ResolvedRefs: true, ResolvedRefsReason: gwv1.BackendTLSPolicyReasonResolvedRefs, ResolvedRefsMessage: "all references resolve"}
 			id := nsName{pi.policy.Namespace, string(ref.Name)}
 			s := t.services[id]
-			switch {
-			case tlsTargetProblem(i, ref) != "":
-				a.Accepted, a.AcceptedReason, a.AcceptedMessage = false, gwv1.PolicyReasonInvalid, tlsTargetProblem(i, ref)
+			switch msg := tlsTargetProblem(i, ref); {
+			case msg != "":
+				a.Accepted, a.AcceptedReason, a.AcceptedMessage = false, gwv1.PolicyReasonInvalid, msg
 			case s == nil || s.out == nil:
 				a.Accepted, a.AcceptedReason, a.AcceptedMessage = false, gwv1.PolicyReasonTargetNotFound,
 					fmt.Sprintf("spec.targetRefs[%d]: Service %s does not exist (or is an ExternalName Service, which is not part of the mesh)", i, id)

@@ -126,13 +126,13 @@ func (t *translator) translateConnectionPolicies() {
 	}
 }
 
-// CheckConnectionPolicy says why the translation refuses p (nothing: it
-// does not). The admission webhook refuses the same at apply time.
+// CheckConnectionPolicy returns why the translation refuses p, none when
+// it does not. The admission webhook refuses the same at apply time.
 func CheckConnectionPolicy(p *ConnectionPolicy) []string {
-	var out []string
 	if p.Unreadable != "" {
 		return []string{"unreadable: " + p.Unreadable}
 	}
+	var out []string
 	if p.Spec.Policy == "" {
 		out = append(out, "spec.policy is required")
 	}
