@@ -45,7 +45,7 @@ lint:
 # what is committed. Helm is built once from the module proxy (hack/chart/helm.sh).
 chart:
 	@helm=$$(hack/chart/helm.sh) && set -x && \
-	$$helm lint --strict charts/causeway && \
+	$$helm lint --strict charts/causeway --namespace causeway-system && \
 	$$helm template causeway charts/causeway --namespace causeway-system >/dev/null && \
 	$(GO) run ./hack/manifests -helm $$helm -check
 

@@ -2,8 +2,14 @@
 # Prints the path of Helm, built once from the Go module proxy at a pinned
 # version (helm.sh/helm/v4) and cached with the Kubernetes binaries
 # ($CAUSEWAY_CACHE, default ~/.cache/causeway), so every worktree and run
-# after the first reuses it. Build output goes to stderr.
+# after the first reuses it. Build output goes to stderr. $CAUSEWAY_HELM,
+# when set, names the binary to use instead.
 set -euo pipefail
+if [ -n "${CAUSEWAY_HELM:-}" ]; then
+  [ -x "$CAUSEWAY_HELM" ] || { echo "helm: CAUSEWAY_HELM=$CAUSEWAY_HELM is not executable" >&2; exit 1; }
+  echo "$CAUSEWAY_HELM"
+  exit 0
+fi
 HELM_VERSION=v4.3.2
 CACHE=${CAUSEWAY_CACHE:-$HOME/.cache/causeway}
 DIR=$CACHE/helm-$HELM_VERSION

@@ -274,3 +274,57 @@ func TestDriftCheck(t *testing.T) {
 		})
 	}
 }
+
+// hack/chart/release.sh packages the chart as the version and renders an
+// install.yaml with every image by digest, and refuses values that leave an
+// image unpinned.
+func TestReleaseRender(t *testing.T) {
+	t.Setenv("CAUSEWAY_HELM", helm(t))
+	values := "image: {registry: registry.example:5000/causeway}\nimages:\n"
+	digests := map[string]string{}
+	for i, name := range []string{"controlplane", "nodeproxy", "agent", "cni", "waypoint"} {
+		digests[name] = "sha256:" + strings.Repeat(string(rune('1'+i)), 64)
+		values += "  " + name + ": {digest: " + digests[name] + "}\n"
+	}
+	run := func(values string) (string, string, error) {
+		dir := t.TempDir()
+		vf := filepath.Join(dir, "values.yaml")
+		if err := os.WriteFile(vf, []byte(values), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, "dist")
+		cmd := exec.Command(filepath.Join(repoRoot, "hack", "chart", "release.sh"), "v1.2.3", vf, out)
+		b, err := cmd.CombinedOutput()
+		return out, string(b), err
+	}
+	out, msg, err := run(values)
+	if err != nil {
+		t.Fatalf("release.sh: %v\n%s", err, msg)
+	}
+	if _, err := os.Stat(filepath.Join(out, "causeway-1.2.3.tgz")); err != nil {
+		t.Error(err)
+	}
+	install, err := os.ReadFile(filepath.Join(out, "install.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, d := range digests {
+		img := map[string]string{"agent": "causeway-agent", "cni": "causeway-cni"}[name]
+		if img == "" {
+			img = name
+		}
+		if !strings.Contains(string(install), "registry.example:5000/causeway/"+img+"@"+d+"\n") {
+			t.Errorf("install.yaml does not name %s by digest %s", img, d)
+		}
+	}
+	for _, kind := range []string{"kind: Namespace\n", "name: gateways.gateway.networking.k8s.io\n", "name: connectionpolicies.causeway.dev\n"} {
+		if !strings.Contains(string(install), kind) {
+			t.Errorf("install.yaml has no %q", kind)
+		}
+	}
+	// One image left to its tag: refused, naming it.
+	_, msg, err = run(strings.Replace(values, "  waypoint: {digest: "+digests["waypoint"]+"}\n", "", 1))
+	if err == nil || !strings.Contains(msg, "images not pinned by digest") || !strings.Contains(msg, "--waypoint-image=registry.example:5000/causeway/waypoint:v1.2.3") {
+		t.Errorf("release.sh with the waypoint's digest missing: %v\n%s", err, msg)
+	}
+}
