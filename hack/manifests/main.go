@@ -70,7 +70,7 @@ func generate(helm, repo string) (map[string][]byte, error) {
 	}
 	slices.Sort(names)
 	files[filepath.Join(coreDir, "kustomization.yaml")] = kustomization(names)
-	local, err := render(helm, chart, "--values", filepath.Join(repo, localDir, "values.yaml"))
+	local, err := render(helm, chart, "--values", filepath.Join(repo, localDir, "values.yaml"), "--set", "namespace.create=true")
 	if err != nil {
 		return nil, err
 	}

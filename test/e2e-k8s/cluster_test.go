@@ -29,6 +29,7 @@ import (
 var (
 	kubeconfig string
 	kubectl    string
+	helmBin    string
 	client     kubernetes.Interface
 	skipReason string
 )
@@ -42,6 +43,10 @@ func TestMain(m *testing.M) {
 	kubectl = os.Getenv("CAUSEWAY_E2E_KUBECTL")
 	if kubectl == "" {
 		kubectl = "kubectl"
+	}
+	helmBin = os.Getenv("CAUSEWAY_E2E_HELM")
+	if helmBin == "" {
+		helmBin = "helm"
 	}
 	if err := connect(); err != nil {
 		// A cluster was named but does not answer: that is a failure, not a skip.
@@ -153,6 +158,17 @@ func runKubectl(ctx context.Context, args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// runHelm runs helm against the cluster under test (bounded by ctx) and
+// returns its combined output.
+func runHelm(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, helmBin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
 }
