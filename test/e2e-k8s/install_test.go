@@ -62,26 +62,6 @@ func TestInstall(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	kc := func(t *testing.T, bound time.Duration, args ...string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, bound)
-		defer cancel()
-		out, err := runKubectl(ctx, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	hc := func(t *testing.T, bound time.Duration, args ...string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, bound)
-		defer cancel()
-		out, err := runHelm(ctx, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
 	sample := filepath.Join(repoRoot, "examples", "kubernetes", "local-images")
 	// The chart with the test cluster's images, and one more connection
 	// policy set for the admission test: "e2e-broken", the ConfigMap
@@ -376,25 +356,14 @@ func TestInstall(t *testing.T) {
 func TestInstallYAML(t *testing.T) {
 	requireCluster(t)
 	ctx := context.Background()
-	kc := func(t *testing.T, bound time.Duration, args ...string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, bound)
-		defer cancel()
-		out, err := runKubectl(ctx, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	hctx, cancel := context.WithTimeout(ctx, time.Minute)
-	rendered, err := runHelm(hctx, "template", "causeway", chart, "--namespace", systemNS, "--include-crds",
-		"--values", localValues, "--set", "namespace.create=true")
-	cancel()
+	// stdout alone: the YAML, whatever helm says on stderr.
+	rendered, err := exec.Command(helmBin, "template", "causeway", chart, "--namespace", systemNS, "--include-crds",
+		"--values", localValues, "--set", "namespace.create=true").Output()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("helm template: %v", err)
 	}
 	file := filepath.Join(t.TempDir(), "install.yaml")
-	if err := os.WriteFile(file, []byte(rendered), 0o644); err != nil {
+	if err := os.WriteFile(file, rendered, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	deleted := false

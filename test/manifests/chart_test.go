@@ -3,7 +3,6 @@ package manifests
 import (
 	"bytes"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
 const repoRoot = "../.."
@@ -48,20 +46,7 @@ func helmTemplate(t *testing.T, args ...string) ([]*unstructured.Unstructured, s
 		}
 		return nil, stderr.String()
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
-	var objs []*unstructured.Unstructured
-	for {
-		u := &unstructured.Unstructured{}
-		if err := dec.Decode(&u.Object); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if len(u.Object) > 0 {
-			objs = append(objs, u)
-		}
-	}
-	return objs, ""
+	return decodeObjects(t, "helm template", out), ""
 }
 
 // Values the schema or the templates refuse fail `helm template` (and so
