@@ -61,6 +61,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"unknown key", []string{"--set", "controlPlane.replica=3"}, "at '/controlPlane': additional properties 'replica' not allowed"},
 		{"unknown top-level key", []string{"--set", "registry=r.example"}, "additional properties 'registry' not allowed"},
 		{"no replica", []string{"--set", "controlPlane.replicas=0"}, "at '/controlPlane/replicas': minimum: got 0, want 1"},
+		{"no waypoint replica", []string{"--set", "waypoint.replicas=0"}, "at '/waypoint/replicas': minimum: got 0, want 1"},
 		{"digest", []string{"--set", "images.nodeproxy.digest=sha256:abc"}, "at '/images/nodeproxy/digest'"},
 		{"log level", []string{"--set", "logLevel=verbose"}, "at '/logLevel': value must be one of 'debug', 'info', 'warn', 'error'"},
 		{"pull policy", []string{"--set", "image.pullPolicy=Sometimes"}, "at '/image/pullPolicy'"},
@@ -94,7 +95,7 @@ func TestChartValues(t *testing.T) {
 		"--set", "images.agent.registry=other.example", "--set", "image.pullPolicy=Always",
 		"--set", "logLevel=warn", "--set", "nodeProxy.agent.logLevel=debug",
 		"--set", "cni.binDir=/home/kubernetes/bin", "--set", "cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d",
-		"--set", "controlPlane.replicas=1", "--set-json", `controlPlane.nodeSelector={"pool":"system"}`,
+		"--set", "controlPlane.replicas=1", "--set", "waypoint.replicas=3", "--set-json", `controlPlane.nodeSelector={"pool":"system"}`,
 		"--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"shared","source":"git:https://git.example/p.git"}]`,
 		"--set", "imagePullSecrets[0]=pull")
 	if objs == nil {
@@ -145,6 +146,7 @@ func TestChartValues(t *testing.T) {
 	}
 	cpArgs := args(cp.Spec.Template.Spec, "controlplane")
 	for _, a := range []string{"--waypoint-image=registry.example:5000/mesh/waypoint@" + digest, "--log-level=warn",
+		"--waypoint-image-pull-policy=Always", "--waypoint-replicas=3",
 		"--connection-policy=default=dir:/etc/causeway/connection-policies/default", "--connection-policy=shared=git:https://git.example/p.git"} {
 		if !slices.Contains(cpArgs, a) {
 			t.Errorf("control plane args %q, want %s", cpArgs, a)
