@@ -49,9 +49,17 @@ const (
 var (
 	repoRoot = filepath.Join("..", "..")
 	chart    = filepath.Join(repoRoot, "charts", "causeway")
-	// The chart's values for the images `make images` imports.
-	localValues = filepath.Join(repoRoot, "manifests", "overlays", "local-images", "values.yaml")
+	// The chart's values naming the images: $CAUSEWAY_E2E_VALUES, or those
+	// `make images` imports.
+	installValues = valuesFile()
 )
+
+func valuesFile() string {
+	if f := os.Getenv("CAUSEWAY_E2E_VALUES"); f != "" {
+		return f
+	}
+	return filepath.Join(repoRoot, "manifests", "overlays", "local-images", "values.yaml")
+}
 
 func TestInstall(t *testing.T) {
 	requireCluster(t)
@@ -68,7 +76,7 @@ func TestInstall(t *testing.T) {
 	// connection-policy-e2e-broken (testdata/connection-policy-broken, Rego
 	// that does not compile), so that it never has a good revision.
 	install := []string{"install", "causeway", chart, "--namespace", systemNS, "--wait", "--timeout", "3m",
-		"--values", localValues, "--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"e2e-broken"}]`}
+		"--values", installValues, "--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"e2e-broken"}]`}
 
 	uninstalled := false
 	uninstall := func(t *testing.T) {
@@ -318,9 +326,16 @@ func TestInstall(t *testing.T) {
 		if image == "" {
 			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
 		}
-		repo, tag, ok := strings.Cut(image, ":")
-		if !ok || repo != "causeway.dev/nodeproxy" {
-			t.Fatalf("CAUSEWAY_E2E_UPGRADE_IMAGE %s is not causeway.dev/nodeproxy:<tag>", image)
+		// The node proxy's image by digest (repository@sha256:...), or by
+		// tag; its registry is the install's (the check below compares the
+		// whole reference).
+		set := ""
+		if _, digest, ok := strings.Cut(image, "@"); ok {
+			set = "images.nodeproxy.digest=" + digest
+		} else if _, tag, ok := strings.Cut(image[strings.LastIndex(image, "/")+1:], ":"); ok {
+			set = "images.nodeproxy.tag=" + tag
+		} else {
+			t.Fatalf("CAUSEWAY_E2E_UPGRADE_IMAGE %s names neither a tag nor a digest", image)
 		}
 		first := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
 		firstImage := containerImage(first, "nodeproxy")
@@ -335,7 +350,7 @@ func TestInstall(t *testing.T) {
 			return cur
 		}
 		upgraded := rollTo(t, first, image, "upgrade", "causeway", chart, "--namespace", systemNS, "--reuse-values",
-			"--set", "images.nodeproxy.tag="+tag, "--wait", "--timeout", "3m")
+			"--set", set, "--wait", "--timeout", "3m")
 		rollTo(t, upgraded, firstImage, "rollback", "causeway", "1", "--namespace", systemNS, "--wait", "--timeout", "3m")
 		if h := hc(t, time.Minute, "history", "causeway", "--namespace", systemNS, "--max", "10"); !strings.Contains(h, "Rollback to 1") {
 			t.Errorf("helm history does not show the rollback:\n%s", h)
@@ -358,7 +373,7 @@ func TestInstallYAML(t *testing.T) {
 	ctx := context.Background()
 	// stdout alone: the YAML, whatever helm says on stderr.
 	rendered, err := exec.Command(helmBin, "template", "causeway", chart, "--namespace", systemNS, "--include-crds",
-		"--values", localValues, "--set", "namespace.create=true").Output()
+		"--values", installValues, "--set", "namespace.create=true").Output()
 	if err != nil {
 		t.Fatalf("helm template: %v", err)
 	}
