@@ -21,7 +21,6 @@ image: {{ include "causeway.image" . }}
 imagePullPolicy: {{ .root.Values.image.pullPolicy }}
 {{- end -}}
 
-
 {{/*
 causeway.scheduling: a pod's affinity, nodeSelector and tolerations, those
 that are set, at .indent spaces. Called with (dict "pod" <values> "indent" N).
@@ -38,7 +37,7 @@ that are set, at .indent spaces. Called with (dict "pod" <values> "indent" N).
 {{- end -}}
 {{- end -}}
 
-{{/* causeway.pullSecrets: the pod's imagePullSecrets, when any, at .indent spaces. */}}
+{{/* causeway.pullSecrets: the pod's imagePullSecrets, when any, indented as a pod spec's field. */}}
 {{- define "causeway.pullSecrets" -}}
 {{- with .Values.imagePullSecrets -}}
 {{- $l := list -}}
