@@ -8,7 +8,7 @@ TEST_FLAGS ?= -count=1 -timeout 14m
 
 BINARIES := controlplane nodeproxy waypoint meshctl echo
 
-.PHONY: all build test lint proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s
+.PHONY: all build test lint chart manifests chart-release proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s
 
 all: build
 
@@ -24,8 +24,8 @@ FUZZTIME      ?= 3m
 
 # Unit and loopback tests, every fuzz target briefly, then the cluster tests
 # (skipped, saying so, without root).
-test: lint build
-	$(GO) test $(TEST_FLAGS) ./...
+test: lint build chart
+	CAUSEWAY_HELM=$$(hack/chart/helm.sh) $(GO) test $(TEST_FLAGS) ./...
 	GO=$(GO) FUZZTIME=$(TEST_FUZZTIME) ./hack/fuzz.sh
 	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) -only '^(controlplane-kill|policy-edit)$$' -row 8s
 	hack/cluster/e2e.sh
@@ -38,6 +38,25 @@ lint:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run ./hack/filedeps -check pkg/l7
+
+# The Helm chart (charts/causeway), the one source of the install: strict
+# lint, a render, and the check that what `make manifests` generates from it
+# (manifests/core, manifests/overlays/local-images, the Gateway API CRDs) is
+# what is committed. Helm is built once from the module proxy (hack/chart/helm.sh).
+chart:
+	@helm=$$(hack/chart/helm.sh) && set -x && \
+	$$helm lint --strict charts/causeway --namespace causeway-system && \
+	$$helm template causeway charts/causeway --namespace causeway-system >/dev/null && \
+	$(GO) run ./hack/manifests -helm $$helm -check
+
+manifests:
+	helm=$$(hack/chart/helm.sh) && $(GO) run ./hack/manifests -helm $$helm
+
+# The chart packaged and rendered for a release (hack/chart/release.sh):
+# VERSION=vX.Y.Z, RELEASE_VALUES=<values file with the registry and digests>.
+DIST ?= dist
+chart-release:
+	hack/chart/release.sh $(VERSION) $(RELEASE_VALUES) $(DIST)
 
 # Regenerates the committed protobuf code with pinned generators.
 proto:

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"flag"
 	"fmt"
+	"math"
 	"math/big"
 	"os"
 	"strings"
@@ -29,6 +30,8 @@ type kubeOptions struct {
 	identity                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
 	waypointImage                             string
+	waypointPullPolicy                        string
+	waypointReplicas                          int
 	waypointTemplate                          string
 	waypointXDSAddress                        string
 	waypointTokenAudience                     string
@@ -39,7 +42,7 @@ type kubeOptions struct {
 }
 
 var kubeFlagNames = []string{"leader-lease", "leader-lease-duration", "leader-renew-deadline", "leader-retry-period",
-	"waypoint-image", "waypoint-template", "waypoint-xds-address", "waypoint-token-audience",
+	"waypoint-image", "waypoint-image-pull-policy", "waypoint-replicas", "waypoint-template", "waypoint-xds-address", "waypoint-token-audience",
 	"webhook-listen", "webhook-dns-names", "webhook-configuration"}
 
 func (k *kubeOptions) register(fs *flag.FlagSet) {
@@ -49,6 +52,8 @@ func (k *kubeOptions) register(fs *flag.FlagSet) {
 	fs.DurationVar(&k.renewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "with --source kubernetes: how long the leader retries a renewal before it stops leading (shorter than the lease duration)")
 	fs.DurationVar(&k.retryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "with --source kubernetes: time between attempts to take or renew the Lease")
 	fs.StringVar(&k.waypointImage, "waypoint-image", "causeway/waypoint:latest", "with --source kubernetes: image of the waypoints the deployer runs")
+	fs.StringVar(&k.waypointPullPolicy, "waypoint-image-pull-policy", "IfNotPresent", "with --source kubernetes: pull policy of the waypoints' image (Always, IfNotPresent or Never)")
+	fs.IntVar(&k.waypointReplicas, "waypoint-replicas", 2, "with --source kubernetes: replicas of each waypoint Deployment")
 	fs.StringVar(&k.waypointTemplate, "waypoint-template", "", "with --source kubernetes: file of the waypoint template (Go text/template of YAML documents; re-read on change); empty: the built-in one")
 	fs.StringVar(&k.waypointXDSAddress, "waypoint-xds-address", "causeway-controlplane."+k.namespace+".svc:15012", "with --source kubernetes: the control plane's address as waypoints dial it")
 	fs.StringVar(&k.waypointTokenAudience, "waypoint-token-audience", "causeway-ca", "with --source kubernetes: audience of the projected token waypoints present")
@@ -87,6 +92,14 @@ func (k *kubeOptions) check(fs *flag.FlagSet, kubeSource bool) error {
 		host, _ := os.Hostname()
 		k.identity = envOr("POD_NAME", host) + "_" + randomSuffix()
 	}
+	switch k.waypointPullPolicy {
+	case "Always", "IfNotPresent", "Never":
+	default:
+		return fmt.Errorf("--waypoint-image-pull-policy %q: want Always, IfNotPresent or Never", k.waypointPullPolicy)
+	}
+	if k.waypointReplicas < 1 || k.waypointReplicas > math.MaxInt32 {
+		return fmt.Errorf("--waypoint-replicas %d: want at least 1", k.waypointReplicas)
+	}
 	if k.waypointTemplate != "" {
 		if _, err := deployer.LoadTemplate(k.waypointTemplate); err != nil {
 			return fmt.Errorf("--waypoint-template: %w", err)
@@ -122,7 +135,7 @@ func (k *kubeOptions) controllers(cfg *rest.Config, cp *controlPlane) (*kubecont
 		Config: cfg, Authority: cp.authority, Identity: cp.identity,
 		Translation: config.Options{TrustDomain: cp.opts.trustDomain, ClusterDomain: cp.opts.clusterDomain},
 		Election:    k.leaderOptions(nil, nil),
-		Waypoint: deployer.Values{Image: k.waypointImage, XDSAddress: k.waypointXDSAddress,
+		Waypoint: deployer.Values{Image: k.waypointImage, ImagePullPolicy: k.waypointPullPolicy, Replicas: int32(k.waypointReplicas), XDSAddress: k.waypointXDSAddress,
 			TokenAudience: k.waypointTokenAudience},
 		WaypointTemplate: k.waypointTemplate, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,
 		WebhookConfiguration: k.webhookConfiguration, PolicySet: cp.policySets.state, Logger: cp.log.Logger, Registerer: cp.registry,

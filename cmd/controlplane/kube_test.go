@@ -35,6 +35,14 @@ func TestKubeFlags(t *testing.T) {
 	if _, err := parseKubeFlags(t, true, "--leader-lease-duration", "5s", "--leader-renew-deadline", "5s"); err == nil {
 		t.Error("a lease no longer than the renew deadline was accepted")
 	}
+	if k.waypointPullPolicy != "IfNotPresent" || k.waypointReplicas != 2 {
+		t.Errorf("waypoint defaults: pull policy %q, %d replicas", k.waypointPullPolicy, k.waypointReplicas)
+	}
+	for _, bad := range [][]string{{"--waypoint-image-pull-policy", "Sometimes"}, {"--waypoint-replicas", "0"}} {
+		if _, err := parseKubeFlags(t, true, bad...); err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("%v: %v, want an error naming the flag", bad, err)
+		}
+	}
 	if _, err := parseKubeFlags(t, true, "--waypoint-template", "/nonexistent"); err == nil {
 		t.Error("a missing template was accepted")
 	}

@@ -243,12 +243,76 @@ func TestReadmeKubectlPathsExist(t *testing.T) {
 				continue
 			}
 			n++
-			if _, err := os.Stat(filepath.Join(repoRoot, path)); err != nil {
-				t.Errorf("README line names a path that does not exist: %v\n%s", err, line)
-			}
+			checkReadmePath(t, path, line)
 		}
 	}
 	if n < 4 {
 		t.Fatalf("found %d paths in the README's kubectl commands, want the install, the sample, its policies and the uninstall", n)
+	}
+}
+
+// checkReadmePath: a README command's path exists from the repository root,
+// or, under dist/, is a file the release script writes there.
+func checkReadmePath(t *testing.T, path, line string) {
+	t.Helper()
+	if rest, ok := strings.CutPrefix(path, "dist/"); ok {
+		script, err := os.ReadFile(filepath.Join(repoRoot, "hack", "chart", "release.sh"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(script), `$OUT/`+rest) {
+			t.Errorf("README line names %s, which hack/chart/release.sh does not write:\n%s", path, line)
+		}
+		return
+	}
+	if _, err := os.Stat(filepath.Join(repoRoot, path)); err != nil {
+		t.Errorf("README line names a path that does not exist: %v\n%s", err, line)
+	}
+}
+
+// The README's helm install and upgrade commands render: the same chart,
+// namespace and values given to `helm template` (with Helm from
+// hack/chart/helm.sh) pass the chart's schema and templates.
+func TestReadmeHelmCommandsRender(t *testing.T) {
+	helm := os.Getenv("CAUSEWAY_HELM")
+	if helm == "" {
+		home, _ := os.UserHomeDir()
+		helm = filepath.Join(home, ".cache", "causeway", "helm-v4.3.2", "helm")
+	}
+	if _, err := os.Stat(helm); err != nil {
+		t.Skipf("helm not found at %s (hack/chart/helm.sh builds it; make test sets CAUSEWAY_HELM): %v", helm, err)
+	}
+	n := 0
+	for _, line := range readmeCode(t, "sh") {
+		words, _ := splitComment(line)
+		if len(words) < 4 || words[0] != "helm" || (words[1] != "install" && words[1] != "upgrade") {
+			continue
+		}
+		n++
+		args := []string{"template", words[2]}
+		for i := 3; i < len(words); i++ {
+			switch w := words[i]; {
+			case w == "--create-namespace" || w == "--reuse-values":
+				// install and upgrade only; the render needs neither
+			case w == "--values" || w == "-f":
+				if i+1 < len(words) {
+					checkReadmePath(t, words[i+1], line)
+				}
+				args = append(args, w)
+			case strings.HasPrefix(w, "charts/"):
+				checkReadmePath(t, w, line)
+				args = append(args, filepath.Join(repoRoot, w))
+			case strings.HasPrefix(w, "manifests/"):
+				args = append(args, filepath.Join(repoRoot, w))
+			default:
+				args = append(args, w)
+			}
+		}
+		if out, err := exec.Command(helm, args...).CombinedOutput(); err != nil {
+			t.Errorf("README line does not render: helm %s: %v\n%s\n%s", strings.Join(args, " "), err, out, line)
+		}
+	}
+	if n < 3 {
+		t.Fatalf("found %d helm install or upgrade commands in the README, want the install, the test cluster's and the upgrade", n)
 	}
 }

@@ -25,6 +25,8 @@ fi
 UPGRADE_IMAGE=causeway.dev/nodeproxy:e2e-upgrade
 ctr_k8s images tag --force causeway.dev/nodeproxy:dev "$UPGRADE_IMAGE" >/dev/null
 cd "$HERE/../.."
-CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl \
+# The install is `helm install` of charts/causeway (Helm built once, cached).
+HELM=$(hack/chart/helm.sh)
+CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl CAUSEWAY_E2E_HELM=$HELM \
   CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \
-  go test -count=1 -timeout 15m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...
+  go test -count=1 -timeout 20m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ import (
 var (
 	kubeconfig string
 	kubectl    string
+	helmBin    string
 	client     kubernetes.Interface
 	skipReason string
 )
@@ -42,6 +44,10 @@ func TestMain(m *testing.M) {
 	kubectl = os.Getenv("CAUSEWAY_E2E_KUBECTL")
 	if kubectl == "" {
 		kubectl = "kubectl"
+	}
+	helmBin = os.Getenv("CAUSEWAY_E2E_HELM")
+	if helmBin == "" {
+		helmBin = "helm"
 	}
 	if err := connect(); err != nil {
 		// A cluster was named but does not answer: that is a failure, not a skip.
@@ -149,12 +155,44 @@ type echoAnswer struct {
 // runKubectl runs kubectl against the cluster under test (bounded by ctx)
 // and returns its combined output.
 func runKubectl(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, kubectl, append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	return runClient(ctx, kubectl, args...)
+}
+
+// runHelm runs helm against the cluster under test, as runKubectl.
+func runHelm(ctx context.Context, args ...string) (string, error) {
+	return runClient(ctx, helmBin, args...)
+}
+
+func runClient(ctx context.Context, bin string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("%s %s: %v\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// kc runs kubectl within bound and fails the test if it fails.
+func kc(t *testing.T, bound time.Duration, args ...string) string {
+	t.Helper()
+	return mustRun(t, bound, runKubectl, args...)
+}
+
+// hc runs helm within bound and fails the test if it fails.
+func hc(t *testing.T, bound time.Duration, args ...string) string {
+	t.Helper()
+	return mustRun(t, bound, runHelm, args...)
+}
+
+func mustRun(t *testing.T, bound time.Duration, run func(context.Context, ...string) (string, error), args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	out, err := run(ctx, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // fetchFrom GETs each URL from inside the pod with `echo fetch` and returns

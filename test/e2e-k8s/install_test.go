@@ -26,10 +26,12 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 )
 
-// The install as README "On Kubernetes" tells a user to run it, its sample
-// and the mesh's behaviour on the real cluster, in one install reused by
-// every step (the steps depend on each other; a failed step ends the test,
-// and the install is removed either way).
+// The install as README "Install" tells a user to run it (helm install of
+// charts/causeway, with the test cluster's images), its sample and the
+// mesh's behaviour on the real cluster, helm upgrade, rollback and
+// uninstall, in one install reused by every step (the steps depend on each
+// other; a failed step ends the test, and the install is removed either
+// way).
 const (
 	systemNS   = "causeway-system"
 	trustDom   = "cluster.local"
@@ -44,7 +46,20 @@ const (
 	cniSocket = "/var/run/causeway/cni.sock"
 )
 
-var repoRoot = filepath.Join("..", "..")
+var (
+	repoRoot = filepath.Join("..", "..")
+	chart    = filepath.Join(repoRoot, "charts", "causeway")
+	// The chart's values naming the images: $CAUSEWAY_E2E_VALUES, or those
+	// `make images` imports.
+	installValues = valuesFile()
+)
+
+func valuesFile() string {
+	if f := os.Getenv("CAUSEWAY_E2E_VALUES"); f != "" {
+		return f
+	}
+	return filepath.Join(repoRoot, "manifests", "overlays", "local-images", "values.yaml")
+}
 
 func TestInstall(t *testing.T) {
 	requireCluster(t)
@@ -55,58 +70,46 @@ func TestInstall(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	kc := func(t *testing.T, bound time.Duration, args ...string) string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(ctx, bound)
-		defer cancel()
-		out, err := runKubectl(ctx, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	manifests := filepath.Join(repoRoot, "manifests")
-	// The README's overlay with one more policy set, for the admission test
-	// (testdata/install).
-	overlay := filepath.Join("testdata", "install")
 	sample := filepath.Join(repoRoot, "examples", "kubernetes", "local-images")
+	// The chart with the test cluster's images, and one more connection
+	// policy set for the admission test: "e2e-broken", the ConfigMap
+	// connection-policy-e2e-broken (testdata/connection-policy-broken, Rego
+	// that does not compile), so that it never has a good revision.
+	install := []string{"install", "causeway", chart, "--namespace", systemNS, "--wait", "--timeout", "3m",
+		"--values", installValues, "--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"e2e-broken"}]`}
 
 	uninstalled := false
 	uninstall := func(t *testing.T) {
 		// The sample first (its pods are released while the agent runs),
 		// then the mesh; --wait: the objects are gone when it returns.
 		kc(t, 3*time.Minute, "delete", "-k", sample, "--ignore-not-found", "--wait=true")
-		kc(t, 3*time.Minute, "delete", "-k", overlay, "--ignore-not-found", "--wait=true")
+		hc(t, 3*time.Minute, "uninstall", "causeway", "--namespace", systemNS, "--wait", "--timeout", "3m")
 		uninstalled = true
 	}
 	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(ctx, 4*time.Minute)
+		defer cancel()
 		if !uninstalled {
-			ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-			defer cancel()
 			runKubectl(ctx, "delete", "-k", sample, "--ignore-not-found", "--wait=true")
-			runKubectl(ctx, "delete", "-k", overlay, "--ignore-not-found", "--wait=true")
+			runHelm(ctx, "uninstall", "causeway", "--namespace", systemNS, "--wait", "--timeout", "3m", "--ignore-not-found")
 		}
-	})
-
-	// The real API server's validation, admission and the CRDs' schemas
-	// accept every object (a dry run creates nothing, so the CRDs and the
-	// namespace are created for real first).
-	step("server-side dry run", func(t *testing.T) {
-		kc(t, time.Minute, "apply", "--server-side", "-k", filepath.Join(manifests, "crds"))
-		kc(t, time.Minute, "apply", "--server-side", "-f", filepath.Join(manifests, "core", "namespace.yaml"))
-		kc(t, time.Minute, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-		kc(t, time.Minute, "apply", "--server-side", "--dry-run=server", "-k", overlay)
+		// What helm uninstall leaves by design: the namespace it did not
+		// create, the ConnectionPolicy CRD it keeps.
+		runKubectl(ctx, "delete", "namespace", systemNS, "--ignore-not-found", "--wait=true")
+		runKubectl(ctx, "delete", "crd", "connectionpolicies.causeway.dev", "--ignore-not-found", "--wait=true")
 	})
 
 	step("install", func(t *testing.T) {
-		// The control plane's connection policy set "default" (README), in
-		// place before it starts: a ConfigMap created later reaches its
-		// pods when the kubelet next syncs them (within about a minute).
+		// The control plane's connection policy sets, in place before it
+		// starts: a ConfigMap created later reaches its pods when the
+		// kubelet next syncs them (within about a minute). So the namespace
+		// is made first (README: where Pod Security admission needs its label).
+		kc(t, time.Minute, "create", "namespace", systemNS)
 		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-default",
 			"--from-file="+filepath.Join("testdata", "connection-policy"))
 		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-e2e-broken",
 			"--from-file="+filepath.Join("testdata", "connection-policy-broken"))
-		kc(t, 2*time.Minute, "apply", "--server-side", "-k", overlay)
+		hc(t, 4*time.Minute, install...)
 		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
 		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
 		// The leader made the GatewayClass, and accepted it.
@@ -315,50 +318,124 @@ func TestInstall(t *testing.T) {
 		expectCaptured(t, pods["frontend"])
 	})
 
-	t.Run("upgrade", func(t *testing.T) {
+	// helm upgrade to another node proxy image, then helm rollback to the
+	// first release: each rolls the DaemonSet, and captured pods keep
+	// reaching their destinations through the mesh.
+	t.Run("upgrade and rollback", func(t *testing.T) {
 		image := os.Getenv("CAUSEWAY_E2E_UPGRADE_IMAGE")
 		if image == "" {
 			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
 		}
-		old := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
-		kc(t, time.Minute, "-n", systemNS, "set", "image", "daemonset/"+nodeProxy, "nodeproxy="+image)
-		kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
-		cur := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
-		if cur.UID == old.UID || containerImage(cur, "nodeproxy") != image {
-			t.Fatalf("after set image: pod %s with %s, want a new pod with %s", cur.Name, containerImage(cur, "nodeproxy"), image)
+		// The node proxy's image by digest (repository@sha256:...), or by
+		// tag; its registry is the install's (the check below compares the
+		// whole reference).
+		set := ""
+		if _, digest, ok := strings.Cut(image, "@"); ok {
+			set = "images.nodeproxy.digest=" + digest
+		} else if _, tag, ok := strings.Cut(image[strings.LastIndex(image, "/")+1:], ":"); ok {
+			set = "images.nodeproxy.tag=" + tag
+		} else {
+			t.Fatalf("CAUSEWAY_E2E_UPGRADE_IMAGE %s names neither a tag nor a digest", image)
 		}
-		expectCaptured(t, pods["frontend"])
+		first := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		firstImage := containerImage(first, "nodeproxy")
+		rollTo := func(t *testing.T, old corev1.Pod, image string, helmArgs ...string) corev1.Pod {
+			hc(t, 4*time.Minute, helmArgs...)
+			kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
+			cur := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+			if cur.UID == old.UID || containerImage(cur, "nodeproxy") != image {
+				t.Fatalf("after helm %s: pod %s with %s, want a new pod with %s", helmArgs[0], cur.Name, containerImage(cur, "nodeproxy"), image)
+			}
+			expectCaptured(t, pods["frontend"])
+			return cur
+		}
+		upgraded := rollTo(t, first, image, "upgrade", "causeway", chart, "--namespace", systemNS, "--reuse-values",
+			"--set", set, "--wait", "--timeout", "3m")
+		rollTo(t, upgraded, firstImage, "rollback", "causeway", "1", "--namespace", systemNS, "--wait", "--timeout", "3m")
+		if h := hc(t, time.Minute, "history", "causeway", "--namespace", systemNS, "--max", "10"); !strings.Contains(h, "Rollback to 1") {
+			t.Errorf("helm history does not show the rollback:\n%s", h)
+		}
 	})
 
-	// kubectl delete -k leaves the node without the plugin's configuration
+	// helm uninstall leaves the node without the plugin's configuration
 	// and binary (the container runtime would otherwise keep calling it).
 	step("uninstall", func(t *testing.T) {
 		uninstall(t)
-		eventually(t, 2*time.Minute, "the node proxy pods gone", func() error {
-			list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy})
-			if err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-			if list != nil && len(list.Items) > 0 {
-				return fmt.Errorf("%d left", len(list.Items))
-			}
-			return nil
-		})
-		for _, dir := range []string{cniConfDir, cniBinDir} {
-			entries, err := os.ReadDir(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range entries {
-				if strings.Contains(e.Name(), "causeway") && e.Name() != "10-causeway-bridge.conflist" { // the cluster's own primary
-					t.Errorf("uninstall left %s", filepath.Join(dir, e.Name()))
-				}
-			}
-		}
-		if _, err := os.Stat(cniSocket); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("uninstall left the agent's socket %s (%v)", cniSocket, err)
+		expectNodeClean(t)
+	})
+}
+
+// The rendered install (what a release's install.yaml is, with the test
+// cluster's images) applied with kubectl: the mesh comes up, and kubectl
+// delete removes it and its CNI files from the node.
+func TestInstallYAML(t *testing.T) {
+	requireCluster(t)
+	ctx := context.Background()
+	// stdout alone: the YAML, whatever helm says on stderr.
+	rendered, err := exec.Command(helmBin, "template", "causeway", chart, "--namespace", systemNS, "--include-crds",
+		"--values", installValues, "--set", "namespace.create=true").Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "install.yaml")
+	if err := os.WriteFile(file, rendered, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+			defer cancel()
+			runKubectl(ctx, "delete", "-f", file, "--ignore-not-found", "--wait=true")
 		}
 	})
+	kc(t, 3*time.Minute, "apply", "--server-side", "-f", file)
+	kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "deployment/causeway-controlplane", "--timeout=180s")
+	kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
+	kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
+	kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
+	eventually(t, time.Minute, "the node proxy's installer's files on the node", func() error {
+		for _, f := range []string{filepath.Join(cniConfDir, "05-causeway.conflist"), filepath.Join(cniBinDir, "causeway-cni")} {
+			if _, err := os.Stat(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	kc(t, 4*time.Minute, "delete", "-f", file, "--wait=true")
+	deleted = true
+	expectNodeClean(t)
+}
+
+// expectNodeClean: the node proxy pods are gone and left no CNI
+// configuration, plugin binary or agent socket on the node.
+func expectNodeClean(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	eventually(t, 2*time.Minute, "the node proxy pods gone", func() error {
+		list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+		if list != nil && len(list.Items) > 0 {
+			return fmt.Errorf("%d left", len(list.Items))
+		}
+		return nil
+	})
+	for _, dir := range []string{cniConfDir, cniBinDir} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			if strings.Contains(e.Name(), "causeway") && e.Name() != "10-causeway-bridge.conflist" { // the cluster's own primary
+				t.Errorf("uninstall left %s", filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	if _, err := os.Stat(cniSocket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("uninstall left the agent's socket %s (%v)", cniSocket, err)
+	}
 }
 
 func randomHex() string {

@@ -55,14 +55,20 @@ func renderPath(t *testing.T, dir string) []*unstructured.Unstructured {
 		}
 		t.Fatal(err)
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	return decodeObjects(t, dir, out)
+}
+
+// decodeObjects decodes a stream of YAML documents (what came from where).
+func decodeObjects(t *testing.T, from string, data []byte) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	var objs []*unstructured.Unstructured
 	for {
 		u := &unstructured.Unstructured{}
 		if err := dec.Decode(&u.Object); err == io.EOF {
 			break
 		} else if err != nil {
-			t.Fatalf("%s: %v", dir, err)
+			t.Fatalf("%s: %v", from, err)
 		}
 		if len(u.Object) > 0 {
 			objs = append(objs, u)
