@@ -73,7 +73,9 @@ func startDeployer(t *testing.T, ns string) *fixture {
 	if err := os.WriteFile(f.tmpl, []byte(defaultTemplate), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{Client: f.cs, Metadata: f.md, Gateways: f.gw, TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
+	// As the control plane's ServiceAccount: an object it cannot write fails the test.
+	cfg := env.ControlPlane(t)
+	d, err := New(Options{Client: kubernetes.NewForConfigOrDie(cfg), Metadata: metadata.NewForConfigOrDie(cfg), Gateways: gwclient.NewForConfigOrDie(cfg), TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
 		Values: f.values.get, Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -318,3 +320,4 @@ func startGarbageCollector(t *testing.T, env *kubetest.Env) {
 		}
 	})
 }
+

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -54,7 +55,9 @@ func fixtureOn(t *testing.T, env *kubetest.Env) *fixture {
 // startWriter runs a status writer until the test ends; set changes its
 // options.
 func (f *fixture) startWriter(set ...func(*Options)) *Writer {
-	o := Options{Client: f.cs, Gateways: f.gw, Dynamic: f.env.Dynamic(f.t), Logger: zaptest.NewLogger(f.t)}
+	// As the control plane's ServiceAccount: a status it cannot write fails the test.
+	cfg := f.env.ControlPlane(f.t)
+	o := Options{Client: kubernetes.NewForConfigOrDie(cfg), Gateways: gwclient.NewForConfigOrDie(cfg), Dynamic: dynamic.NewForConfigOrDie(cfg), Logger: zaptest.NewLogger(f.t)}
 	for _, s := range set {
 		s(&o)
 	}
