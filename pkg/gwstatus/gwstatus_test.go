@@ -250,6 +250,41 @@ spec:
 `, ns))
 }
 
+// A route attached to a Service no waypoint serves is accepted (it is
+// valid and attached), but its entry says that nothing applies it, until
+// the Service names a waypoint.
+func TestRouteParentWithoutWaypoint(t *testing.T) {
+	f := newFixture(t)
+	f.startWriter()
+	f.sample("st-nw")
+	f.waitFor("r1 attached to reviews, no waypoint serving it", func() (bool, error) {
+		p := ourParent(f.route("st-nw", "r1"))
+		if p == nil {
+			return false, nil
+		}
+		a, b := cond(p.Conditions, "Accepted"), cond(p.Conditions, ConditionWaypointBound)
+		return is(a, metav1.ConditionTrue, "Accepted") && a.Message == "attached to Service st-nw/reviews" &&
+			is(b, metav1.ConditionFalse, "NoWaypoint") && strings.Contains(b.Message, "no waypoint serves Service st-nw/reviews, so nothing applies this route"), nil
+	})
+	svc, err := f.cs.CoreV1().Services("st-nw").Get(f.ctx, "reviews", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Labels = map[string]string{config.LabelUseWaypoint: "wp"}
+	if _, err := f.cs.CoreV1().Services("st-nw").Update(f.ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("r1 applied by the waypoint once reviews names it", func() (bool, error) {
+		p := ourParent(f.route("st-nw", "r1"))
+		if p == nil {
+			return false, nil
+		}
+		b := cond(p.Conditions, ConditionWaypointBound)
+		return is(cond(p.Conditions, "Accepted"), metav1.ConditionTrue, "Accepted") &&
+			is(b, metav1.ConditionTrue, "Bound") && b.Message == "applied by waypoint st-nw/wp for Service st-nw/reviews", nil
+	})
+}
+
 func TestGatewayStatus(t *testing.T) {
 	f := newFixture(t)
 	f.startWriter()
