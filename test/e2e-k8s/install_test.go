@@ -99,6 +99,8 @@ func TestInstall(t *testing.T) {
 	})
 
 	step("install", func(t *testing.T) {
+		began := time.Now()
+		defer expectQuietLogs(t, "install", began)
 		// The control plane's connection policy set "default" (README), in
 		// place before it starts: a ConfigMap created later reaches its
 		// pods when the kubelet next syncs them (within about a minute).
@@ -121,6 +123,8 @@ func TestInstall(t *testing.T) {
 
 	var pods map[string]corev1.Pod // the sample's, by app label
 	step("sample", func(t *testing.T) {
+		began := time.Now()
+		defer expectQuietLogs(t, "sample", began)
 		kc(t, 2*time.Minute, "apply", "-k", sample)
 		// README: the policy is the shop's Rego of examples/local.
 		kc(t, time.Minute, "-n", "shop", "create", "configmap", "waypoint-policies",
@@ -177,6 +181,7 @@ func TestInstall(t *testing.T) {
 		if !strings.HasPrefix(a.Pod, "reviews-") || a.Headers[principalH] == nil || a.Headers[principalH][0] != "spiffe://cluster.local/ns/web/sa/frontend" {
 			t.Fatalf("answer from %s with %s %v, want a reviews pod told the frontend's identity", a.Pod, principalH, a.Headers[principalH])
 		}
+		expectSampleStatus(t)
 		// The waypoint's access log names the caller's identity.
 		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 			return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
@@ -320,6 +325,8 @@ func TestInstall(t *testing.T) {
 		if image == "" {
 			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
 		}
+		began := time.Now()
+		defer expectQuietLogs(t, "upgrade", began)
 		old := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
 		kc(t, time.Minute, "-n", systemNS, "set", "image", "daemonset/"+nodeProxy, "nodeproxy="+image)
 		kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
@@ -333,6 +340,7 @@ func TestInstall(t *testing.T) {
 	// kubectl delete -k leaves the node without the plugin's configuration
 	// and binary (the container runtime would otherwise keep calling it).
 	step("uninstall", func(t *testing.T) {
+		quiet := followMeshLogs(t, ctx, systemNS)
 		uninstall(t)
 		eventually(t, 2*time.Minute, "the node proxy pods gone", func() error {
 			list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy})
@@ -358,6 +366,7 @@ func TestInstall(t *testing.T) {
 		if _, err := os.Stat(cniSocket); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("uninstall left the agent's socket %s (%v)", cniSocket, err)
 		}
+		quiet("uninstall")
 	})
 }
 
