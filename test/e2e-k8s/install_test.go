@@ -41,7 +41,7 @@ const (
 	cniConfDir = "/etc/cni/net.d"
 	cniBinDir  = "/opt/cni/bin"
 	// The agent's socket for the plugin (manifests/core/nodeproxy.yaml).
-	cniSocket = "/var/run/causeway/cni.sock"
+	cniSocket = "/etc/cni/net.d/causeway/cni.sock"
 )
 
 var repoRoot = filepath.Join("..", "..")
