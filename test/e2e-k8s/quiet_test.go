@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
@@ -229,47 +231,51 @@ func followMeshLogs(t *testing.T, ctx context.Context, ns string) (check func(wh
 // their backends resolved and applied by it.
 func expectSampleStatus(t *testing.T) {
 	t.Helper()
+	eventually(t, 30*time.Second, "the sample's status conditions", sampleStatus)
+}
+
+func sampleStatus() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	var wrong []string
 	check := func(what string, conds []metav1.Condition, typ string, status metav1.ConditionStatus, reason string) {
-		t.Helper()
 		c := meta.FindStatusCondition(conds, typ)
 		if c == nil || c.Status != status || c.Reason != reason {
-			t.Errorf("%s: condition %s is %+v, want %s (%s)", what, typ, c, status, reason)
+			wrong = append(wrong, fmt.Sprintf("%s: condition %s is %+v, want %s (%s)", what, typ, c, status, reason))
 		}
 	}
-	get := func(obj any, args ...string) {
-		t.Helper()
+	get := func(obj any, args ...string) error {
 		out, err := runKubectl(ctx, append([]string{"get", "-o", "json"}, args...)...)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if err := json.Unmarshal([]byte(out), obj); err != nil {
-			t.Fatalf("kubectl get %v: %v", args, err)
+		return json.Unmarshal([]byte(out), obj)
+	}
+	var (
+		class gwv1.GatewayClass
+		gw    gwv1.Gateway
+		hr    gwv1.HTTPRoute
+		gr    gwv1.GRPCRoute
+	)
+	for _, err := range []error{
+		get(&class, "gatewayclass", "causeway-waypoint"), get(&gw, "-n", "shop", "gateway", "waypoint"),
+		get(&hr, "-n", "shop", "httproute", "reviews"), get(&gr, "-n", "shop", "grpcroute", "ratings"),
+	} {
+		if err != nil {
+			return err
 		}
 	}
-	var class gwv1.GatewayClass
-	get(&class, "gatewayclass", "causeway-waypoint")
 	check("GatewayClass causeway-waypoint", class.Status.Conditions, "Accepted", metav1.ConditionTrue, "Accepted")
-	var gw gwv1.Gateway
-	get(&gw, "-n", "shop", "gateway", "waypoint")
 	check("Gateway shop/waypoint", gw.Status.Conditions, "Accepted", metav1.ConditionTrue, "Accepted")
 	check("Gateway shop/waypoint", gw.Status.Conditions, "Programmed", metav1.ConditionTrue, "Programmed")
 	for _, name := range []string{"reviews", "ratings"} {
 		svc, err := client.CoreV1().Services("shop").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		check("Service shop/"+name, svc.Status.Conditions, gwstatus.ConditionWaypointBound, metav1.ConditionTrue, "Bound")
 	}
-	routes := map[string]gwv1.RouteStatus{}
-	var hr gwv1.HTTPRoute
-	get(&hr, "-n", "shop", "httproute", "reviews")
-	routes["HTTPRoute shop/reviews"] = hr.Status.RouteStatus
-	var gr gwv1.GRPCRoute
-	get(&gr, "-n", "shop", "grpcroute", "ratings")
-	routes["GRPCRoute shop/ratings"] = gr.Status.RouteStatus
-	for name, st := range routes {
+	for name, st := range map[string]gwv1.RouteStatus{"HTTPRoute shop/reviews": hr.Status.RouteStatus, "GRPCRoute shop/ratings": gr.Status.RouteStatus} {
 		var ours []gwv1.RouteParentStatus
 		for _, p := range st.Parents {
 			if p.ControllerName == gwstatus.ControllerName {
@@ -277,13 +283,17 @@ func expectSampleStatus(t *testing.T) {
 			}
 		}
 		if len(ours) != 1 {
-			t.Errorf("%s: %d parent entries of the mesh, want 1: %+v", name, len(ours), st.Parents)
+			wrong = append(wrong, fmt.Sprintf("%s: %d parent entries of the mesh, want 1: %+v", name, len(ours), st.Parents))
 			continue
 		}
 		check(name, ours[0].Conditions, "Accepted", metav1.ConditionTrue, "Accepted")
 		check(name, ours[0].Conditions, "ResolvedRefs", metav1.ConditionTrue, "ResolvedRefs")
 		check(name, ours[0].Conditions, gwstatus.ConditionWaypointBound, metav1.ConditionTrue, "Bound")
 	}
+	if len(wrong) > 0 {
+		return errors.New(strings.Join(wrong, "\n"))
+	}
+	return nil
 }
 
 func TestNoisyLine(t *testing.T) {
