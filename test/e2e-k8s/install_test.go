@@ -335,6 +335,7 @@ func TestInstall(t *testing.T) {
 			t.Fatalf("after set image: pod %s with %s, want a new pod with %s", cur.Name, containerImage(cur, "nodeproxy"), image)
 		}
 		expectCaptured(t, pods["frontend"])
+		expectMigrateReq(t, pods["frontend"])
 	})
 
 	// kubectl delete -k leaves the node without the plugin's configuration
