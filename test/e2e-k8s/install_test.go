@@ -74,8 +74,11 @@ func TestInstall(t *testing.T) {
 	uninstalled := false
 	uninstall := func(t *testing.T) {
 		// The sample first (its pods are released while the agent runs),
-		// then the mesh; --wait: the objects are gone when it returns.
+		// then the mesh's components (README: they stop while their CRDs
+		// and RBAC still exist, so nothing they do meanwhile is refused),
+		// then the rest; --wait: the objects are gone when it returns.
 		kc(t, 3*time.Minute, "delete", "-k", sample, "--ignore-not-found", "--wait=true")
+		kc(t, 3*time.Minute, "delete", "namespace", systemNS, "--ignore-not-found", "--wait=true")
 		kc(t, 3*time.Minute, "delete", "-k", overlay, "--ignore-not-found", "--wait=true")
 		uninstalled = true
 	}
