@@ -29,6 +29,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -203,8 +204,8 @@ func run(c config) error {
 				log.Error("release pods", zap.Error(err))
 			}
 			// No agent follows: the socket's path goes too (listenCNI
-			// leaves it, for a successor).
-			if err := os.Remove(c.cniSocket); err != nil && !errors.Is(err, os.ErrNotExist) {
+			// leaves it, for a successor), and the directory made for it.
+			if err := removeCNISocket(c.cniSocket); err != nil {
 				log.Error("remove the CNI socket", zap.Error(err))
 			}
 		} else {
@@ -217,6 +218,21 @@ func run(c config) error {
 	}
 	log.Info("node agent stopped")
 	return runErr
+}
+
+// removeCNISocket removes the plugin's socket and then its directory,
+// which run made: unless it holds something else, or is a mount
+// point (an older DaemonSet mounted a host directory there), which are not
+// the agent's to remove.
+func removeCNISocket(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	err := os.Remove(filepath.Dir(path))
+	if err == nil || errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.EBUSY) {
+		return nil
+	}
+	return err
 }
 
 // listenCNI listens on the plugin's socket, replacing a previous agent's.

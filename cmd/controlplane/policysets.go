@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -83,6 +84,9 @@ func newPolicySets(flags []policySetFlag, log *zap.Logger, changed func()) (*pol
 			return nil, fmt.Errorf("--connection-policy %s given twice", f.name)
 		}
 		o := f.opts
+		// An optional ConfigMap that does not exist is an empty directory:
+		// the documented default, not an error.
+		o.EmptyDirIsAbsent = true
 		o.Logger = ps.log.With(zap.String("policy_set", f.name))
 		o.OnActivate = func(string) { changed() }
 		e, err := policy.NewEngine(o)
@@ -179,7 +183,7 @@ func (ps *policySets) loadAll(ctx context.Context, timeout time.Duration) {
 			continue // a bundle arrives when its service answers
 		}
 		wg.Go(func() {
-			if err := e.Load(ctx); err != nil {
+			if err := e.Load(ctx); err != nil && !errors.Is(err, policy.ErrEmptySource) {
 				ps.log.Warn("connection policy set not active yet; the policies naming it deny", zap.String("policy_set", name), zap.Error(err))
 			}
 		})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -94,5 +95,47 @@ func TestPolicySetStateWithoutRevision(t *testing.T) {
 	ps.loadAll(context.Background(), 10*time.Second)
 	if rev, problem := ps.state("bad"); rev != "" || !strings.Contains(problem, `policy set "bad" has no good revision`) || !strings.Contains(problem, "authz.rego") {
 		t.Fatalf("state: %q %q, want no revision and the compile error", rev, problem)
+	}
+}
+
+// The shipped default: the set's ConfigMap does not exist, so its optional
+// volume is an empty directory. That is said once at Info, not logged as an
+// error, while the state still says the set has no revision; a directory
+// with a bad file stays an error.
+func TestPolicySetEmptyDirectoryIsQuiet(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	empty, bad := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, "authz.rego"), []byte("package envoy.authz\n\nallow if {\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := newPolicySets([]policySetFlag{{name: "default", opts: optsDir(empty)}, {name: "bad", opts: optsDir(bad)}}, zap.New(core), func() {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ps.loadAll(ctx, 10*time.Second)
+	done := make(chan struct{})
+	go func() { ps.run(ctx); close(done) }()
+	time.Sleep(500 * time.Millisecond) // the engines' first reads and a rescan
+	cancel()
+	<-done
+	if rev, problem := ps.state("default"); rev != "" || !strings.Contains(problem, "the policy directory is empty") {
+		t.Errorf("state of the empty set: %q %q", rev, problem)
+	}
+	var infos int
+	for _, e := range logs.All() {
+		set := e.ContextMap()["policy_set"]
+		switch {
+		case set == "default" && e.Level >= zap.WarnLevel:
+			t.Errorf("the empty set logged %s: %s %v", e.Level, e.Message, e.ContextMap())
+		case set == "default" && e.Level == zap.InfoLevel && strings.Contains(e.Message, "directory is empty"):
+			infos++
+		}
+	}
+	if infos != 1 {
+		t.Errorf("the empty set was announced %d times at Info, want once", infos)
+	}
+	if logs.FilterField(zap.String("policy_set", "bad")).FilterLevelExact(zap.ErrorLevel).Len() == 0 {
+		t.Error("the set with a bad file logged no error")
 	}
 }

@@ -46,6 +46,9 @@ type RouteReport struct {
 type ParentReport struct {
 	Index   int    // in spec.parentRefs
 	Problem string // why it does not resolve; empty when it does
+	// Service is the "ns/name" the parentRef resolved to (Problem empty);
+	// Reports.Services says which waypoint, if any, serves it.
+	Service string
 }
 
 // RefIssue is a backend reference that does not resolve, with the Gateway
@@ -122,9 +125,9 @@ func (r *Reports) route(object string) *RouteReport {
 	return rep
 }
 
-func (r *RouteReport) addParent(i int, problem string) {
+func (r *RouteReport) addParent(i int, problem, service string) {
 	if r != nil {
-		r.Parents = append(r.Parents, ParentReport{Index: i, Problem: problem})
+		r.Parents = append(r.Parents, ParentReport{Index: i, Problem: problem, Service: service})
 	}
 }
 
@@ -133,7 +136,7 @@ func (r *RouteReport) addParent(i int, problem string) {
 // route's.
 func (t *translator) parentProblem(c routeCtx, i int, format string, args ...any) {
 	t.ps.add(c.origin, c.obj, "parentRefs[%d]: %s", i, fmt.Sprintf(format, args...))
-	t.reports.route(c.obj).addParent(i, fmt.Sprintf(format, args...))
+	t.reports.route(c.obj).addParent(i, fmt.Sprintf(format, args...), "")
 }
 
 // unsupported reports a filter the mesh cannot carry out and returns reason.

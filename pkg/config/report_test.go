@@ -47,11 +47,11 @@ spec:
 		t.Fatalf("a missing parent and a bad regex refuse those objects, not the configuration: %v", r.Err)
 	}
 	good := r.Routes["HTTPRoute shop/good"]
-	if want := (&RouteReport{Parents: []ParentReport{{Index: 0}}}); !reflect.DeepEqual(good, want) {
+	if want := (&RouteReport{Parents: []ParentReport{{Index: 0, Service: "shop/reviews"}}}); !reflect.DeepEqual(good, want) {
 		t.Errorf("good route: got %+v, want %+v", good, want)
 	}
 	refs := r.Routes["HTTPRoute shop/refs"]
-	if want := []ParentReport{{Index: 1, Problem: "dangling reference: parentRef Service shop/missing does not exist"}, {Index: 2}}; !reflect.DeepEqual(refs.Parents, want) {
+	if want := []ParentReport{{Index: 1, Problem: "dangling reference: parentRef Service shop/missing does not exist"}, {Index: 2, Service: "shop/reviews"}}; !reflect.DeepEqual(refs.Parents, want) {
 		t.Errorf("parents: got %+v, want %+v", refs.Parents, want)
 	}
 	if len(refs.Problems) != 0 {

@@ -147,7 +147,7 @@ func (t *translator) parents(c routeCtx, refs []gwv1.ParentReference) []*meshv1.
 				continue
 			}
 		}
-		t.reports.route(c.obj).addParent(i, "")
+		t.reports.route(c.obj).addParent(i, "", ns+"/"+string(ref.Name))
 		out = append(out, p)
 	}
 	return out

@@ -43,6 +43,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -90,8 +91,9 @@ type Deployer struct {
 	tmplText   []byte // of TemplateFile, to notice changes
 	lastValues Values
 
-	gateways gwlisters.GatewayLister
-	children map[string]cache.GenericLister // by kind, only objects with the gateway-name label
+	gateways   gwlisters.GatewayLister
+	namespaces corelisters.NamespaceLister
+	children   map[string]cache.GenericLister // by kind, only objects with the gateway-name label
 }
 
 // New checks the options and loads the template.
@@ -179,24 +181,25 @@ func (d *Deployer) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	// Namespaces: one being deleted gets nothing new.
+	nsf := informers.NewSharedInformerFactory(d.opts.Client, 0)
+	nsInf := nsf.Core().V1().Namespaces()
+	d.namespaces = nsInf.Lister()
+	nsInf.Informer()
 	gwf.Start(ctx.Done())
 	kf.Start(ctx.Done())
+	nsf.Start(ctx.Done())
 	defer gwf.Shutdown()
 	defer kf.Shutdown()
-	for typ, ok := range gwf.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			if ctx.Err() != nil {
-				return nil // stopped while starting
+	defer nsf.Shutdown()
+	for _, synced := range []map[reflect.Type]bool{gwf.WaitForCacheSync(ctx.Done()), kf.WaitForCacheSync(ctx.Done()), nsf.WaitForCacheSync(ctx.Done())} {
+		for typ, ok := range synced {
+			if !ok {
+				if ctx.Err() != nil {
+					return nil // stopped while starting
+				}
+				return fmt.Errorf("deployer: cache of %v did not sync", typ)
 			}
-			return fmt.Errorf("deployer: cache of %v did not sync", typ)
-		}
-	}
-	for typ, ok := range kf.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			if ctx.Err() != nil {
-				return nil // stopped while starting
-			}
-			return fmt.Errorf("deployer: cache of %v did not sync", typ)
 		}
 	}
 	d.lastValues = d.opts.Values()
@@ -328,8 +331,9 @@ func (d *Deployer) processNext(ctx context.Context) bool {
 }
 
 // Reconcile brings one Gateway's children in line with the template. A
-// Gateway that is gone needs nothing: garbage collection removes what it
-// owned. A Gateway that is no (longer a) waypoint loses the children it owns.
+// Gateway that is gone, or going with its namespace, needs nothing: garbage
+// collection (or the namespace's deletion) removes what it owned. A Gateway
+// that is no (longer a) waypoint loses the children it owns.
 func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) error {
 	gw, err := d.gateways.Gateways(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
@@ -338,7 +342,7 @@ func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) erro
 	if err != nil {
 		return err
 	}
-	if gw.DeletionTimestamp != nil {
+	if gw.DeletionTimestamp != nil || d.namespaceTerminating(gw.Namespace) {
 		return nil
 	}
 	var children []Child
@@ -360,11 +364,23 @@ func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) erro
 			return err
 		}
 		if err := d.apply(ctx, c); err != nil {
+			if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+				// Deleted since the namespace lister last heard: nothing to retry.
+				d.log.Debug("namespace terminating; waypoint left to its deletion", zap.Stringer("gateway", key))
+				return nil
+			}
 			d.recorder.Eventf(gw, corev1.EventTypeWarning, "ApplyFailed", "%s %s/%s: %v", c.Kind, c.Namespace, c.Name, err)
 			return fmt.Errorf("%s %s/%s: %w", c.Kind, c.Namespace, c.Name, err)
 		}
 	}
 	return d.prune(ctx, gw, rendered)
+}
+
+// namespaceTerminating says whether ns is being deleted. One the lister
+// has not seen yet is not: the apply's answer settles it.
+func (d *Deployer) namespaceTerminating(ns string) bool {
+	n, err := d.namespaces.Get(ns)
+	return err == nil && n.DeletionTimestamp != nil
 }
 
 // canManage refuses a child that exists without the Gateway's owner

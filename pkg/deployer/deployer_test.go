@@ -2,16 +2,22 @@ package deployer
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,6 +59,7 @@ type fixture struct {
 	ns     string
 	values *mutableValues
 	tmpl   string // template file
+	logs   *observer.ObservedLogs
 }
 
 func startDeployer(t *testing.T, ns string) *fixture {
@@ -73,8 +80,13 @@ func startDeployer(t *testing.T, ns string) *fixture {
 	if err := os.WriteFile(f.tmpl, []byte(defaultTemplate), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{Client: f.cs, Metadata: f.md, Gateways: f.gw, TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
-		Values: f.values.get, Logger: zaptest.NewLogger(t)})
+	// As the control plane's ServiceAccount: an object it cannot write fails the test.
+	cfg := env.ControlPlane(t)
+	obs, logs := observer.New(zap.DebugLevel)
+	f.logs = logs
+	log := zaptest.NewLogger(t, zaptest.WrapOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewTee(c, obs) })))
+	d, err := New(Options{Client: kubernetes.NewForConfigOrDie(cfg), Metadata: metadata.NewForConfigOrDie(cfg), Gateways: gwclient.NewForConfigOrDie(cfg), TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
+		Values: f.values.get, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,4 +329,40 @@ func startGarbageCollector(t *testing.T, env *kubetest.Env) {
 			t.Logf("kube-controller-manager log:\n%s", b)
 		}
 	})
+}
+
+// A namespace being deleted gets nothing new: the children its deletion
+// removes stay removed, and nothing is retried or complained about. (No
+// namespace controller runs here, so the namespace stays Terminating and
+// the test removes a child as that controller would.)
+func TestTerminatingNamespaceIsLeftAlone(t *testing.T) {
+	f := startDeployer(t, "deploy-ending")
+	f.createGateway("waypoint", 15008)
+	f.waitFor("all five children", func() (bool, error) { return len(f.children("waypoint")) == len(kinds), nil })
+
+	if err := f.cs.CoreV1().Namespaces().Delete(f.ctx, f.ns, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the namespace terminating", func() (bool, error) {
+		n, err := f.cs.CoreV1().Namespaces().Get(f.ctx, f.ns, metav1.GetOptions{})
+		return err == nil && n.Status.Phase == corev1.NamespaceTerminating, err
+	})
+	before := f.logs.Len()
+	for _, kind := range []string{"Deployment", "Service"} {
+		if err := f.md.Resource(kinds[kind]).Namespace(f.ns).Delete(f.ctx, "waypoint", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The deletions re-enqueue the Gateway; give the deployer time to act
+	// on them (and, before the fix, to fail and retry).
+	time.Sleep(3 * time.Second)
+	if got := f.children("waypoint"); got["Deployment"] != nil || got["Service"] != nil {
+		t.Errorf("children re-created in a terminating namespace: %v", slices.Sorted(maps.Keys(got)))
+	}
+	// This deployer sees the other tests' namespaces too.
+	for _, e := range f.logs.All()[before:] {
+		if e.Level >= zap.WarnLevel && strings.Contains(fmt.Sprint(e.ContextMap()), f.ns+"/") {
+			t.Errorf("logged %s: %s %v", e.Level, e.Message, e.ContextMap())
+		}
+	}
 }

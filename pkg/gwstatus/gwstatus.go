@@ -58,7 +58,9 @@ import (
 // ControllerName is the waypoint GatewayClass's controller (docs/design.md §10).
 const ControllerName gwv1.GatewayController = "causeway.dev/waypoint-controller"
 
-// ConditionWaypointBound is the condition on a Service naming a waypoint.
+// ConditionWaypointBound is the condition on a Service naming a waypoint,
+// and on a route's entry for each Service parent: whether a waypoint
+// serves that Service (only a waypoint applies a route; docs/kubernetes.md).
 const ConditionWaypointBound = "causeway.dev/WaypointBound"
 
 // Options configure a Writer.
@@ -461,7 +463,7 @@ func syncRoute[R any, PR interface {
 	DeepCopy() *R
 }](ctx context.Context, w *Writer, rep *config.Reports, kind string, r PR, refs []gwv1.ParentReference,
 	status func(PR) *gwv1.RouteStatus, update func(context.Context, PR, metav1.UpdateOptions) (PR, error)) error {
-	parents, changed := w.routeParents(status(r).Parents, refs, rep.Routes[kind+" "+r.GetNamespace()+"/"+r.GetName()], r.GetGeneration())
+	parents, changed := w.routeParents(status(r).Parents, refs, rep.Routes[kind+" "+r.GetNamespace()+"/"+r.GetName()], rep.Services, r.GetGeneration())
 	if !changed {
 		return nil
 	}
@@ -473,7 +475,7 @@ func syncRoute[R any, PR interface {
 
 // routeParents computes a route's status.parents: other controllers'
 // entries as they are, ours one per Service parentRef of the report.
-func (w *Writer) routeParents(cur []gwv1.RouteParentStatus, refs []gwv1.ParentReference, rr *config.RouteReport, generation int64) ([]gwv1.RouteParentStatus, bool) {
+func (w *Writer) routeParents(cur []gwv1.RouteParentStatus, refs []gwv1.ParentReference, rr *config.RouteReport, services map[string]config.WaypointBinding, generation int64) ([]gwv1.RouteParentStatus, bool) {
 	var out []gwv1.RouteParentStatus
 	ours := map[string][]metav1.Condition{}
 	for _, p := range cur {
@@ -489,9 +491,9 @@ func (w *Writer) routeParents(cur []gwv1.RouteParentStatus, refs []gwv1.ParentRe
 				continue
 			}
 			ref := refs[pr.Index]
-			acc, refsCond := routeConditions(rr, pr, generation)
+			conds := routeConditions(rr, pr, services, generation)
 			out = append(out, gwv1.RouteParentStatus{ParentRef: ref, ControllerName: ControllerName,
-				Conditions: setConditions(ours[parentKey(ref)], acc, refsCond)})
+				Conditions: setConditions(ours[parentKey(ref)], conds...)})
 		}
 	}
 	if len(out) == 0 {
@@ -518,10 +520,16 @@ func parentKey(r gwv1.ParentReference) string {
 	return strings.Join([]string{s((*string)(r.Group)), s((*string)(r.Kind)), s((*string)(r.Namespace)), string(r.Name), s((*string)(r.SectionName)), port}, "/")
 }
 
-// routeConditions: Accepted says whether the mesh serves the route for this
-// parent; ResolvedRefs whether every backend resolves.
-func routeConditions(rr *config.RouteReport, pr config.ParentReport, gen int64) (accepted, resolved metav1.Condition) {
-	accType, refsType := string(gwv1.RouteConditionAccepted), string(gwv1.RouteConditionResolvedRefs)
+// routeConditions are a route's conditions for one Service parent: Accepted
+// says whether the route is valid and attached to the parent;
+// ResolvedRefs whether every backend resolves; and, once attached,
+// causeway.dev/WaypointBound whether a waypoint serves the parent Service,
+// since only a waypoint applies a route (the Gateway API has no reason for
+// "attached, but nothing carries it out": Accepted speaks of the route,
+// this condition of the parent).
+func routeConditions(rr *config.RouteReport, pr config.ParentReport, services map[string]config.WaypointBinding, gen int64) []metav1.Condition {
+	accType := string(gwv1.RouteConditionAccepted)
+	var accepted metav1.Condition
 	switch {
 	case pr.Problem != "":
 		accepted = condition(accType, false, string(gwv1.RouteReasonNoMatchingParent), pr.Problem, gen)
@@ -531,10 +539,31 @@ func routeConditions(rr *config.RouteReport, pr config.ParentReport, gen int64) 
 		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
 			"the mesh cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
 	default:
-		accepted = condition(accType, true, string(gwv1.RouteReasonAccepted), "served by the mesh", gen)
+		accepted = condition(accType, true, string(gwv1.RouteReasonAccepted), "attached to Service "+pr.Service, gen)
 	}
+	out := []metav1.Condition{accepted, resolvedRefs(rr, gen)}
+	if pr.Problem != "" {
+		return out
+	}
+	b, named := services[pr.Service]
+	switch {
+	case !named:
+		out = append(out, condition(ConditionWaypointBound, false, "NoWaypoint",
+			"no waypoint serves Service "+pr.Service+", so nothing applies this route: label the Service or its namespace "+config.LabelUseWaypoint, gen))
+	case b.Problem != "":
+		out = append(out, condition(ConditionWaypointBound, false, "NotBound",
+			"Service "+pr.Service+" is not bound to waypoint "+b.Waypoint+", so nothing applies this route: "+b.Problem, gen))
+	default:
+		out = append(out, condition(ConditionWaypointBound, true, "Bound", "applied by waypoint "+b.Waypoint+" for Service "+pr.Service, gen))
+	}
+	return out
+}
+
+// resolvedRefs says whether every backend of a route resolves.
+func resolvedRefs(rr *config.RouteReport, gen int64) metav1.Condition {
+	refsType := string(gwv1.RouteConditionResolvedRefs)
 	if len(rr.Refs) == 0 {
-		return accepted, condition(refsType, true, string(gwv1.RouteReasonResolvedRefs), "all references resolve", gen)
+		return condition(refsType, true, string(gwv1.RouteReasonResolvedRefs), "all references resolve", gen)
 	}
 	reason, msgs := rr.Refs[0].Reason, make([]string, 0, len(rr.Refs))
 	for _, ri := range rr.Refs {
@@ -543,7 +572,7 @@ func routeConditions(rr *config.RouteReport, pr config.ParentReport, gen int64) 
 		}
 		msgs = append(msgs, ri.Message)
 	}
-	return accepted, condition(refsType, false, string(reason), strings.Join(msgs, "; ")+" (requests for these backends are answered with 500)", gen)
+	return condition(refsType, false, string(reason), strings.Join(msgs, "; ")+" (requests for these backends are answered with 500)", gen)
 }
 
 // refRank orders ResolvedRefs reasons: a refused reference says most.

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -54,7 +55,9 @@ func fixtureOn(t *testing.T, env *kubetest.Env) *fixture {
 // startWriter runs a status writer until the test ends; set changes its
 // options.
 func (f *fixture) startWriter(set ...func(*Options)) *Writer {
-	o := Options{Client: f.cs, Gateways: f.gw, Dynamic: f.env.Dynamic(f.t), Logger: zaptest.NewLogger(f.t)}
+	// As the control plane's ServiceAccount: a status it cannot write fails the test.
+	cfg := f.env.ControlPlane(f.t)
+	o := Options{Client: kubernetes.NewForConfigOrDie(cfg), Gateways: gwclient.NewForConfigOrDie(cfg), Dynamic: dynamic.NewForConfigOrDie(cfg), Logger: zaptest.NewLogger(f.t)}
 	for _, s := range set {
 		s(&o)
 	}
@@ -245,6 +248,41 @@ spec:
   parentRefs: [{group: "", kind: Service, name: reviews, port: 80}]
   rules: [{backendRefs: [{name: v2, port: 80}, {name: private, namespace: %[1]s-other, port: 80}]}]
 `, ns))
+}
+
+// A route attached to a Service no waypoint serves is accepted (it is
+// valid and attached), but its entry says that nothing applies it, until
+// the Service names a waypoint.
+func TestRouteParentWithoutWaypoint(t *testing.T) {
+	f := newFixture(t)
+	f.startWriter()
+	f.sample("st-nw")
+	f.waitFor("r1 attached to reviews, no waypoint serving it", func() (bool, error) {
+		p := ourParent(f.route("st-nw", "r1"))
+		if p == nil {
+			return false, nil
+		}
+		a, b := cond(p.Conditions, "Accepted"), cond(p.Conditions, ConditionWaypointBound)
+		return is(a, metav1.ConditionTrue, "Accepted") && a.Message == "attached to Service st-nw/reviews" &&
+			is(b, metav1.ConditionFalse, "NoWaypoint") && strings.Contains(b.Message, "no waypoint serves Service st-nw/reviews, so nothing applies this route"), nil
+	})
+	svc, err := f.cs.CoreV1().Services("st-nw").Get(f.ctx, "reviews", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Labels = map[string]string{config.LabelUseWaypoint: "wp"}
+	if _, err := f.cs.CoreV1().Services("st-nw").Update(f.ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("r1 applied by the waypoint once reviews names it", func() (bool, error) {
+		p := ourParent(f.route("st-nw", "r1"))
+		if p == nil {
+			return false, nil
+		}
+		b := cond(p.Conditions, ConditionWaypointBound)
+		return is(cond(p.Conditions, "Accepted"), metav1.ConditionTrue, "Accepted") &&
+			is(b, metav1.ConditionTrue, "Bound") && b.Message == "applied by waypoint st-nw/wp for Service st-nw/reviews", nil
+	})
 }
 
 func TestGatewayStatus(t *testing.T) {

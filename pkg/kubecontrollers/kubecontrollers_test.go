@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -45,7 +46,7 @@ func TestKubeControllers(t *testing.T) {
 	}
 	const vwcName = "causeway-validation"
 	opts := Options{
-		Config: env.Config, Authority: authority, Identity: id,
+		Config: env.ControlPlane(t), Authority: authority, Identity: id,
 		Election: leader.Options{Namespace: "causeway-system", Name: "causeway-controlplane", Identity: "replica-1",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond},
 		Waypoint:      deployer.Values{Image: "causeway/waypoint:test", XDSAddress: "causeway-controlplane.causeway-system.svc:15012", TokenAudience: "causeway-ca"},
@@ -61,7 +62,7 @@ func TestKubeControllers(t *testing.T) {
 	defer cancel()
 	for _, ns := range []string{"causeway-system", "shop"} {
 		labels := map[string]string{config.LabelDataplaneMode: config.DataplaneModeMesh}
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+		if _, err := cs.CoreV1().Namespaces().Apply(ctx, corev1ac.Namespace(ns).WithLabels(labels), metav1.ApplyOptions{FieldManager: "test"}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {

@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 )
@@ -77,7 +76,7 @@ const (
 
 func newCandidate(t *testing.T, env *kubetest.Env, id string, lead func(ctx context.Context, c *candidate)) *candidate {
 	c := &candidate{done: make(chan struct{})}
-	cfg := rest.CopyConfig(env.Config)
+	cfg := env.ControlPlane(t) // the Role of the shipped manifest
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return gate{rt, &c.cut} })
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -24,6 +24,12 @@ type Options struct {
 	// Dir is a directory of .rego files (and data.json/data.yaml documents),
 	// e.g. a checkout kept current by git-sync. It may be a symlink.
 	Dir string
+	// EmptyDirIsAbsent makes an empty Dir (no file the engine reads, as
+	// kubelet mounts an optional ConfigMap that does not exist) no policy
+	// yet rather than a bad one: it is logged at Info once, not as a
+	// rejection, and Load returns ErrEmptySource. Ready and Status still
+	// say that no policy is active.
+	EmptyDirIsAbsent bool
 	// Git, instead of Dir, fetches the policy from a Git repository.
 	Git *GitOptions
 	// Bundle, if set, also loads policy from an OPA bundle service.
@@ -304,6 +310,14 @@ func (e *Engine) offerLocked(ctx context.Context, snap *snapshot, retry bool) (s
 		return "", nil
 	}
 	e.latest[snap.Name] = snap
+	if e.opts.EmptyDirIsAbsent && snap.Name == "dir" && snap.empty() {
+		// Said once, not logged as a rejection: nothing is wrong.
+		if e.lastError == nil || e.lastError.Reason != ErrEmptySource.Error() {
+			e.log.Info("no policy provided: the directory is empty; the active policy, if any, stays", zap.String("dir", e.opts.Dir))
+		}
+		e.lastError = &Rejection{Source: snap.Name, Revision: snap.Revision, Stage: "load", Reason: ErrEmptySource.Error(), At: time.Now()}
+		return "", &RejectError{Revision: snap.Revision, Stage: "load", Err: ErrEmptySource}
+	}
 
 	var sets [][]*snapshot
 	latest, fallback := e.setWith(snap, e.latest), e.setWith(snap, e.accepted)
@@ -429,6 +443,10 @@ func (e *Engine) settingsOf(c *compiled) *settings {
 	}
 	return c.settings
 }
+
+// ErrEmptySource is why an empty directory is not activated when
+// Options.EmptyDirIsAbsent is set: nothing was provided, nothing is wrong.
+var ErrEmptySource = errors.New("the policy directory is empty: no policy provided")
 
 // recordRejection logs why a policy set was refused; the active set stays.
 func (e *Engine) recordRejection(r *Rejection, count bool) {

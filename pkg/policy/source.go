@@ -68,6 +68,11 @@ func (s *snapshot) same(o *snapshot) bool {
 	return s != nil && o != nil && s.Revision == o.Revision && s.Digest == o.Digest
 }
 
+// empty reports whether the source held no file the engine reads.
+func (s *snapshot) empty() bool {
+	return len(s.Modules) == 0 && len(s.DataDocs) == 0 && s.Settings == nil
+}
+
 // isTestFile reports whether a module is a test module (OPA's convention).
 func isTestFile(p string) bool { return strings.HasSuffix(p, "_test.rego") }
 

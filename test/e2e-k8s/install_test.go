@@ -43,7 +43,7 @@ const (
 	cniConfDir = "/etc/cni/net.d"
 	cniBinDir  = "/opt/cni/bin"
 	// The agent's socket for the plugin (manifests/core/nodeproxy.yaml).
-	cniSocket = "/var/run/causeway/cni.sock"
+	cniSocket = "/etc/cni/net.d/causeway/cni.sock"
 )
 
 var (
@@ -81,7 +81,9 @@ func TestInstall(t *testing.T) {
 	uninstalled := false
 	uninstall := func(t *testing.T) {
 		// The sample first (its pods are released while the agent runs),
-		// then the mesh; --wait: the objects are gone when it returns.
+		// then the mesh's components (README: they stop while their CRDs
+		// and RBAC still exist, so nothing they do meanwhile is refused),
+		// then the rest; --wait: the objects are gone when it returns.
 		kc(t, 3*time.Minute, "delete", "-k", sample, "--ignore-not-found", "--wait=true")
 		hc(t, 3*time.Minute, "uninstall", "causeway", "--namespace", systemNS, "--wait", "--timeout", "3m")
 		uninstalled = true
@@ -100,6 +102,8 @@ func TestInstall(t *testing.T) {
 	})
 
 	step("install", func(t *testing.T) {
+		began := time.Now()
+		defer expectQuietLogs(t, "install", began)
 		// The control plane's connection policy sets, in place before it
 		// starts: a ConfigMap created later reaches its pods when the
 		// kubelet next syncs them (within about a minute). So the namespace
@@ -124,6 +128,8 @@ func TestInstall(t *testing.T) {
 
 	var pods map[string]corev1.Pod // the sample's, by app label
 	step("sample", func(t *testing.T) {
+		began := time.Now()
+		defer expectQuietLogs(t, "sample", began)
 		kc(t, 2*time.Minute, "apply", "-k", sample)
 		// README: the policy is the shop's Rego of examples/local.
 		kc(t, time.Minute, "-n", "shop", "create", "configmap", "waypoint-policies",
@@ -180,6 +186,7 @@ func TestInstall(t *testing.T) {
 		if !strings.HasPrefix(a.Pod, "reviews-") || a.Headers[principalH] == nil || a.Headers[principalH][0] != "spiffe://cluster.local/ns/web/sa/frontend" {
 			t.Fatalf("answer from %s with %s %v, want a reviews pod told the frontend's identity", a.Pod, principalH, a.Headers[principalH])
 		}
+		expectSampleStatus(t)
 		// The waypoint's access log names the caller's identity.
 		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 			return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
@@ -326,6 +333,8 @@ func TestInstall(t *testing.T) {
 		if image == "" {
 			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
 		}
+		began := time.Now()
+		defer expectQuietLogs(t, "upgrade", began)
 		// The node proxy's image by digest (repository@sha256:...), or by
 		// tag; its registry is the install's (the check below compares the
 		// whole reference).
@@ -351,6 +360,7 @@ func TestInstall(t *testing.T) {
 		}
 		upgraded := rollTo(t, first, image, "upgrade", "causeway", chart, "--namespace", systemNS, "--reuse-values",
 			"--set", set, "--wait", "--timeout", "3m")
+		expectMigrateReq(t, pods["frontend"])
 		rollTo(t, upgraded, firstImage, "rollback", "causeway", "1", "--namespace", systemNS, "--wait", "--timeout", "3m")
 		if h := hc(t, time.Minute, "history", "causeway", "--namespace", systemNS, "--max", "10"); !strings.Contains(h, "Rollback to 1") {
 			t.Errorf("helm history does not show the rollback:\n%s", h)
@@ -360,8 +370,10 @@ func TestInstall(t *testing.T) {
 	// helm uninstall leaves the node without the plugin's configuration
 	// and binary (the container runtime would otherwise keep calling it).
 	step("uninstall", func(t *testing.T) {
+		quiet := followMeshLogs(t, ctx, systemNS)
 		uninstall(t)
 		expectNodeClean(t)
+		quiet("uninstall")
 	})
 }
 

@@ -161,10 +161,27 @@ func TestPluginCapturesEnrolledPod(t *testing.T) {
 		t.Skip("needs the nft tool to look at the rules")
 	}
 	f := start(t, true, 300*time.Millisecond)
+	migrate := func() string {
+		out, _ := f.pod.Cmd("cat", cni.MigrateReqSysctl).Output()
+		return strings.TrimSpace(string(out))
+	}
+	migrateBefore := migrate()
 	begin := time.Now()
 	out, err := f.run(t, "ADD", "t", "app", "")
 	if err != nil {
 		t.Fatalf("ADD: %v", err)
+	}
+	// Queued connections move to the next node proxy: set in the pod's
+	// namespace by the plugin (the shipped node proxy cannot write /proc/sys).
+	switch migrateBefore {
+	case "":
+		t.Logf("%s: not in this kernel (Linux 5.14+)", cni.MigrateReqSysctl)
+	case "0":
+		if got := migrate(); got != "1" {
+			t.Errorf("%s in the pod after ADD: %q, want 1", cni.MigrateReqSysctl, got)
+		}
+	default:
+		t.Errorf("%s in a new namespace: %q, want the kernel default 0", cni.MigrateReqSysctl, migrateBefore)
 	}
 	if d := time.Since(begin); d < f.proxy.Delay {
 		t.Errorf("ADD returned after %s, before the proxy took the pod (%s)", d, f.proxy.Delay)

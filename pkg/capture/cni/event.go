@@ -15,7 +15,7 @@ const (
 )
 
 // DefaultAgentSocket is where the node agent listens (docs/design.md §10).
-const DefaultAgentSocket = "/var/run/causeway/cni.sock"
+const DefaultAgentSocket = "/etc/cni/net.d/causeway/cni.sock"
 
 // DefaultExcludeNamespaces are never captured: kube-system, and
 // causeway-system, where the agent itself runs (its own sandbox must not

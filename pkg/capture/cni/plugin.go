@@ -111,11 +111,33 @@ func Add(args *skel.CmdArgs) error {
 		if _, err := ns.GetNS(ev.Netns); err != nil {
 			return fmt.Errorf("causeway-cni: %w", err)
 		}
-		if _, err := call(c.AgentSocket, PathAdd, ev, timeout); err != nil {
+		r, err := call(c.AgentSocket, PathAdd, ev, timeout)
+		if err != nil {
 			return types.NewError(types.ErrTryAgainLater, "causeway-cni: the pod is not captured: "+err.Error(), "")
+		}
+		if r.Captured {
+			if err := migrateRequests(ev.Netns); err != nil {
+				fmt.Fprintf(stderr, "causeway-cni: %s/%s: connections queued at a closing node proxy listener will be reset: %v\n", ev.Namespace, ev.PodName, err)
+			}
 		}
 	}
 	return passThrough(c)
+}
+
+// MigrateReqSysctl lets the kernel move connections still queued at a
+// closing listener to another of its SO_REUSEPORT group (per network
+// namespace, Linux 5.14+): when an old node proxy stops, what it had not
+// accepted yet in the pod goes to the new one instead of being reset. The
+// plugin sets it, running as root in the node's mount namespace; the node
+// proxy's container sees /proc/sys read-only.
+const MigrateReqSysctl = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+// migrateRequests sets MigrateReqSysctl in the pod's network namespace.
+func migrateRequests(netnsPath string) error {
+	return ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+		// /proc/sys/net shows the namespace of the thread that opens it.
+		return os.WriteFile(MigrateReqSysctl, []byte("1"), 0)
+	})
 }
 
 // Del releases the pod. An agent that cannot be reached does not fail the

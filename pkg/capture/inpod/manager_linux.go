@@ -134,7 +134,9 @@ func (m *Manager) open(info handoff.Pod, nsh ns.NetNS) (*pod, error) {
 		return nil, errors.New("the network namespace has no pod address")
 	}
 	if err := migrateRequests(nsh); err != nil {
-		m.log.Warn("connections queued at a closing listener will be reset", zap.Stringer("pod", info), zap.Error(err))
+		// Expected for a pod captured without the CNI plugin (running before
+		// its namespace was enrolled) under the shipped DaemonSet.
+		m.log.Debug("connections queued at a closing listener will be reset", zap.Stringer("pod", info), zap.Error(err))
 	}
 	p := &pod{info: info, netns: nsh, ips: ips, conns: map[net.Conn]struct{}{}}
 	p.ctx, p.cancel = context.WithCancel(context.Background())

@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"syscall"
 	"unsafe"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+
+	"github.com/causeway-mesh/causeway/pkg/capture/cni"
 )
 
 // sockets makes the node proxy's sockets inside pod namespaces: marked, so
@@ -68,15 +71,18 @@ func (s sockets) dial(ctx context.Context, netns ns.NetNS, local netip.Addr, rem
 	return c, err
 }
 
-// migrateRequests lets the kernel move connections still queued at a
-// closing listener to another of its SO_REUSEPORT group
-// (net.ipv4.tcp_migrate_req, per namespace, Linux 5.14+): when an old node
-// proxy stops, what it had not accepted yet goes to the new one instead of
-// being reset.
+// migrateRequests makes sure the kernel moves connections still queued at
+// a closing listener to another of its SO_REUSEPORT group
+// (cni.MigrateReqSysctl): the CNI plugin sets it when the pod starts; a
+// node proxy that may write /proc/sys (not the shipped, unprivileged one)
+// sets it for pods captured otherwise.
 func migrateRequests(netns ns.NetNS) error {
 	return netns.Do(func(ns.NetNS) error {
 		// /proc/sys/net shows the namespace of the thread that opens it.
-		return os.WriteFile("/proc/sys/net/ipv4/tcp_migrate_req", []byte("1"), 0)
+		if v, err := os.ReadFile(cni.MigrateReqSysctl); err == nil && strings.TrimSpace(string(v)) == "1" {
+			return nil
+		}
+		return os.WriteFile(cni.MigrateReqSysctl, []byte("1"), 0)
 	})
 }
 

@@ -22,6 +22,7 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
@@ -109,7 +110,7 @@ func startCallers(t *testing.T) *callers {
 	})
 	r.next(t, "the waypoint", func(s *config.Snapshot) bool { return len(s.Waypoints) > 0 })
 	tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
-		Reviews: env.Clientset(t).AuthenticationV1().TokenReviews(), TrustDomain: "cluster.local", Pods: r.src,
+		Reviews: kubernetes.NewForConfigOrDie(env.ControlPlane(t)).AuthenticationV1().TokenReviews(), TrustDomain: "cluster.local", Pods: r.src,
 	})
 	if err != nil {
 		t.Fatal(err)

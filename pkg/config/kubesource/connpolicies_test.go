@@ -110,7 +110,7 @@ func TestConnectionPolicyKindAbsent(t *testing.T) {
 	env.Create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{config.LabelDataplaneMode: "mesh"}}})
 
 	core, logs := observer.New(zapcore.InfoLevel)
-	src, err := kubesource.NewForConfig(env.Config, kubesource.Options{Debounce: 50 * time.Millisecond, KindRecheck: 100 * time.Millisecond, Logger: zap.New(core)})
+	src, err := kubesource.NewForConfig(env.ControlPlane(t), kubesource.Options{Debounce: 50 * time.Millisecond, KindRecheck: 100 * time.Millisecond, Logger: zap.New(core)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ type running struct {
 // to the channel.
 func startSource(t *testing.T, env *kubetest.Env, debounce time.Duration, also ...func(*config.Snapshot)) *running {
 	t.Helper()
-	src, err := kubesource.NewForConfig(env.Config, kubesource.Options{Debounce: debounce})
+	src, err := kubesource.NewForConfig(env.ControlPlane(t), kubesource.Options{Debounce: debounce})
 	if err != nil {
 		t.Fatal(err)
 	}
