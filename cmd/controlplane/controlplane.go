@@ -32,6 +32,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
 	"github.com/causeway-mesh/causeway/pkg/trust/kubeca"
 	"github.com/causeway-mesh/causeway/pkg/xds"
@@ -152,7 +153,7 @@ func (cp *controlPlane) setupSource() error {
 		if err != nil {
 			return err
 		}
-		tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
+		tr, err := tokenreview.New(tokenreview.Options{
 			Reviews: kube.AuthenticationV1().TokenReviews(), Audiences: o.tokenAudiences, TrustDomain: o.trustDomain, Pods: ks,
 		})
 		if err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
@@ -108,7 +109,7 @@ func startCallers(t *testing.T) *callers {
 		}
 	})
 	r.next(t, "the waypoint", func(s *config.Snapshot) bool { return len(s.Waypoints) > 0 })
-	tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
+	tr, err := tokenreview.New(tokenreview.Options{
 		Reviews: env.Clientset(t).AuthenticationV1().TokenReviews(), TrustDomain: "cluster.local", Pods: r.src,
 	})
 	if err != nil {
