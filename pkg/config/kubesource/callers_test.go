@@ -36,6 +36,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+	"github.com/causeway-mesh/causeway/pkg/xds/xdsserver"
 )
 
 // callers is the CA and the xDS server in front of the test apiserver, as
@@ -99,7 +100,7 @@ func startCallers(t *testing.T) *callers {
 	t.Cleanup(cancel)
 	var auth authn.Chain // filled below; no stream arrives before the server listens
 	trusted := []trust.Identity{trusttest.Identity(t, nodeProxyID)}
-	xdsServer, err := xds.NewServer(ctx, xds.ServerOptions{Logger: log, TrustedNodeAccounts: trusted, Authenticator: &auth})
+	xdsServer, err := xdsserver.NewServer(ctx, xdsserver.ServerOptions{Logger: log, TrustedNodeAccounts: trusted, Authenticator: &auth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func startCallers(t *testing.T) *callers {
 	})
 	k.caAddr, k.cpID = srv.Addr, srv.Identity
 	cert := k.ca.Certificate(t, srv.Identity, 0)
-	g := grpc.NewServer(append(xds.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(
+	g := grpc.NewServer(append(xdsserver.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(
 		trust.ServerConfig(k.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return cert, nil }, trust.VerifyIfGiven))))...)
 	xdsServer.Register(g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
