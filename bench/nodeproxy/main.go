@@ -108,6 +108,7 @@ type options struct {
 	skipMemory    bool
 	dialParallel  int
 	settle        time.Duration
+	afterLoad     time.Duration
 	bulkWriteSize int
 	peers         string
 	profileDir    string
@@ -128,6 +129,7 @@ func main() {
 	flag.IntVar(&o.bulkWriteSize, "write-size", 256<<10, "bytes per write in the throughput measurement")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
+	flag.DurationVar(&o.afterLoad, "after-load", time.Minute, "how long after the last measurement the proxies' RSS is read again (0: not read)")
 	flag.StringVar(&o.peers, "peers", "nginx_stream,stunnel", "peer TLS tunnel pairs to measure (comma-separated; empty: none)")
 	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
 	app := flag.Bool("app", false, "run as pod B's app (the benchmark starts itself so)")
@@ -247,6 +249,9 @@ func run(o options) error {
 		}
 	}
 
+	if err := b.startMemory(ctx); err != nil {
+		return err
+	}
 	steps := []func(context.Context) error{b.throughput, b.connectionsPerSecond}
 	if !o.skipMemory {
 		// First, while the proxies are fresh: later steps leave heap behind
@@ -265,7 +270,7 @@ func run(o options) error {
 		default:
 		}
 	}
-	return nil
+	return b.memoryAfterLoad(ctx)
 }
 
 // path is one way from pod A to pod B.
@@ -520,6 +525,67 @@ func (b *bench) memory(ctx context.Context) error {
 		benchmesh.Report("nodeproxy_"+side.name+"_stack_kib_per_conn", grow("go_memstats_stack_inuse_bytes")/1024, "KiB")
 		benchmesh.Report("nodeproxy_"+side.name+"_heap_kib_per_conn", grow("go_memstats_heap_inuse_bytes")/1024, "KiB")
 		benchmesh.Report("nodeproxy_"+side.name+"_heap_objects_per_conn", grow("go_memstats_heap_objects"), "objects")
+	}
+	return nil
+}
+
+// nodeProxy is one node proxy of the pair: its figures' prefix, node and
+// process.
+type nodeProxy struct {
+	side, node string
+	pid        int
+}
+
+func (b *bench) proxies() []nodeProxy {
+	return []nodeProxy{{"a", "node-a", b.proxyA}, {"b", "node-b", b.proxyB}}
+}
+
+// startMemory reports both node proxies' RSS before any connection, once
+// their configuration has arrived and settled.
+func (b *bench) startMemory(ctx context.Context) error {
+	sleepCtx(ctx, b.o.settle)
+	for _, p := range b.proxies() {
+		rss, err := benchmesh.RSS(p.pid)
+		if err != nil {
+			return err
+		}
+		benchmesh.Report("nodeproxy_"+p.side+"_rss_start_mib", float64(rss)/(1<<20), "MiB")
+	}
+	return nil
+}
+
+// memoryAfterLoad reports both node proxies' peak RSS over the whole run
+// (the idle connections, bulk streams and connection loops) and, after
+// -after-load with no traffic, their RSS and what the Go runtime holds:
+// the memory a proxy keeps once the load is gone.
+func (b *bench) memoryAfterLoad(ctx context.Context) error {
+	if b.o.afterLoad <= 0 {
+		return nil
+	}
+	for _, p := range b.proxies() {
+		peak, err := benchmesh.PeakRSS(p.pid)
+		if err != nil {
+			return err
+		}
+		benchmesh.Report("nodeproxy_"+p.side+"_rss_peak_mib", float64(peak)/(1<<20), "MiB")
+	}
+	sleepCtx(ctx, b.o.afterLoad)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	for _, p := range b.proxies() {
+		rss, err := benchmesh.RSS(p.pid)
+		if err != nil {
+			return err
+		}
+		rt, err := b.runtimeFigures(p.node)
+		if err != nil {
+			return err
+		}
+		benchmesh.Report("nodeproxy_"+p.side+"_rss_after_load_mib", float64(rss)/(1<<20), "MiB")
+		benchmesh.Report("nodeproxy_"+p.side+"_heap_after_load_mib", rt["go_memstats_heap_inuse_bytes"]/(1<<20), "MiB")
+		benchmesh.Report("nodeproxy_"+p.side+"_stack_after_load_mib", rt["go_memstats_stack_inuse_bytes"]/(1<<20), "MiB")
+		benchmesh.Report("nodeproxy_"+p.side+"_goroutines_after_load", rt["go_goroutines"], "goroutines")
 	}
 	return nil
 }

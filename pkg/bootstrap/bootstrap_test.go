@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -120,20 +121,93 @@ func TestTuneMemory(t *testing.T) {
 	defer debug.SetGCPercent(prev)
 	t.Setenv("GOGC", "")
 	os.Unsetenv("GOGC")
-	if err := tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := debug.SetGCPercent(100); got != DefaultGCPercent {
-		t.Fatalf("GC percent %d, want %d", got, DefaultGCPercent)
+	if got := debug.SetGCPercent(100); got != DefaultGCPercent || !m.adapt {
+		t.Fatalf("GC percent %d, want %d (adapting: %v)", got, DefaultGCPercent, m.adapt)
 	}
 	t.Setenv("GOGC", "150")
-	if err := tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+	if m, err = tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
 		t.Fatal(err)
 	}
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Fatalf("GOGC set: GC percent changed to %d", got)
+	if got := debug.SetGCPercent(100); got != 100 || m.adapt {
+		t.Fatalf("GOGC set: GC percent changed to %d (adapting: %v)", got, m.adapt)
 	}
-	if err := tuneMemory(0, zap.NewNop()); err == nil {
+	if _, err := tuneMemory(0, zap.NewNop()); err == nil {
 		t.Fatal("--gc-percent 0 accepted")
+	}
+}
+
+// inUse keeps the test's load reachable (and allocated) until it ends.
+var inUse [][]byte
+
+// A quiet interval after a busy one lowers the GC target and returns the
+// freed heap to the system; the next busy interval restores the target.
+// With GOGC set only the memory is returned.
+func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
+	prev := debug.SetGCPercent(100)
+	defer debug.SetGCPercent(prev)
+	t.Setenv("GOGC", "")
+	os.Unsetenv("GOGC")
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allocated uint64
+	m.step(allocated) // start-up: busy
+	// The heap the process holds: objects (live or not yet collected) and
+	// free pages not returned to the system.
+	heldHeap := func() uint64 {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/free:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64() + s[1].Value.Uint64()
+	}
+	percent := func() int {
+		p := debug.SetGCPercent(-1)
+		debug.SetGCPercent(p)
+		return p
+	}
+
+	// Load: 64 MiB in use during a busy interval, garbage at its end.
+	allocated += idleAlloc
+	inUse = make([][]byte, 64)
+	for i := range inUse {
+		inUse[i] = make([]byte, 1<<20)
+	}
+	m.step(allocated)
+	if m.idle || percent() != DefaultGCPercent {
+		t.Fatalf("busy interval: idle %v, GC percent %d", m.idle, percent())
+	}
+	if held := heldHeap(); held < 64<<20 {
+		t.Fatalf("%d bytes of heap held with 64 MiB in use", held)
+	}
+	inUse = nil
+
+	allocated += idleAlloc - 1
+	m.step(allocated)
+	if !m.idle || percent() != idleGCPercent {
+		t.Fatalf("quiet interval: idle %v, GC percent %d", m.idle, percent())
+	}
+	if held := heldHeap(); held > 32<<20 {
+		t.Fatalf("%d bytes of heap held once idle", held)
+	}
+
+	allocated += 10 * idleAlloc
+	m.step(allocated)
+	if m.idle || percent() != DefaultGCPercent {
+		t.Fatalf("load again: idle %v, GC percent %d", m.idle, percent())
+	}
+
+	t.Setenv("GOGC", "150")
+	debug.SetGCPercent(150)
+	if m, err = tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+		t.Fatal(err)
+	}
+	m.step(allocated)
+	m.step(allocated)
+	if !m.idle || percent() != 150 {
+		t.Fatalf("GOGC set, quiet interval: idle %v, GC percent %d", m.idle, percent())
 	}
 }

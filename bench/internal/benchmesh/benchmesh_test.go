@@ -60,6 +60,13 @@ func TestRSS(t *testing.T) {
 	if rss < 1<<20 || rss > int64(ms.Sys)+(1<<30) {
 		t.Fatalf("RSS %d bytes; runtime has %d mapped", rss, ms.Sys)
 	}
+	peak, err := PeakRSS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peak < rss {
+		t.Fatalf("peak RSS %d bytes below the RSS %d read before it", peak, rss)
+	}
 }
 
 func TestProcErrors(t *testing.T) {
@@ -70,6 +77,9 @@ func TestProcErrors(t *testing.T) {
 	}
 	if _, err := RSS(noSuchPID); err == nil {
 		t.Fatal("RSS of a missing process succeeded")
+	}
+	if _, err := PeakRSS(noSuchPID); err == nil {
+		t.Fatal("PeakRSS of a missing process succeeded")
 	}
 }
 
