@@ -550,7 +550,23 @@ func (b *bench) startMemory(ctx context.Context) error {
 			return err
 		}
 		benchmesh.Report("nodeproxy_"+p.side+"_rss_start_mib", float64(rss)/(1<<20), "MiB")
+		if err := b.reportRuntime(p, "start"); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// reportRuntime reports what the Go runtime of a node proxy holds: heap in
+// use, goroutine stacks, goroutines.
+func (b *bench) reportRuntime(p nodeProxy, when string) error {
+	rt, err := b.runtimeFigures(p.node)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("nodeproxy_"+p.side+"_heap_"+when+"_mib", rt["go_memstats_heap_inuse_bytes"]/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_stack_"+when+"_mib", rt["go_memstats_stack_inuse_bytes"]/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_goroutines_"+when, rt["go_goroutines"], "goroutines")
 	return nil
 }
 
@@ -578,14 +594,10 @@ func (b *bench) memoryAfterLoad(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		rt, err := b.runtimeFigures(p.node)
-		if err != nil {
+		benchmesh.Report("nodeproxy_"+p.side+"_rss_after_load_mib", float64(rss)/(1<<20), "MiB")
+		if err := b.reportRuntime(p, "after_load"); err != nil {
 			return err
 		}
-		benchmesh.Report("nodeproxy_"+p.side+"_rss_after_load_mib", float64(rss)/(1<<20), "MiB")
-		benchmesh.Report("nodeproxy_"+p.side+"_heap_after_load_mib", rt["go_memstats_heap_inuse_bytes"]/(1<<20), "MiB")
-		benchmesh.Report("nodeproxy_"+p.side+"_stack_after_load_mib", rt["go_memstats_stack_inuse_bytes"]/(1<<20), "MiB")
-		benchmesh.Report("nodeproxy_"+p.side+"_goroutines_after_load", rt["go_goroutines"], "goroutines")
 	}
 	return nil
 }
