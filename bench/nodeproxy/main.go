@@ -131,7 +131,7 @@ func main() {
 	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
 	flag.DurationVar(&o.afterLoad, "after-load", time.Minute, "how long after the last measurement the proxies' RSS is read again (0: not read)")
 	flag.StringVar(&o.peers, "peers", "nginx_stream,stunnel", "peer TLS tunnel pairs to measure (comma-separated; empty: none)")
-	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open and after the load, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
 	app := flag.Bool("app", false, "run as pod B's app (the benchmark starts itself so)")
 	appTLSDir := flag.String("app-tls", "", "with -app: also serve TLS with the certificates in this directory")
 	flag.Parse()
@@ -597,6 +597,14 @@ func (b *bench) memoryAfterLoad(ctx context.Context) error {
 		benchmesh.Report("nodeproxy_"+p.side+"_rss_after_load_mib", float64(rss)/(1<<20), "MiB")
 		if err := b.reportRuntime(p, "after_load"); err != nil {
 			return err
+		}
+		if b.o.profileDir != "" {
+			for _, prof := range []string{"heap?gc=1", "goroutine"} {
+				name, _, _ := strings.Cut(prof, "?")
+				if err := b.saveProfile(ctx, p.node, prof, "after-load-"+name+"-"+p.node+".pb.gz"); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
