@@ -194,6 +194,26 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 		t.Fatalf("%d bytes of heap held once idle", held)
 	}
 
+	// Memory freed while idle (pooled connections closing) goes back
+	// within idleRelease.
+	inUse = make([][]byte, 64)
+	for i := range inUse {
+		inUse[i] = make([]byte, 1<<20)
+	}
+	inUse = nil
+	for range idleRelease/idleCheck - 1 {
+		allocated++
+		m.step(allocated)
+	}
+	if held := heldHeap(); held < 64<<20 {
+		t.Fatalf("%d bytes of heap held before idleRelease passed: released early", held)
+	}
+	allocated++
+	m.step(allocated)
+	if held := heldHeap(); !m.idle || held > 32<<20 {
+		t.Fatalf("idle %v, %d bytes of heap held idleRelease after the last release", m.idle, held)
+	}
+
 	allocated += 10 * idleAlloc
 	m.step(allocated)
 	if m.idle || percent() != DefaultGCPercent {

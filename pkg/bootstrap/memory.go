@@ -27,10 +27,13 @@ const DefaultGCPercent = 400
 // goal), so a proxy would hold its peak long after the load ended. While
 // the process allocates less than idleAlloc per idleCheck it is idle: the
 // collector's target drops to idleGCPercent and the freed heap goes back
-// to the system at once; the first busy interval restores gcPercent.
+// to the system at once, and again every idleRelease while anything was
+// allocated (what ends after the load, such as pooled connections closing
+// once idle, frees more); the first busy interval restores gcPercent.
 const (
 	idleCheck     = 5 * time.Second
 	idleAlloc     = 2 << 20
+	idleRelease   = 30 * time.Second
 	idleGCPercent = 100
 )
 
@@ -72,6 +75,8 @@ type idleMemory struct {
 
 	idle      bool
 	allocated uint64 // heap bytes allocated so far, at the last check
+	released  uint64 // and at the last release
+	sinceFree time.Duration
 	sample    [1]metrics.Sample
 }
 
@@ -93,26 +98,35 @@ func (m *idleMemory) run(ctx context.Context) {
 	}
 }
 
-// step moves to busy or idle given the heap bytes allocated so far.
+// step moves to busy or idle given the heap bytes allocated so far, one
+// idleCheck after the last step.
 func (m *idleMemory) step(allocated uint64) {
 	busy := allocated-m.allocated >= idleAlloc
 	m.allocated = allocated
+	m.sinceFree += idleCheck
 	switch {
-	case busy && m.idle:
-		m.idle = false
-		if m.adapt {
+	case busy:
+		if m.idle && m.adapt {
 			debug.SetGCPercent(m.busyPercent)
 		}
-	case !busy && !m.idle:
+		m.idle = false
+	case !m.idle:
 		m.idle = true
 		if m.adapt {
 			debug.SetGCPercent(idleGCPercent)
 		}
-		// Two collections: the first moves sync.Pools' contents to their
-		// victim caches, the second (FreeOSMemory's) drops them; then every
-		// free page goes back to the system.
-		runtime.GC()
-		debug.FreeOSMemory()
-		m.log.Debug("idle: freed heap returned to the system")
+		m.release()
+	case m.sinceFree >= idleRelease && allocated != m.released:
+		m.release()
 	}
+}
+
+// release collects twice, the first moving sync.Pools' contents to their
+// victim caches and the second (FreeOSMemory's) dropping them, and returns
+// every free page to the system.
+func (m *idleMemory) release() {
+	runtime.GC()
+	debug.FreeOSMemory()
+	m.released, m.sinceFree = m.allocated, 0
+	m.log.Debug("idle: freed heap returned to the system")
 }
