@@ -545,15 +545,29 @@ func (b *bench) proxies() []nodeProxy {
 func (b *bench) startMemory(ctx context.Context) error {
 	sleepCtx(ctx, b.o.settle)
 	for _, p := range b.proxies() {
-		rss, err := benchmesh.RSS(p.pid)
-		if err != nil {
+		if err := b.reportRSS(p, "start"); err != nil {
 			return err
 		}
-		benchmesh.Report("nodeproxy_"+p.side+"_rss_start_mib", float64(rss)/(1<<20), "MiB")
 		if err := b.reportRuntime(p, "start"); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// reportRSS reports a node proxy's RSS and the part of it that maps its
+// binary.
+func (b *bench) reportRSS(p nodeProxy, when string) error {
+	rss, err := benchmesh.RSS(p.pid)
+	if err != nil {
+		return err
+	}
+	file, err := benchmesh.FileRSS(p.pid)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("nodeproxy_"+p.side+"_rss_"+when+"_mib", float64(rss)/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_rss_file_"+when+"_mib", float64(file)/(1<<20), "MiB")
 	return nil
 }
 
@@ -590,11 +604,9 @@ func (b *bench) memoryAfterLoad(ctx context.Context) error {
 		return ctx.Err()
 	}
 	for _, p := range b.proxies() {
-		rss, err := benchmesh.RSS(p.pid)
-		if err != nil {
+		if err := b.reportRSS(p, "after_load"); err != nil {
 			return err
 		}
-		benchmesh.Report("nodeproxy_"+p.side+"_rss_after_load_mib", float64(rss)/(1<<20), "MiB")
 		if err := b.reportRuntime(p, "after_load"); err != nil {
 			return err
 		}

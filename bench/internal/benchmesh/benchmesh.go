@@ -132,6 +132,10 @@ func CPUTime(pid int) (time.Duration, error) {
 // RSS is a process's resident set size in bytes (VmRSS).
 func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
 
+// FileRSS is the part of a process's RSS that maps files (RssFile): its
+// binary's code and read-only data, as far as they were touched.
+func FileRSS(pid int) (int64, error) { return statusBytes(pid, "RssFile") }
+
 // PeakRSS is the largest resident set size the process has had, in bytes
 // (VmHWM).
 func PeakRSS(pid int) (int64, error) { return statusBytes(pid, "VmHWM") }

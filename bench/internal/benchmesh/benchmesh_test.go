@@ -67,6 +67,13 @@ func TestRSS(t *testing.T) {
 	if peak < rss {
 		t.Fatalf("peak RSS %d bytes below the RSS %d read before it", peak, rss)
 	}
+	file, err := FileRSS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if file <= 0 || file > peak {
+		t.Fatalf("file-backed RSS %d bytes, peak RSS %d", file, peak)
+	}
 }
 
 func TestProcErrors(t *testing.T) {
