@@ -555,8 +555,8 @@ func (b *bench) startMemory(ctx context.Context) error {
 	return nil
 }
 
-// reportRSS reports a node proxy's RSS and the part of it that maps its
-// binary.
+// reportRSS reports a node proxy's RSS, the part of it that maps its
+// binary, and its open file descriptors.
 func (b *bench) reportRSS(p nodeProxy, when string) error {
 	rss, err := benchmesh.RSS(p.pid)
 	if err != nil {
@@ -568,11 +568,17 @@ func (b *bench) reportRSS(p nodeProxy, when string) error {
 	}
 	benchmesh.Report("nodeproxy_"+p.side+"_rss_"+when+"_mib", float64(rss)/(1<<20), "MiB")
 	benchmesh.Report("nodeproxy_"+p.side+"_rss_file_"+when+"_mib", float64(file)/(1<<20), "MiB")
+	fds, err := benchmesh.OpenFiles(p.pid)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("nodeproxy_"+p.side+"_fds_"+when, float64(fds), "fds")
 	return nil
 }
 
 // reportRuntime reports what the Go runtime of a node proxy holds: heap in
-// use, goroutine stacks, goroutines.
+// use and free, goroutine stacks, goroutines, and all it took from the
+// system.
 func (b *bench) reportRuntime(p nodeProxy, when string) error {
 	rt, err := b.runtimeFigures(p.node)
 	if err != nil {
@@ -581,6 +587,10 @@ func (b *bench) reportRuntime(p nodeProxy, when string) error {
 	benchmesh.Report("nodeproxy_"+p.side+"_heap_"+when+"_mib", rt["go_memstats_heap_inuse_bytes"]/(1<<20), "MiB")
 	benchmesh.Report("nodeproxy_"+p.side+"_stack_"+when+"_mib", rt["go_memstats_stack_inuse_bytes"]/(1<<20), "MiB")
 	benchmesh.Report("nodeproxy_"+p.side+"_goroutines_"+when, rt["go_goroutines"], "goroutines")
+	// Free heap not yet returned to the system, and all the runtime holds
+	// from the system (heap, stacks, its own structures).
+	benchmesh.Report("nodeproxy_"+p.side+"_heap_free_"+when+"_mib", (rt["go_memstats_heap_idle_bytes"]-rt["go_memstats_heap_released_bytes"])/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_runtime_held_"+when+"_mib", (rt["go_memstats_sys_bytes"]-rt["go_memstats_heap_released_bytes"])/(1<<20), "MiB")
 	return nil
 }
 
@@ -662,7 +672,8 @@ func (b *bench) runtimeFigures(node string) (map[string]float64, error) {
 		return nil, fmt.Errorf("no node %s in the plan", node)
 	}
 	return benchmesh.Scrape("http://"+np.Status+"/metrics", "go_goroutines", "go_memstats_stack_inuse_bytes",
-		"go_memstats_heap_inuse_bytes", "go_memstats_heap_objects")
+		"go_memstats_heap_inuse_bytes", "go_memstats_heap_objects", "go_memstats_heap_idle_bytes",
+		"go_memstats_heap_released_bytes", "go_memstats_sys_bytes")
 }
 
 // openHeld opens a connection to the hold port and checks it reaches pod B

@@ -136,6 +136,12 @@ func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
 // binary's code and read-only data, as far as they were touched.
 func FileRSS(pid int) (int64, error) { return statusBytes(pid, "RssFile") }
 
+// OpenFiles is how many file descriptors a process holds.
+func OpenFiles(pid int) (int, error) {
+	fds, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
+	return len(fds), err
+}
+
 // PeakRSS is the largest resident set size the process has had, in bytes
 // (VmHWM).
 func PeakRSS(pid int) (int64, error) { return statusBytes(pid, "VmHWM") }

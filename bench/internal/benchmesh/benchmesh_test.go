@@ -74,6 +74,18 @@ func TestRSS(t *testing.T) {
 	if file <= 0 || file > peak {
 		t.Fatalf("file-backed RSS %d bytes, peak RSS %d", file, peak)
 	}
+	before, err := OpenFiles(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if after, err := OpenFiles(os.Getpid()); err != nil || after != before+1 {
+		t.Fatalf("%d open files, then %d (%v) after opening one", before, after, err)
+	}
 }
 
 func TestProcErrors(t *testing.T) {
@@ -84,6 +96,9 @@ func TestProcErrors(t *testing.T) {
 	}
 	if _, err := RSS(noSuchPID); err == nil {
 		t.Fatal("RSS of a missing process succeeded")
+	}
+	if _, err := OpenFiles(noSuchPID); err == nil {
+		t.Fatal("OpenFiles of a missing process succeeded")
 	}
 	if _, err := PeakRSS(noSuchPID); err == nil {
 		t.Fatal("PeakRSS of a missing process succeeded")
