@@ -143,9 +143,10 @@ func TestTuneMemory(t *testing.T) {
 // inUse keeps the test's load reachable (and allocated) until it ends.
 var inUse [][]byte
 
-// A quiet interval after a busy one lowers the GC target and returns the
-// freed heap to the system; the next busy interval restores the target.
-// With GOGC set only the memory is returned.
+// A quiet spell after a busy one lowers the GC target and returns the
+// freed heap to the system, and what is freed later while idle goes back
+// within idleRelease; the next busy check restores the target. With GOGC
+// set only the memory is returned.
 func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(prev)
@@ -155,8 +156,6 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var allocated uint64
-	m.step(allocated) // start-up: busy
 	// The heap the process holds: objects (live or not yet collected) and
 	// free pages not returned to the system.
 	heldHeap := func() uint64 {
@@ -169,26 +168,35 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 		debug.SetGCPercent(p)
 		return p
 	}
-
-	// Load: 64 MiB in use during a busy interval, garbage at its end.
-	allocated += idleAlloc
-	inUse = make([][]byte, 64)
-	for i := range inUse {
-		inUse[i] = make([]byte, 1<<20)
+	var allocated uint64
+	quiet := func(checks int) {
+		for range checks {
+			allocated++
+			m.step(allocated)
+		}
 	}
+	load := func(mib int) {
+		inUse = make([][]byte, mib)
+		for i := range inUse {
+			inUse[i] = make([]byte, 1<<20)
+		}
+	}
+
+	// Load: 64 MiB in use while busy, garbage once it ends.
+	load(64)
+	allocated += idleAlloc
 	m.step(allocated)
+	quiet(idleAfter - 1)
 	if m.idle || percent() != DefaultGCPercent {
-		t.Fatalf("busy interval: idle %v, GC percent %d", m.idle, percent())
+		t.Fatalf("%d quiet checks after a busy one: idle %v, GC percent %d", idleAfter-1, m.idle, percent())
 	}
 	if held := heldHeap(); held < 64<<20 {
 		t.Fatalf("%d bytes of heap held with 64 MiB in use", held)
 	}
 	inUse = nil
-
-	allocated += idleAlloc - 1
-	m.step(allocated)
+	quiet(1)
 	if !m.idle || percent() != idleGCPercent {
-		t.Fatalf("quiet interval: idle %v, GC percent %d", m.idle, percent())
+		t.Fatalf("%d quiet checks: idle %v, GC percent %d", idleAfter, m.idle, percent())
 	}
 	if held := heldHeap(); held > 32<<20 {
 		t.Fatalf("%d bytes of heap held once idle", held)
@@ -196,25 +204,18 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 
 	// Memory freed while idle (pooled connections closing) goes back
 	// within idleRelease.
-	inUse = make([][]byte, 64)
-	for i := range inUse {
-		inUse[i] = make([]byte, 1<<20)
-	}
+	load(64)
 	inUse = nil
-	for range idleRelease/idleCheck - 1 {
-		allocated++
-		m.step(allocated)
-	}
+	quiet(int(idleRelease/idleCheck) - 1)
 	if held := heldHeap(); held < 64<<20 {
 		t.Fatalf("%d bytes of heap held before idleRelease passed: released early", held)
 	}
-	allocated++
-	m.step(allocated)
+	quiet(1)
 	if held := heldHeap(); !m.idle || held > 32<<20 {
 		t.Fatalf("idle %v, %d bytes of heap held idleRelease after the last release", m.idle, held)
 	}
 
-	allocated += 10 * idleAlloc
+	allocated += idleAlloc
 	m.step(allocated)
 	if m.idle || percent() != DefaultGCPercent {
 		t.Fatalf("load again: idle %v, GC percent %d", m.idle, percent())
@@ -225,9 +226,9 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	if m, err = tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
 		t.Fatal(err)
 	}
-	m.step(allocated)
-	m.step(allocated)
+	m.step(allocated) // busy: all allocated so far is new to it
+	quiet(idleAfter)
 	if !m.idle || percent() != 150 {
-		t.Fatalf("GOGC set, quiet interval: idle %v, GC percent %d", m.idle, percent())
+		t.Fatalf("GOGC set, quiet spell: idle %v, GC percent %d", m.idle, percent())
 	}
 }

@@ -24,15 +24,18 @@ const DefaultGCPercent = 400
 
 // Idle memory. Under load the heap grows to gcPercent above the live heap,
 // and Go returns freed pages lazily (its scavenger keeps about the heap
-// goal), so a proxy would hold its peak long after the load ended. While
-// the process allocates less than idleAlloc per idleCheck it is idle: the
-// collector's target drops to idleGCPercent and the freed heap goes back
-// to the system at once, and again every idleRelease while anything was
-// allocated (what ends after the load, such as pooled connections closing
-// once idle, frees more); the first busy interval restores gcPercent.
+// goal), so a proxy would hold its peak long after the load ended. After
+// idleAfter checks in a row each finding less than idleAlloc allocated
+// since the one before, the process is idle: the collector's target drops
+// to idleGCPercent and the freed heap goes back to the system at once, and
+// again every idleRelease while anything was allocated (what ends after
+// the load, such as pooled connections closing once idle, frees more). The
+// first busy check restores gcPercent, within idleCheck of the load's
+// return.
 const (
-	idleCheck     = 5 * time.Second
-	idleAlloc     = 2 << 20
+	idleCheck     = time.Second
+	idleAfter     = 5
+	idleAlloc     = 512 << 10
 	idleRelease   = 30 * time.Second
 	idleGCPercent = 100
 )
@@ -74,6 +77,7 @@ type idleMemory struct {
 	log         *zap.Logger
 
 	idle      bool
+	quiet     int    // checks in a row that found the process quiet
 	allocated uint64 // heap bytes allocated so far, at the last check
 	released  uint64 // and at the last release
 	sinceFree time.Duration
@@ -81,8 +85,8 @@ type idleMemory struct {
 }
 
 // run checks every idleCheck until ctx ends. The process starts busy
-// (loading configuration and certificates), so its first quiet interval
-// also returns what start-up left behind.
+// (loading configuration and certificates), so its first quiet spell also
+// returns what start-up left behind.
 func (m *idleMemory) run(ctx context.Context) {
 	m.sample[0].Name = "/gc/heap/allocs:bytes"
 	t := time.NewTicker(idleCheck)
@@ -104,19 +108,22 @@ func (m *idleMemory) step(allocated uint64) {
 	busy := allocated-m.allocated >= idleAlloc
 	m.allocated = allocated
 	m.sinceFree += idleCheck
-	switch {
-	case busy:
+	if busy {
 		if m.idle && m.adapt {
 			debug.SetGCPercent(m.busyPercent)
 		}
-		m.idle = false
-	case !m.idle:
+		m.idle, m.quiet = false, 0
+		return
+	}
+	m.quiet++
+	switch {
+	case !m.idle && m.quiet >= idleAfter:
 		m.idle = true
 		if m.adapt {
 			debug.SetGCPercent(idleGCPercent)
 		}
 		m.release()
-	case m.sinceFree >= idleRelease && allocated != m.released:
+	case m.idle && m.sinceFree >= idleRelease && allocated != m.released:
 		m.release()
 	}
 }
