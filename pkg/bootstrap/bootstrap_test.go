@@ -114,22 +114,31 @@ func TestAdminMustNotShareTheStatusPorts(t *testing.T) {
 	}
 }
 
-// The proxies' GC target applies unless GOGC says otherwise; a bad value
-// is refused.
-func TestTuneMemory(t *testing.T) {
+// tuneUnset tunes memory as a proxy without GOGC in its environment does,
+// and restores the GC target when t ends.
+func tuneUnset(t *testing.T) *idleMemory {
+	t.Helper()
 	prev := debug.SetGCPercent(100)
-	defer debug.SetGCPercent(prev)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
 	t.Setenv("GOGC", "")
 	os.Unsetenv("GOGC")
 	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
+	return m
+}
+
+// The proxies' GC target applies unless GOGC says otherwise; a bad value
+// is refused.
+func TestTuneMemory(t *testing.T) {
+	m := tuneUnset(t)
 	if got := debug.SetGCPercent(100); got != DefaultGCPercent || !m.adapt {
 		t.Fatalf("GC percent %d, want %d (adapting: %v)", got, DefaultGCPercent, m.adapt)
 	}
 	t.Setenv("GOGC", "150")
-	if m, err = tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := debug.SetGCPercent(100); got != 100 || m.adapt {
@@ -148,14 +157,7 @@ var inUse [][]byte
 // within idleRelease; the next busy check restores the target. With GOGC
 // set only the memory is returned.
 func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
-	prev := debug.SetGCPercent(100)
-	defer debug.SetGCPercent(prev)
-	t.Setenv("GOGC", "")
-	os.Unsetenv("GOGC")
-	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := tuneUnset(t)
 	// The heap the process holds: objects (live or not yet collected) and
 	// free pages not returned to the system.
 	heldHeap := func() uint64 {
@@ -223,7 +225,8 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 
 	t.Setenv("GOGC", "150")
 	debug.SetGCPercent(150)
-	if m, err = tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
 		t.Fatal(err)
 	}
 	m.step(allocated) // busy: all allocated so far is new to it
