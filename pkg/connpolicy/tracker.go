@@ -102,9 +102,10 @@ func (t *Tracker) recheck(ctx context.Context, o *Open) bool {
 	if !o.revoked.CompareAndSwap(nil, &reason) {
 		return false // already closed
 	}
-	o.revoke()
+	// Logged first: whoever sees the connection end finds the reason.
 	t.log.Info("open connection no longer authorized; closed", append(o.fields,
 		zap.String("policy", v.Policy), zap.String("policy_revision", v.Revision), zap.String("decision_id", v.DecisionID), zap.String("reason", reason))...)
+	o.revoke()
 	return true
 }
 
