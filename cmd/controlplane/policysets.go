@@ -15,6 +15,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -55,7 +56,9 @@ func parsePolicySet(spec string) (policySetFlag, error) {
 		if err != nil {
 			return f, err
 		}
-		f.opts.Bundle = &policy.BundleOptions{Name: name, Service: service, Resource: resource}
+		if f.opts.Feed, err = policybundle.New(policybundle.Options{Name: name, Service: service, Resource: resource}); err != nil {
+			return f, err
+		}
 	default:
 		return f, fmt.Errorf("%q: unknown source kind %q (dir, git or bundle)", spec, kind)
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -19,7 +20,7 @@ func TestParsePolicySet(t *testing.T) {
 	if err != nil || f.name != "db" || f.opts.Git.URL != "https://git.example/p.git" || f.opts.Git.Ref != "main" || f.opts.Git.Dir != "connection/db" {
 		t.Fatalf("git: %+v %v", f, err)
 	}
-	if f, err := parsePolicySet("b=bundle:https://opa.example#bundles/b.tar.gz"); err != nil || f.opts.Bundle.Resource != "bundles/b.tar.gz" {
+	if f, err := parsePolicySet("b=bundle:https://opa.example#bundles/b.tar.gz"); err != nil || f.opts.Feed.(*policybundle.Feed).Options().Resource != "bundles/b.tar.gz" || f.opts.Feed.Name() != "bundle:b" {
 		t.Fatalf("bundle: %+v %v", f, err)
 	}
 	for _, bad := range []string{"db", "=dir:/x", "db=dir:", "db=svn:x", "db=bundle:https://opa.example"} {

@@ -15,6 +15,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
+
+	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
 )
 
 // bundleServer serves one bundle at /bundles/authz.tar.gz with ETags, as an
@@ -67,6 +69,15 @@ func (s *bundleServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(s.body)
 }
 
+func newFeed(t testing.TB, o policybundle.Options) *policybundle.Feed {
+	t.Helper()
+	f, err := policybundle.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 func TestBundleSource(t *testing.T) {
 	srv := &bundleServer{}
 	srv.set(t, map[string]string{
@@ -79,7 +90,7 @@ func TestBundleSource(t *testing.T) {
 	service, _ := json.Marshal(map[string]any{"url": hs.URL})
 	e, logs := newTestEngine(t, Options{
 		DecisionPath: "envoy/authz/allow",
-		Bundle:       &BundleOptions{Name: "authz", Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second},
+		Feed:         newFeed(t, policybundle.Options{Name: "authz", Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second}),
 	})
 	startEngine(t, e)
 	waitFor(t, "bundle activation", func() bool { return e.Ready() == nil })
@@ -139,8 +150,8 @@ func TestBundleAndDirectory(t *testing.T) {
 	writeFiles(t, dir, map[string]string{"authz.rego": "package envoy.authz\n\nallow if input.attributes.request.http.method in data.lib.methods\n"})
 	service, _ := json.Marshal(map[string]any{"url": hs.URL})
 	e, logs := newTestEngine(t, Options{
-		Dir:    dir,
-		Bundle: &BundleOptions{Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second},
+		Dir:  dir,
+		Feed: newFeed(t, policybundle.Options{Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second}),
 	})
 	startEngine(t, e)
 	defer func() {

@@ -69,7 +69,7 @@ func NewInstalledEngine(ctx context.Context, content *Content, opts Options) (*E
 	if content == nil || len(content.Sources) == 0 {
 		return nil, errors.New("policy: empty content")
 	}
-	opts.Dir, opts.Git, opts.Bundle = "", nil, nil
+	opts.Dir, opts.Git, opts.Feed = "", nil, nil
 	opts.Limits = opts.Limits.withDefaults()
 	set := make([]*snapshot, 0, len(content.Sources))
 	for _, cs := range content.Sources {

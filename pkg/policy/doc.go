@@ -7,7 +7,8 @@
 //
 // Policy sets come from a directory of Rego v1 files or a Git repository
 // fetched in process (git.go: every revision a commit), and optionally an
-// OPA bundle service. A set is compiled, its *_test.rego
+// OPA bundle service (a Feed: package policybundle, kept apart so that the
+// node proxy does not link OPA's downloader). A set is compiled, its *_test.rego
 // tests run and its decision query prepared off the request path; only then
 // is it swapped in atomically. A set that does not parse, compile or pass its
 // tests is rejected with a logged reason and the last good one stays active.

@@ -26,8 +26,9 @@ type Options struct {
 	Dir string
 	// Git, instead of Dir, fetches the policy from a Git repository.
 	Git *GitOptions
-	// Bundle, if set, also loads policy from an OPA bundle service.
-	Bundle *BundleOptions
+	// Feed, if set, also loads policy from an OPA bundle service
+	// (policybundle.New).
+	Feed Feed
 	// DecisionPath names the decision, "envoy/authz/allow" (default) or
 	// "data.envoy.authz.allow". Input selects the optional parts of the
 	// input (body parsing). Both, and the DecisionLog's mode, are defaults:
@@ -176,8 +177,8 @@ func NewEngine(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if primary == nil && opts.Bundle == nil {
-		return nil, errors.New("policy: no source (set Dir, Git or Bundle)")
+	if primary == nil && opts.Feed == nil {
+		return nil, errors.New("policy: no source (set Dir, Git or Feed)")
 	}
 	return newEngine(opts, primary)
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/causeway-mesh/causeway/pkg/dirwatch"
+	"github.com/open-policy-agent/opa/v1/bundle"
 )
 
 // Run keeps the policy current until ctx ends: it loads the directory and
@@ -22,14 +23,16 @@ import (
 // done and every goroutine it started has exited.
 func (e *Engine) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	if e.opts.Bundle != nil {
-		d, err := e.startBundle(ctx)
+	if f := e.opts.Feed; f != nil {
+		stop, err := f.Start(ctx, e.log.Named("bundle"), func(ctx context.Context, b *bundle.Bundle, err error) {
+			e.bundleUpdate(ctx, f.Name(), b, err)
+		})
 		if err != nil {
 			return err
 		}
 		wg.Go(func() {
 			<-ctx.Done()
-			d.Stop(context.Background())
+			stop()
 		})
 	}
 	switch {
