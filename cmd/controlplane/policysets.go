@@ -16,6 +16,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
+	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -46,7 +47,11 @@ func parsePolicySet(spec string) (policySetFlag, error) {
 		if url == "" {
 			return f, fmt.Errorf("%q: empty repository URL", spec)
 		}
-		f.opts.Git = &policy.GitOptions{URL: url, Ref: ref, Dir: dir}
+		g, err := policygit.New(policygit.Options{URL: url, Ref: ref, Dir: dir}, policy.Limits{})
+		if err != nil {
+			return f, fmt.Errorf("%q: %w", spec, err)
+		}
+		f.opts.Remote = g
 	case "bundle":
 		url, resource, _ := strings.Cut(loc, "#")
 		if url == "" || resource == "" {
@@ -93,7 +98,7 @@ func newPolicySets(flags []policySetFlag, log *zap.Logger, changed func()) (*pol
 			return nil, fmt.Errorf("--connection-policy %s: %w", f.name, err)
 		}
 		ps.engines[f.name] = e
-		ps.polled[f.name] = o.Dir != "" || o.Git != nil
+		ps.polled[f.name] = o.Dir != "" || o.Remote != nil
 	}
 	return ps, nil
 }

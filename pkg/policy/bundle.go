@@ -46,17 +46,17 @@ func (e *Engine) bundleUpdate(ctx context.Context, source string, b *bundle.Bund
 // Its revision is the manifest's, else a hash of the content; the content
 // hash also tells apart bundles published under one revision, and makes an
 // unchanged bundle a no-op.
-func snapshotFromBundle(source string, b *bundle.Bundle) (*snapshot, error) {
+func snapshotFromBundle(source string, b *bundle.Bundle) (*Snapshot, error) {
 	if b.Type() == bundle.DeltaBundleType {
 		return nil, errors.New("delta bundles are not supported")
 	}
-	snap := &snapshot{Name: source}
+	snap := &Snapshot{Name: source}
 	for _, m := range b.Modules {
 		p := m.Path
 		if p == "" {
 			p = m.URL
 		}
-		snap.Modules = append(snap.Modules, sourceFile{Path: p, Content: m.Raw})
+		snap.Modules = append(snap.Modules, File{Path: p, Content: m.Raw})
 	}
 	sort.Slice(snap.Modules, func(i, j int) bool { return snap.Modules[i].Path < snap.Modules[j].Path })
 	snap.Data = b.Data
@@ -67,7 +67,7 @@ func snapshotFromBundle(source string, b *bundle.Bundle) (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundle data: %w", err)
 	}
-	snap.DataDocs = []sourceFile{{Path: "data.json", Content: dataJSON}}
+	snap.DataDocs = []File{{Path: "data.json", Content: dataJSON}}
 	snap.Revision = revisionOf(snap.Modules, snap.DataDocs)
 	if r := b.Manifest.Revision; r != "" {
 		snap.Revision, snap.Digest = r, snap.Revision

@@ -171,9 +171,9 @@ func TestBundleAndDirectory(t *testing.T) {
 // other source's) is activated once the other arrives, in either order;
 // and a broken source does not block a good change of another.
 func TestSourceWaitingForAnother(t *testing.T) {
-	lib := &snapshot{Name: "bundle:lib", Modules: []sourceFile{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := {\"GET\"}\n")}}, Revision: "lib1"}
-	authz := &snapshot{Name: "dir", Modules: []sourceFile{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n")}}, Revision: "authz1"}
-	for name, order := range map[string][]*snapshot{"lib first": {lib, authz}, "authz first": {authz, lib}} {
+	lib := &Snapshot{Name: "bundle:lib", Modules: []File{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := {\"GET\"}\n")}}, Revision: "lib1"}
+	authz := &Snapshot{Name: "dir", Modules: []File{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n")}}, Revision: "authz1"}
+	for name, order := range map[string][]*Snapshot{"lib first": {lib, authz}, "authz first": {authz, lib}} {
 		t.Run(name, func(t *testing.T) {
 			e, _ := newTestEngine(t, Options{Dir: "unused"})
 			_ = e.offer(context.Background(), order[0], false)
@@ -196,11 +196,11 @@ func TestSourceWaitingForAnother(t *testing.T) {
 	if err := e.offer(context.Background(), authz, false); err != nil {
 		t.Fatal(err)
 	}
-	broken := &snapshot{Name: "bundle:lib", Modules: []sourceFile{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := \n")}}, Revision: "lib2"}
+	broken := &Snapshot{Name: "bundle:lib", Modules: []File{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := \n")}}, Revision: "lib2"}
 	if err := e.offer(context.Background(), broken, false); err == nil {
 		t.Fatal("broken lib activated")
 	}
-	authz2 := &snapshot{Name: "dir", Modules: []sourceFile{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n\nx := 2\n")}}, Revision: "authz2"}
+	authz2 := &Snapshot{Name: "dir", Modules: []File{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n\nx := 2\n")}}, Revision: "authz2"}
 	if err := e.offer(context.Background(), authz2, false); err != nil {
 		t.Fatalf("good dir change blocked by a broken bundle: %v", err)
 	}

@@ -38,8 +38,8 @@ func (e *Engine) Run(ctx context.Context) error {
 	switch {
 	case e.opts.Dir != "":
 		e.watchDir(ctx)
-	case e.opts.Git != nil:
-		e.pollGit(ctx)
+	case e.opts.Remote != nil:
+		e.pollRemote(ctx)
 	default:
 		<-ctx.Done()
 	}
@@ -80,10 +80,10 @@ func (e *Engine) reloadDir(ctx context.Context) {
 // webhook calls costs one fetch.
 const minRefreshGap = 2 * time.Second
 
-// pollGit fetches the ref at start, every poll interval and on Refresh. A
-// fetch lists the remote's references first; an unchanged ref costs no
-// more than that.
-func (e *Engine) pollGit(ctx context.Context) {
+// pollRemote reads the remote at start, every poll interval and on
+// Refresh (a Git fetch lists the remote's references first; an unchanged
+// ref costs no more than that).
+func (e *Engine) pollRemote(ctx context.Context) {
 	e.reloadDir(ctx)
 	last := time.Now()
 	poll := time.NewTicker(e.primary.poll)
