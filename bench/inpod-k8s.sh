@@ -103,11 +103,55 @@ report() { printf 'bench: %s %s %s\n' "$1" "$2" "$3"; }
 # server pod's 15008) with the mesh namespace's identity as the destination:
 # proof that the mesh pair is captured on both ends.
 nodeproxy_opened() {
+  nodeproxy_metrics | awk -v want="destination_principal=\"spiffe://cluster.local/ns/$MESH_NS/" -v dir="direction=\"$1\"" \
+    '/^tcp_connections_opened_total/ && index($0, want) && index($0, dir) { s += $NF } END { print s + 0 }'
+}
+
+# nodeproxy_metrics: the node proxy's /metrics (on the pod bridge only).
+nodeproxy_metrics() {
   local ip
   ip=$(k -n causeway-system get pod -l app.kubernetes.io/name=causeway-nodeproxy -o jsonpath='{.items[0].status.podIP}')
   ip route get "$ip" | grep -q "dev $POD_BRIDGE" || die "$ip is not on $POD_BRIDGE"
-  curl -sf "http://$ip:15020/metrics" | awk -v want="destination_principal=\"spiffe://cluster.local/ns/$MESH_NS/" -v dir="direction=\"$1\"" \
-    '/^tcp_connections_opened_total/ && index($0, want) && index($0, dir) { s += $NF } END { print s + 0 }'
+  curl -sf "http://$ip:15020/metrics"
+}
+
+# netns_of IP: the network namespace (as `ip netns` names it) that holds
+# address IP, empty when none does.
+netns_of() {
+  local n
+  for n in $(ip netns list | awk '{ print $1 }'); do
+    if ip netns exec "$n" ip -4 -o addr show | grep -qF " $1/"; then echo "$n"; return; fi
+  done
+}
+
+# timewait IP, conntrack_of IP: TIME_WAIT sockets and conntrack entries
+# in the network namespace of the pod with address IP ("?" when it is not
+# found).
+timewait() {
+  local n
+  n=$(netns_of "$1")
+  if [ -n "$n" ]; then ip netns exec "$n" ss -Htan state time-wait | wc -l; else echo '?'; fi
+}
+conntrack_of() {
+  local n
+  n=$(netns_of "$1")
+  if [ -n "$n" ]; then ip netns exec "$n" cat /proc/sys/net/netfilter/nf_conntrack_count; else echo '?'; fi
+}
+
+# state: what could wear down round after round (issue 36 item 6): the
+# node proxy's goroutines and open files, conntrack entries (host, mesh
+# client pod, mesh server pod) and TIME_WAIT sockets in each client and
+# server pod.
+state() {
+  local metrics mc pc
+  metrics=$(nodeproxy_metrics)
+  mc=$(k -n $MESH_NS get pod client -o jsonpath='{.status.podIP}')
+  pc=$(k -n $PLAIN_NS get pod client -o jsonpath='{.status.podIP}')
+  printf 'node proxy goroutines %s open files %s; conntrack host %s, mesh client %s, mesh server %s; TIME_WAIT mesh client %s server %s, plain client %s server %s' \
+    "$(awk '$1 == "go_goroutines" { print $2 }' <<<"$metrics")" "$(awk '$1 == "process_open_fds" { print $2 }' <<<"$metrics")" \
+    "$(cat /proc/sys/net/netfilter/nf_conntrack_count)" \
+    "$(conntrack_of "$mc")" "$(conntrack_of "$MESH_IP")" \
+    "$(timewait "$mc")" "$(timewait "$MESH_IP")" "$(timewait "$pc")" "$(timewait "$PLAIN_IP")"
 }
 
 pair() {
@@ -121,6 +165,7 @@ pair() {
       crr[$ns]+="$(run $ns crr -to "$(ip_of $ns)" -t "${SECONDS_PER}s" -c 4 | value connections) "
     done
     say "round $r: throughput ${tput[$PLAIN_NS]}/ ${tput[$MESH_NS]}; conn/s ${crr[$PLAIN_NS]}/ ${crr[$MESH_NS]}"
+    say "after round $r: $(state)"
   done
   declare -A p50 p99
   for ns in $PLAIN_NS $MESH_NS; do

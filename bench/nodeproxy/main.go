@@ -108,6 +108,7 @@ type options struct {
 	skipMemory    bool
 	dialParallel  int
 	settle        time.Duration
+	afterLoad     time.Duration
 	bulkWriteSize int
 	peers         string
 	profileDir    string
@@ -128,8 +129,9 @@ func main() {
 	flag.IntVar(&o.bulkWriteSize, "write-size", 256<<10, "bytes per write in the throughput measurement")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
+	flag.DurationVar(&o.afterLoad, "after-load", time.Minute, "how long after the last measurement the proxies' RSS is read again (0: not read)")
 	flag.StringVar(&o.peers, "peers", "nginx_stream,stunnel", "peer TLS tunnel pairs to measure (comma-separated; empty: none)")
-	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open and after the load, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
 	app := flag.Bool("app", false, "run as pod B's app (the benchmark starts itself so)")
 	appTLSDir := flag.String("app-tls", "", "with -app: also serve TLS with the certificates in this directory")
 	flag.Parse()
@@ -247,6 +249,9 @@ func run(o options) error {
 		}
 	}
 
+	if err := b.startMemory(ctx); err != nil {
+		return err
+	}
 	steps := []func(context.Context) error{b.throughput, b.connectionsPerSecond}
 	if !o.skipMemory {
 		// First, while the proxies are fresh: later steps leave heap behind
@@ -265,7 +270,7 @@ func run(o options) error {
 		default:
 		}
 	}
-	return nil
+	return b.memoryAfterLoad(ctx)
 }
 
 // path is one way from pod A to pod B.
@@ -524,6 +529,109 @@ func (b *bench) memory(ctx context.Context) error {
 	return nil
 }
 
+// nodeProxy is one node proxy of the pair: its figures' prefix, node and
+// process.
+type nodeProxy struct {
+	side, node string
+	pid        int
+}
+
+func (b *bench) proxies() []nodeProxy {
+	return []nodeProxy{{"a", "node-a", b.proxyA}, {"b", "node-b", b.proxyB}}
+}
+
+// startMemory reports both node proxies' RSS before any connection, once
+// their configuration has arrived and settled.
+func (b *bench) startMemory(ctx context.Context) error {
+	sleepCtx(ctx, b.o.settle)
+	for _, p := range b.proxies() {
+		if err := b.reportRSS(p, "start"); err != nil {
+			return err
+		}
+		if err := b.reportRuntime(p, "start"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reportRSS reports a node proxy's RSS, the part of it that maps its
+// binary, and its open file descriptors.
+func (b *bench) reportRSS(p nodeProxy, when string) error {
+	rss, err := benchmesh.RSS(p.pid)
+	if err != nil {
+		return err
+	}
+	file, err := benchmesh.FileRSS(p.pid)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("nodeproxy_"+p.side+"_rss_"+when+"_mib", float64(rss)/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_rss_file_"+when+"_mib", float64(file)/(1<<20), "MiB")
+	fds, err := benchmesh.OpenFiles(p.pid)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("nodeproxy_"+p.side+"_fds_"+when, float64(fds), "fds")
+	return nil
+}
+
+// reportRuntime reports what the Go runtime of a node proxy holds: heap in
+// use and free, goroutine stacks, goroutines, and all it took from the
+// system.
+func (b *bench) reportRuntime(p nodeProxy, when string) error {
+	rt, err := b.runtimeFigures(p.node)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("nodeproxy_"+p.side+"_heap_"+when+"_mib", rt["go_memstats_heap_inuse_bytes"]/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_stack_"+when+"_mib", rt["go_memstats_stack_inuse_bytes"]/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_goroutines_"+when, rt["go_goroutines"], "goroutines")
+	// Free heap not yet returned to the system, and all the runtime holds
+	// from the system (heap, stacks, its own structures).
+	benchmesh.Report("nodeproxy_"+p.side+"_heap_free_"+when+"_mib", (rt["go_memstats_heap_idle_bytes"]-rt["go_memstats_heap_released_bytes"])/(1<<20), "MiB")
+	benchmesh.Report("nodeproxy_"+p.side+"_runtime_held_"+when+"_mib", (rt["go_memstats_sys_bytes"]-rt["go_memstats_heap_released_bytes"])/(1<<20), "MiB")
+	return nil
+}
+
+// memoryAfterLoad reports both node proxies' peak RSS over the whole run
+// (the idle connections, bulk streams and connection loops) and, after
+// -after-load with no traffic, their RSS and what the Go runtime holds:
+// the memory a proxy keeps once the load is gone.
+func (b *bench) memoryAfterLoad(ctx context.Context) error {
+	if b.o.afterLoad <= 0 {
+		return nil
+	}
+	for _, p := range b.proxies() {
+		peak, err := benchmesh.PeakRSS(p.pid)
+		if err != nil {
+			return err
+		}
+		benchmesh.Report("nodeproxy_"+p.side+"_rss_peak_mib", float64(peak)/(1<<20), "MiB")
+	}
+	sleepCtx(ctx, b.o.afterLoad)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	for _, p := range b.proxies() {
+		if err := b.reportRSS(p, "after_load"); err != nil {
+			return err
+		}
+		if err := b.reportRuntime(p, "after_load"); err != nil {
+			return err
+		}
+		if b.o.profileDir != "" {
+			for _, prof := range []string{"heap?gc=1", "goroutine"} {
+				name, _, _ := strings.Cut(prof, "?")
+				if err := b.saveProfile(ctx, p.node, prof, "after-load-"+name+"-"+p.node+".pb.gz"); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // saveProfile writes the pprof profile prof (with its query) of a node's
 // proxy to file in the profile directory.
 func (b *bench) saveProfile(ctx context.Context, node, prof, file string) error {
@@ -564,7 +672,8 @@ func (b *bench) runtimeFigures(node string) (map[string]float64, error) {
 		return nil, fmt.Errorf("no node %s in the plan", node)
 	}
 	return benchmesh.Scrape("http://"+np.Status+"/metrics", "go_goroutines", "go_memstats_stack_inuse_bytes",
-		"go_memstats_heap_inuse_bytes", "go_memstats_heap_objects")
+		"go_memstats_heap_inuse_bytes", "go_memstats_heap_objects", "go_memstats_heap_idle_bytes",
+		"go_memstats_heap_released_bytes", "go_memstats_sys_bytes")
 }
 
 // openHeld opens a connection to the hold port and checks it reaches pod B

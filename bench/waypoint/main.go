@@ -241,6 +241,7 @@ type options struct {
 	keep                bool
 	profile             string
 	rigProfile          string
+	afterLoad           time.Duration
 }
 
 func main() {
@@ -258,6 +259,7 @@ func main() {
 	flag.BoolVar(&o.skipDirect, "skip-direct", false, "skip the reference run straight to the backend")
 	flag.BoolVar(&o.skipL4, "skip-l4", false, "skip the reference run through the waypoint's TCP port (tunnels and relay only)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
+	flag.DurationVar(&o.afterLoad, "after-load", time.Minute, "how long after the last load the waypoint's RSS is read again (0: not read)")
 	flag.StringVar(&o.profile, "waypoint-profile", "", "write a CPU profile of the waypoint during its first measured window to this file (go tool pprof bin/waypoint FILE)")
 	flag.StringVar(&o.rigProfile, "rig-profile", "", "write a CPU profile of this program (the HBONE load generator and backend) during the waypoint's first measured window to this file")
 	flag.Parse()
@@ -328,6 +330,13 @@ func run(o options) error {
 	wpName := "waypoint-bench-waypoint-0"
 	wpPID, err := benchmesh.PID(mesh, wpName)
 	if err != nil {
+		return fail(err)
+	}
+	// Idle, before any request: configuration and certificates loaded.
+	if err := sleepCtx(ctx, 2*time.Second); err != nil {
+		return fail(err)
+	}
+	if err := reportRSS(wpPID, "start"); err != nil {
 		return fail(err)
 	}
 
@@ -541,6 +550,20 @@ func run(o options) error {
 		fmt.Fprintln(os.Stderr, "waypoint bench: decision log metrics:", err)
 	}
 
+	if o.afterLoad > 0 {
+		peak, err := benchmesh.PeakRSS(wpPID)
+		if err != nil {
+			return fail(err)
+		}
+		benchmesh.Report("waypoint_rss_peak_mib", float64(peak)/(1<<20), "MiB")
+		if err := sleepCtx(ctx, o.afterLoad); err != nil {
+			return fail(err)
+		}
+		if err := reportRSS(wpPID, "after_load"); err != nil {
+			return fail(err)
+		}
+	}
+
 	peer, err := handshakePeer(bundle, loadgenCert, backendCert, backendID)
 	if err != nil {
 		return fail(err)
@@ -654,4 +677,20 @@ func median(xs []float64) float64 {
 		return s[n/2]
 	}
 	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// reportRSS reports the waypoint's RSS and the part of it that maps its
+// binary.
+func reportRSS(pid int, when string) error {
+	rss, err := benchmesh.RSS(pid)
+	if err != nil {
+		return err
+	}
+	file, err := benchmesh.FileRSS(pid)
+	if err != nil {
+		return err
+	}
+	benchmesh.Report("waypoint_rss_"+when+"_mib", float64(rss)/(1<<20), "MiB")
+	benchmesh.Report("waypoint_rss_file_"+when+"_mib", float64(file)/(1<<20), "MiB")
+	return nil
 }

@@ -32,10 +32,11 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
 	"github.com/causeway-mesh/causeway/pkg/trust/kubeca"
-	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+	"github.com/causeway-mesh/causeway/pkg/xds/xdsserver"
 )
 
 // controlPlane wires the configuration source, the model, the xDS server
@@ -62,7 +63,7 @@ type controlPlane struct {
 	// pushMu orders pushes: a new configuration and a new policy revision
 	// each push the model's snapshot with the sets' content.
 	pushMu    sync.Mutex
-	xdsServer *xds.Server
+	xdsServer *xdsserver.Server
 
 	rejected   prometheus.Counter
 	refused    *prometheus.GaugeVec
@@ -152,7 +153,7 @@ func (cp *controlPlane) setupSource() error {
 		if err != nil {
 			return err
 		}
-		tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
+		tr, err := tokenreview.New(tokenreview.Options{
 			Reviews: kube.AuthenticationV1().TokenReviews(), Audiences: o.tokenAudiences, TrustDomain: o.trustDomain, Pods: ks,
 		})
 		if err != nil {
@@ -312,7 +313,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 	srvCtx, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
 
-	xdsServer, err := xds.NewServer(srvCtx, xds.ServerOptions{Authenticator: cp.auth, TrustedNodeAccounts: cp.opts.trustedNodeAccounts, Logger: log, Registerer: cp.registry})
+	xdsServer, err := xdsserver.NewServer(srvCtx, xdsserver.ServerOptions{Authenticator: cp.auth, TrustedNodeAccounts: cp.opts.trustedNodeAccounts, Logger: log, Registerer: cp.registry})
 	if err != nil {
 		return err
 	}
@@ -330,7 +331,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 		return err
 	}
 	tlsConf := trust.ServerConfig(cp.bundle, func(net.Addr) (*tls.Certificate, error) { return cp.serveCert.Load(), nil }, trust.VerifyIfGiven)
-	g := grpc.NewServer(append(xds.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(tlsConf)))...)
+	g := grpc.NewServer(append(xdsserver.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(tlsConf)))...)
 	xdsServer.Register(g)
 	ca.Register(g)
 
@@ -443,7 +444,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 
 // startHTTP serves readiness, metrics and debug endpoints; the two flag
 // addresses may be the same.
-func (cp *controlPlane) startHTTP(xdsServer *xds.Server) ([]*http.Server, error) {
+func (cp *controlPlane) startHTTP(xdsServer *xdsserver.Server) ([]*http.Server, error) {
 	muxes := map[string]*http.ServeMux{}
 	mux := func(addr string) *http.ServeMux {
 		if muxes[addr] == nil {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
-	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 )
 
 func main() {
@@ -90,7 +90,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&source, "source", "", "configuration source: dir=PATH (a directory of Kubernetes YAML, watched for changes) or kubernetes (the cluster's API server, by informers; callers authenticate with service-account tokens checked by TokenReview)")
 	fs.StringVar(&o.configDir, "config-dir", "", "same as --source dir=PATH: a directory of Kubernetes YAML (Namespace, Pod, Service, EndpointSlice, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "with --source kubernetes: kubeconfig file (default: the in-cluster configuration)")
-	fs.StringVar(&audiences, "token-audiences", authn.DefaultTokenAudience, "with --source kubernetes: comma-separated audiences a caller's service-account token must be issued for")
+	fs.StringVar(&audiences, "token-audiences", tokenreview.DefaultAudience, "with --source kubernetes: comma-separated audiences a caller's service-account token must be issued for")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:15012", "address of the gRPC port serving xDS and the CA over TLS")
 	fs.StringVar(&o.caDir, "ca-dir", "", "CA directory in Istio's plug-in layout (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem); generated when empty (required unless --ca-secret)")
 	fs.StringVar(&o.caSecret, "ca-secret", "", "with --source kubernetes: Secret in the control plane's namespace ($POD_NAMESPACE) holding the CA in the --ca-dir layout; created with a new self-signed CA when missing, never replaced")

@@ -16,6 +16,8 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
+	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -46,7 +48,11 @@ func parsePolicySet(spec string) (policySetFlag, error) {
 		if url == "" {
 			return f, fmt.Errorf("%q: empty repository URL", spec)
 		}
-		f.opts.Git = &policy.GitOptions{URL: url, Ref: ref, Dir: dir}
+		g, err := policygit.New(policygit.Options{URL: url, Ref: ref, Dir: dir}, policy.Limits{})
+		if err != nil {
+			return f, fmt.Errorf("%q: %w", spec, err)
+		}
+		f.opts.Remote = g
 	case "bundle":
 		url, resource, _ := strings.Cut(loc, "#")
 		if url == "" || resource == "" {
@@ -56,7 +62,9 @@ func parsePolicySet(spec string) (policySetFlag, error) {
 		if err != nil {
 			return f, err
 		}
-		f.opts.Bundle = &policy.BundleOptions{Name: name, Service: service, Resource: resource}
+		if f.opts.Feed, err = policybundle.New(policybundle.Options{Name: name, Service: service, Resource: resource}); err != nil {
+			return f, err
+		}
 	default:
 		return f, fmt.Errorf("%q: unknown source kind %q (dir, git or bundle)", spec, kind)
 	}
@@ -94,7 +102,7 @@ func newPolicySets(flags []policySetFlag, log *zap.Logger, changed func()) (*pol
 			return nil, fmt.Errorf("--connection-policy %s: %w", f.name, err)
 		}
 		ps.engines[f.name] = e
-		ps.polled[f.name] = o.Dir != "" || o.Git != nil
+		ps.polled[f.name] = o.Dir != "" || o.Remote != nil
 	}
 	return ps, nil
 }

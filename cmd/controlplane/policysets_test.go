@@ -12,15 +12,20 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
+	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 func TestParsePolicySet(t *testing.T) {
 	f, err := parsePolicySet("db=git:https://git.example/p.git#main:connection/db")
-	if err != nil || f.name != "db" || f.opts.Git.URL != "https://git.example/p.git" || f.opts.Git.Ref != "main" || f.opts.Git.Dir != "connection/db" {
-		t.Fatalf("git: %+v %v", f, err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if f, err := parsePolicySet("b=bundle:https://opa.example#bundles/b.tar.gz"); err != nil || f.opts.Bundle.Resource != "bundles/b.tar.gz" {
+	if g := f.opts.Remote.(*policygit.Source).Options(); f.name != "db" || g.URL != "https://git.example/p.git" || g.Ref != "main" || g.Dir != "connection/db" {
+		t.Fatalf("git: %+v %+v", f, g)
+	}
+	if f, err := parsePolicySet("b=bundle:https://opa.example#bundles/b.tar.gz"); err != nil || f.opts.Feed.(*policybundle.Feed).Options().Resource != "bundles/b.tar.gz" || f.opts.Feed.Name() != "bundle:b" {
 		t.Fatalf("bundle: %+v %v", f, err)
 	}
 	for _, bad := range []string{"db", "=dir:/x", "db=dir:", "db=svn:x", "db=bundle:https://opa.example"} {

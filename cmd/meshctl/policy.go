@@ -16,6 +16,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/util"
 
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
@@ -74,7 +75,7 @@ func policyCommand(ctx context.Context, args []string, out io.Writer) error {
 // policySource is the SOURCE argument and the flags saying how to fetch it.
 type policySource struct {
 	arg string
-	git policy.GitOptions
+	git policygit.Options
 }
 
 func (p *policySource) register(fs *flag.FlagSet) {
@@ -87,15 +88,19 @@ func (p *policySource) register(fs *flag.FlagSet) {
 
 // options sets the source in o: a directory, or URL@REF (the last "@"
 // that leaves a Git URL or an existing directory before it).
-func (p *policySource) options(o policy.Options) policy.Options {
+func (p *policySource) options(o policy.Options) (policy.Options, error) {
 	if i := strings.LastIndex(p.arg, "@"); i > 0 && i < len(p.arg)-1 && !isDir(p.arg) && isGitURL(p.arg[:i]) {
 		g := p.git
 		g.URL, g.Ref = p.arg[:i], p.arg[i+1:]
-		o.Git = &g
-		return o
+		r, err := policygit.New(g, o.Limits)
+		if err != nil {
+			return o, err
+		}
+		o.Remote = r
+		return o, nil
 	}
 	o.Dir = p.arg
-	return o
+	return o, nil
 }
 
 func isDir(p string) bool {
@@ -142,7 +147,11 @@ func policyTest(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	results, err := policy.Test(ctx, src.options(policy.Options{TestTimeout: *timeout}))
+	opts, err := src.options(policy.Options{TestTimeout: *timeout})
+	if err != nil {
+		return err
+	}
+	results, err := policy.Test(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -199,7 +208,11 @@ func policyCheck(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e, err := policy.NewEngine(src.options(policy.Options{DecisionPath: *path}))
+	opts, err := src.options(policy.Options{DecisionPath: *path})
+	if err != nil {
+		return err
+	}
+	e, err := policy.NewEngine(opts)
 	if err != nil {
 		return err
 	}
@@ -228,7 +241,11 @@ func policyEval(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	// Authors evaluate work in progress: tests are `policy test`'s job.
-	e, err := policy.NewEngine(src.options(policy.Options{DecisionPath: *path, SkipTests: true}))
+	opts, err := src.options(policy.Options{DecisionPath: *path, SkipTests: true})
+	if err != nil {
+		return err
+	}
+	e, err := policy.NewEngine(opts)
 	if err != nil {
 		return err
 	}

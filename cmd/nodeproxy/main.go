@@ -21,6 +21,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
 	"github.com/causeway-mesh/causeway/pkg/capture/inpod"
+	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/xds"
@@ -39,6 +40,7 @@ func main() {
 	plaintext := fs.Bool("allow-plaintext", true, "deliver plaintext from outside the mesh to pods without a waypoint")
 	drain := fs.Duration("drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	idle := fs.Duration("idle-timeout", time.Hour, "close relayed connections idle for this long (0: never)")
+	poolIdle := fs.Duration("pool-idle-timeout", 30*time.Second, "close pooled HBONE connections that carried no tunnel for this long, so what a burst opened does not stay (0: never)")
 	fs.Parse(os.Args[1:])
 	if *node == "" {
 		bootstrap.Fatal("nodeproxy", fmt.Errorf("--node is required"))
@@ -49,12 +51,15 @@ func main() {
 	if *idle == 0 {
 		*idle = -1 // never
 	}
-	if err := run(&common, *node, *socks, *handoffSocket, uint16(*hbonePort), *passthrough, *plaintext, *drain, *idle); err != nil {
+	if *poolIdle == 0 {
+		*poolIdle = -1 // never
+	}
+	if err := run(&common, *node, *socks, *handoffSocket, uint16(*hbonePort), *passthrough, *plaintext, *drain, *idle, *poolIdle); err != nil {
 		bootstrap.Fatal("nodeproxy", err)
 	}
 }
 
-func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort uint16, passthrough, plaintext bool, drain, idle time.Duration) error {
+func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort uint16, passthrough, plaintext bool, drain, idle, poolIdle time.Duration) error {
 	env, err := common.Setup()
 	if err != nil {
 		return err
@@ -79,6 +84,7 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	opts := nodeproxy.Options{
 		Node: node, Bundle: env.Bundle, Certificates: certs, Logger: log, AccessLog: env.Log.Buffered("access", nodeField), Registry: env.Metrics,
 		HBONEPort: hbonePort, AllowPassthrough: passthrough, AllowPlaintext: plaintext, IdleTimeout: idle, PolicyDecisionLog: decisions,
+		Pool: hbone.PoolOptions{IdleTimeout: poolIdle},
 	}
 	var pods *inpod.Manager
 	if handoffSocket != "" {

@@ -18,6 +18,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/bootstrap"
 	"github.com/causeway-mesh/causeway/pkg/l7"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/waypoint"
 	"github.com/causeway-mesh/causeway/pkg/xds"
@@ -30,7 +31,7 @@ type options struct {
 	serviceAccount string
 	listen         string
 	policyDir      string
-	git            policy.GitOptions
+	git            policygit.Options
 	policyPath     string
 	parseBody      bool
 	maxBodyBytes   int
@@ -108,11 +109,13 @@ func run(o *options) error {
 	if err != nil {
 		return err
 	}
-	var git *policy.GitOptions
+	var git policy.Remote
 	if o.git.URL != "" {
-		git = &o.git
+		if git, err = policygit.New(o.git, policy.Limits{}); err != nil {
+			return err
+		}
 	}
-	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, Git: git, DecisionPath: o.policyPath, Logger: log.Named("policy"),
+	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, Remote: git, DecisionPath: o.policyPath, Logger: log.Named("policy"),
 		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody, MaxBodyBytes: o.maxBodyBytes},
 		NoDecisionCache: !o.decisionCache})
 	if err != nil {

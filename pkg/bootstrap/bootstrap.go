@@ -75,9 +75,11 @@ func (f *Flags) Setup() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := tuneMemory(f.GCPercent, log.Logger); err != nil {
+	idle, err := tuneMemory(f.GCPercent, log.Logger)
+	if err != nil {
 		return nil, err
 	}
+	go idle.run(context.Background()) // for the process's life
 	if f.RootCert == "" || f.TokenFile == "" {
 		return nil, fmt.Errorf("--root-cert and --token-file are required")
 	}

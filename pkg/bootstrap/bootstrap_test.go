@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -113,27 +114,124 @@ func TestAdminMustNotShareTheStatusPorts(t *testing.T) {
 	}
 }
 
+// tuneUnset tunes memory as a proxy without GOGC in its environment does,
+// and restores the GC target when t ends.
+func tuneUnset(t *testing.T) *idleMemory {
+	t.Helper()
+	prev := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(prev) })
+	t.Setenv("GOGC", "")
+	os.Unsetenv("GOGC")
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // The proxies' GC target applies unless GOGC says otherwise; a bad value
 // is refused.
 func TestTuneMemory(t *testing.T) {
-	prev := debug.SetGCPercent(100)
-	defer debug.SetGCPercent(prev)
-	t.Setenv("GOGC", "")
-	os.Unsetenv("GOGC")
-	if err := tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
-		t.Fatal(err)
-	}
-	if got := debug.SetGCPercent(100); got != DefaultGCPercent {
-		t.Fatalf("GC percent %d, want %d", got, DefaultGCPercent)
+	m := tuneUnset(t)
+	if got := debug.SetGCPercent(100); got != DefaultGCPercent || !m.adapt {
+		t.Fatalf("GC percent %d, want %d (adapting: %v)", got, DefaultGCPercent, m.adapt)
 	}
 	t.Setenv("GOGC", "150")
-	if err := tuneMemory(DefaultGCPercent, zap.NewNop()); err != nil {
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Fatalf("GOGC set: GC percent changed to %d", got)
+	if got := debug.SetGCPercent(100); got != 100 || m.adapt {
+		t.Fatalf("GOGC set: GC percent changed to %d (adapting: %v)", got, m.adapt)
 	}
-	if err := tuneMemory(0, zap.NewNop()); err == nil {
+	if _, err := tuneMemory(0, zap.NewNop()); err == nil {
 		t.Fatal("--gc-percent 0 accepted")
+	}
+}
+
+// inUse keeps the test's load reachable (and allocated) until it ends.
+var inUse [][]byte
+
+// A quiet spell after a busy one lowers the GC target and returns the
+// freed heap to the system, and what is freed later while idle goes back
+// within idleRelease; the next busy check restores the target. With GOGC
+// set only the memory is returned.
+func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
+	m := tuneUnset(t)
+	// The heap the process holds: objects (live or not yet collected) and
+	// free pages not returned to the system.
+	heldHeap := func() uint64 {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/free:bytes"}}
+		metrics.Read(s)
+		return s[0].Value.Uint64() + s[1].Value.Uint64()
+	}
+	percent := func() int {
+		p := debug.SetGCPercent(-1)
+		debug.SetGCPercent(p)
+		return p
+	}
+	var allocated uint64
+	quiet := func(checks int) {
+		for range checks {
+			allocated++
+			m.step(allocated)
+		}
+	}
+	load := func(mib int) {
+		inUse = make([][]byte, mib)
+		for i := range inUse {
+			inUse[i] = make([]byte, 1<<20)
+		}
+	}
+
+	// Load: 64 MiB in use while busy, garbage once it ends.
+	load(64)
+	allocated += idleAlloc
+	m.step(allocated)
+	quiet(idleAfter - 1)
+	if m.idle || percent() != DefaultGCPercent {
+		t.Fatalf("%d quiet checks after a busy one: idle %v, GC percent %d", idleAfter-1, m.idle, percent())
+	}
+	if held := heldHeap(); held < 64<<20 {
+		t.Fatalf("%d bytes of heap held with 64 MiB in use", held)
+	}
+	inUse = nil
+	quiet(1)
+	if !m.idle || percent() != idleGCPercent {
+		t.Fatalf("%d quiet checks: idle %v, GC percent %d", idleAfter, m.idle, percent())
+	}
+	if held := heldHeap(); held > 32<<20 {
+		t.Fatalf("%d bytes of heap held once idle", held)
+	}
+
+	// Memory freed while idle (pooled connections closing) goes back
+	// within idleRelease.
+	load(64)
+	inUse = nil
+	quiet(int(idleRelease/idleCheck) - 1)
+	if held := heldHeap(); held < 64<<20 {
+		t.Fatalf("%d bytes of heap held before idleRelease passed: released early", held)
+	}
+	quiet(1)
+	if held := heldHeap(); !m.idle || held > 32<<20 {
+		t.Fatalf("idle %v, %d bytes of heap held idleRelease after the last release", m.idle, held)
+	}
+
+	allocated += idleAlloc
+	m.step(allocated)
+	if m.idle || percent() != DefaultGCPercent {
+		t.Fatalf("load again: idle %v, GC percent %d", m.idle, percent())
+	}
+
+	t.Setenv("GOGC", "150")
+	debug.SetGCPercent(150)
+	m, err := tuneMemory(DefaultGCPercent, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.step(allocated) // busy: all allocated so far is new to it
+	quiet(idleAfter)
+	if !m.idle || percent() != 150 {
+		t.Fatalf("GOGC set, quiet spell: idle %v, GC percent %d", m.idle, percent())
 	}
 }

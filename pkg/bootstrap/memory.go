@@ -1,11 +1,15 @@
 package bootstrap
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
+	"time"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
 	"go.uber.org/zap"
@@ -18,19 +22,40 @@ import (
 // waypoint benchmark (bench/README.md).
 const DefaultGCPercent = 400
 
+// Idle memory. Under load the heap grows to gcPercent above the live heap,
+// and Go returns freed pages lazily (its scavenger keeps about the heap
+// goal), so a proxy would hold its peak long after the load ended. After
+// idleAfter checks in a row each finding less than idleAlloc allocated
+// since the one before, the process is idle: the collector's target drops
+// to idleGCPercent and the freed heap goes back to the system at once, and
+// again every idleRelease while anything was allocated (what ends after
+// the load, such as pooled connections closing once idle, frees more). The
+// first busy check restores gcPercent, within idleCheck of the load's
+// return.
+const (
+	idleCheck     = time.Second
+	idleAfter     = 5
+	idleAlloc     = 512 << 10
+	idleRelease   = 30 * time.Second
+	idleGCPercent = 100
+)
+
 // tuneMemory sets the garbage collector's target to gcPercent unless GOGC
 // is set, and, unless GOMEMLIMIT is set, a soft memory limit at 90 % of
 // the container's (cgroup) memory limit, so that the larger heap target
 // makes the collector work harder near the limit instead of running the
-// pod out of memory.
-func tuneMemory(gcPercent int, log *zap.Logger) error {
+// pod out of memory. The idleMemory it returns releases memory after load
+// once it runs.
+func tuneMemory(gcPercent int, log *zap.Logger) (*idleMemory, error) {
 	if gcPercent <= 0 {
-		return fmt.Errorf("--gc-percent %d: want > 0", gcPercent)
+		return nil, fmt.Errorf("--gc-percent %d: want > 0", gcPercent)
 	}
 	gc := "GOGC " + os.Getenv("GOGC")
+	im := &idleMemory{busyPercent: gcPercent, log: log}
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 		gc = "--gc-percent " + strconv.Itoa(gcPercent)
+		im.adapt = true
 	}
 	limit, err := memlimit.Set(memlimit.WithRatio(0.9), memlimit.WithProvider(memlimit.FromCgroup))
 	if err != nil {
@@ -42,5 +67,73 @@ func tuneMemory(gcPercent int, log *zap.Logger) error {
 		fields = append(fields, zap.Int64("memory_limit_bytes", limit))
 	}
 	log.Info("memory", fields...)
-	return nil
+	return im, nil
+}
+
+// idleMemory follows the process between busy and idle (see idleCheck).
+type idleMemory struct {
+	busyPercent int
+	adapt       bool // the GC target is ours to change (GOGC is not set)
+	log         *zap.Logger
+
+	idle      bool
+	quiet     int    // checks in a row that found the process quiet
+	allocated uint64 // heap bytes allocated so far, at the last check
+	released  uint64 // and at the last release
+	sinceFree time.Duration
+	sample    [1]metrics.Sample
+}
+
+// run checks every idleCheck until ctx ends. The process starts busy
+// (loading configuration and certificates), so its first quiet spell also
+// returns what start-up left behind.
+func (m *idleMemory) run(ctx context.Context) {
+	m.sample[0].Name = "/gc/heap/allocs:bytes"
+	t := time.NewTicker(idleCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			metrics.Read(m.sample[:])
+			m.step(m.sample[0].Value.Uint64())
+		}
+	}
+}
+
+// step moves to busy or idle given the heap bytes allocated so far, one
+// idleCheck after the last step.
+func (m *idleMemory) step(allocated uint64) {
+	busy := allocated-m.allocated >= idleAlloc
+	m.allocated = allocated
+	m.sinceFree += idleCheck
+	if busy {
+		if m.idle && m.adapt {
+			debug.SetGCPercent(m.busyPercent)
+		}
+		m.idle, m.quiet = false, 0
+		return
+	}
+	m.quiet++
+	switch {
+	case !m.idle && m.quiet >= idleAfter:
+		m.idle = true
+		if m.adapt {
+			debug.SetGCPercent(idleGCPercent)
+		}
+		m.release()
+	case m.idle && m.sinceFree >= idleRelease && allocated != m.released:
+		m.release()
+	}
+}
+
+// release collects twice, the first moving sync.Pools' contents to their
+// victim caches and the second (FreeOSMemory's) dropping them, and returns
+// every free page to the system.
+func (m *idleMemory) release() {
+	runtime.GC()
+	debug.FreeOSMemory()
+	m.released, m.sinceFree = m.allocated, 0
+	m.log.Debug("idle: freed heap returned to the system")
 }

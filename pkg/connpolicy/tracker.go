@@ -20,8 +20,18 @@ type Tracker struct {
 	log     *zap.Logger
 	mu      sync.Mutex
 	conns   map[*Open]struct{}
+	peak    int // most entries conns held since it was built
 	pending chan struct{}
 }
+
+// A Go map keeps the room of its largest size. Once the tracker holds a
+// shrinkBelow-th of its peak (of at least shrinkMin connections) it copies
+// its map into one of the size in use, so a burst's memory goes with it;
+// each copy follows at least peak*3/4 removals, so its cost is amortized.
+const (
+	shrinkBelow = 4
+	shrinkMin   = 1024
+)
 
 // Open is one tracked connection.
 type Open struct {
@@ -51,6 +61,7 @@ func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdic
 	o := &Open{check: check, fields: fields, revoke: revoke}
 	t.mu.Lock()
 	t.conns[o] = struct{}{}
+	t.peak = max(t.peak, len(t.conns))
 	t.mu.Unlock()
 	if stale() {
 		t.recheck(ctx, o)
@@ -58,6 +69,13 @@ func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdic
 	return o, func() {
 		t.mu.Lock()
 		delete(t.conns, o)
+		if t.peak >= shrinkMin && len(t.conns) < t.peak/shrinkBelow {
+			conns := make(map[*Open]struct{}, len(t.conns))
+			for c := range t.conns {
+				conns[c] = struct{}{}
+			}
+			t.conns, t.peak = conns, len(conns)
+		}
 		t.mu.Unlock()
 	}
 }
@@ -84,9 +102,10 @@ func (t *Tracker) recheck(ctx context.Context, o *Open) bool {
 	if !o.revoked.CompareAndSwap(nil, &reason) {
 		return false // already closed
 	}
-	o.revoke()
+	// Logged first: whoever sees the connection end finds the reason.
 	t.log.Info("open connection no longer authorized; closed", append(o.fields,
 		zap.String("policy", v.Policy), zap.String("policy_revision", v.Revision), zap.String("decision_id", v.DecisionID), zap.String("reason", reason))...)
+	o.revoke()
 	return true
 }
 

@@ -15,6 +15,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/bundle"
+
+	"github.com/causeway-mesh/causeway/pkg/policy/policybundle"
 )
 
 // bundleServer serves one bundle at /bundles/authz.tar.gz with ETags, as an
@@ -67,6 +69,15 @@ func (s *bundleServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(s.body)
 }
 
+func newFeed(t testing.TB, o policybundle.Options) *policybundle.Feed {
+	t.Helper()
+	f, err := policybundle.New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 func TestBundleSource(t *testing.T) {
 	srv := &bundleServer{}
 	srv.set(t, map[string]string{
@@ -79,7 +90,7 @@ func TestBundleSource(t *testing.T) {
 	service, _ := json.Marshal(map[string]any{"url": hs.URL})
 	e, logs := newTestEngine(t, Options{
 		DecisionPath: "envoy/authz/allow",
-		Bundle:       &BundleOptions{Name: "authz", Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second},
+		Feed:         newFeed(t, policybundle.Options{Name: "authz", Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second}),
 	})
 	startEngine(t, e)
 	waitFor(t, "bundle activation", func() bool { return e.Ready() == nil })
@@ -139,8 +150,8 @@ func TestBundleAndDirectory(t *testing.T) {
 	writeFiles(t, dir, map[string]string{"authz.rego": "package envoy.authz\n\nallow if input.attributes.request.http.method in data.lib.methods\n"})
 	service, _ := json.Marshal(map[string]any{"url": hs.URL})
 	e, logs := newTestEngine(t, Options{
-		Dir:    dir,
-		Bundle: &BundleOptions{Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second},
+		Dir:  dir,
+		Feed: newFeed(t, policybundle.Options{Service: service, Resource: "bundles/authz.tar.gz", MinDelay: time.Second, MaxDelay: time.Second}),
 	})
 	startEngine(t, e)
 	defer func() {
@@ -160,9 +171,9 @@ func TestBundleAndDirectory(t *testing.T) {
 // other source's) is activated once the other arrives, in either order;
 // and a broken source does not block a good change of another.
 func TestSourceWaitingForAnother(t *testing.T) {
-	lib := &snapshot{Name: "bundle:lib", Modules: []sourceFile{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := {\"GET\"}\n")}}, Revision: "lib1"}
-	authz := &snapshot{Name: "dir", Modules: []sourceFile{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n")}}, Revision: "authz1"}
-	for name, order := range map[string][]*snapshot{"lib first": {lib, authz}, "authz first": {authz, lib}} {
+	lib := &Snapshot{Name: "bundle:lib", Modules: []File{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := {\"GET\"}\n")}}, Revision: "lib1"}
+	authz := &Snapshot{Name: "dir", Modules: []File{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n")}}, Revision: "authz1"}
+	for name, order := range map[string][]*Snapshot{"lib first": {lib, authz}, "authz first": {authz, lib}} {
 		t.Run(name, func(t *testing.T) {
 			e, _ := newTestEngine(t, Options{Dir: "unused"})
 			_ = e.offer(context.Background(), order[0], false)
@@ -185,11 +196,11 @@ func TestSourceWaitingForAnother(t *testing.T) {
 	if err := e.offer(context.Background(), authz, false); err != nil {
 		t.Fatal(err)
 	}
-	broken := &snapshot{Name: "bundle:lib", Modules: []sourceFile{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := \n")}}, Revision: "lib2"}
+	broken := &Snapshot{Name: "bundle:lib", Modules: []File{{Path: "lib.rego", Content: []byte("package lib\n\nmethods := \n")}}, Revision: "lib2"}
 	if err := e.offer(context.Background(), broken, false); err == nil {
 		t.Fatal("broken lib activated")
 	}
-	authz2 := &snapshot{Name: "dir", Modules: []sourceFile{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n\nx := 2\n")}}, Revision: "authz2"}
+	authz2 := &Snapshot{Name: "dir", Modules: []File{{Path: "authz.rego", Content: []byte("package envoy.authz\n\nallow if input.m in data.lib.methods\n\nx := 2\n")}}, Revision: "authz2"}
 	if err := e.offer(context.Background(), authz2, false); err != nil {
 		t.Fatalf("good dir change blocked by a broken bundle: %v", err)
 	}

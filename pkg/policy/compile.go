@@ -116,7 +116,7 @@ type parsedSet struct {
 
 // parseSources parses every module of every source with Rego v1 syntax and
 // merges their data.
-func parseSources(snaps []*snapshot) (*parsedSet, error) {
+func parseSources(snaps []*Snapshot) (*parsedSet, error) {
 	ps := &parsedSet{modules: map[string]*ast.Module{}, prod: map[string]*ast.Module{}, data: map[string]any{}}
 	var revs []string
 	var errs []string
@@ -149,7 +149,7 @@ func parseSources(snaps []*snapshot) (*parsedSet, error) {
 	if len(snaps) == 1 {
 		ps.revision = snaps[0].Revision
 	} else {
-		ps.revision = revisionOf([]sourceFile{{Path: "sources", Content: []byte(strings.Join(revs, "\n"))}})
+		ps.revision = revisionOf([]File{{Path: "sources", Content: []byte(strings.Join(revs, "\n"))}})
 	}
 	if len(errs) > 0 {
 		return ps, errors.New(strings.Join(errs, "; "))
@@ -240,7 +240,7 @@ func Test(ctx context.Context, opts Options) ([]TestResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	ps, err := parseSources([]*snapshot{snap})
+	ps, err := parseSources([]*Snapshot{snap})
 	if err != nil && !errors.Is(err, errNoModules) {
 		return nil, err
 	}

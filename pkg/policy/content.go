@@ -24,7 +24,8 @@ type ContentSource struct {
 	Files                  []File
 }
 
-// File is one policy file.
+// File is one policy file: a Rego module or data document, by slash path
+// relative to its source's root.
 type File struct {
 	Path    string
 	Content []byte
@@ -47,7 +48,7 @@ func (e *Engine) Content() *Content {
 	for _, n := range names {
 		s := e.accepted[n]
 		cs := ContentSource{Name: s.Name, Revision: s.Revision, Digest: s.Digest}
-		for _, group := range [][]sourceFile{s.Modules, s.DataDocs} {
+		for _, group := range [][]File{s.Modules, s.DataDocs} {
 			for _, f := range group {
 				cs.Files = append(cs.Files, File{Path: f.Path, Content: f.Content})
 			}
@@ -69,17 +70,17 @@ func NewInstalledEngine(ctx context.Context, content *Content, opts Options) (*E
 	if content == nil || len(content.Sources) == 0 {
 		return nil, errors.New("policy: empty content")
 	}
-	opts.Dir, opts.Git, opts.Bundle = "", nil, nil
-	opts.Limits = opts.Limits.withDefaults()
-	set := make([]*snapshot, 0, len(content.Sources))
+	opts.Dir, opts.Remote, opts.Feed = "", nil, nil
+	opts.Limits = opts.Limits.WithDefaults()
+	set := make([]*Snapshot, 0, len(content.Sources))
 	for _, cs := range content.Sources {
-		c := newCollector(cs.Name, opts.Limits)
+		c := NewCollector(cs.Name, opts.Limits)
 		for _, f := range cs.Files {
-			if !validContentPath(f.Path) || !c.wants(f.Path) {
+			if !validContentPath(f.Path) || !c.Wants(f.Path) {
 				return nil, fmt.Errorf("policy content %s: unexpected file %q", cs.Name, f.Path)
 			}
 			data := f.Content
-			if err := c.add(f.Path, func(max int64) ([]byte, error) {
+			if err := c.Add(f.Path, func(max int64) ([]byte, error) {
 				if int64(len(data)) > max {
 					return nil, fmt.Errorf("%s: larger than %d bytes", f.Path, max)
 				}
@@ -88,7 +89,7 @@ func NewInstalledEngine(ctx context.Context, content *Content, opts Options) (*E
 				return nil, fmt.Errorf("policy content %s: %w", cs.Name, err)
 			}
 		}
-		snap, err := c.finish(cs.Revision)
+		snap, err := c.Finish(cs.Revision)
 		if err != nil {
 			return nil, fmt.Errorf("policy content %s: %w", cs.Name, err)
 		}

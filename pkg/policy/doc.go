@@ -6,8 +6,11 @@
 // (boolean or {allowed, headers, ...}), failing closed.
 //
 // Policy sets come from a directory of Rego v1 files or a Git repository
-// fetched in process (git.go: every revision a commit), and optionally an
-// OPA bundle service. A set is compiled, its *_test.rego
+// fetched in process (a Remote: package policygit, every revision a
+// commit), and optionally an OPA bundle service (a Feed: package
+// policybundle). Both are packages of their own so that the node proxy,
+// which compiles only the connection policies xDS hands it, links neither
+// go-git nor OPA's downloader. A set is compiled, its *_test.rego
 // tests run and its decision query prepared off the request path; only then
 // is it swapped in atomically. A set that does not parse, compile or pass its
 // tests is rejected with a logged reason and the last good one stays active.

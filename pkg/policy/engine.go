@@ -30,10 +30,12 @@ type Options struct {
 	// rejection, and Load returns ErrEmptySource. Ready and Status still
 	// say that no policy is active.
 	EmptyDirIsAbsent bool
-	// Git, instead of Dir, fetches the policy from a Git repository.
-	Git *GitOptions
-	// Bundle, if set, also loads policy from an OPA bundle service.
-	Bundle *BundleOptions
+	// Remote, instead of Dir, is a source read every Remote.Poll() and at
+	// once on Refresh: a Git repository (policygit.New).
+	Remote Remote
+	// Feed, if set, also loads policy from an OPA bundle service
+	// (policybundle.New).
+	Feed Feed
 	// DecisionPath names the decision, "envoy/authz/allow" (default) or
 	// "data.envoy.authz.allow". Input selects the optional parts of the
 	// input (body parsing). Both, and the DecisionLog's mode, are defaults:
@@ -55,7 +57,7 @@ type Options struct {
 	// for missed notifications (default 30s; negative disables).
 	RescanInterval time.Duration
 	// Limits bound the size of policy sources (for Git: the policy files;
-	// GitOptions bound the repository).
+	// policygit.Options bound the repository).
 	Limits Limits
 	// Logger receives load, rejection and evaluation-error logs.
 	Logger *zap.Logger
@@ -89,8 +91,8 @@ type Engine struct {
 	refresh  chan struct{} // Refresh's requests, one pending at most
 
 	mu        sync.Mutex           // serializes offers; guards the fields below
-	accepted  map[string]*snapshot // per source, the content of the active set
-	latest    map[string]*snapshot // per source, the content last offered
+	accepted  map[string]*Snapshot // per source, the content of the active set
+	latest    map[string]*Snapshot // per source, the content last offered
 	lastError *Rejection
 	readErr   map[string]string // per source, why its last read failed ("" when it worked)
 }
@@ -100,8 +102,8 @@ type source struct {
 	name     string // as in snapshot.Name
 	location string // the directory, or the repository URL@ref (dir)
 	stage    string // the Rejection stage of a failed read
-	read     func(context.Context) (*snapshot, error)
-	poll     time.Duration // Git: how often it is read
+	read     func(context.Context) (*Snapshot, error)
+	poll     time.Duration // a Remote: how often it is read
 }
 
 // Rejection records a policy set that was not activated.
@@ -156,23 +158,35 @@ type SourceStatus struct {
 	ReadError string `json:"read_error,omitempty"`
 }
 
-// newSource builds the source Options name: the directory or the Git
-// repository, nil for neither.
+// newSource builds the source Options name: the directory or the remote,
+// nil for neither.
 func newSource(opts Options) (*source, error) {
 	switch {
-	case opts.Dir != "" && opts.Git != nil:
-		return nil, errors.New("policy: set Dir or Git, not both")
+	case opts.Dir != "" && opts.Remote != nil:
+		return nil, errors.New("policy: set Dir or Remote, not both")
 	case opts.Dir != "":
 		dir, limits := opts.Dir, opts.Limits
-		return &source{name: "dir", location: dir, stage: "load", read: func(context.Context) (*snapshot, error) { return readDir(dir, limits) }}, nil
-	case opts.Git != nil:
-		g, err := newGitSource(*opts.Git, opts.Limits)
-		if err != nil {
-			return nil, err
-		}
-		return &source{name: GitSource, location: g.String(), stage: "fetch", read: g.read, poll: g.opts.Poll}, nil
+		return &source{name: "dir", location: dir, stage: "load", read: func(context.Context) (*Snapshot, error) { return readDir(dir, limits) }}, nil
+	case opts.Remote != nil:
+		r := opts.Remote
+		return &source{name: r.Name(), location: r.String(), stage: "fetch", read: r.Read, poll: r.Poll()}, nil
 	}
 	return nil, nil
+}
+
+// Remote is a policy source that is polled rather than watched: a Git
+// repository (package policygit, kept apart so that the node proxy does
+// not link go-git).
+type Remote interface {
+	// Name names the source in statuses, rejections and logs (GitSource).
+	Name() string
+	// String is where it reads, without credentials.
+	String() string
+	// Poll is how often it is read.
+	Poll() time.Duration
+	// Read returns its current content; it is called from one goroutine
+	// at a time.
+	Read(ctx context.Context) (*Snapshot, error)
 }
 
 // NewEngine checks the options and builds an engine with no active policy:
@@ -182,8 +196,8 @@ func NewEngine(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if primary == nil && opts.Bundle == nil {
-		return nil, errors.New("policy: no source (set Dir, Git or Bundle)")
+	if primary == nil && opts.Feed == nil {
+		return nil, errors.New("policy: no source (set Dir, Remote or Feed)")
 	}
 	return newEngine(opts, primary)
 }
@@ -208,7 +222,7 @@ func newEngine(opts Options, primary *source) (*Engine, error) {
 	if opts.RescanInterval == 0 {
 		opts.RescanInterval = 30 * time.Second
 	}
-	opts.Limits = opts.Limits.withDefaults()
+	opts.Limits = opts.Limits.WithDefaults()
 	logger := opts.Logger
 	if logger == nil {
 		logger = zap.NewNop()
@@ -225,8 +239,8 @@ func newEngine(opts Options, primary *source) (*Engine, error) {
 		metrics:  m,
 		primary:  primary,
 		refresh:  make(chan struct{}, 1),
-		accepted: map[string]*snapshot{},
-		latest:   map[string]*snapshot{},
+		accepted: map[string]*Snapshot{},
+		latest:   map[string]*Snapshot{},
 		readErr:  map[string]string{},
 	}, nil
 }
@@ -290,7 +304,7 @@ func (e *Engine) RefreshHandler() http.Handler {
 // set becomes active atomically; otherwise the active set stays and the
 // reason is logged. Unless retry is set, content already offered is a no-op,
 // so rescans neither recompile nor log again.
-func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
+func (e *Engine) offer(ctx context.Context, snap *Snapshot, retry bool) error {
 	revision, err := e.offerLocked(ctx, snap, retry)
 	if revision != "" && e.opts.OnActivate != nil {
 		e.opts.OnActivate(revision)
@@ -299,7 +313,7 @@ func (e *Engine) offer(ctx context.Context, snap *snapshot, retry bool) error {
 }
 
 // offerLocked is offer under e.mu; it returns the revision it activated.
-func (e *Engine) offerLocked(ctx context.Context, snap *snapshot, retry bool) (string, error) {
+func (e *Engine) offerLocked(ctx context.Context, snap *Snapshot, retry bool) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if prev := e.latest[snap.Name]; prev.same(snap) && !retry {
@@ -319,7 +333,7 @@ func (e *Engine) offerLocked(ctx context.Context, snap *snapshot, retry bool) (s
 		return "", &RejectError{Revision: snap.Revision, Stage: "load", Err: ErrEmptySource}
 	}
 
-	var sets [][]*snapshot
+	var sets [][]*Snapshot
 	latest, fallback := e.setWith(snap, e.latest), e.setWith(snap, e.accepted)
 	sets = append(sets, latest)
 	if !sameSet(latest, fallback) {
@@ -349,7 +363,7 @@ func (e *Engine) offerLocked(ctx context.Context, snap *snapshot, retry bool) (s
 }
 
 // setWith is snap plus, for every other source, its snapshot in from.
-func (e *Engine) setWith(snap *snapshot, from map[string]*snapshot) []*snapshot {
+func (e *Engine) setWith(snap *Snapshot, from map[string]*Snapshot) []*Snapshot {
 	names := make([]string, 0, len(from))
 	for n := range from {
 		if n != snap.Name {
@@ -357,14 +371,14 @@ func (e *Engine) setWith(snap *snapshot, from map[string]*snapshot) []*snapshot 
 		}
 	}
 	sort.Strings(names)
-	set := make([]*snapshot, 0, len(names)+1)
+	set := make([]*Snapshot, 0, len(names)+1)
 	for _, n := range names {
 		set = append(set, from[n])
 	}
 	return append(set, snap)
 }
 
-func sameSet(a, b []*snapshot) bool {
+func sameSet(a, b []*Snapshot) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -376,9 +390,9 @@ func sameSet(a, b []*snapshot) bool {
 	return true
 }
 
-func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start time.Time) {
+func (e *Engine) activate(c *compiled, set []*Snapshot, trigger string, start time.Time) {
 	prev := e.active.Swap(c)
-	e.accepted = make(map[string]*snapshot, len(set))
+	e.accepted = make(map[string]*Snapshot, len(set))
 	for _, s := range set {
 		e.accepted[s.Name] = s
 	}
@@ -405,7 +419,7 @@ func (e *Engine) activate(c *compiled, set []*snapshot, trigger string, start ti
 	e.log.Info("policy activated", fields...)
 }
 
-func (e *Engine) build(ctx context.Context, set []*snapshot) (*compiled, error) {
+func (e *Engine) build(ctx context.Context, set []*Snapshot) (*compiled, error) {
 	st := e.defaults
 	for _, s := range set {
 		if s.Settings == nil {

@@ -1,4 +1,4 @@
-package policy
+package policy_test
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
+	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/go-git/go-billy/v5/memfs"
 	git "github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
@@ -117,10 +119,10 @@ import data.envoy.authz
 test_get if authz.allow with input as {"attributes": {"request": {"http": {"method": "GET"}}}}
 `
 
-func gitEngine(t testing.TB, opts GitOptions) (*Engine, *observer.ObservedLogs, *prometheus.Registry, *observer.ObservedLogs) {
+func gitEngine(t testing.TB, opts policygit.Options) (*policy.Engine, *observer.ObservedLogs, *prometheus.Registry, *observer.ObservedLogs) {
 	t.Helper()
 	core, decisions := observer.New(zapcore.InfoLevel)
-	dl, err := NewDecisionLogger(zap.New(core), DecisionLogOptions{})
+	dl, err := policy.NewDecisionLogger(zap.New(core), policy.DecisionLogOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,13 +131,22 @@ func gitEngine(t testing.TB, opts GitOptions) (*Engine, *observer.ObservedLogs, 
 	go func() { dl.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	reg := prometheus.NewRegistry()
-	e, logs := newTestEngine(t, Options{Git: &opts, DecisionLog: dl, Registerer: reg})
+	e, logs := policy.NewTestEngine(t, policy.Options{Remote: gitRemote(t, opts, policy.Limits{}), DecisionLog: dl, Registerer: reg})
 	return e, logs, reg, decisions
 }
 
-func decide(t testing.TB, e *Engine, method string) Decision {
+func gitRemote(t testing.TB, o policygit.Options, limits policy.Limits) *policygit.Source {
 	t.Helper()
-	return e.Decide(context.Background(), &Request{HTTP: request(t, method+" / HTTP/1.1\nHost: x\n\n")})
+	r, err := policygit.New(o, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func decide(t testing.TB, e *policy.Engine, method string) policy.Decision {
+	t.Helper()
+	return e.Decide(context.Background(), &policy.Request{HTTP: policy.TestRequest(t, method+" / HTTP/1.1\nHost: x\n\n")})
 }
 
 // Commits that add, change and break a policy: each good commit becomes
@@ -145,7 +156,7 @@ func decide(t testing.TB, e *Engine, method string) Decision {
 func TestGitRevisions(t *testing.T) {
 	repo := newTestRepo(t)
 	repo.commit("unrelated start", map[string]string{"README.md": "policies below\n"})
-	e, logs, reg, decisions := gitEngine(t, GitOptions{URL: repo.bare, Ref: "main", Dir: "policies", Poll: 20 * time.Millisecond})
+	e, logs, reg, decisions := gitEngine(t, policygit.Options{URL: repo.bare, Ref: "main", Dir: "policies", Poll: 20 * time.Millisecond})
 
 	// The sub-directory does not exist yet: not ready, and why.
 	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "no directory policies") {
@@ -154,12 +165,12 @@ func TestGitRevisions(t *testing.T) {
 	if err := e.Ready(); err == nil || !strings.Contains(err.Error(), "fetch") {
 		t.Fatalf("Ready = %v, want the fetch failure", err)
 	}
-	startEngine(t, e)
+	policy.StartEngine(t, e)
 
 	add := repo.commit("policy: allow GET", map[string]string{"policies/authz.rego": gitPolicy(`"GET"`), "policies/authz_test.rego": gitPolicyTest})
-	waitFor(t, "the first commit", func() bool { return e.Revision() == add.String() })
+	policy.WaitFor(t, "the first commit", func() bool { return e.Revision() == add.String() })
 	st := e.Status()
-	src := st.Sources[GitSource]
+	src := st.Sources[policy.GitSource]
 	if src.Revision != add.String() || src.Commit == nil || src.Commit.Ref != "refs/heads/main" ||
 		!src.Commit.Time.Equal(repo.when) || src.Commit.Subject != "policy: allow GET" || src.ReadError != "" {
 		t.Fatalf("git source status = %+v (commit %+v)", src, src.Commit)
@@ -182,7 +193,7 @@ func TestGitRevisions(t *testing.T) {
 	}
 
 	change := repo.commit("policy: allow POST", map[string]string{"policies/authz.rego": gitPolicy(`"GET", "POST"`)})
-	waitFor(t, "the change", func() bool { return e.Revision() == change.String() })
+	policy.WaitFor(t, "the change", func() bool { return e.Revision() == change.String() })
 	if d := decide(t, e, "POST"); !d.Allowed || d.Revision != change.String() {
 		t.Fatalf("POST after the change: %+v", d)
 	}
@@ -192,15 +203,15 @@ func TestGitRevisions(t *testing.T) {
 
 	// A commit whose tests fail, then one that does not parse: refused.
 	failing := repo.commit("policy: break GET", map[string]string{"policies/authz.rego": gitPolicy(`"POST"`)})
-	waitFor(t, "the failing commit's rejection", func() bool {
+	policy.WaitFor(t, "the failing commit's rejection", func() bool {
 		r := e.Status().LastRejection
 		return r != nil && r.Revision == failing.String()
 	})
-	if r := e.Status().LastRejection; r.Source != GitSource || r.Stage != "test" || len(r.FailedTests) != 1 {
+	if r := e.Status().LastRejection; r.Source != policy.GitSource || r.Stage != "test" || len(r.FailedTests) != 1 {
 		t.Fatalf("rejection = %+v", r)
 	}
 	broken := repo.commit("policy: typo", map[string]string{"policies/authz.rego": "package envoy.authz\n\nallow if {\n"})
-	waitFor(t, "the broken commit's rejection", func() bool {
+	policy.WaitFor(t, "the broken commit's rejection", func() bool {
 		r := e.Status().LastRejection
 		return r != nil && r.Revision == broken.String() && r.Stage == "parse"
 	})
@@ -216,7 +227,7 @@ func TestGitRevisions(t *testing.T) {
 
 	// Force-push main back to the first commit: it is the revision again.
 	repo.forcePush(add)
-	waitFor(t, "the force-pushed older commit", func() bool { return e.Revision() == add.String() })
+	policy.WaitFor(t, "the force-pushed older commit", func() bool { return e.Revision() == add.String() })
 	if d := decide(t, e, "POST"); d.Allowed {
 		t.Fatal("POST allowed after the force-push to the first commit")
 	}
@@ -229,8 +240,8 @@ func TestGitRevisions(t *testing.T) {
 	if err := bare.Storer.RemoveReference("refs/heads/main"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the deleted ref's read error", func() bool {
-		return strings.Contains(e.Status().Sources[GitSource].ReadError, `ref "main" not found`)
+	policy.WaitFor(t, "the deleted ref's read error", func() bool {
+		return strings.Contains(e.Status().Sources[policy.GitSource].ReadError, `ref "main" not found`)
 	})
 	if err := e.Ready(); err != nil || e.Revision() != add.String() {
 		t.Fatalf("after the ref was deleted: ready %v, revision %s", err, e.Revision())
@@ -240,7 +251,7 @@ func TestGitRevisions(t *testing.T) {
 	}
 
 	// Every decision log entry names the commit that decided.
-	waitFor(t, "decision logs", func() bool { return decisions.FilterMessage("decision").Len() >= 5 })
+	policy.WaitFor(t, "decision logs", func() bool { return decisions.FilterMessage("decision").Len() >= 5 })
 	for _, entry := range decisions.FilterMessage("decision").All() {
 		rev, _ := entry.ContextMap()["revision"].(string)
 		if rev != add.String() && rev != change.String() {
@@ -267,9 +278,9 @@ func TestGitRepositoryUnreachable(t *testing.T) {
 	if err := os.Rename(repo.bare, moved); err != nil {
 		t.Fatal(err)
 	}
-	e, _, reg, _ := gitEngine(t, GitOptions{URL: repo.bare, Ref: "main", Poll: 20 * time.Millisecond})
-	startEngine(t, e)
-	waitFor(t, "the fetch failure", func() bool { return e.Ready() != nil && strings.Contains(e.Ready().Error(), "fetch") })
+	e, _, reg, _ := gitEngine(t, policygit.Options{URL: repo.bare, Ref: "main", Poll: 20 * time.Millisecond})
+	policy.StartEngine(t, e)
+	policy.WaitFor(t, "the fetch failure", func() bool { return e.Ready() != nil && strings.Contains(e.Ready().Error(), "fetch") })
 	if err := e.Ready(); !strings.Contains(err.Error(), "repository not found") {
 		t.Fatalf("Ready = %v, want the reason", err)
 	}
@@ -278,18 +289,18 @@ func TestGitRepositoryUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	good := repo.commit("policy", map[string]string{"authz.rego": gitPolicy(`"GET"`)})
-	waitFor(t, "the repository once reachable", func() bool { return e.Revision() == good.String() })
+	policy.WaitFor(t, "the repository once reachable", func() bool { return e.Revision() == good.String() })
 
 	if err := os.Rename(repo.bare, moved); err != nil {
 		t.Fatal(err)
 	}
-	failures := gathered(t, reg, "policy_source_read_failures_total")
-	waitFor(t, "the later fetch failure", func() bool { return gathered(t, reg, "policy_source_read_failures_total") > failures })
+	failures := policy.Gathered(t, reg, "policy_source_read_failures_total")
+	policy.WaitFor(t, "the later fetch failure", func() bool { return policy.Gathered(t, reg, "policy_source_read_failures_total") > failures })
 	if err := e.Ready(); err != nil || e.Revision() != good.String() {
 		t.Fatalf("unreachable later: ready %v, revision %s", err, e.Revision())
 	}
-	if !strings.Contains(e.Status().Sources[GitSource].ReadError, "repository not found") {
-		t.Fatalf("status = %+v", e.Status().Sources[GitSource])
+	if !strings.Contains(e.Status().Sources[policy.GitSource].ReadError, "repository not found") {
+		t.Fatalf("status = %+v", e.Status().Sources[policy.GitSource])
 	}
 }
 
@@ -304,7 +315,7 @@ func TestGitRefs(t *testing.T) {
 	second := repo.commit("two", map[string]string{"authz.rego": gitPolicy(`"GET", "POST"`)})
 
 	for ref, want := range map[string]plumbing.Hash{"v1": first, "refs/tags/v1": first, first.String(): first, "main": second, "": second} {
-		e, _, _, _ := gitEngine(t, GitOptions{URL: "file://" + repo.bare, Ref: ref})
+		e, _, _, _ := gitEngine(t, policygit.Options{URL: "file://" + repo.bare, Ref: ref})
 		if err := e.Load(context.Background()); err != nil {
 			t.Fatalf("ref %q: %v", ref, err)
 		}
@@ -324,12 +335,12 @@ func TestGitLimits(t *testing.T) {
 	}
 	repo.commit("big", files)
 	cases := []struct {
-		opts GitOptions
+		opts policygit.Options
 		want string
 	}{
-		{GitOptions{MaxBytes: 2048}, "repository larger than 2048 bytes"},
-		{GitOptions{MaxFiles: 10}, "more than 10 files in the repository"},
-		{GitOptions{Dir: "nowhere"}, "has no directory nowhere"},
+		{policygit.Options{MaxBytes: 2048}, "repository larger than 2048 bytes"},
+		{policygit.Options{MaxFiles: 10}, "more than 10 files in the repository"},
+		{policygit.Options{Dir: "nowhere"}, "has no directory nowhere"},
 	}
 	for _, c := range cases {
 		c.opts.URL, c.opts.Ref = repo.bare, "main"
@@ -338,11 +349,12 @@ func TestGitLimits(t *testing.T) {
 			t.Errorf("%+v: Load = %v, want %q", c.opts, err, c.want)
 		}
 	}
-	e, _ := newTestEngine(t, Options{Git: &GitOptions{URL: repo.bare}, Limits: Limits{MaxFileBytes: 16}})
+	limits := policy.Limits{MaxFileBytes: 16}
+	e, _ := policy.NewTestEngine(t, policy.Options{Remote: gitRemote(t, policygit.Options{URL: repo.bare}, limits), Limits: limits})
 	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "larger than 16 bytes") {
 		t.Errorf("policy file limit: %v", err)
 	}
-	e, _ = newTestEngine(t, Options{Git: &GitOptions{URL: repo.bare}})
+	e, _ = policy.NewTestEngine(t, policy.Options{Remote: gitRemote(t, policygit.Options{URL: repo.bare}, policy.Limits{})})
 	if err := e.Load(context.Background()); err != nil {
 		t.Fatalf("within the default limits: %v", err)
 	}
@@ -351,16 +363,16 @@ func TestGitLimits(t *testing.T) {
 // Settings travel with the commit: invalid ones refuse it.
 func TestGitSettings(t *testing.T) {
 	repo := newTestRepo(t)
-	repo.commit("one", map[string]string{"authz.rego": "package envoy.http.public\n\nallow := true\n", SettingsFile: "decisionPath: envoy/http/public/allow\n"})
-	e, _, _, _ := gitEngine(t, GitOptions{URL: repo.bare})
+	repo.commit("one", map[string]string{"authz.rego": "package envoy.http.public\n\nallow := true\n", policy.SettingsFile: "decisionPath: envoy/http/public/allow\n"})
+	e, _, _, _ := gitEngine(t, policygit.Options{URL: repo.bare})
 	if err := e.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if st := e.Status().Settings; st.From != SettingsFile || st.DecisionPath != "data.envoy.http.public.allow" {
+	if st := e.Status().Settings; st.From != policy.SettingsFile || st.DecisionPath != "data.envoy.http.public.allow" {
 		t.Fatalf("settings = %+v", st)
 	}
-	bad := repo.commit("bad settings", map[string]string{SettingsFile: "decisionPth: x\n"})
-	var re *RejectError
+	bad := repo.commit("bad settings", map[string]string{policy.SettingsFile: "decisionPth: x\n"})
+	var re *policy.RejectError
 	if err := e.Load(context.Background()); err == nil || !errorsAs(err, &re) || re.Stage != "settings" || re.Revision != bad.String() {
 		t.Fatalf("bad settings: %v", err)
 	}
@@ -370,9 +382,9 @@ func TestGitSettings(t *testing.T) {
 func TestGitRefresh(t *testing.T) {
 	repo := newTestRepo(t)
 	first := repo.commit("one", map[string]string{"authz.rego": gitPolicy(`"GET"`)})
-	e, _, _, _ := gitEngine(t, GitOptions{URL: repo.bare, Poll: time.Hour})
-	startEngine(t, e)
-	waitFor(t, "the first fetch", func() bool { return e.Revision() == first.String() })
+	e, _, _, _ := gitEngine(t, policygit.Options{URL: repo.bare, Poll: time.Hour})
+	policy.StartEngine(t, e)
+	policy.WaitFor(t, "the first fetch", func() bool { return e.Revision() == first.String() })
 	second := repo.commit("two", map[string]string{"authz.rego": gitPolicy(`"POST"`)})
 	hook := httptest.NewServer(e.RefreshHandler())
 	defer hook.Close()
@@ -384,21 +396,21 @@ func TestGitRefresh(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("webhook: %s", resp.Status)
 	}
-	waitFor(t, "the refreshed commit", func() bool { return e.Revision() == second.String() })
+	policy.WaitFor(t, "the refreshed commit", func() bool { return e.Revision() == second.String() })
 }
 
 func TestGitOptionsChecked(t *testing.T) {
 	for _, c := range []struct {
-		opts GitOptions
+		opts policygit.Options
 		want string
 	}{
-		{GitOptions{}, "URL is required"},
-		{GitOptions{URL: "https://user:s3cret@example.com/p.git"}, "carries a password"},
-		{GitOptions{URL: "ssh://git@example.com/p.git", SSHKeyFile: "/k"}, "known hosts"},
-		{GitOptions{URL: "http://example.com/p.git", TokenFile: "/t"}, "plain http"},
-		{GitOptions{URL: "https://example.com/p.git", TokenFile: "/t", SSHKeyFile: "/k"}, "not both"},
+		{policygit.Options{}, "URL is required"},
+		{policygit.Options{URL: "https://user:s3cret@example.com/p.git"}, "carries a password"},
+		{policygit.Options{URL: "ssh://git@example.com/p.git", SSHKeyFile: "/k"}, "known hosts"},
+		{policygit.Options{URL: "http://example.com/p.git", TokenFile: "/t"}, "plain http"},
+		{policygit.Options{URL: "https://example.com/p.git", TokenFile: "/t", SSHKeyFile: "/k"}, "not both"},
 	} {
-		_, err := NewEngine(Options{Git: &c.opts})
+		_, err := policygit.New(c.opts, policy.Limits{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.opts, err, c.want)
 		}
@@ -406,12 +418,12 @@ func TestGitOptionsChecked(t *testing.T) {
 			t.Errorf("error shows the password: %v", err)
 		}
 	}
-	if _, err := NewEngine(Options{Dir: "x", Git: &GitOptions{URL: "/x"}}); err == nil {
-		t.Error("Dir and Git together accepted")
+	if _, err := policy.NewEngine(policy.Options{Dir: "x", Remote: gitRemote(t, policygit.Options{URL: "/x"}, policy.Limits{})}); err == nil {
+		t.Error("Dir and Remote together accepted")
 	}
 }
 
-func errorsAs(err error, target **RejectError) bool { return errors.As(err, target) }
+func errorsAs(err error, target **policy.RejectError) bool { return errors.As(err, target) }
 
 // Over https (a real TLS server on 127.0.0.1, Git's own smart-HTTP backend
 // as the server): the token from its file is sent as basic auth, the CA
@@ -454,17 +466,17 @@ func TestGitHTTPS(t *testing.T) {
 	defer srv.Close()
 	dir := t.TempDir()
 	caFile, tokenFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "token")
-	writeFiles(t, dir, map[string]string{
+	policy.WriteFiles(t, dir, map[string]string{
 		"ca.pem": string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})),
 		"token":  token + "\n",
 	})
 	url := srv.URL + "/policy.git"
 
-	e, logs, _, _ := gitEngine(t, GitOptions{URL: url, Ref: "main", CAFile: caFile})
+	e, logs, _, _ := gitEngine(t, policygit.Options{URL: url, Ref: "main", CAFile: caFile})
 	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "authentication required") {
 		t.Fatalf("without the token: %v", err)
 	}
-	e, logs2, _, _ := gitEngine(t, GitOptions{URL: url, Ref: "main", CAFile: caFile, TokenFile: tokenFile})
+	e, logs2, _, _ := gitEngine(t, policygit.Options{URL: url, Ref: "main", CAFile: caFile, TokenFile: tokenFile})
 	// A transfer that fails is retried, though the ref has not moved.
 	failUpload.Store(true)
 	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "transfer failed") {
@@ -476,7 +488,7 @@ func TestGitHTTPS(t *testing.T) {
 	if e.Revision() != head.String() || !deepened.Load() {
 		t.Fatalf("revision %s (want %s), shallow fetch %v", e.Revision(), head, deepened.Load())
 	}
-	e, _, _, _ = gitEngine(t, GitOptions{URL: url, Ref: "main", TokenFile: tokenFile})
+	e, _, _, _ = gitEngine(t, policygit.Options{URL: url, Ref: "main", TokenFile: tokenFile})
 	if err := e.Load(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("without the CA: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/util"
 	"sigs.k8s.io/yaml"
@@ -27,7 +28,8 @@ type Limits struct {
 	MaxFiles      int   // 0 means 10000
 }
 
-func (l Limits) withDefaults() Limits {
+// WithDefaults is l with its zero fields at their defaults.
+func (l Limits) WithDefaults() Limits {
 	if l.MaxFileBytes <= 0 {
 		l.MaxFileBytes = 4 << 20
 	}
@@ -40,19 +42,12 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// sourceFile is one Rego module or data document, by slash path relative to
-// its source's root.
-type sourceFile struct {
-	Path    string
-	Content []byte
-}
-
-// snapshot is the content of one policy source at one moment.
-type snapshot struct {
+// Snapshot is the content of one policy source at one moment.
+type Snapshot struct {
 	Name     string         // "dir", GitSource or "bundle:<name>"
-	Modules  []sourceFile   // .rego files, sorted by path
+	Modules  []File         // .rego files, sorted by path
 	Data     map[string]any // data documents merged at their paths
-	DataDocs []sourceFile   // the data files (for the revision)
+	DataDocs []File         // the data files (for the revision)
 	Settings []byte         // the SettingsFile, nil when there is none
 	// Revision is a content hash (directories), the commit SHA (Git) or
 	// the bundle's manifest revision, else its content hash (bundles).
@@ -64,12 +59,12 @@ type snapshot struct {
 }
 
 // same reports whether a and b hold the same content.
-func (s *snapshot) same(o *snapshot) bool {
+func (s *Snapshot) same(o *Snapshot) bool {
 	return s != nil && o != nil && s.Revision == o.Revision && s.Digest == o.Digest
 }
 
 // empty reports whether the source held no file the engine reads.
-func (s *snapshot) empty() bool {
+func (s *Snapshot) empty() bool {
 	return len(s.Modules) == 0 && len(s.DataDocs) == 0 && s.Settings == nil
 }
 
@@ -87,12 +82,12 @@ func isDataFile(name string) bool {
 }
 
 // readDir reads a policy directory.
-func readDir(dir string, limits Limits) (*snapshot, error) {
+func readDir(dir string, limits Limits) (*Snapshot, error) {
 	c, err := collectDir(dir, limits)
 	if err != nil {
 		return nil, err
 	}
-	return c.finish("")
+	return c.Finish("")
 }
 
 // DirFiles returns the files of a policy directory that the engine reads
@@ -105,7 +100,7 @@ func DirFiles(dir string, limits Limits) (map[string][]byte, error) {
 		return nil, err
 	}
 	files := map[string][]byte{}
-	for _, group := range [][]sourceFile{c.snap.Modules, c.snap.DataDocs} {
+	for _, group := range [][]File{c.snap.Modules, c.snap.DataDocs} {
 		for _, f := range group {
 			files[f.Path] = f.Content
 		}
@@ -121,7 +116,7 @@ func DirFiles(dir string, limits Limits) (map[string][]byte, error) {
 // so one read sees one checkout. Hidden entries (".git", ".worktrees") are
 // skipped; symbolic links to files are followed, links to directories are
 // not (no cycles).
-func collectDir(dir string, limits Limits) (*collector, error) {
+func collectDir(dir string, limits Limits) (*Collector, error) {
 	root, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return nil, fmt.Errorf("policy directory %s: %w", dir, err)
@@ -133,7 +128,7 @@ func collectDir(dir string, limits Limits) (*collector, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("policy directory %s: not a directory", dir)
 	}
-	c := newCollector("dir", limits)
+	c := NewCollector("dir", limits)
 	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -152,7 +147,7 @@ func collectDir(dir string, limits Limits) (*collector, error) {
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		if !c.wants(rel) {
+		if !c.Wants(rel) {
 			return nil
 		}
 		info, err := os.Stat(p) // follows a link to a file
@@ -162,7 +157,7 @@ func collectDir(dir string, limits Limits) (*collector, error) {
 		if !info.Mode().IsRegular() {
 			return nil
 		}
-		return c.add(rel, func(max int64) ([]byte, error) { return readFileBounded(p, max) })
+		return c.Add(rel, func(max int64) ([]byte, error) { return readFileBounded(p, max) })
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read policy directory %s: %w", dir, err)
@@ -170,28 +165,29 @@ func collectDir(dir string, limits Limits) (*collector, error) {
 	return c, nil
 }
 
-// collector builds a snapshot from a source's files, whatever holds them (a
+// Collector builds a Snapshot from a source's files, whatever holds them (a
 // directory, a Git tree), with one set of rules and limits.
-type collector struct {
-	snap   *snapshot
+type Collector struct {
+	snap   *Snapshot
 	limits Limits
 	count  int
 	total  int64
 }
 
-func newCollector(name string, limits Limits) *collector {
-	return &collector{snap: &snapshot{Name: name}, limits: limits.withDefaults()}
+// NewCollector collects the files of the source called name.
+func NewCollector(name string, limits Limits) *Collector {
+	return &Collector{snap: &Snapshot{Name: name}, limits: limits.WithDefaults()}
 }
 
-// wants reports whether the file at slash path rel (relative to the
+// Wants reports whether the file at slash path rel (relative to the
 // source's root, no hidden segment) is part of a policy.
-func (c *collector) wants(rel string) bool {
+func (c *Collector) Wants(rel string) bool {
 	name := path.Base(rel)
 	return strings.HasSuffix(name, ".rego") || isDataFile(name) || rel == SettingsFile
 }
 
-// add reads a wanted file within the limits.
-func (c *collector) add(rel string, read func(max int64) ([]byte, error)) error {
+// Add reads a wanted file within the limits.
+func (c *Collector) Add(rel string, read func(max int64) ([]byte, error)) error {
 	c.count++
 	if c.count > c.limits.MaxFiles {
 		return fmt.Errorf("more than %d policy files", c.limits.MaxFiles)
@@ -204,7 +200,7 @@ func (c *collector) add(rel string, read func(max int64) ([]byte, error)) error 
 	if c.total > c.limits.MaxTotalBytes {
 		return fmt.Errorf("policy files exceed %d bytes", c.limits.MaxTotalBytes)
 	}
-	f := sourceFile{Path: rel, Content: content}
+	f := File{Path: rel, Content: content}
 	switch {
 	case rel == SettingsFile:
 		c.snap.Settings = content
@@ -216,9 +212,9 @@ func (c *collector) add(rel string, read func(max int64) ([]byte, error)) error 
 	return nil
 }
 
-// finish merges the data documents and sets the revision: the given one
+// Finish merges the data documents and sets the revision: the given one
 // (a commit), else a hash of the content.
-func (c *collector) finish(revision string) (*snapshot, error) {
+func (c *Collector) Finish(revision string) (*Snapshot, error) {
 	snap := c.snap
 	sort.Slice(snap.Modules, func(i, j int) bool { return snap.Modules[i].Path < snap.Modules[j].Path })
 	sort.Slice(snap.DataDocs, func(i, j int) bool { return snap.DataDocs[i].Path < snap.DataDocs[j].Path })
@@ -238,9 +234,9 @@ func (c *collector) finish(revision string) (*snapshot, error) {
 		}
 	}
 	if revision == "" {
-		groups := [][]sourceFile{snap.Modules, snap.DataDocs}
+		groups := [][]File{snap.Modules, snap.DataDocs}
 		if snap.Settings != nil {
-			groups = append(groups, []sourceFile{{Path: SettingsFile, Content: snap.Settings}})
+			groups = append(groups, []File{{Path: SettingsFile, Content: snap.Settings}})
 		}
 		revision = revisionOf(groups...)
 	}
@@ -256,7 +252,7 @@ func readFileBounded(p string, max int64) ([]byte, error) {
 	return b, nil
 }
 
-func parseDataDoc(f sourceFile) (map[string]any, error) {
+func parseDataDoc(f File) (map[string]any, error) {
 	content := f.Content
 	if !strings.HasSuffix(f.Path, ".json") {
 		j, err := yaml.YAMLToJSON(content)
@@ -315,7 +311,7 @@ func mergeData(dst map[string]any, at []string, doc map[string]any) error {
 
 // revisionOf hashes paths and contents (length-prefixed, so no two file sets
 // collide by concatenation) into a short content revision.
-func revisionOf(groups ...[]sourceFile) string {
+func revisionOf(groups ...[]File) string {
 	h := sha256.New()
 	var n [8]byte
 	for gi, files := range groups {
@@ -334,3 +330,14 @@ func revisionOf(groups ...[]sourceFile) string {
 }
 
 var errNoModules = errors.New("no policy modules (.rego files other than *_test.rego)")
+
+// GitSource names the Git source (policygit) in statuses, rejections and
+// logs.
+const GitSource = "git"
+
+// CommitInfo describes the commit a Git revision is.
+type CommitInfo struct {
+	Ref     string    `json:"ref"`
+	Time    time.Time `json:"committed_at"`
+	Subject string    `json:"subject,omitempty"`
+}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/causeway-mesh/causeway/pkg/dirwatch"
+	"github.com/open-policy-agent/opa/v1/bundle"
 )
 
 // Run keeps the policy current until ctx ends: it loads the directory and
@@ -22,21 +23,23 @@ import (
 // done and every goroutine it started has exited.
 func (e *Engine) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	if e.opts.Bundle != nil {
-		d, err := e.startBundle(ctx)
+	if f := e.opts.Feed; f != nil {
+		stop, err := f.Start(ctx, e.log.Named("bundle"), func(ctx context.Context, b *bundle.Bundle, err error) {
+			e.bundleUpdate(ctx, f.Name(), b, err)
+		})
 		if err != nil {
 			return err
 		}
 		wg.Go(func() {
 			<-ctx.Done()
-			d.Stop(context.Background())
+			stop()
 		})
 	}
 	switch {
 	case e.opts.Dir != "":
 		e.watchDir(ctx)
-	case e.opts.Git != nil:
-		e.pollGit(ctx)
+	case e.opts.Remote != nil:
+		e.pollRemote(ctx)
 	default:
 		<-ctx.Done()
 	}
@@ -77,10 +80,10 @@ func (e *Engine) reloadDir(ctx context.Context) {
 // webhook calls costs one fetch.
 const minRefreshGap = 2 * time.Second
 
-// pollGit fetches the ref at start, every poll interval and on Refresh. A
-// fetch lists the remote's references first; an unchanged ref costs no
-// more than that.
-func (e *Engine) pollGit(ctx context.Context) {
+// pollRemote reads the remote at start, every poll interval and on
+// Refresh (a Git fetch lists the remote's references first; an unchanged
+// ref costs no more than that).
+func (e *Engine) pollRemote(ctx context.Context) {
 	e.reloadDir(ctx)
 	last := time.Now()
 	poll := time.NewTicker(e.primary.poll)

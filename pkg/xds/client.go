@@ -494,7 +494,7 @@ func (c *Client) handle(cs *clientStream, resp *discovery.DeltaDiscoveryResponse
 	if len(problems) > 0 {
 		detail := strings.Join(problems, "; ")
 		c.log.Warn("rejecting xDS update (NACK); keeping the previous state",
-			zap.String("type", typeName(typeURL)), zap.String("nonce", resp.GetNonce()), zap.String("reason", detail))
+			zap.String("type", TypeName(typeURL)), zap.String("nonce", resp.GetNonce()), zap.String("reason", detail))
 		return cs.send(&discovery.DeltaDiscoveryRequest{
 			TypeUrl:       typeURL,
 			ResponseNonce: resp.GetNonce(),
@@ -529,7 +529,7 @@ func (c *Client) handle(cs *clientStream, resp *discovery.DeltaDiscoveryResponse
 		return fmt.Errorf("send ACK: %w", err)
 	}
 	if len(updated) > 0 || len(removed) > 0 {
-		c.log.Debug("xDS update applied", zap.String("type", typeName(typeURL)),
+		c.log.Debug("xDS update applied", zap.String("type", TypeName(typeURL)),
 			zap.Int("updated", len(updated)), zap.Int("removed", len(removed)))
 		c.notify(typeURL)
 	}

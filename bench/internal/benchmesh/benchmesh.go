@@ -130,20 +130,37 @@ func CPUTime(pid int) (time.Duration, error) {
 }
 
 // RSS is a process's resident set size in bytes (VmRSS).
-func RSS(pid int) (int64, error) {
+func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
+
+// FileRSS is the part of a process's RSS that maps files (RssFile): its
+// binary's code and read-only data, as far as they were touched.
+func FileRSS(pid int) (int64, error) { return statusBytes(pid, "RssFile") }
+
+// OpenFiles is how many file descriptors a process holds.
+func OpenFiles(pid int) (int, error) {
+	fds, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))
+	return len(fds), err
+}
+
+// PeakRSS is the largest resident set size the process has had, in bytes
+// (VmHWM).
+func PeakRSS(pid int) (int64, error) { return statusBytes(pid, "VmHWM") }
+
+// statusBytes reads a "<field>: <n> kB" line of /proc/<pid>/status.
+func statusBytes(pid int, field string) (int64, error) {
 	data, err := readProc(pid, "status")
 	if err != nil {
 		return 0, err
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:")
+		rest, ok := strings.CutPrefix(sc.Text(), field+":")
 		if !ok {
 			continue
 		}
 		f := strings.Fields(rest)
 		if len(f) != 2 || f[1] != "kB" {
-			return 0, fmt.Errorf("/proc/%d/status: odd VmRSS line %q", pid, sc.Text())
+			return 0, fmt.Errorf("/proc/%d/status: odd %s line %q", pid, field, sc.Text())
 		}
 		kb, err := strconv.ParseInt(f[0], 10, 64)
 		if err != nil {
@@ -151,7 +168,7 @@ func RSS(pid int) (int64, error) {
 		}
 		return kb << 10, nil
 	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
+	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, field)
 }
 
 func readProc(pid int, file string) ([]byte, error) {

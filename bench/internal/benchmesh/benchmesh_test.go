@@ -60,6 +60,32 @@ func TestRSS(t *testing.T) {
 	if rss < 1<<20 || rss > int64(ms.Sys)+(1<<30) {
 		t.Fatalf("RSS %d bytes; runtime has %d mapped", rss, ms.Sys)
 	}
+	peak, err := PeakRSS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peak < rss {
+		t.Fatalf("peak RSS %d bytes below the RSS %d read before it", peak, rss)
+	}
+	file, err := FileRSS(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if file <= 0 || file > peak {
+		t.Fatalf("file-backed RSS %d bytes, peak RSS %d", file, peak)
+	}
+	before, err := OpenFiles(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if after, err := OpenFiles(os.Getpid()); err != nil || after != before+1 {
+		t.Fatalf("%d open files, then %d (%v) after opening one", before, after, err)
+	}
 }
 
 func TestProcErrors(t *testing.T) {
@@ -70,6 +96,12 @@ func TestProcErrors(t *testing.T) {
 	}
 	if _, err := RSS(noSuchPID); err == nil {
 		t.Fatal("RSS of a missing process succeeded")
+	}
+	if _, err := OpenFiles(noSuchPID); err == nil {
+		t.Fatal("OpenFiles of a missing process succeeded")
+	}
+	if _, err := PeakRSS(noSuchPID); err == nil {
+		t.Fatal("PeakRSS of a missing process succeeded")
 	}
 }
 

@@ -31,11 +31,13 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+	"github.com/causeway-mesh/causeway/pkg/xds/xdsserver"
 )
 
 // callers is the CA and the xDS server in front of the test apiserver, as
@@ -99,7 +101,7 @@ func startCallers(t *testing.T) *callers {
 	t.Cleanup(cancel)
 	var auth authn.Chain // filled below; no stream arrives before the server listens
 	trusted := []trust.Identity{trusttest.Identity(t, nodeProxyID)}
-	xdsServer, err := xds.NewServer(ctx, xds.ServerOptions{Logger: log, TrustedNodeAccounts: trusted, Authenticator: &auth})
+	xdsServer, err := xdsserver.NewServer(ctx, xdsserver.ServerOptions{Logger: log, TrustedNodeAccounts: trusted, Authenticator: &auth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +111,7 @@ func startCallers(t *testing.T) *callers {
 		}
 	})
 	r.next(t, "the waypoint", func(s *config.Snapshot) bool { return len(s.Waypoints) > 0 })
-	tr, err := authn.NewTokenReview(authn.TokenReviewOptions{
+	tr, err := tokenreview.New(tokenreview.Options{
 		Reviews: kubernetes.NewForConfigOrDie(env.ControlPlane(t)).AuthenticationV1().TokenReviews(), TrustDomain: "cluster.local", Pods: r.src,
 	})
 	if err != nil {
@@ -124,7 +126,7 @@ func startCallers(t *testing.T) *callers {
 	})
 	k.caAddr, k.cpID = srv.Addr, srv.Identity
 	cert := k.ca.Certificate(t, srv.Identity, 0)
-	g := grpc.NewServer(append(xds.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(
+	g := grpc.NewServer(append(xdsserver.GRPCServerOptions(), grpc.Creds(credentials.NewTLS(
 		trust.ServerConfig(k.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return cert, nil }, trust.VerifyIfGiven))))...)
 	xdsServer.Register(g)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

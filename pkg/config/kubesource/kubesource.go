@@ -21,7 +21,7 @@
 // written to the objects' status by pkg/gwstatus.
 //
 // The source also answers the CA's questions from its pod informer: does a
-// pod still exist with the uid a token names (authn.PodLookup), and does a
+// pod still exist with the uid a token names (tokenreview.PodLookup), and does a
 // captured pod of an identity, not refused by the translation, run on a
 // node (trust.WorkloadIndex, by an index keyed by node and service account,
 // checked against the last good snapshot).

@@ -8,7 +8,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/trust"
-	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 )
 
 // errNotSynced: the pod informer has not listed the cluster yet.
@@ -30,19 +30,19 @@ func indexPodByNodeAndAccount(obj any) ([]string, error) {
 	return []string{podIndexKey(p.Spec.NodeName, p.Namespace, sa)}, nil
 }
 
-// Pod implements authn.PodLookup from the pod informer.
-func (s *Source) Pod(namespace, name string) (authn.PodInfo, bool, error) {
+// Pod implements tokenreview.PodLookup from the pod informer.
+func (s *Source) Pod(namespace, name string) (tokenreview.PodInfo, bool, error) {
 	if !s.podsSynced() {
-		return authn.PodInfo{}, false, errNotSynced
+		return tokenreview.PodInfo{}, false, errNotSynced
 	}
 	p, err := s.pods.Pods(namespace).Get(name)
 	if apierrors.IsNotFound(err) {
-		return authn.PodInfo{}, false, nil
+		return tokenreview.PodInfo{}, false, nil
 	}
 	if err != nil {
-		return authn.PodInfo{}, false, err
+		return tokenreview.PodInfo{}, false, err
 	}
-	return authn.PodInfo{UID: string(p.UID), Node: p.Spec.NodeName}, true, nil
+	return tokenreview.PodInfo{UID: string(p.UID), Node: p.Spec.NodeName}, true, nil
 }
 
 // HasWorkload implements trust.WorkloadIndex: a node proxy on node may
@@ -110,6 +110,6 @@ func (s *Source) trustDomain() string {
 }
 
 var (
-	_ authn.PodLookup     = (*Source)(nil)
-	_ trust.WorkloadIndex = (*Source)(nil)
+	_ tokenreview.PodLookup = (*Source)(nil)
+	_ trust.WorkloadIndex   = (*Source)(nil)
 )

@@ -38,23 +38,6 @@ func writeTokens(t *testing.T, path, content string) {
 	}
 }
 
-func bearer(tok string) context.Context {
-	return metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tok))
-}
-
-func wantErr(t *testing.T, err error, kind error, substr string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("no error, want %v containing %q", kind, substr)
-	}
-	if kind != nil && !errors.Is(err, kind) {
-		t.Fatalf("error %q is not %v", err, kind)
-	}
-	if !strings.Contains(err.Error(), substr) {
-		t.Fatalf("error %q does not contain %q", err, substr)
-	}
-}
-
 func TestParseTokens(t *testing.T) {
 	entries, err := authn.ParseTokens([]byte(`
 # node proxies
@@ -84,7 +67,7 @@ func TestParseTokens(t *testing.T) {
 		{tokA + " n$s/sa node", "line 1: identity for n$s/sa"},
 	} {
 		_, err := authn.ParseTokens([]byte(tc.in), "cluster.local")
-		wantErr(t, err, nil, tc.want)
+		trusttest.WantError(t, err, nil, tc.want)
 	}
 }
 
@@ -95,7 +78,7 @@ func TestTokenFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := tf.Authenticate(bearer(tokA))
+	c, err := tf.Authenticate(trusttest.Bearer(tokA))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,37 +90,37 @@ func TestTokenFile(t *testing.T) {
 		t.Fatalf("lower-case scheme: %v", err)
 	}
 
-	_, err = tf.Authenticate(bearer(tokB))
-	wantErr(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
-	_, err = tf.Authenticate(bearer(tokA[:len(tokA)-1]))
-	wantErr(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
+	_, err = tf.Authenticate(trusttest.Bearer(tokB))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
+	_, err = tf.Authenticate(trusttest.Bearer(tokA[:len(tokA)-1]))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
 	_, err = tf.Authenticate(context.Background())
-	wantErr(t, err, authn.ErrNoCredentials, "no authorization header")
+	trusttest.WantError(t, err, authn.ErrNoCredentials, "no authorization header")
 	_, err = tf.Authenticate(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Basic abc")))
-	wantErr(t, err, authn.ErrNoCredentials, "not a bearer token")
+	trusttest.WantError(t, err, authn.ErrNoCredentials, "not a bearer token")
 	_, err = tf.Authenticate(metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", "Bearer "+tokA, "authorization", "Bearer "+tokA)))
-	wantErr(t, err, authn.ErrInvalidCredentials, "2 authorization headers")
-	_, err = tf.Authenticate(bearer(""))
-	wantErr(t, err, authn.ErrInvalidCredentials, "empty bearer token")
-	_, err = tf.Authenticate(bearer(strings.Repeat("x", 9000)))
-	wantErr(t, err, authn.ErrInvalidCredentials, "longer than")
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "2 authorization headers")
+	_, err = tf.Authenticate(trusttest.Bearer(""))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "empty bearer token")
+	_, err = tf.Authenticate(trusttest.Bearer(strings.Repeat("x", 9000)))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "longer than")
 
 	// Replaced: the new token works at once, the old one no longer does.
 	writeTokens(t, path, "# rotated\n"+tokB+" causeway-system/nodeproxy node-a\n")
-	if _, err := tf.Authenticate(bearer(tokB)); err != nil {
+	if _, err := tf.Authenticate(trusttest.Bearer(tokB)); err != nil {
 		t.Fatalf("after reload: %v", err)
 	}
-	_, err = tf.Authenticate(bearer(tokA))
-	wantErr(t, err, authn.ErrInvalidCredentials, "not recognised")
+	_, err = tf.Authenticate(trusttest.Bearer(tokA))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "not recognised")
 
 	// A broken version is ignored; the last good tokens stay in force.
 	writeTokens(t, path, "broken\n")
-	if _, err := tf.Authenticate(bearer(tokB)); err != nil {
+	if _, err := tf.Authenticate(trusttest.Bearer(tokB)); err != nil {
 		t.Fatalf("after a broken update: %v", err)
 	}
 	// A missing file also keeps the last good tokens.
 	os.Remove(path)
-	if _, err := tf.Authenticate(bearer(tokB)); err != nil {
+	if _, err := tf.Authenticate(trusttest.Bearer(tokB)); err != nil {
 		t.Fatalf("after removal: %v", err)
 	}
 
@@ -146,7 +129,7 @@ func TestTokenFile(t *testing.T) {
 	}
 	writeTokens(t, path, "short ns/sa\n")
 	_, err = authn.NewTokenFile(path, "cluster.local", nil)
-	wantErr(t, err, nil, "token shorter than 16")
+	trusttest.WantError(t, err, nil, "token shorter than 16")
 }
 
 // tlsState runs a real handshake over TCP on 127.0.0.1 in which the client
@@ -215,7 +198,7 @@ func TestPeerCertificate(t *testing.T) {
 	unverified := st
 	unverified.VerifiedChains = nil
 	_, err = pc.Authenticate(withTLS(unverified))
-	wantErr(t, err, authn.ErrInvalidCredentials, "client certificate was not verified")
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "client certificate was not verified")
 
 	// A verified certificate of another trust domain.
 	other, err := authn.NewPeerCertificate("other.example")
@@ -223,12 +206,12 @@ func TestPeerCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = other.Authenticate(withTLS(st))
-	wantErr(t, err, authn.ErrInvalidCredentials, "client identity spiffe://cluster.local/ns/shop/sa/waypoint is not in trust domain other.example")
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "client identity spiffe://cluster.local/ns/shop/sa/waypoint is not in trust domain other.example")
 
 	_, err = pc.Authenticate(context.Background())
-	wantErr(t, err, authn.ErrNoCredentials, "no TLS connection")
+	trusttest.WantError(t, err, authn.ErrNoCredentials, "no TLS connection")
 	_, err = pc.Authenticate(withTLS(tlsState(t, ca, &tls.Certificate{})))
-	wantErr(t, err, authn.ErrNoCredentials, "no client certificate")
+	trusttest.WantError(t, err, authn.ErrNoCredentials, "no client certificate")
 }
 
 func TestChain(t *testing.T) {
@@ -257,10 +240,10 @@ func TestChain(t *testing.T) {
 	// An invalid token is refused even though a valid certificate follows.
 	badToken := metadata.NewIncomingContext(withTLS(st), metadata.Pairs("authorization", "Bearer "+tokB))
 	_, err = chain.Authenticate(badToken)
-	wantErr(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "bearer token not recognised")
 
 	_, err = chain.Authenticate(context.Background())
-	wantErr(t, err, authn.ErrNoCredentials, "present a bearer token or a mesh client certificate")
+	trusttest.WantError(t, err, authn.ErrNoCredentials, "present a bearer token or a mesh client certificate")
 }
 
 func TestStatusError(t *testing.T) {

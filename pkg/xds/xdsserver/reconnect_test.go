@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"crypto/tls"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
+	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -92,8 +93,8 @@ func TestReconnectFollowsThePolicy(t *testing.T) {
 		}
 	}()
 	const initial, maxWait = 100 * time.Millisecond, 800 * time.Millisecond
-	c := env.startClient(t, addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}, InitialBackoff: initial, MaxBackoff: maxWait})
+	c := env.startClient(t, addr, xds.ClientOptions{NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}, InitialBackoff: initial, MaxBackoff: maxWait})
 	time.Sleep(4 * time.Second)
 	ln.Close()
 	<-served
@@ -150,7 +151,7 @@ func TestReconnectBackoffStartsOverOnlyAfterAStableStream(t *testing.T) {
 	go g.Serve(ln)
 	defer g.Stop()
 	const initial, maxWait = 50 * time.Millisecond, 800 * time.Millisecond
-	c := env.startClient(t, ln.Addr().String(), ClientOptions{Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
+	c := env.startClient(t, ln.Addr().String(), xds.ClientOptions{Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
 		InitialBackoff: initial, MaxBackoff: maxWait})
 	eventually(t, "a first stream", func() bool { return len(ads.streams.times()) > 0 })
 	time.Sleep(3 * time.Second)
@@ -181,8 +182,8 @@ func TestRestartResyncsWithoutAPushStorm(t *testing.T) {
 	const clients = 5
 	var cs []*testClient
 	for range clients {
-		c := env.startClient(t, addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
-			Subscriptions: NodeProxySubscriptions()})
+		c := env.startClient(t, addr, xds.ClientOptions{NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+			Subscriptions: xds.NodeProxySubscriptions()})
 		cs = append(cs, c)
 	}
 	for _, c := range cs {
@@ -237,8 +238,8 @@ func TestReconnectToAClosedPortFollowsThePolicy(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	const initial, maxWait = 100 * time.Millisecond, 800 * time.Millisecond
-	c := env.startClient(t, addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}, InitialBackoff: initial, MaxBackoff: maxWait})
+	c := env.startClient(t, addr, xds.ClientOptions{NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}, InitialBackoff: initial, MaxBackoff: maxWait})
 	time.Sleep(4 * time.Second)
 	var at []time.Time
 	for _, e := range c.logs.FilterMessage("xDS stream ended; keeping the last state and reconnecting").All() {

@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"context"
@@ -18,18 +18,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
-
-// NamespaceWildcardSuffix marks a subscription to every resource of one
-// namespace: "<namespace>/*" (a waypoint subscribes to its namespace's
-// services and routes this way). Workloads match by their namespace field,
-// since their resource name is a uid; routes also match the namespaces of
-// their parent Services (consumer routes, GEP-1294).
-const NamespaceWildcardSuffix = "/*"
-
-// Wildcard subscribes to every resource of a type.
-const Wildcard = "*"
 
 // entry is one resource as served: marshaled once, versioned by content, so
 // an unchanged resource keeps its version across updates and restarts and
@@ -313,7 +304,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 		next = map[string]string{}
 		want := map[string]bool{}
 		for name := range w.sub.SubscribedResources() {
-			if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); ok {
+			if ns, ok := strings.CutSuffix(name, xds.NamespaceWildcardSuffix); ok {
 				for rn, e := range resources {
 					if e.in(ns) && readable(rn, e) {
 						want[rn] = true
@@ -333,8 +324,8 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 				if !known || v != e.version {
 					updated = append(updated, name)
 				}
-			case name == Wildcard:
-			case strings.HasSuffix(name, NamespaceWildcardSuffix):
+			case name == xds.Wildcard:
+			case strings.HasSuffix(name, xds.NamespaceWildcardSuffix):
 			default:
 				// Asked for and absent: say so once (version "" = known absent).
 				next[name] = ""

@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
+	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -124,12 +125,12 @@ func (cp *testCP) stop() {
 }
 
 type testClient struct {
-	*Client
+	*xds.Client
 	logs    *observer.ObservedLogs
 	changes chan []string
 }
 
-func (e *testEnv) startClient(t *testing.T, addr string, o ClientOptions) *testClient {
+func (e *testEnv) startClient(t *testing.T, addr string, o xds.ClientOptions) *testClient {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	o.Address = addr
@@ -142,7 +143,7 @@ func (e *testEnv) startClient(t *testing.T, addr string, o ClientOptions) *testC
 	}
 	tc := &testClient{logs: logs, changes: make(chan []string, 100)}
 	onChange := o.OnChange
-	o.OnChange = func(s *State, types []string) {
+	o.OnChange = func(s *xds.State, types []string) {
 		if onChange != nil {
 			onChange(s, types)
 		}
@@ -151,7 +152,7 @@ func (e *testEnv) startClient(t *testing.T, addr string, o ClientOptions) *testC
 		default:
 		}
 	}
-	c, err := NewClient(o)
+	c, err := xds.NewClient(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,20 +266,20 @@ func TestClientsReceiveOnlyWhatTheySubscribedTo(t *testing.T) {
 	)); err != nil {
 		t.Fatal(err)
 	}
-	node := env.startClient(t, cp.addr, ClientOptions{
-		NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: NodeProxySubscriptions(),
+	node := env.startClient(t, cp.addr, xds.ClientOptions{
+		NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: xds.NodeProxySubscriptions(),
 	})
 	// Across namespaces, which only a trusted node account may read.
-	wp := env.startClient(t, cp.addr, ClientOptions{
+	wp := env.startClient(t, cp.addr, xds.ClientOptions{
 		NodeID: "test~subscriptions", Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{
+		Subscriptions: []xds.Subscription{
 			{TypeURL: meshv1.ServiceTypeURL, Names: []string{"a/*", "b/s3"}},
 			{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{"a/r1", "a/later"}}, // a/later does not exist yet
 		},
 	})
-	nsWaypoint := env.startClient(t, cp.addr, ClientOptions{
-		NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken), Subscriptions: WaypointSubscriptions("a", "wp"),
+	nsWaypoint := env.startClient(t, cp.addr, xds.ClientOptions{
+		NodeID: xds.WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken), Subscriptions: xds.WaypointSubscriptions("a", "wp"),
 	})
 	waitReady(t, node)
 	waitReady(t, wp) // complete although a/later does not exist: the server says so
@@ -346,10 +347,10 @@ func TestNACKIsLoggedAndBlocksNoOne(t *testing.T) {
 	if err := cp.server.Update(resources(good, service("a", "s1", "127.0.20.1"))); err != nil {
 		t.Fatal(err)
 	}
-	wl := env.startClient(t, cp.addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
-	sv := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.ServiceTypeURL, Names: []string{"a/*"}}}})
+	wl := env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
+	sv := env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.ServiceTypeURL, Names: []string{"a/*"}}}})
 	waitReady(t, wl)
 	waitReady(t, sv)
 
@@ -383,9 +384,9 @@ func TestCallersMustAuthenticate(t *testing.T) {
 	if err := cp.server.Update(resources(workload("a", "w1", "127.0.10.1"))); err != nil {
 		t.Fatal(err)
 	}
-	subs := []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}
-	wrong := env.startClient(t, cp.addr, ClientOptions{Token: caclient.StaticToken("wrong-token-0123456789abcdef"), Subscriptions: subs})
-	none := env.startClient(t, cp.addr, ClientOptions{Subscriptions: subs})
+	subs := []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}
+	wrong := env.startClient(t, cp.addr, xds.ClientOptions{Token: caclient.StaticToken("wrong-token-0123456789abcdef"), Subscriptions: subs})
+	none := env.startClient(t, cp.addr, xds.ClientOptions{Subscriptions: subs})
 	eventually(t, "both refusals are logged by the server", func() bool {
 		return len(cp.logs.FilterMessage("xDS stream refused").All()) >= 2
 	})
@@ -404,9 +405,9 @@ func TestCallersMustAuthenticate(t *testing.T) {
 	}
 	// A mesh client certificate is a credential too.
 	cert := env.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/a/sa/waypoint"), 0)
-	withCert := env.startClient(t, cp.addr, ClientOptions{
+	withCert := env.startClient(t, cp.addr, xds.ClientOptions{
 		ClientCertificate: func() (*tls.Certificate, error) { return cert, nil },
-		Subscriptions:     []Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*"}}},
+		Subscriptions:     []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*"}}},
 	})
 	waitReady(t, withCert)
 }
@@ -417,10 +418,10 @@ func TestClientVerifiesControlPlaneIdentity(t *testing.T) {
 	if err := cp.server.Update(resources(workload("a", "w1", "127.0.10.1"))); err != nil {
 		t.Fatal(err)
 	}
-	c := env.startClient(t, cp.addr, ClientOptions{
+	c := env.startClient(t, cp.addr, xds.ClientOptions{
 		Token:          caclient.StaticToken(nodeProxyToken),
 		ServerIdentity: trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/impostor"),
-		Subscriptions:  []Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
+		Subscriptions:  []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
 	})
 	eventually(t, "client refuses the server's identity", func() bool {
 		for _, e := range c.logs.FilterMessage("xDS stream ended; keeping the last state and reconnecting").All() {
@@ -435,9 +436,9 @@ func TestClientVerifiesControlPlaneIdentity(t *testing.T) {
 	}
 	// Another CA's roots: the chain does not verify.
 	other := trusttest.NewCA(t, td)
-	c2 := env.startClient(t, cp.addr, ClientOptions{
+	c2 := env.startClient(t, cp.addr, xds.ClientOptions{
 		Bundle: other.Bundle, Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -454,8 +455,8 @@ func TestRestartKeepsStateAndConverges(t *testing.T) {
 	if err := cp.server.Update(resources(w1, w2)); err != nil {
 		t.Fatal(err)
 	}
-	c := env.startClient(t, addr, ClientOptions{NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
+	c := env.startClient(t, addr, xds.ClientOptions{NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
 	waitReady(t, c)
 	eventually(t, "connected", c.Connected)
 
@@ -489,8 +490,8 @@ func TestRestartKeepsStateAndConverges(t *testing.T) {
 func TestServerAnswersNothingBeforeFirstUpdate(t *testing.T) {
 	env := newEnv(t)
 	cp := env.startCP(t, "127.0.0.1:0")
-	c := env.startClient(t, cp.addr, ClientOptions{Token: caclient.StaticToken(nodeProxyToken),
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
+	c := env.startClient(t, cp.addr, xds.ClientOptions{Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}})
 	eventually(t, "client connects", func() bool { return len(cp.server.Clients()) == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
@@ -505,15 +506,15 @@ func TestServerAnswersNothingBeforeFirstUpdate(t *testing.T) {
 
 func TestClientOptionsChecked(t *testing.T) {
 	ca := trusttest.NewCA(t, td)
-	for name, o := range map[string]ClientOptions{
-		"no address":       {Bundle: ca.Bundle, Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}},
-		"no bundle":        {Address: "127.0.0.1:1", Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}},
+	for name, o := range map[string]xds.ClientOptions{
+		"no address":       {Bundle: ca.Bundle, Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}},
+		"no bundle":        {Address: "127.0.0.1:1", Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}},
 		"no subscriptions": {Address: "127.0.0.1:1", Bundle: ca.Bundle},
-		"unknown type":     {Address: "127.0.0.1:1", Bundle: ca.Bundle, Subscriptions: []Subscription{{TypeURL: "type.googleapis.com/x.Y"}}},
-		"twice":            {Address: "127.0.0.1:1", Bundle: ca.Bundle, Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.WorkloadTypeURL}}},
+		"unknown type":     {Address: "127.0.0.1:1", Bundle: ca.Bundle, Subscriptions: []xds.Subscription{{TypeURL: "type.googleapis.com/x.Y"}}},
+		"twice":            {Address: "127.0.0.1:1", Bundle: ca.Bundle, Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}, {TypeURL: meshv1.WorkloadTypeURL}}},
 	} {
-		if _, err := NewClient(o); err == nil {
-			t.Errorf("%s: NewClient accepted bad options", name)
+		if _, err := xds.NewClient(o); err == nil {
+			t.Errorf("%s: xds.NewClient accepted bad options", name)
 		}
 	}
 }
@@ -529,17 +530,17 @@ func TestSubscriptionsAreAuthorized(t *testing.T) {
 	}
 	wpToken := caclient.StaticToken(waypointToken) // account a/waypoint
 	refused := map[string]*testClient{
-		"another namespace": env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: wpToken,
-			Subscriptions: []Subscription{{TypeURL: meshv1.ServiceTypeURL, Names: []string{"b/*"}}}}),
-		"everything": env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: wpToken,
-			Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL}}}),
-		"a waypoint of another namespace": env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("b", "wp"), Token: wpToken,
-			Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*"}}}}),
-		"another node": env.startClient(t, cp.addr, ClientOptions{NodeID: NodeProxyID("node-b"), Token: caclient.StaticToken(nodeProxyToken),
-			Subscriptions: NodeProxySubscriptions()}),
+		"another namespace": env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.WaypointID("a", "wp"), Token: wpToken,
+			Subscriptions: []xds.Subscription{{TypeURL: meshv1.ServiceTypeURL, Names: []string{"b/*"}}}}),
+		"everything": env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.WaypointID("a", "wp"), Token: wpToken,
+			Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL}}}),
+		"a waypoint of another namespace": env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.WaypointID("b", "wp"), Token: wpToken,
+			Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*"}}}}),
+		"another node": env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.NodeProxyID("node-b"), Token: caclient.StaticToken(nodeProxyToken),
+			Subscriptions: xds.NodeProxySubscriptions()}),
 	}
-	allowed := env.startClient(t, cp.addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: wpToken,
-		Subscriptions: []Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*", "a/w9"}}}})
+	allowed := env.startClient(t, cp.addr, xds.ClientOptions{NodeID: xds.WaypointID("a", "wp"), Token: wpToken,
+		Subscriptions: []xds.Subscription{{TypeURL: meshv1.WorkloadTypeURL, Names: []string{"a/*", "a/w9"}}}})
 	waitReady(t, allowed)
 	if got := names(allowed.State().Workloads); got != "a/w1" {
 		t.Errorf("own namespace: %s", got)
@@ -588,17 +589,17 @@ func routeTo(ns, name, backendNS, backend, invalid string, mirror ...string) *me
 // subscriptions, and the backends its routes name in other namespaces.
 func (e *testEnv) startWaypoint(t *testing.T, addr string) *testClient {
 	t.Helper()
-	var follow atomic.Pointer[RouteBackends]
-	wp := e.startClient(t, addr, ClientOptions{NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
-		Subscriptions: WaypointSubscriptions("a", "wp"),
-		OnChange: func(s *State, _ []string) {
+	var follow atomic.Pointer[xds.RouteBackends]
+	wp := e.startClient(t, addr, xds.ClientOptions{NodeID: xds.WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken),
+		Subscriptions: xds.WaypointSubscriptions("a", "wp"),
+		OnChange: func(s *xds.State, _ []string) {
 			if f := follow.Load(); f != nil {
 				if err := f.Update(s); err != nil {
 					t.Error(err)
 				}
 			}
 		}})
-	follow.Store(NewRouteBackends(wp.Client, "a"))
+	follow.Store(xds.NewRouteBackends(wp.Client, "a"))
 	waitReady(t, wp)
 	if err := follow.Load().Update(wp.State()); err != nil {
 		t.Fatal(err)
@@ -729,13 +730,13 @@ func TestConcurrentChangesWhileClientsResubscribe(t *testing.T) {
 	update()
 	var nodes []*testClient
 	for i := range 4 {
-		nodes = append(nodes, env.startClient(t, cp.addr, ClientOptions{
-			NodeID: NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken), Subscriptions: NodeProxySubscriptions(),
+		nodes = append(nodes, env.startClient(t, cp.addr, xds.ClientOptions{
+			NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken), Subscriptions: xds.NodeProxySubscriptions(),
 		}))
 		waitReady(t, nodes[i])
 	}
-	wp := env.startClient(t, cp.addr, ClientOptions{
-		NodeID: WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken), Subscriptions: WaypointSubscriptions("a", "wp"),
+	wp := env.startClient(t, cp.addr, xds.ClientOptions{
+		NodeID: xds.WaypointID("a", "wp"), Token: caclient.StaticToken(waypointToken), Subscriptions: xds.WaypointSubscriptions("a", "wp"),
 	})
 	waitReady(t, wp)
 
@@ -774,7 +775,7 @@ func TestConcurrentChangesWhileClientsResubscribe(t *testing.T) {
 		<-done
 	}
 	update()
-	holds := func(s *State, ns string) bool {
+	holds := func(s *xds.State, ns string) bool {
 		n := 0
 		for uid, w := range msgs {
 			if ns != "" && w.Namespace != ns {

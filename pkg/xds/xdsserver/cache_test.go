@@ -1,4 +1,4 @@
-package xds
+package xdsserver
 
 import (
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -248,8 +249,8 @@ func TestIncrementalAnswersLoseNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		nextID := int64(1)
-		node := newSimStream(t, c, nextID, []string{Wildcard}, map[string]string{})
-		waypoint := newSimStream(t, c, 100, []string{"a" + NamespaceWildcardSuffix}, map[string]string{})
+		node := newSimStream(t, c, nextID, []string{xds.Wildcard}, map[string]string{})
+		waypoint := newSimStream(t, c, 100, []string{"a" + xds.NamespaceWildcardSuffix}, map[string]string{})
 		for step := range 300 {
 			switch rng.IntN(7) {
 			case 0, 1: // a change of workloads
@@ -284,7 +285,7 @@ func TestIncrementalAnswersLoseNothing(t *testing.T) {
 				node.settle()
 				c.forget(node.id)
 				nextID++
-				node = newSimStream(t, c, nextID, []string{Wildcard}, node.held)
+				node = newSimStream(t, c, nextID, []string{xds.Wildcard}, node.held)
 			}
 			if _, err := c.set(res); err != nil {
 				t.Fatal(err)

@@ -1,4 +1,8 @@
-package policy
+// Package policygit reads policy from a Git repository, fetched in process
+// (no git binary), for policy.Options.Remote. It is a package of its own so
+// that binaries that never read Git (the node proxy) do not link go-git
+// and what it brings (ProtonMail/go-crypto, circl, SSH).
+package policygit
 
 import (
 	"context"
@@ -28,17 +32,15 @@ import (
 	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
 	"github.com/go-git/go-git/v5/storage/filesystem"
 
+	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
-// GitSource names the Git source in statuses, rejections and logs.
-const GitSource = "git"
-
-// GitOptions configures loading policy from a Git repository, fetched in
+// Options configure loading policy from a Git repository, fetched in
 // process (no git binary): each poll lists the remote's references and,
 // when the ref moved, fetches that one commit (shallow) into memory and
 // reads the policy from its tree. Every revision is a commit.
-type GitOptions struct {
+type Options struct {
 	// URL is https://…, ssh://…, user@host:path, file://… or a local path.
 	URL string
 	// Ref is a branch, a tag, a full reference name or a commit SHA
@@ -60,8 +62,8 @@ type GitOptions struct {
 	// CAFile adds PEM certificates to the system roots for https.
 	CAFile string
 	// MaxBytes bounds what one fetch stores (pack and index; default
-	// Limits.MaxTotalBytes), MaxFiles the files in the commit's tree
-	// (default Limits.MaxFiles).
+	// policy.Limits.MaxTotalBytes), MaxFiles the files in the commit's tree
+	// (default policy.Limits.MaxFiles).
 	MaxBytes int64
 	MaxFiles int
 	// Timeout bounds one fetch (default 60s).
@@ -78,20 +80,22 @@ func init() {
 
 var commitSHA = regexp.MustCompile(`^[0-9a-f]{40}$`)
 
-// gitSource reads the policy of one repository, ref and sub-directory.
-// read is called from one goroutine at a time.
-type gitSource struct {
-	opts   GitOptions
-	limits Limits
+// Source reads the policy of one repository, ref and sub-directory: a
+// policy.Remote. Read is called from one goroutine at a time.
+type Source struct {
+	opts   Options
+	limits policy.Limits
 	local  bool // file transport: no shallow fetch
 
 	// The last read, reused while the ref has not moved.
 	lastRef  plumbing.Hash
-	lastSnap *snapshot
+	lastSnap *policy.Snapshot
 	lastErr  error
 }
 
-func newGitSource(o GitOptions, limits Limits) (*gitSource, error) {
+// New checks the options and returns the source; limits bound the policy
+// files it reads.
+func New(o Options, limits policy.Limits) (*Source, error) {
 	if o.URL == "" {
 		return nil, errors.New("policy git: URL is required")
 	}
@@ -126,7 +130,7 @@ func newGitSource(o GitOptions, limits Limits) (*gitSource, error) {
 	if o.Username == "" {
 		o.Username = "git"
 	}
-	limits = limits.withDefaults()
+	limits = limits.WithDefaults()
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = limits.MaxTotalBytes
 	}
@@ -136,12 +140,12 @@ func newGitSource(o GitOptions, limits Limits) (*gitSource, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = time.Minute
 	}
-	return &gitSource{opts: o, limits: limits, local: ep.Protocol == "file"}, nil
+	return &Source{opts: o, limits: limits, local: ep.Protocol == "file"}, nil
 }
 
 // String names the source for messages: the URL without user, the ref and
 // the sub-directory.
-func (g *gitSource) String() string {
+func (g *Source) String() string {
 	s := redactURL(g.opts.URL) + "@" + g.opts.Ref
 	if g.opts.Dir != "" {
 		s += " (" + g.opts.Dir + ")"
@@ -159,8 +163,17 @@ func redactURL(raw string) string {
 	return u.String()
 }
 
-// read returns the policy at the ref's current commit.
-func (g *gitSource) read(ctx context.Context) (*snapshot, error) {
+// Options are the source's options, defaults filled in.
+func (g *Source) Options() Options { return g.opts }
+
+// Name is policy.GitSource.
+func (g *Source) Name() string { return policy.GitSource }
+
+// Poll is how often the ref is checked.
+func (g *Source) Poll() time.Duration { return g.opts.Poll }
+
+// Read returns the policy at the ref's current commit.
+func (g *Source) Read(ctx context.Context) (*policy.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.opts.Timeout)
 	defer cancel()
 	auth, ca, err := g.credentials()
@@ -188,7 +201,7 @@ func (g *gitSource) read(ctx context.Context) (*snapshot, error) {
 }
 
 // credentials reads the mounted credentials afresh.
-func (g *gitSource) credentials() (transport.AuthMethod, []byte, error) {
+func (g *Source) credentials() (transport.AuthMethod, []byte, error) {
 	var ca []byte
 	if g.opts.CAFile != "" {
 		b, err := readlimit.File(g.opts.CAFile, 1<<20)
@@ -234,7 +247,7 @@ func (g *gitSource) credentials() (transport.AuthMethod, []byte, error) {
 
 // resolve lists the remote's references and finds the ref: the name to
 // fetch and the object it points at. A commit SHA resolves to itself.
-func (g *gitSource) resolve(ctx context.Context, auth transport.AuthMethod, ca []byte) (string, plumbing.Hash, error) {
+func (g *Source) resolve(ctx context.Context, auth transport.AuthMethod, ca []byte) (string, plumbing.Hash, error) {
 	if commitSHA.MatchString(g.opts.Ref) {
 		return g.opts.Ref, plumbing.NewHash(g.opts.Ref), nil
 	}
@@ -266,7 +279,7 @@ func (g *gitSource) resolve(ctx context.Context, auth transport.AuthMethod, ca [
 
 // fetch fetches the one commit (of a tag: the tag and its commit) into a
 // bounded in-memory repository and reads the policy from its tree.
-func (g *gitSource) fetch(ctx context.Context, ref string, at plumbing.Hash, auth transport.AuthMethod, ca []byte) (*snapshot, error) {
+func (g *Source) fetch(ctx context.Context, ref string, at plumbing.Hash, auth transport.AuthMethod, ca []byte) (*policy.Snapshot, error) {
 	fsys := &boundedFS{Filesystem: memfs.New(), left: &atomic.Int64{}}
 	fsys.left.Store(g.opts.MaxBytes)
 	repo, err := git.Init(filesystem.NewStorage(fsys, cache.NewObjectLRUDefault()), nil)
@@ -313,7 +326,7 @@ func (g *gitSource) fetch(ctx context.Context, ref string, at plumbing.Hash, aut
 // readCommit collects the policy files under the sub-directory of the
 // commit's tree, counting every file of the tree against MaxFiles.
 // Symbolic links and submodules are not followed.
-func (g *gitSource) readCommit(repo *git.Repository, commit *object.Commit, ref string) (*snapshot, error) {
+func (g *Source) readCommit(repo *git.Repository, commit *object.Commit, ref string) (*policy.Snapshot, error) {
 	tree, err := commit.Tree()
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", commit.Hash, err)
@@ -327,7 +340,7 @@ func (g *gitSource) readCommit(repo *git.Repository, commit *object.Commit, ref 
 	if g.opts.Dir != "" {
 		prefix = g.opts.Dir + "/"
 	}
-	c := newCollector(GitSource, g.limits)
+	c := policy.NewCollector(policy.GitSource, g.limits)
 	walker := object.NewTreeWalker(tree, true, nil)
 	defer walker.Close()
 	files := 0
@@ -346,10 +359,10 @@ func (g *gitSource) readCommit(repo *git.Repository, commit *object.Commit, ref 
 			return nil, fmt.Errorf("commit %s: more than %d files in the repository", commit.Hash, g.opts.MaxFiles)
 		}
 		rel, under := strings.CutPrefix(name, prefix)
-		if !under || hiddenPath(rel) || !entry.Mode.IsFile() || entry.Mode == filemode.Symlink || !c.wants(rel) {
+		if !under || hiddenPath(rel) || !entry.Mode.IsFile() || entry.Mode == filemode.Symlink || !c.Wants(rel) {
 			continue
 		}
-		err = c.add(rel, func(max int64) ([]byte, error) {
+		err = c.Add(rel, func(max int64) ([]byte, error) {
 			blob, err := repo.BlobObject(entry.Hash)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", name, err)
@@ -368,23 +381,17 @@ func (g *gitSource) readCommit(repo *git.Repository, commit *object.Commit, ref 
 			}
 			return b, nil
 		})
+
 		if err != nil {
 			return nil, fmt.Errorf("commit %s: %w", commit.Hash, err)
 		}
 	}
-	snap, err := c.finish(commit.Hash.String())
+	snap, err := c.Finish(commit.Hash.String())
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", commit.Hash, err)
 	}
-	snap.Commit = &CommitInfo{Ref: ref, Time: commit.Committer.When.UTC(), Subject: subject(commit.Message)}
+	snap.Commit = &policy.CommitInfo{Ref: ref, Time: commit.Committer.When.UTC(), Subject: subject(commit.Message)}
 	return snap, nil
-}
-
-// CommitInfo describes the commit a Git revision is.
-type CommitInfo struct {
-	Ref     string    `json:"ref"`
-	Time    time.Time `json:"committed_at"`
-	Subject string    `json:"subject,omitempty"`
 }
 
 // subject is a commit message's first line, bounded for dumps and logs.

@@ -1,4 +1,8 @@
-package authn
+// Package tokenreview authenticates Kubernetes service-account tokens with
+// the TokenReview API, for the control plane's CA and xDS server. It is a
+// package of its own so that the node proxy and the waypoint, which use
+// only package authn's types, do not link client-go.
+package tokenreview
 
 import (
 	"context"
@@ -18,11 +22,8 @@ import (
 	authnv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn"
 )
-
-// DefaultTokenAudience is the audience of the projected service-account
-// tokens that node proxies and waypoints present to the control plane.
-const DefaultTokenAudience = "causeway-ca"
 
 // Keys of a bound token's user.extra that name the pod it is bound to.
 const (
@@ -30,13 +31,20 @@ const (
 	ExtraPodUID  = "authentication.kubernetes.io/pod-uid"
 )
 
+// DefaultAudience is the audience of the projected service-account tokens
+// that node proxies and waypoints present to the control plane.
+const DefaultAudience = "causeway-ca"
+
 const (
-	// DefaultReviewCacheTTL bounds how long a positive review is reused.
-	DefaultReviewCacheTTL = time.Minute
+	// DefaultCacheTTL bounds how long a positive review is reused.
+	DefaultCacheTTL = time.Minute
 	// maxReviewCache bounds the cached reviews (one per live token).
 	maxReviewCache = 10000
 	// reviewTimeout bounds one TokenReview call.
 	reviewTimeout = 10 * time.Second
+	// maxClaims bounds the JWT payload read for its expiry (authn.BearerToken
+	// already bounds the whole token).
+	maxClaims = 8 << 10
 )
 
 // PodInfo is what the control plane knows of a pod.
@@ -52,11 +60,11 @@ type PodLookup interface {
 	Pod(namespace, name string) (info PodInfo, found bool, err error)
 }
 
-// TokenReviewOptions configure a TokenReview authenticator.
-type TokenReviewOptions struct {
+// Options configure an Authenticator.
+type Options struct {
 	// Reviews is the TokenReview API (clientset.AuthenticationV1().TokenReviews()). Required.
 	Reviews authnv1client.TokenReviewInterface
-	// Audiences a token must be issued for (default DefaultTokenAudience).
+	// Audiences a token must be issued for (default DefaultAudience).
 	Audiences []string
 	// TrustDomain of the callers' identities. Required.
 	TrustDomain string
@@ -65,20 +73,20 @@ type TokenReviewOptions struct {
 	// caller has a node, so none may impersonate.
 	Pods PodLookup
 	// CacheTTL bounds how long a positive review is reused (default
-	// DefaultReviewCacheTTL); never beyond the token's expiry. Failures are
+	// DefaultCacheTTL); never beyond the token's expiry. Failures are
 	// never cached.
 	CacheTTL time.Duration
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
 
-// TokenReview authenticates Kubernetes service-account tokens with the
+// Authenticator authenticates Kubernetes service-account tokens with the
 // TokenReview API (authentication.k8s.io/v1), audiences set, as the CA and
 // xDS server do in a cluster. The caller's account comes from the username
 // (system:serviceaccount:<ns>:<sa>); a token bound to a pod is accepted only
 // while that pod exists with the uid the token names, and the caller's node
 // is that pod's node.
-type TokenReview struct {
+type Authenticator struct {
 	reviews   authnv1client.TokenReviewInterface
 	audiences []string
 	td        string
@@ -99,8 +107,8 @@ type reviewed struct {
 	expires time.Time
 }
 
-// NewTokenReview returns a TokenReview authenticator.
-func NewTokenReview(o TokenReviewOptions) (*TokenReview, error) {
+// New returns an Authenticator.
+func New(o Options) (*Authenticator, error) {
 	if o.Reviews == nil {
 		return nil, errors.New("token review: no TokenReview client")
 	}
@@ -108,31 +116,31 @@ func NewTokenReview(o TokenReviewOptions) (*TokenReview, error) {
 		return nil, fmt.Errorf("token review: %w", err)
 	}
 	if len(o.Audiences) == 0 {
-		o.Audiences = []string{DefaultTokenAudience}
+		o.Audiences = []string{DefaultAudience}
 	}
 	if o.CacheTTL <= 0 {
-		o.CacheTTL = DefaultReviewCacheTTL
+		o.CacheTTL = DefaultCacheTTL
 	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &TokenReview{
+	return &Authenticator{
 		reviews: o.Reviews, audiences: slices.Clone(o.Audiences), td: o.TrustDomain, pods: o.Pods,
 		ttl: o.CacheTTL, now: o.Now, cache: map[[sha256.Size]byte]reviewed{},
 	}, nil
 }
 
-// Authenticate implements Authenticator for "authorization: Bearer <token>".
-func (a *TokenReview) Authenticate(ctx context.Context) (Caller, error) {
-	token, err := BearerToken(ctx)
+// Authenticate implements authn.Authenticator for "authorization: Bearer <token>".
+func (a *Authenticator) Authenticate(ctx context.Context) (authn.Caller, error) {
+	token, err := authn.BearerToken(ctx)
 	if err != nil {
-		return Caller{}, err
+		return authn.Caller{}, err
 	}
 	r, err := a.review(ctx, token)
 	if err != nil {
-		return Caller{}, err
+		return authn.Caller{}, err
 	}
-	c := Caller{Account: r.account}
+	c := authn.Caller{Account: r.account}
 	if r.podName == "" {
 		return c, nil // not bound to a pod: its own identity only
 	}
@@ -145,12 +153,12 @@ func (a *TokenReview) Authenticate(ctx context.Context) (Caller, error) {
 	info, found, err := a.pods.Pod(r.account.Namespace(), r.podName)
 	switch {
 	case err != nil:
-		return Caller{}, fmt.Errorf("cannot check the pod the token is bound to: %w", err)
+		return authn.Caller{}, fmt.Errorf("cannot check the pod the token is bound to: %w", err)
 	case !found:
-		return Caller{}, fmt.Errorf("%w: token is bound to pod %s (uid %s), which does not exist", ErrInvalidCredentials, c.Pod, r.podUID)
+		return authn.Caller{}, fmt.Errorf("%w: token is bound to pod %s (uid %s), which does not exist", authn.ErrInvalidCredentials, c.Pod, r.podUID)
 	case info.UID != r.podUID:
-		return Caller{}, fmt.Errorf("%w: token is bound to pod %s uid %s, which no longer exists (the pod of that name has uid %s)",
-			ErrInvalidCredentials, c.Pod, r.podUID, info.UID)
+		return authn.Caller{}, fmt.Errorf("%w: token is bound to pod %s uid %s, which no longer exists (the pod of that name has uid %s)",
+			authn.ErrInvalidCredentials, c.Pod, r.podUID, info.UID)
 	}
 	c.Node = info.Node
 	return c, nil
@@ -158,7 +166,7 @@ func (a *TokenReview) Authenticate(ctx context.Context) (Caller, error) {
 
 // review returns the cached review of token or asks the API, once for
 // concurrent callers with the same token.
-func (a *TokenReview) review(ctx context.Context, token string) (reviewed, error) {
+func (a *Authenticator) review(ctx context.Context, token string) (reviewed, error) {
 	key := sha256.Sum256([]byte(token))
 	now := a.now()
 	a.mu.Lock()
@@ -189,7 +197,7 @@ func (a *TokenReview) review(ctx context.Context, token string) (reviewed, error
 }
 
 // ask performs one TokenReview and checks its answer.
-func (a *TokenReview) ask(ctx context.Context, token string) (reviewed, error) {
+func (a *Authenticator) ask(ctx context.Context, token string) (reviewed, error) {
 	resp, err := a.reviews.Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: a.audiences},
 	}, metav1.CreateOptions{})
@@ -202,26 +210,26 @@ func (a *TokenReview) ask(ctx context.Context, token string) (reviewed, error) {
 		if why == "" {
 			why = "not authenticated"
 		}
-		return reviewed{}, fmt.Errorf("%w: token review: %s", ErrInvalidCredentials, why)
+		return reviewed{}, fmt.Errorf("%w: token review: %s", authn.ErrInvalidCredentials, why)
 	}
 	// The API checks the audiences it was given; a server that ignored
 	// them (an old or odd authenticator) answers none of ours.
 	if !slices.ContainsFunc(st.Audiences, func(s string) bool { return slices.Contains(a.audiences, s) }) {
 		return reviewed{}, fmt.Errorf("%w: token is not for audience %s (it is for %q)",
-			ErrInvalidCredentials, strings.Join(a.audiences, ","), st.Audiences)
+			authn.ErrInvalidCredentials, strings.Join(a.audiences, ","), st.Audiences)
 	}
 	rest, ok := strings.CutPrefix(st.User.Username, "system:serviceaccount:")
 	ns, sa, ok2 := strings.Cut(rest, ":")
 	if !ok || !ok2 {
-		return reviewed{}, fmt.Errorf("%w: %q is not a service account", ErrInvalidCredentials, st.User.Username)
+		return reviewed{}, fmt.Errorf("%w: %q is not a service account", authn.ErrInvalidCredentials, st.User.Username)
 	}
 	id, err := trust.NewIdentity(a.td, ns, sa)
 	if err != nil {
-		return reviewed{}, fmt.Errorf("%w: %v", ErrInvalidCredentials, err)
+		return reviewed{}, fmt.Errorf("%w: %v", authn.ErrInvalidCredentials, err)
 	}
 	r := reviewed{account: id, podName: single(st.User.Extra[ExtraPodName]), podUID: single(st.User.Extra[ExtraPodUID])}
 	if (r.podName == "") != (r.podUID == "") {
-		return reviewed{}, fmt.Errorf("%w: token names pod %q with uid %q: both or neither must be set", ErrInvalidCredentials, r.podName, r.podUID)
+		return reviewed{}, fmt.Errorf("%w: token names pod %q with uid %q: both or neither must be set", authn.ErrInvalidCredentials, r.podName, r.podUID)
 	}
 	// Reuse for the short bound, never past the token's own expiry; a
 	// token whose expiry cannot be read is not reused at all.
@@ -234,7 +242,7 @@ func (a *TokenReview) ask(ctx context.Context, token string) (reviewed, error) {
 	return r, nil
 }
 
-func (a *TokenReview) store(key [sha256.Size]byte, r reviewed) {
+func (a *Authenticator) store(key [sha256.Size]byte, r reviewed) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.cache) >= maxReviewCache {
@@ -263,7 +271,7 @@ func single(v authnv1.ExtraValue) string {
 // review is reused.
 func tokenExpiry(token string) (time.Time, bool) {
 	parts := strings.Split(token, ".")
-	if len(parts) != 3 || len(parts[1]) > maxAuthorizationHeader {
+	if len(parts) != 3 || len(parts[1]) > maxClaims {
 		return time.Time{}, false
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])

@@ -1,7 +1,9 @@
-// Package xds serves and consumes the mesh model (pkg/xds/meshv1) over
-// delta ADS: a Server for the control plane, built on go-control-plane's
-// delta server, and a Client for node proxies and waypoints.
-package xds
+// Package xdsserver serves the mesh model (pkg/xds/meshv1) over delta ADS
+// to the clients of package xds: the control plane's Server, built on
+// go-control-plane's delta server. It is a package of its own so that node
+// proxies and waypoints do not link the server, its cache and every Envoy
+// resource type go-control-plane registers.
+package xdsserver
 
 import (
 	"context"
@@ -27,6 +29,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -155,12 +158,12 @@ func (s *Server) UpdateFrom(res map[string]map[string]proto.Message, changedAt t
 		s.metrics.latency.Observe(time.Since(changedAt).Seconds())
 	}
 	for t, n := range s.cache.resourceCounts() {
-		s.metrics.resources.WithLabelValues(typeName(t)).Set(float64(n))
+		s.metrics.resources.WithLabelValues(xds.TypeName(t)).Set(float64(n))
 	}
 	if len(changed) > 0 {
 		fields := make([]zap.Field, 0, len(changed))
 		for t, n := range changed {
-			fields = append(fields, zap.Int(typeName(t), n))
+			fields = append(fields, zap.Int(xds.TypeName(t), n))
 		}
 		s.log.Info("resources changed", fields...)
 	}
@@ -244,14 +247,14 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 	if err := s.authorize(info.caller, info.nodeID, req); err != nil {
 		s.metrics.refusals.Inc()
 		s.log.Warn("xDS request refused", zap.Int64("stream", id), zap.Stringer("caller", info.caller),
-			zap.String("node_id", info.nodeID), zap.String("type", typeName(req.GetTypeUrl())), zap.Error(err))
+			zap.String("node_id", info.nodeID), zap.String("type", xds.TypeName(req.GetTypeUrl())), zap.Error(err))
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
 	if ed := req.GetErrorDetail(); ed != nil {
-		s.metrics.nacks.WithLabelValues(typeName(req.GetTypeUrl())).Inc()
+		s.metrics.nacks.WithLabelValues(xds.TypeName(req.GetTypeUrl())).Inc()
 		fields := []zap.Field{
 			zap.Int64("stream", id),
-			zap.String("type", typeName(req.GetTypeUrl())),
+			zap.String("type", xds.TypeName(req.GetTypeUrl())),
 			zap.String("nonce", req.GetResponseNonce()),
 			zap.String("error_detail", truncate(ed.GetMessage(), maxErrorDetail)),
 		}
@@ -267,10 +270,10 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 // with the caller's credential, and only trusted node accounts may
 // subscribe to whole collections beyond their own namespace.
 func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDiscoveryRequest) error {
-	if node, ok := strings.CutPrefix(nodeID, NodeProxyIDPrefix); ok && c.Node != "" && node != c.Node {
+	if node, ok := strings.CutPrefix(nodeID, xds.NodeProxyIDPrefix); ok && c.Node != "" && node != c.Node {
 		return fmt.Errorf("node id %q names node %s, but the credential is for node %s", nodeID, node, c.Node)
 	}
-	if ref, ok := strings.CutPrefix(nodeID, WaypointIDPrefix); ok && !strings.HasPrefix(ref, c.Account.Namespace()+"/") {
+	if ref, ok := strings.CutPrefix(nodeID, xds.WaypointIDPrefix); ok && !strings.HasPrefix(ref, c.Account.Namespace()+"/") {
 		return fmt.Errorf("node id %q names a waypoint outside the caller's namespace %s", nodeID, c.Account.Namespace())
 	}
 	if s.trusted[c.Account] {
@@ -281,7 +284,7 @@ func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDi
 	// (grants.go); whole collections it may not ask for.
 	own := c.Account.Namespace()
 	for _, name := range req.GetResourceNamesSubscribe() {
-		if ns, ok := strings.CutSuffix(name, NamespaceWildcardSuffix); name == Wildcard || ok && ns != own {
+		if ns, ok := strings.CutSuffix(name, xds.NamespaceWildcardSuffix); name == xds.Wildcard || ok && ns != own {
 			return fmt.Errorf("%s may subscribe only to resources of namespace %s and single resources its routes use, not %q", c.Account, own, name)
 		}
 	}
@@ -326,10 +329,10 @@ func readerOf(req *discovery.DeltaDiscoveryRequest) reader {
 
 // OnStreamDeltaResponse implements delta.Callbacks.
 func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-	s.metrics.pushes.WithLabelValues(typeName(resp.GetTypeUrl())).Inc()
-	s.metrics.pushResources.WithLabelValues(typeName(resp.GetTypeUrl())).Observe(float64(len(resp.GetResources()) + len(resp.GetRemovedResources())))
+	s.metrics.pushes.WithLabelValues(xds.TypeName(resp.GetTypeUrl())).Inc()
+	s.metrics.pushResources.WithLabelValues(xds.TypeName(resp.GetTypeUrl())).Observe(float64(len(resp.GetResources()) + len(resp.GetRemovedResources())))
 	if ce := s.log.Check(zap.DebugLevel, "xDS push"); ce != nil {
-		ce.Write(zap.Int64("stream", id), zap.String("type", typeName(resp.GetTypeUrl())),
+		ce.Write(zap.Int64("stream", id), zap.String("type", xds.TypeName(resp.GetTypeUrl())),
 			zap.Int("resources", len(resp.GetResources())), zap.Int("removed", len(resp.GetRemovedResources())),
 			zap.String("nonce", resp.GetNonce()))
 	}
@@ -371,25 +374,6 @@ func remoteAddr(ctx context.Context) string {
 		return p.Addr.String()
 	}
 	return ""
-}
-
-// typeName shortens a type URL for logs and metric labels.
-func typeName(typeURL string) string {
-	switch typeURL {
-	case meshv1.WorkloadTypeURL:
-		return "workload"
-	case meshv1.ServiceTypeURL:
-		return "service"
-	case meshv1.WaypointTypeURL:
-		return "waypoint"
-	case meshv1.HTTPRouteTypeURL:
-		return "httproute"
-	case meshv1.GRPCRouteTypeURL:
-		return "grpcroute"
-	case meshv1.ConnectionPolicyTypeURL:
-		return "connectionpolicy"
-	}
-	return "unknown"
 }
 
 func truncate(s string, n int) string {
@@ -445,10 +429,10 @@ func newServerMetrics(r prometheus.Registerer) (*serverMetrics, error) {
 		}, []string{"type"}),
 	}
 	for _, t := range meshv1.TypeURLs { // every series exists from the start, at zero
-		m.pushes.WithLabelValues(typeName(t))
-		m.pushResources.WithLabelValues(typeName(t))
-		m.nacks.WithLabelValues(typeName(t))
-		m.resources.WithLabelValues(typeName(t))
+		m.pushes.WithLabelValues(xds.TypeName(t))
+		m.pushResources.WithLabelValues(xds.TypeName(t))
+		m.nacks.WithLabelValues(xds.TypeName(t))
+		m.resources.WithLabelValues(xds.TypeName(t))
 	}
 	if r != nil {
 		for _, c := range []prometheus.Collector{m.clients, m.updates, m.changed, m.latency, m.pushes, m.pushResources, m.nacks, m.refusals, m.resources} {

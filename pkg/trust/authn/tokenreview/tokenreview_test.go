@@ -1,4 +1,4 @@
-package authn_test
+package tokenreview_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/trust/authn"
+	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
 // reviewAPI answers TokenReviews from a table and counts the calls; a
@@ -36,9 +38,9 @@ func (r *reviewAPI) Create(_ context.Context, tr *authnv1.TokenReview, _ metav1.
 	return &authnv1.TokenReview{Status: st}, nil
 }
 
-type podTable map[string]authn.PodInfo
+type podTable map[string]tokenreview.PodInfo
 
-func (p podTable) Pod(ns, name string) (authn.PodInfo, bool, error) {
+func (p podTable) Pod(ns, name string) (tokenreview.PodInfo, bool, error) {
 	i, ok := p[ns+"/"+name]
 	return i, ok, nil
 }
@@ -57,7 +59,7 @@ func nodeProxyAnswer(audience, podUID string) authnv1.TokenReviewStatus {
 		User: authnv1.UserInfo{
 			Username: "system:serviceaccount:causeway-system:nodeproxy",
 			Extra: map[string]authnv1.ExtraValue{
-				authn.ExtraPodName: {"nodeproxy-x"}, authn.ExtraPodUID: {podUID},
+				tokenreview.ExtraPodName: {"nodeproxy-x"}, tokenreview.ExtraPodUID: {podUID},
 			},
 		},
 	}
@@ -69,60 +71,60 @@ func TestTokenReviewCachesPositiveReviewsOnly(t *testing.T) {
 	long := jwtWithExpiry("long", now.Add(time.Hour))
 	short := jwtWithExpiry("short", now.Add(10*time.Second))
 	api := &reviewAPI{answers: map[string]authnv1.TokenReviewStatus{
-		long:  nodeProxyAnswer(authn.DefaultTokenAudience, "uid-1"),
-		short: nodeProxyAnswer(authn.DefaultTokenAudience, "uid-1"),
+		long:  nodeProxyAnswer(tokenreview.DefaultAudience, "uid-1"),
+		short: nodeProxyAnswer(tokenreview.DefaultAudience, "uid-1"),
 	}}
 	pods := podTable{"causeway-system/nodeproxy-x": {UID: "uid-1", Node: "node-a"}}
-	a, err := authn.NewTokenReview(authn.TokenReviewOptions{Reviews: api, TrustDomain: "cluster.local", Pods: pods, Now: clock})
+	a, err := tokenreview.New(tokenreview.Options{Reviews: api, TrustDomain: "cluster.local", Pods: pods, Now: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := a.Authenticate(bearer(long))
+	c, err := a.Authenticate(trusttest.Bearer(long))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Account.String() != "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy" || c.Node != "node-a" || c.Pod != "causeway-system/nodeproxy-x" {
 		t.Fatalf("caller %+v", c)
 	}
-	if _, err := a.Authenticate(bearer(long)); err != nil || api.calls.Load() != 1 {
+	if _, err := a.Authenticate(trusttest.Bearer(long)); err != nil || api.calls.Load() != 1 {
 		t.Fatalf("second call: err %v, %d reviews; want the cached review", err, api.calls.Load())
 	}
-	now = now.Add(authn.DefaultReviewCacheTTL + time.Second)
-	if _, err := a.Authenticate(bearer(long)); err != nil || api.calls.Load() != 2 {
+	now = now.Add(tokenreview.DefaultCacheTTL + time.Second)
+	if _, err := a.Authenticate(trusttest.Bearer(long)); err != nil || api.calls.Load() != 2 {
 		t.Fatalf("after the cache bound: err %v, %d reviews; want a new review", err, api.calls.Load())
 	}
 
 	// A token expiring before the bound is reused only until it expires.
-	if _, err := a.Authenticate(bearer(short)); err != nil {
+	if _, err := a.Authenticate(trusttest.Bearer(short)); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(11 * time.Second)
 	delete(api.answers, short) // expired, the API would now refuse it
-	_, err = a.Authenticate(bearer(short))
-	wantErr(t, err, authn.ErrInvalidCredentials, "invalid bearer token")
+	_, err = a.Authenticate(trusttest.Bearer(short))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "invalid bearer token")
 
 	// Failures are not cached: once the API accepts the token, so do we.
 	bad := jwtWithExpiry("bad", now.Add(time.Hour))
 	before := api.calls.Load()
 	for range 2 {
-		_, err = a.Authenticate(bearer(bad))
-		wantErr(t, err, authn.ErrInvalidCredentials, "token review: invalid bearer token")
+		_, err = a.Authenticate(trusttest.Bearer(bad))
+		trusttest.WantError(t, err, authn.ErrInvalidCredentials, "token review: invalid bearer token")
 	}
 	if n := api.calls.Load() - before; n != 2 {
 		t.Fatalf("%d reviews for two refused calls, want 2 (failures not cached)", n)
 	}
-	api.answers[bad] = nodeProxyAnswer(authn.DefaultTokenAudience, "uid-1")
-	if _, err := a.Authenticate(bearer(bad)); err != nil {
+	api.answers[bad] = nodeProxyAnswer(tokenreview.DefaultAudience, "uid-1")
+	if _, err := a.Authenticate(trusttest.Bearer(bad)); err != nil {
 		t.Fatalf("after the API accepts it: %v", err)
 	}
 
 	// The pod check runs on every call, cached review or not.
-	pods["causeway-system/nodeproxy-x"] = authn.PodInfo{UID: "uid-2", Node: "node-a"}
-	_, err = a.Authenticate(bearer(long))
-	wantErr(t, err, authn.ErrInvalidCredentials, "uid uid-1, which no longer exists (the pod of that name has uid uid-2)")
+	pods["causeway-system/nodeproxy-x"] = tokenreview.PodInfo{UID: "uid-2", Node: "node-a"}
+	_, err = a.Authenticate(trusttest.Bearer(long))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "uid uid-1, which no longer exists (the pod of that name has uid uid-2)")
 	delete(pods, "causeway-system/nodeproxy-x")
-	_, err = a.Authenticate(bearer(long))
-	wantErr(t, err, authn.ErrInvalidCredentials, "which does not exist")
+	_, err = a.Authenticate(trusttest.Bearer(long))
+	trusttest.WantError(t, err, authn.ErrInvalidCredentials, "which does not exist")
 }
 
 func TestTokenReviewRefusals(t *testing.T) {
@@ -135,16 +137,16 @@ func TestTokenReviewRefusals(t *testing.T) {
 		{"other audience", nodeProxyAnswer("kubernetes", "uid-1"), `not for audience causeway-ca (it is for ["kubernetes"])`},
 		{"not a service account", authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"causeway-ca"}, User: authnv1.UserInfo{Username: "alice"}}, `"alice" is not a service account`},
 		{"pod name without uid", authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{"causeway-ca"}, User: authnv1.UserInfo{
-			Username: "system:serviceaccount:a:b", Extra: map[string]authnv1.ExtraValue{authn.ExtraPodName: {"p"}}}}, "both or neither"},
+			Username: "system:serviceaccount:a:b", Extra: map[string]authnv1.ExtraValue{tokenreview.ExtraPodName: {"p"}}}}, "both or neither"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			api := &reviewAPI{answers: map[string]authnv1.TokenReviewStatus{tok: tc.answer}}
-			a, err := authn.NewTokenReview(authn.TokenReviewOptions{Reviews: api, TrustDomain: "cluster.local", Pods: podTable{}})
+			a, err := tokenreview.New(tokenreview.Options{Reviews: api, TrustDomain: "cluster.local", Pods: podTable{}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = a.Authenticate(bearer(tok))
-			wantErr(t, err, authn.ErrInvalidCredentials, tc.want)
+			_, err = a.Authenticate(trusttest.Bearer(tok))
+			trusttest.WantError(t, err, authn.ErrInvalidCredentials, tc.want)
 		})
 	}
 }
@@ -153,7 +155,7 @@ func TestTokenReviewRefusals(t *testing.T) {
 func TestTokenReviewSharesConcurrentReviews(t *testing.T) {
 	tok := jwtWithExpiry("t", time.Now().Add(time.Hour))
 	api := &reviewAPI{delay: 100 * time.Millisecond, answers: map[string]authnv1.TokenReviewStatus{tok: nodeProxyAnswer("causeway-ca", "uid-1")}}
-	a, err := authn.NewTokenReview(authn.TokenReviewOptions{Reviews: api, TrustDomain: "cluster.local",
+	a, err := tokenreview.New(tokenreview.Options{Reviews: api, TrustDomain: "cluster.local",
 		Pods: podTable{"causeway-system/nodeproxy-x": {UID: "uid-1", Node: "n"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +163,7 @@ func TestTokenReviewSharesConcurrentReviews(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Go(func() {
-			if _, err := a.Authenticate(bearer(tok)); err != nil {
+			if _, err := a.Authenticate(trusttest.Bearer(tok)); err != nil {
 				t.Error(err)
 			}
 		})

@@ -1,0 +1,38 @@
+package connpolicy
+
+import (
+	"context"
+	"testing"
+)
+
+// After a burst the tracker's map is rebuilt at the size in use, and the
+// connections still open stay tracked: a re-check still sees each of them.
+func TestTrackerShrinksAfterABurst(t *testing.T) {
+	tr := NewTracker(nil)
+	ctx := context.Background()
+	allow := func(context.Context) (Verdict, error) { return Verdict{Allowed: true}, nil }
+	fresh := func() bool { return false }
+	const burst, kept = 5000, 10
+	untrack := make([]func(), burst)
+	for i := range untrack {
+		_, untrack[i] = tr.Track(ctx, allow, fresh, func() {})
+	}
+	if tr.peak != burst {
+		t.Fatalf("peak %d after %d connections", tr.peak, burst)
+	}
+	for _, u := range untrack[kept:] {
+		u()
+	}
+	if tr.peak >= burst/shrinkBelow || tr.peak < kept {
+		t.Fatalf("peak %d with %d connections left: the map was not rebuilt", tr.peak, kept)
+	}
+	if checked, closed := tr.RecheckAll(ctx); checked != kept || closed != 0 {
+		t.Fatalf("re-check saw %d connections and closed %d, want %d and 0", checked, closed, kept)
+	}
+	for _, u := range untrack[:kept] {
+		u()
+	}
+	if checked, _ := tr.RecheckAll(ctx); checked != 0 {
+		t.Fatalf("re-check saw %d connections after all ended", checked)
+	}
+}
