@@ -129,6 +129,36 @@ func CPUTime(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
 
+// ContextSwitches is the number of times the threads of a process have
+// been switched out, voluntarily (blocked, woke later) or not, summed over
+// its live threads (/proc/<pid>/task/*/status).
+func ContextSwitches(pid int) (int64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if !ok || (k != "voluntary_ctxt_switches" && k != "nonvoluntary_ctxt_switches") {
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/task/%s/status: %w", pid, t.Name(), err)
+			}
+			sum += n
+		}
+	}
+	return sum, nil
+}
+
 // RSS is a process's resident set size in bytes (VmRSS).
 func RSS(pid int) (int64, error) {
 	data, err := readProc(pid, "status")
