@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -319,12 +320,19 @@ func run(o options) error {
 				results[rate] = map[string][]percentiles{}
 			}
 			for _, p := range o.paths {
-				var traces sync.WaitGroup
+				var (
+					traces sync.WaitGroup
+					traced map[string]string
+				)
 				if o.traceDir != "" && round == 1 && rate == top && p != "direct" {
-					traces.Go(func() { traceAll(ctx, o.traceDir, p, admins) })
+					traces.Go(func() { traced = traceAll(ctx, o.traceDir, p, admins) })
 				}
 				res, err := targets[p].load(o, rate, o.duration)
 				traces.Wait()
+				// Read after the measurement, whose client this process is.
+				for _, name := range slices.Sorted(maps.Keys(traced)) {
+					reportSchedWaits("latency_"+p+"_"+strings.ReplaceAll(name, "-", "_"), traced[name])
+				}
 				if err != nil {
 					keep = true
 					return fmt.Errorf("%s at %g/s: %w", p, rate, err)
@@ -431,9 +439,9 @@ func (t target) check(ctx context.Context) error {
 		return err
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %s", resp.Status)
+		return fmt.Errorf("status %s from %q: %.200q", resp.Status, resp.Header.Get("Server"), body)
 	}
 	return nil
 }
@@ -594,14 +602,18 @@ func traceTargets(p *localmesh.Plan) map[string]string {
 }
 
 // traceAll writes 3 s execution traces of every process in admins, taken
-// at once from 1 s into the measurement.
-func traceAll(ctx context.Context, dir, path string, admins map[string]string) {
+// at once from 1 s into the measurement, and returns the files by process.
+func traceAll(ctx context.Context, dir, path string, admins map[string]string) map[string]string {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, "latency bench: trace:", err)
-		return
+		return nil
 	}
 	time.Sleep(time.Second)
-	var wg sync.WaitGroup
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		files = map[string]string{}
+	)
 	for name, addr := range admins {
 		if path == "l4" && name == "waypoint" {
 			continue
@@ -610,10 +622,15 @@ func traceAll(ctx context.Context, dir, path string, admins map[string]string) {
 			file := filepath.Join(dir, path+"-"+name+".trace")
 			if err := fetchTrace(ctx, "http://"+addr+"/debug/pprof/trace?seconds=3", file); err != nil {
 				fmt.Fprintf(os.Stderr, "latency bench: trace of %s: %v\n", name, err)
+				return
 			}
+			mu.Lock()
+			files[name] = file
+			mu.Unlock()
 		})
 	}
 	wg.Wait()
+	return files
 }
 
 func fetchTrace(ctx context.Context, url, file string) error {
