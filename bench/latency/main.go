@@ -247,21 +247,12 @@ func run(o options) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	work := o.work
-	if work == "" {
-		var err error
-		if work, err = os.MkdirTemp("", "causeway-bench-latency-"); err != nil {
-			return err
-		}
-	}
 	keep := o.keep
-	defer func() {
-		if keep {
-			fmt.Fprintln(os.Stderr, "latency bench: work directory kept:", work)
-		} else {
-			os.RemoveAll(work)
-		}
-	}()
+	work, cleanup, err := benchmesh.WorkDir(o.work, "latency", &keep)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
 	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML,
 		Policies: map[string]string{"authz.rego": allowAll}, BasePort: o.basePort})
 	if err != nil {

@@ -88,6 +88,25 @@ func Start(ctx context.Context, s Setup) (*localmesh.Mesh, error) {
 		NodeProxyArgs: s.NodeProxyArgs})
 }
 
+// WorkDir returns dir, or when it is empty a new temporary directory for
+// the benchmark name, and the function to defer that removes it unless
+// *keep is set by then (it says where the directory is instead).
+func WorkDir(dir, name string, keep *bool) (string, func(), error) {
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "causeway-bench-"+name+"-"); err != nil {
+			return "", nil, err
+		}
+	}
+	return dir, func() {
+		if *keep {
+			fmt.Fprintf(os.Stderr, "%s bench: work directory kept: %s\n", name, dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	}, nil
+}
+
 // PID returns the pid of the named mesh process.
 func PID(m *localmesh.Mesh, name string) (int, error) {
 	pid, ok := m.PIDs()[name]
