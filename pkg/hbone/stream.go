@@ -301,7 +301,7 @@ func (st *stream) awaitSend(max int) (int, error) {
 		}
 		if st.sendWindow > 0 && c.sendWindow > 0 {
 			n := int64(max)
-			n = min(n, st.sendWindow, c.sendWindow, int64(c.peerMaxFrame))
+			n = min(n, st.sendWindow, c.sendWindow, int64(dataFramePayload(c.peerMaxFrame)))
 			st.sendWindow -= n
 			c.sendWindow -= n
 			c.mu.Unlock()
@@ -314,6 +314,20 @@ func (st *stream) awaitSend(max int) (int, error) {
 		c.mu.Unlock()
 		awaitSignal(st.wsig, st.wdl.wait())
 	}
+}
+
+// dataFramePayload is the most payload a DATA frame carries when the peer
+// accepts frames of peerMax. Under the protocol's initial 16 KiB it is 9
+// bytes less, so that a full frame and its header fill one TLS record
+// (16 KiB of plaintext) exactly: a 16 KiB payload went out as a full record
+// and one of 9 bytes, twice the records to seal, read and open (issue 36).
+// Larger frames keep
+// their size: their head fills a record and the rest goes in whole records.
+func dataFramePayload(peerMax uint32) uint32 {
+	if peerMax <= tlsRecordPayload {
+		return min(peerMax, tlsRecordPayload-frameHeaderLen)
+	}
+	return peerMax
 }
 
 // waiting returns the stream's frame for a writer that waits for its flush
