@@ -556,6 +556,7 @@ func startServer(ctx context.Context, addr string) (*server, error) {
 	}
 	cmd := exec.Command(self, "-serve", addr)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // not left behind
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("fortio server: %w", err)
 	}
