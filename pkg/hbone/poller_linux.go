@@ -116,9 +116,14 @@ func (p *idlePoller) run() {
 			werr error
 		)
 		err := p.ep.Read(func(uintptr) bool {
-			n, werr = unix.EpollWait(p.epfd, events, 0)
+			for {
+				n, werr = unix.EpollWait(p.epfd, events, 0)
+				if werr != unix.EINTR {
+					break
+				}
+			}
 			// Nothing ready: wait in the runtime's poller for the next event.
-			return n > 0 || (werr != nil && werr != unix.EINTR)
+			return n > 0 || werr != nil
 		})
 		if err == nil {
 			err = werr
