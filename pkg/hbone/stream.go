@@ -36,11 +36,13 @@ type stream struct {
 	released   bool // Close was called
 	// pump, when set (Relay), writes received data out in place of a
 	// blocked reader: wakeReaderLocked starts it on a goroutine of its own
-	// (pumping until it finds nothing to do).
-	pump    func()
-	pumping bool
-	rsig    chan struct{}
-	wsig    chan struct{}
+	// (pumping until it finds nothing to do), unless writeNow wrote
+	// everything at once.
+	pump     func()
+	writeNow func() bool
+	pumping  bool
+	rsig     chan struct{}
+	wsig     chan struct{}
 
 	// Client role: the response. resp is closed when the final response
 	// headers arrived (status != 0) or the stream failed first.
@@ -103,6 +105,9 @@ func (st *stream) endedLocked() {
 func (st *stream) wakeReaderLocked() {
 	notify(st.rsig)
 	if st.pump != nil && !st.pumping {
+		if st.writeNow != nil && st.writeNow() {
+			return
+		}
 		st.pumping = true
 		go st.pump()
 	}
@@ -110,7 +115,7 @@ func (st *stream) wakeReaderLocked() {
 
 // stopPumpLocked is the pump's last act: nothing wakes it again.
 func (st *stream) stopPumpLocked() {
-	st.pump, st.pumping = nil, false
+	st.pump, st.writeNow, st.pumping = nil, nil, false
 }
 
 // PeerDone returns a context that ends once reading the tunnel would no
