@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs every benchmark under bench/ (what `make bench` does after `make
 # build`). Each prints "bench: <name> <value> <unit>" lines (docs/design.md §9);
-# see bench/README.md for what they mean. About 4 minutes on 2 cores.
+# see bench/README.md for what they mean. About 8 minutes on 2 cores.
 #   BIN      directory of the built binaries (default bin)
 #   GO       go command (default go)
-# Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS.
+# Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS, LATENCY_FLAGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -45,7 +45,7 @@ fi
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-if ! "$GO" build -o "$dir/" ./bench/nodeproxy ./bench/waypoint; then
+if ! "$GO" build -o "$dir/" ./bench/nodeproxy ./bench/waypoint ./bench/latency; then
 	echo "bench: building the benchmark programs failed" >&2
 	exit 1
 fi
@@ -70,4 +70,6 @@ fi
 run nodeproxy "$dir/nodeproxy" -bin "$BIN" ${NODEPROXY_FLAGS:-}
 # shellcheck disable=SC2086
 run waypoint "$dir/waypoint" -bin "$BIN" ${WAYPOINT_FLAGS:-}
+# shellcheck disable=SC2086
+run latency "$dir/latency" -bin "$BIN" ${LATENCY_FLAGS:-}
 exit $status

@@ -164,21 +164,12 @@ func run(o options) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	work := o.work
-	if work == "" {
-		var err error
-		if work, err = os.MkdirTemp("", "causeway-bench-nodeproxy-"); err != nil {
-			return err
-		}
-	}
 	keep := o.keep
-	defer func() {
-		if keep {
-			fmt.Fprintln(os.Stderr, "nodeproxy bench: work directory kept:", work)
-		} else {
-			os.RemoveAll(work)
-		}
-	}()
+	work, cleanup, err := benchmesh.WorkDir(o.work, "nodeproxy", &keep)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
 
 	// Pod B asks for no local app: its app is this program's servers.
 	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort})

@@ -1,7 +1,9 @@
 package hbone
 
 import (
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -14,8 +16,17 @@ import (
 // on a new goroutine. The poller and its goroutine are the package's, for
 // the life of the process (as the runtime's own network poller is): they
 // hold one descriptor and, with no relay parked, wait without waking.
+//
+// The goroutine waits in the runtime's network poller, on the epoll
+// descriptor itself (readable when one of its sockets is ready), never in
+// a blocking epoll_wait: a goroutine blocked in a system call keeps its
+// scheduler slot (P) until the runtime's monitor takes it back, up to 10
+// ms later when the process looks idle, so with GOMAXPROCS 2 every relay
+// woke behind one slot's worth of other work (issue 36: the added latency
+// at 1000 requests/s).
 type idlePoller struct {
 	epfd   int
+	ep     syscall.RawConn // epfd in the runtime's poller
 	mu     sync.Mutex
 	relays map[uint64]*relay // by token, the epoll event's data
 	next   uint64
@@ -32,7 +43,17 @@ func idlePollerFor() *idlePoller {
 		if err != nil {
 			return
 		}
-		sharedPoller = &idlePoller{epfd: fd, relays: map[uint64]*relay{}}
+		if err := unix.SetNonblock(fd, true); err != nil {
+			unix.Close(fd)
+			return
+		}
+		// A non-blocking descriptor that supports poll joins the runtime's
+		// poller; the file lives as long as the process.
+		rc, err := os.NewFile(uintptr(fd), "hbone-idle-poller").SyscallConn()
+		if err != nil {
+			return
+		}
+		sharedPoller = &idlePoller{epfd: fd, ep: rc, relays: map[uint64]*relay{}}
 		go sharedPoller.run()
 	})
 	return sharedPoller
@@ -90,12 +111,26 @@ func (p *idlePoller) run() {
 	events := make([]unix.EpollEvent, 256)
 	var ready []*relay
 	for {
-		n, err := unix.EpollWait(p.epfd, events, -1)
-		if err != nil {
-			if err != unix.EINTR {
-				// Only a broken epoll descriptor fails so; do not spin.
-				time.Sleep(time.Second)
+		var (
+			n    int
+			werr error
+		)
+		err := p.ep.Read(func(uintptr) bool {
+			for {
+				n, werr = unix.EpollWait(p.epfd, events, 0)
+				if werr != unix.EINTR {
+					break
+				}
 			}
+			// Nothing ready: wait in the runtime's poller for the next event.
+			return n > 0 || werr != nil
+		})
+		if err == nil {
+			err = werr
+		}
+		if err != nil {
+			// Only a broken epoll descriptor fails so; do not spin.
+			time.Sleep(time.Second)
 			continue
 		}
 		p.mu.Lock()

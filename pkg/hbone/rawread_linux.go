@@ -96,3 +96,30 @@ func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
 	}
 	return buf, n, nil
 }
+
+// writeNoWait writes bufs to the socket with one writev, taking what its
+// send buffer has room for without waiting: n < the total (or
+// errWouldBlock) when it had too little.
+func writeNoWait(rc syscall.RawConn, bufs [][]byte) (int, error) {
+	var (
+		n    int
+		werr error
+	)
+	if err := rc.Write(func(fd uintptr) bool {
+		for {
+			n, werr = unix.Writev(int(fd), bufs)
+			if werr != unix.EINTR {
+				return true // never wait
+			}
+		}
+	}); err != nil {
+		return 0, err
+	}
+	if werr == unix.EAGAIN {
+		return 0, errWouldBlock
+	}
+	if werr != nil {
+		return 0, os.NewSyscallError("writev", werr)
+	}
+	return n, nil
+}

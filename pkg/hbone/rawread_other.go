@@ -18,3 +18,5 @@ func rawConnOf(any) syscall.RawConn { return nil }
 func rawSocketReader(io.Reader) func() (*[]byte, int, error) { return nil }
 
 func readPooled(syscall.RawConn, bool, bool) (*[]byte, int, error) { return nil, 0, errWouldBlock }
+
+func writeNoWait(syscall.RawConn, [][]byte) (int, error) { return 0, errWouldBlock }

@@ -58,7 +58,7 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 		r.timer = time.AfterFunc(idle, r.checkIdle)
 	}
 	r.st.c.mu.Lock()
-	r.st.pump = r.drain
+	r.st.pump, r.st.writeNow = r.drain, r.writeNow
 	r.st.wakeReaderLocked() // data may be waiting already
 	r.st.c.mu.Unlock()
 	go r.fromPeer()
@@ -103,6 +103,8 @@ type relay struct {
 	state      atomic.Int32
 	token      uint64
 	registered bool
+
+	iov net.Buffers // writeNow's, under c.mu
 }
 
 func (r *relay) touch() { r.last.Store(time.Now().UnixNano()) }
@@ -202,6 +204,38 @@ func (r *relay) fromPeer() {
 			return
 		}
 	}
+}
+
+// writeNowMax is the most a read loop writes to a relay's socket itself
+// (writeNow): a request or an answer; bulk data is the pump's, so that
+// reading the connection and writing the sockets go on in parallel.
+const writeNowMax = 4 << 10
+
+// writeNow writes what the tunnel received to the socket if there is at
+// most writeNowMax of it and the socket takes all of it at once, without
+// waiting (c.mu held: the read loop that received it calls it). It reports
+// whether it did; otherwise the pump writes the rest, and the end of the
+// stream, a failure or a closed socket are the pump's too. A request or an
+// answer so leaves without a hand-off to a goroutine, whose wake-up it
+// would wait for (issue 36).
+func (r *relay) writeNow() bool {
+	st := r.st
+	if st.recvEOF || st.err != nil || st.released || st.recv.dead || st.recv.size <= 0 || st.recv.size > writeNowMax {
+		return false
+	}
+	bufs := st.recv.peek(r.iov[:0])
+	n, err := writeNoWait(r.rc, bufs)
+	clear(bufs)
+	r.iov = bufs[:0]
+	if n <= 0 {
+		return false
+	}
+	st.recv.consume(n)
+	st.consumedLocked(n)
+	st.checkPeerDoneLocked()
+	r.toPeer.Add(int64(n))
+	r.touch()
+	return err == nil && st.recv.size == 0
 }
 
 // drain is the tunnel's pump (stream.pump): it writes what the tunnel

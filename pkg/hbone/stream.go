@@ -36,11 +36,13 @@ type stream struct {
 	released   bool // Close was called
 	// pump, when set (Relay), writes received data out in place of a
 	// blocked reader: wakeReaderLocked starts it on a goroutine of its own
-	// (pumping until it finds nothing to do).
-	pump    func()
-	pumping bool
-	rsig    chan struct{}
-	wsig    chan struct{}
+	// (pumping until it finds nothing to do), unless writeNow wrote
+	// everything at once.
+	pump     func()
+	writeNow func() bool
+	pumping  bool
+	rsig     chan struct{}
+	wsig     chan struct{}
 
 	// Client role: the response. resp is closed when the final response
 	// headers arrived (status != 0) or the stream failed first.
@@ -103,6 +105,9 @@ func (st *stream) endedLocked() {
 func (st *stream) wakeReaderLocked() {
 	notify(st.rsig)
 	if st.pump != nil && !st.pumping {
+		if st.writeNow != nil && st.writeNow() {
+			return
+		}
 		st.pumping = true
 		go st.pump()
 	}
@@ -110,7 +115,7 @@ func (st *stream) wakeReaderLocked() {
 
 // stopPumpLocked is the pump's last act: nothing wakes it again.
 func (st *stream) stopPumpLocked() {
-	st.pump, st.pumping = nil, false
+	st.pump, st.writeNow, st.pumping = nil, nil, false
 }
 
 // PeerDone returns a context that ends once reading the tunnel would no
@@ -280,6 +285,7 @@ func (st *stream) writeBufferedLocked(w io.Writer) (int64, error) {
 }
 
 // awaitSend reserves flow control for up to max bytes, waiting for window.
+// Frames carry at most framePayload bytes, less than any peer's largest.
 func (st *stream) awaitSend(max int) (int, error) {
 	c := st.c
 	for {
@@ -301,7 +307,7 @@ func (st *stream) awaitSend(max int) (int, error) {
 		}
 		if st.sendWindow > 0 && c.sendWindow > 0 {
 			n := int64(max)
-			n = min(n, st.sendWindow, c.sendWindow, int64(c.peerMaxFrame))
+			n = min(n, st.sendWindow, c.sendWindow)
 			st.sendWindow -= n
 			c.sendWindow -= n
 			c.mu.Unlock()
@@ -318,9 +324,9 @@ func (st *stream) awaitSend(max int) (int, error) {
 
 // waiting returns the stream's frame for a writer that waits for its flush
 // (st.wmu held).
-func (st *stream) waiting(head, tail []byte, end bool) *dataWrite {
+func (st *stream) waiting(head []byte, end bool) *dataWrite {
 	w := &st.dw
-	w.st, w.head, w.tail, w.end, w.err = st, head, tail, end, nil
+	w.st, w.head, w.end, w.err, w.frames = st, head, end, nil, 0
 	if w.done == nil {
 		w.done = make(chan error, 1)
 	}
@@ -336,25 +342,33 @@ func (st *stream) Write(p []byte) (int, error) {
 	defer st.wmu.Unlock()
 	written := 0
 	for len(p) > 0 {
-		n, err := st.awaitSend(min(len(p), copyBufSize))
+		if len(p) > framePayload {
+			// Several frames: they share a flush.
+			n, err := st.sendFrames(p)
+			written += n
+			if err != nil {
+				return written, err
+			}
+			p = p[n:]
+			continue
+		}
+		n, err := st.awaitSend(len(p))
 		if err != nil {
 			return written, err
 		}
-		// Only the first TLS record's worth goes through a buffer (behind the
-		// frame header); the rest of the frame is written from p directly,
-		// and both writes still fill whole records.
+		// One frame, copied behind its header into a pooled buffer.
 		buf := smallFramePool.Get().(*[]byte)
-		h := min(n, tlsRecordPayload-frameHeaderLen)
-		copy((*buf)[frameHeaderLen:], p[:h])
-		if h == n && !st.behindQueued.Load() {
+		copy((*buf)[frameHeaderLen:], p[:n])
+		head := (*buf)[:frameHeaderLen+n]
+		if !st.behindQueued.Load() {
 			// The whole frame is in buf: it need not be waited for. One such
 			// frame per stream at a time bounds what a fast writer queues.
 			st.behindQueued.Store(true)
 			w := &st.bw
-			w.st, w.head, w.end, w.err, w.behind, w.buf = st, (*buf)[:frameHeaderLen+h], false, nil, true, buf
+			w.st, w.head, w.end, w.err, w.behind, w.buf = st, head, false, nil, true, buf
 			err = st.c.writeData(w)
 		} else {
-			err = st.c.writeData(st.waiting((*buf)[:frameHeaderLen+h], p[h:n], false))
+			err = st.c.writeData(st.waiting(head, false))
 			smallFramePool.Put(buf)
 		}
 		if err != nil {
@@ -366,16 +380,64 @@ func (st *stream) Write(p []byte) (int, error) {
 	return written, nil
 }
 
-// sendFramed sends the n payload bytes at buf[frameHeaderLen:], writing
-// each frame's header in place in front of its payload.
+// framePayload is the most payload a DATA frame carries: 9 bytes less than
+// the protocol's initial (and smallest allowed) 16 KiB frame, so that a
+// full frame and its header fill one TLS record (16 KiB of plaintext)
+// exactly. A 16 KiB payload went out as a full record and one of 9 bytes:
+// twice the records to seal, read and open (issue 36).
+const framePayload = tlsRecordPayload - frameHeaderLen
+
+// framesPerFlush is how many frames of framePayload one copy buffer holds.
+const framesPerFlush = (frameHeaderLen + copyBufSize) / tlsRecordPayload
+
+// sendFrames sends up to framesPerFlush frames of p, as much as flow
+// control allows, and returns how much it sent. The frames are copied,
+// each behind its header, into one pooled buffer that one flush writes
+// (one syscall, a TLS record per frame): sending them one by one, each
+// waiting for its flush, cost a write syscall per 16 KiB (issue 36: bulk
+// throughput). st.wmu held.
+func (st *stream) sendFrames(p []byte) (int, error) {
+	n, err := st.awaitSend(min(len(p), framesPerFlush*framePayload))
+	if err != nil {
+		return 0, err
+	}
+	buf := copyBufPool.Get().(*[]byte)
+	b, frames := (*buf)[:0], 0
+	for rest := p[:n]; len(rest) > 0; frames++ {
+		m := min(len(rest), framePayload)
+		b = b[:len(b)+frameHeaderLen]
+		putFrameHeader(b[len(b)-frameHeaderLen:], m, http2.FrameData, 0, st.id)
+		b = append(b, rest[:m]...)
+		rest = rest[m:]
+	}
+	w := st.waiting(b, false)
+	w.frames = frames
+	err = st.c.writeData(w)
+	copyBufPool.Put(buf)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// sendFramed sends the n payload bytes at buf[frameHeaderLen:]: one frame
+// with its header written in place in front of the payload, or several
+// (sendFrames).
 func (st *stream) sendFramed(buf []byte, n int) error {
 	off, end := frameHeaderLen, frameHeaderLen+n
+	for end-off > framePayload {
+		m, err := st.sendFrames(buf[off:end])
+		if err != nil {
+			return err
+		}
+		off += m
+	}
 	for off < end {
 		m, err := st.awaitSend(end - off)
 		if err != nil {
 			return err
 		}
-		if err := st.c.writeData(st.waiting(buf[off-frameHeaderLen:off+m], nil, false)); err != nil {
+		if err := st.c.writeData(st.waiting(buf[off-frameHeaderLen:off+m], false)); err != nil {
 			return err
 		}
 		off += m
@@ -445,7 +507,7 @@ func (st *stream) CloseWrite() error {
 	}
 	c.mu.Unlock()
 	var frame [frameHeaderLen]byte
-	return c.writeData(st.waiting(frame[:], nil, true))
+	return c.writeData(st.waiting(frame[:], true))
 }
 
 // Close releases the tunnel like closing a TCP socket: what was written is

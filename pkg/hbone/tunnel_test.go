@@ -372,3 +372,36 @@ func TestReadableWithoutReading(t *testing.T) {
 		t.Fatalf("read after Readable: %d, %v; want io.EOF", n, err)
 	}
 }
+
+// A write larger than the peer's stream window leaves in window-sized
+// parts of several frames each (the last frame of a part short), and
+// arrives whole and in order.
+func TestLargeWriteUnderSmallWindow(t *testing.T) {
+	m := newMesh(t)
+	up := upstream(t, echo)
+	_, addr := startServer(t, m, &dialHandler{}, func(o *ServerOptions) { o.StreamWindow = initialWindowSize })
+	c := dialTunnel(t, newPool(t, m, nil), m.target(addr, up.String()))
+	msg := make([]byte, 1<<20+12345)
+	for i := range msg {
+		msg[i] = byte(i*7 + i>>9)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := c.Write(msg)
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		sent <- err
+	}()
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, msg) {
+		t.Fatalf("echoed %d bytes, want the %d written, equal", len(got), len(msg))
+	}
+}

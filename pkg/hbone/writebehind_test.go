@@ -303,3 +303,38 @@ func TestBurstLeavesBeforeTheLeaderFlushes(t *testing.T) {
 	release()
 	expectEchoes(t, map[halfCloser]string{last: "after"})
 }
+
+// Under the protocol's initial 16 KiB frame size a bulk write's frames
+// carry 9 bytes less than 16 KiB, so that each frame with its header is
+// one full TLS record: a 16 KiB payload would need a second record of 9
+// bytes per frame.
+func TestBulkFramesFillWholeRecords(t *testing.T) {
+	gate, tunnels := gatedTunnels(t, 2)
+	gate.setShut(false)
+	// crypto/tls starts a connection with small records, growing them to
+	// 16 KiB over its first 128 KB: send those first, on another tunnel.
+	warm := strings.Repeat("w", 160<<10)
+	go io.WriteString(tunnels[1], warm)
+	tunnels[1].SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(tunnels[1], make([]byte, len(warm))); err != nil {
+		t.Fatal(err)
+	}
+	before := gate.appDataRecords()
+	const frames = 8
+	msg := strings.Repeat("x", frames*(tlsRecordPayload-frameHeaderLen))
+	if _, err := io.WriteString(tunnels[0], msg); err != nil {
+		t.Fatal(err)
+	}
+	// CloseWrite returns once everything written is sent (and adds one
+	// record: END_STREAM); nothing was read, so no window update was sent.
+	if err := tunnels[0].CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if n := gate.appDataRecords() - before; n != frames+1 {
+		t.Fatalf("%d records for %d full frames and END_STREAM, want %d", n, frames, frames+1)
+	}
+	got, err := io.ReadAll(tunnels[0])
+	if err != nil || string(got) != msg {
+		t.Fatalf("echo of %d bytes (%v), want the %d written", len(got), err, len(msg))
+	}
+}

@@ -181,17 +181,20 @@ func (c *h2conn) writeOut(bs ...[]byte) error {
 	return nil
 }
 
-// dataWrite is one DATA frame handed to writeData.
+// dataWrite is one DATA frame (or several, frames) handed to writeData.
 type dataWrite struct {
-	st         *stream
-	head, tail []byte
-	end        bool
-	err        error
-	done       chan error // the flushing writer's answer, or errLead
+	st   *stream
+	head []byte
+	end  bool
+	err  error
+	done chan error // the flushing writer's answer, or errLead
 	// behind: the writer did not wait; the frame owns buf (head's pooled
 	// buffer), which the flush returns.
 	behind bool
 	buf    *[]byte
+	// frames: head holds this many whole frames, headers written
+	// (sendFrames); 0: one frame whose header the flush writes.
+	frames int
 }
 
 // errLead tells a waiting writer that it now flushes the queue.
@@ -203,8 +206,8 @@ var errLead = errors.New("hbone: flush the write queue")
 const maxLeadRounds = 4
 
 // writeData sends one DATA frame: head starts with frameHeaderLen bytes of
-// room for the frame header, and its payload continues with tail (which may
-// be empty). The caller reserved flow control for the whole payload.
+// room for the frame header, followed by the payload (or head holds whole
+// frames, w.frames). The caller reserved flow control for the payload.
 //
 // Writers of many streams share one socket, and a small frame costs a
 // write syscall of its own. So writes group-commit: the first writer
@@ -357,7 +360,7 @@ func (c *h2conn) flushQueue(mine *dataWrite, rounds int) error {
 func (w *dataWrite) recycle() {
 	smallFramePool.Put(w.buf)
 	st := w.st
-	w.st, w.head, w.tail, w.buf, w.err = nil, nil, nil, nil, nil
+	w.st, w.head, w.buf, w.err = nil, nil, nil, nil
 	st.behindQueued.Store(false)
 }
 
@@ -373,13 +376,12 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 	// Small frames are copied behind the control frames in wbuf, so that a
 	// batch of them goes out as one TLS record instead of one record each
 	// (a seal here, an open and a read at the peer, per record). A larger
-	// frame keeps its pieces: a head that fills a record, and a tail
-	// written from the writer's own buffer.
+	// one is written from the writer's buffer: a frame fills a record.
 	pieces := c.wpieces[:0]
 	run := 0 // where the run of copied bytes not yet in pieces starts
 	c.mu.Lock()
 	for _, w := range batch {
-		payload := len(w.head) - frameHeaderLen + len(w.tail)
+		payload := len(w.head) - frameHeaderLen*max(w.frames, 1)
 		if w.st.err != nil || c.finishSent {
 			w.err = w.st.err
 			if w.err == nil {
@@ -390,15 +392,16 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 			c.wakeSendersLocked()
 			continue
 		}
-		var flags http2.Flags
-		if w.end {
-			w.st.sentEOF = true
-			flags = http2.FlagDataEndStream
+		if w.frames == 0 {
+			var flags http2.Flags
+			if w.end {
+				w.st.sentEOF = true
+				flags = http2.FlagDataEndStream
+			}
+			putFrameHeader(w.head, payload, http2.FrameData, flags, w.st.id)
 		}
-		putFrameHeader(w.head, payload, http2.FrameData, flags, w.st.id)
-		if n := len(w.head) + len(w.tail); n <= coalesceMax && c.wbuf.Len()+n <= maxCoalesced {
+		if n := len(w.head); n <= coalesceMax && c.wbuf.Len()+n <= maxCoalesced {
 			c.wbuf.Write(w.head)
-			c.wbuf.Write(w.tail)
 			continue
 		}
 		if c.wbuf.Len() > run {
@@ -406,9 +409,6 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 			run = c.wbuf.Len()
 		}
 		pieces = append(pieces, batchPiece{direct: w.head})
-		if len(w.tail) > 0 {
-			pieces = append(pieces, batchPiece{direct: w.tail})
-		}
 	}
 	c.mu.Unlock()
 	if c.wbuf.Len() > run {

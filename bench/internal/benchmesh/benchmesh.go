@@ -88,6 +88,25 @@ func Start(ctx context.Context, s Setup) (*localmesh.Mesh, error) {
 		NodeProxyArgs: s.NodeProxyArgs})
 }
 
+// WorkDir returns dir, or when it is empty a new temporary directory for
+// the benchmark name, and the function to defer that removes it unless
+// *keep is set by then (it says where the directory is instead).
+func WorkDir(dir, name string, keep *bool) (string, func(), error) {
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "causeway-bench-"+name+"-"); err != nil {
+			return "", nil, err
+		}
+	}
+	return dir, func() {
+		if *keep {
+			fmt.Fprintf(os.Stderr, "%s bench: work directory kept: %s\n", name, dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+	}, nil
+}
+
 // PID returns the pid of the named mesh process.
 func PID(m *localmesh.Mesh, name string) (int, error) {
 	pid, ok := m.PIDs()[name]
@@ -127,6 +146,36 @@ func CPUTime(pid int) (time.Duration, error) {
 		ticks += v
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// ContextSwitches is the number of times the threads of a process have
+// been switched out, voluntarily (blocked, woke later) or not, summed over
+// its live threads (/proc/<pid>/task/*/status).
+func ContextSwitches(pid int) (int64, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if !ok || (k != "voluntary_ctxt_switches" && k != "nonvoluntary_ctxt_switches") {
+				continue
+			}
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/%d/task/%s/status: %w", pid, t.Name(), err)
+			}
+			sum += n
+		}
+	}
+	return sum, nil
 }
 
 // RSS is a process's resident set size in bytes (VmRSS).

@@ -1,0 +1,650 @@
+// Command latency measures the latency the mesh adds to a request at a
+// fixed request rate (issue 36's measurement, on loopback): fortio's load
+// runner (fortio.org/fortio, its standard HTTP/1.1 client, one keep-alive
+// connection per thread) sends GETs at -rates requests per second over
+// -conns connections to a fortio server, on three paths:
+//
+//	direct  pod A -> the server's app address (no mesh)
+//	l4      pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B -> server
+//	l7      pod A -> SOCKS5 -> node proxy A -> HBONE -> waypoint (allow-all policy) -> HBONE -> node proxy B -> server
+//
+// Paths and rates are interleaved within each round; every figure is the
+// median over the rounds, and an added figure is the median of each round's
+// difference against the direct path of the same round. Each request's
+// latency is kept exactly (fortio's histogram buckets are ~20 % wide).
+//
+//	go run ./bench/latency [-rates 100,1000] [-conns 64] [-duration 10s] [-rounds 3]
+//	    [-paths direct,l4,l7] [-trace-dir DIR] [-keep]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"fortio.org/fortio/fhttp"
+	"fortio.org/fortio/periodic"
+	"fortio.org/log"
+	"golang.org/x/net/proxy"
+
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+)
+
+// The benchmark's own addresses, apart from bench/nodeproxy (127.0.90.x)
+// and bench/waypoint (127.0.91.x).
+const (
+	clientIP   = "127.0.125.1"   // pod lat/client, on node-a
+	serverIP   = "127.0.125.2"   // pod lat/server, on node-b
+	waypointIP = "127.0.125.3"   // pod lat/waypoint-0, on node-a
+	appIP      = "127.0.125.102" // the server's app address (fortio)
+	l4VIP      = "127.0.125.201" // Service lat/l4: no waypoint
+	l7VIP      = "127.0.125.202" // Service lat/l7: through the waypoint
+	appPort    = "8080"
+)
+
+const meshYAML = `apiVersion: v1
+kind: Namespace
+metadata:
+  name: lat
+  labels:
+    causeway.dev/dataplane-mode: mesh
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: waypoint
+  namespace: lat
+  labels:
+    causeway.dev/waypoint-for: service
+spec:
+  gatewayClassName: causeway-waypoint
+  listeners:
+  - name: mesh
+    port: 15008
+    protocol: HBONE
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: waypoint-0
+  namespace: lat
+  labels:
+    gateway.networking.k8s.io/gateway-name: waypoint
+spec:
+  nodeName: node-a
+  serviceAccountName: waypoint
+  containers:
+  - name: waypoint
+    image: causeway/waypoint
+status:
+  podIP: ` + waypointIP + `
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: client
+  namespace: lat
+spec:
+  nodeName: node-a
+  serviceAccountName: client
+  containers:
+  - name: client
+    image: fortio
+status:
+  podIP: ` + clientIP + `
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: server
+  namespace: lat
+  labels:
+    app: server
+  annotations:
+    causeway.dev/app-address: ` + appIP + `
+spec:
+  nodeName: node-b
+  serviceAccountName: server
+  containers:
+  - name: server
+    image: fortio
+    ports:
+    - containerPort: ` + appPort + `
+status:
+  podIP: ` + serverIP + `
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: l4
+  namespace: lat
+spec:
+  clusterIP: ` + l4VIP + `
+  selector:
+    app: server
+  ports:
+  - name: http
+    port: 80
+    targetPort: ` + appPort + `
+    appProtocol: http
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: l7
+  namespace: lat
+  labels:
+    causeway.dev/use-waypoint: waypoint
+spec:
+  clusterIP: ` + l7VIP + `
+  selector:
+    app: server
+  ports:
+  - name: http
+    port: 80
+    targetPort: ` + appPort + `
+    appProtocol: http
+`
+
+const allowAll = "package envoy.authz\n\nallow := true\n"
+
+type options struct {
+	bin, work string
+	basePort  int
+	rates     []float64
+	conns     int
+	duration  time.Duration
+	warmup    time.Duration
+	rounds    int
+	paths     []string
+	uniform   bool
+	traceDir  string
+	keep      bool
+}
+
+func main() {
+	var o options
+	var rates, paths string
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (make build)")
+	flag.StringVar(&o.work, "work", "", "work directory for configuration, state and logs (default: a temporary one)")
+	flag.IntVar(&o.basePort, "base-port", 25000, "first port of the benchmark mesh")
+	flag.StringVar(&rates, "rates", "100,1000", "request rates to measure (requests per second, comma-separated)")
+	flag.IntVar(&o.conns, "conns", 64, "connections (fortio -c)")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each measurement")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load on each path before the rounds")
+	flag.IntVar(&o.rounds, "rounds", 3, "rounds; paths and rates are interleaved within each, figures are medians over them")
+	flag.StringVar(&paths, "paths", "direct,l4,l7", "paths to measure (direct is the baseline of the added figures)")
+	flag.BoolVar(&o.uniform, "uniform", false, "stagger the connections' requests evenly (fortio -uniform); default: as fortio load -qps -c")
+	flag.StringVar(&o.traceDir, "trace-dir", "", "write execution traces (go tool trace) of the node proxies and the waypoint, 3 s of the first round's l4 and l7 runs at the highest rate, into this directory")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
+	serve := flag.String("serve", "", "run as the fortio server on this address (the benchmark starts itself so)")
+	flag.Parse()
+	log.SetLogLevel(log.Warning)
+	if *serve != "" {
+		if _, addr := fhttp.ServeTCP(*serve, ""); addr == nil {
+			fmt.Fprintln(os.Stderr, "latency bench: fortio server could not listen on", *serve)
+			os.Exit(1)
+		}
+		select {}
+	}
+	var err error
+	if o.rates, err = parseRates(rates); err == nil {
+		o.paths, err = parsePaths(paths)
+	}
+	if err == nil {
+		err = run(o)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "latency bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseRates(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || r <= 0 {
+			return nil, fmt.Errorf("-rates: %q is not a positive rate", f)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func parsePaths(s string) ([]string, error) {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		p = strings.TrimSpace(p)
+		if !slices.Contains([]string{"direct", "l4", "l7"}, p) {
+			return nil, fmt.Errorf("-paths: unknown path %q (direct, l4, l7)", p)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func run(o options) error {
+	if o.rounds < 1 || o.conns < 1 || o.duration <= 0 {
+		return errors.New("-rounds, -conns and -duration must be positive")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	keep := o.keep
+	work, cleanup, err := benchmesh.WorkDir(o.work, "latency", &keep)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML,
+		Policies: map[string]string{"authz.rego": allowAll}, BasePort: o.basePort})
+	if err != nil {
+		keep = true
+		return fmt.Errorf("start mesh: %w", err)
+	}
+	defer mesh.Stop()
+	srv, err := startServer(ctx, net.JoinHostPort(appIP, appPort))
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+
+	pod, err := mesh.Plan.Pod("lat/client")
+	if err != nil {
+		return err
+	}
+	local := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(clientIP)}, Timeout: 10 * time.Second}
+	socks, err := proxy.SOCKS5("tcp", pod.SOCKS5, nil, local)
+	if err != nil {
+		return err
+	}
+	viaMesh := socks.(proxy.ContextDialer).DialContext
+	pids := map[string]int{}
+	for _, name := range []string{"nodeproxy-node-a", "nodeproxy-node-b", "waypoint-lat-waypoint-0"} {
+		if pids[name], err = benchmesh.PID(mesh, name); err != nil {
+			return err
+		}
+	}
+	nodes := []int{pids["nodeproxy-node-a"], pids["nodeproxy-node-b"]}
+	targets := map[string]target{
+		"direct": {url: "http://" + net.JoinHostPort(appIP, appPort) + "/", dial: local.DialContext},
+		"l4":     {url: "http://" + net.JoinHostPort(l4VIP, "80") + "/", dial: viaMesh, pids: nodes},
+		"l7": {url: "http://" + net.JoinHostPort(l7VIP, "80") + "/", dial: viaMesh,
+			pids: append(slices.Clone(nodes), pids["waypoint-lat-waypoint-0"])},
+	}
+	for _, p := range o.paths {
+		if err := targets[p].check(ctx); err != nil {
+			keep = true
+			return fmt.Errorf("%s path does not work: %w", p, err)
+		}
+	}
+	admins := traceTargets(mesh.Plan)
+	top := slices.Max(o.rates)
+	for _, p := range o.paths {
+		if _, err := targets[p].load(o, top, o.warmup); err != nil {
+			keep = true
+			return fmt.Errorf("%s warm-up: %w", p, err)
+		}
+	}
+	// results[rate][path] holds each round's percentiles.
+	results := map[float64]map[string][]percentiles{}
+	for round := 1; round <= o.rounds; round++ {
+		for _, rate := range o.rates {
+			if results[rate] == nil {
+				results[rate] = map[string][]percentiles{}
+			}
+			for _, p := range o.paths {
+				var (
+					traces sync.WaitGroup
+					traced map[string]string
+				)
+				if o.traceDir != "" && round == 1 && rate == top && p != "direct" {
+					traces.Go(func() { traced = traceAll(ctx, o.traceDir, p, admins) })
+				}
+				res, err := targets[p].load(o, rate, o.duration)
+				traces.Wait()
+				// Read after the measurement, whose client this process is.
+				for _, name := range slices.Sorted(maps.Keys(traced)) {
+					reportSchedWaits("latency_"+p+"_"+strings.ReplaceAll(name, "-", "_"), traced[name])
+				}
+				if err != nil {
+					keep = true
+					return fmt.Errorf("%s at %g/s: %w", p, rate, err)
+				}
+				fmt.Fprintf(os.Stderr, "# round %d %s %g/s: %d requests, p50 %.3f p90 %.3f p99 %.3f p99.9 %.3f ms; mesh %.0f us CPU, %.1f context switches per request\n",
+					round, p, rate, res.n, res.ms(0.50), res.ms(0.90), res.ms(0.99), res.ms(0.999), res.cpuUS, res.switches)
+				results[rate][p] = append(results[rate][p], res)
+			}
+			select {
+			case died := <-mesh.Died:
+				keep = true
+				return fmt.Errorf("a mesh process died: %s", died)
+			default:
+			}
+		}
+	}
+	report(o, results)
+	return nil
+}
+
+// quantiles reported, and their names.
+var quantiles = []struct {
+	q    float64
+	name string
+}{{0.50, "p50"}, {0.90, "p90"}, {0.99, "p99"}, {0.999, "p99_9"}}
+
+func report(o options, results map[float64]map[string][]percentiles) {
+	added := map[float64]map[string][]float64{} // rate -> path_quantile -> median added
+	for _, rate := range o.rates {
+		added[rate] = map[string][]float64{}
+		r := strconv.FormatFloat(rate, 'f', -1, 64)
+		for _, p := range o.paths {
+			runs := results[rate][p]
+			for _, q := range quantiles {
+				var abs, diff []float64
+				for i, res := range runs {
+					abs = append(abs, res.ms(q.q))
+					if d, ok := results[rate]["direct"]; ok && p != "direct" {
+						diff = append(diff, res.ms(q.q)-d[i].ms(q.q))
+					}
+				}
+				benchmesh.Report(fmt.Sprintf("latency_%s_%srps_%s", p, r, q.name), median(abs), "ms")
+				if len(diff) > 0 {
+					m := median(diff)
+					added[rate][p+"_"+q.name] = append(added[rate][p+"_"+q.name], m)
+					benchmesh.Report(fmt.Sprintf("latency_%s_added_%srps_%s", p, r, q.name), m, "ms")
+				}
+			}
+		}
+		for _, p := range o.paths {
+			if p == "direct" {
+				continue
+			}
+			var cpu, sw []float64
+			for _, res := range results[rate][p] {
+				cpu, sw = append(cpu, res.cpuUS), append(sw, res.switches)
+			}
+			benchmesh.Report(fmt.Sprintf("latency_%s_%srps_mesh_cpu_per_request", p, r), median(cpu), "us")
+			benchmesh.Report(fmt.Sprintf("latency_%s_%srps_mesh_context_switches_per_request", p, r), median(sw), "count")
+		}
+	}
+	// How the added latency grows from the lowest rate to the highest.
+	lo, hi := slices.Min(o.rates), slices.Max(o.rates)
+	if lo == hi {
+		return
+	}
+	for _, p := range o.paths {
+		for _, q := range []string{"p50", "p99"} {
+			a, b := added[lo][p+"_"+q], added[hi][p+"_"+q]
+			if len(a) == 0 || len(b) == 0 || a[0] <= 0 {
+				continue
+			}
+			benchmesh.Report(fmt.Sprintf("latency_%s_added_%s_growth_ratio", p, q), b[0]/a[0], "x")
+		}
+	}
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	} else {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+}
+
+// target is one path to the server.
+type target struct {
+	url  string
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	pids []int // the mesh processes on the path
+}
+
+// check makes one request on t.
+func (t target) check(ctx context.Context) error {
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: t.dial}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %s from %q: %.200q", resp.Status, resp.Header.Get("Server"), body)
+	}
+	return nil
+}
+
+// load runs fortio's load runner on t for d at rate and returns each
+// request's latency. Any failed request fails the measurement.
+func (t target) load(o options, rate float64, d time.Duration) (percentiles, error) {
+	rec := &recorder{}
+	ro := fhttp.HTTPRunnerOptions{
+		RunnerOptions: periodic.RunnerOptions{QPS: rate, NumThreads: o.conns, Duration: d, Out: io.Discard,
+			Uniform: o.uniform, AccessLogger: rec},
+		HTTPOptions: fhttp.HTTPOptions{URL: t.url, DisableFastClient: true, NumConnections: o.conns,
+			HTTPReqTimeOut: 10 * time.Second,
+			// fortio's standard client, dialing as pod A does (its own
+			// dialer cannot bind the pod's address or use SOCKS5).
+			Transport: func(base http.RoundTripper) http.RoundTripper {
+				if tr, ok := base.(*http.Transport); ok {
+					tr.Proxy, tr.DialContext = nil, t.dial
+				}
+				return base
+			}},
+	}
+	cpu0, sw0, err := usage(t.pids)
+	if err != nil {
+		return percentiles{}, err
+	}
+	res, err := fhttp.RunHTTPTest(&ro)
+	if err != nil {
+		return percentiles{}, err
+	}
+	cpu1, sw1, err := usage(t.pids)
+	if err != nil {
+		return percentiles{}, err
+	}
+	if ok := res.RetCodes[http.StatusOK]; ok != res.DurationHistogram.Count || ok == 0 {
+		return percentiles{}, fmt.Errorf("%d of %d requests answered 200 (codes %v)", ok, res.DurationHistogram.Count, res.RetCodes)
+	}
+	if got := res.ActualQPS; got < 0.95*rate {
+		// fortio's threads fell behind their schedule (a busy machine):
+		// the figures are kept, and say so.
+		fmt.Fprintf(os.Stderr, "# %s: reached %.0f requests/s of %g\n", t.url, got, rate)
+	}
+	p := rec.percentiles()
+	// Per request, counting fortio's warm-up request on each connection.
+	reqs := float64(p.n + o.conns)
+	p.cpuUS = float64(cpu1-cpu0) / float64(time.Microsecond) / reqs
+	p.switches = float64(sw1-sw0) / reqs
+	return p, nil
+}
+
+// usage is the CPU time and context switches of the processes pids.
+func usage(pids []int) (time.Duration, int64, error) {
+	var cpu time.Duration
+	var sw int64
+	for _, pid := range pids {
+		c, err := benchmesh.CPUTime(pid)
+		if err != nil {
+			return 0, 0, err
+		}
+		n, err := benchmesh.ContextSwitches(pid)
+		if err != nil {
+			return 0, 0, err
+		}
+		cpu, sw = cpu+c, sw+n
+	}
+	return cpu, sw, nil
+}
+
+// recorder is fortio's access logger: it keeps every request's latency.
+type recorder struct {
+	mu   sync.Mutex
+	secs []float64
+}
+
+func (r *recorder) Start(ctx context.Context, _ periodic.ThreadID, _ int64, _ time.Time) context.Context {
+	return ctx
+}
+
+func (r *recorder) Report(_ context.Context, _ periodic.ThreadID, _ int64, _ time.Time, latency float64, _ bool, _ string) {
+	r.mu.Lock()
+	r.secs = append(r.secs, latency)
+	r.mu.Unlock()
+}
+
+func (r *recorder) Info() string { return "latency recorder" }
+
+func (r *recorder) percentiles() percentiles {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := slices.Clone(r.secs)
+	sort.Float64s(s)
+	return percentiles{sorted: s, n: len(s)}
+}
+
+// percentiles are one measurement's latencies, sorted.
+type percentiles struct {
+	sorted []float64
+	n      int
+	// The mesh processes' CPU time and context switches per request.
+	cpuUS, switches float64
+}
+
+// ms is the q-quantile in milliseconds (nearest rank).
+func (p percentiles) ms(q float64) float64 {
+	if p.n == 0 {
+		return 0
+	}
+	i := int(q*float64(p.n)+0.5) - 1
+	return p.sorted[max(0, min(i, p.n-1))] * 1e3
+}
+
+// server is the fortio server, a child process (this program with -serve).
+type server struct {
+	cmd *exec.Cmd
+}
+
+func startServer(ctx context.Context, addr string) (*server, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "-serve", addr)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // not left behind
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("fortio server: %w", err)
+	}
+	s := &server{cmd: cmd}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return s, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			s.stop()
+			return nil, fmt.Errorf("fortio server on %s not up: %w", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *server) stop() {
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
+
+// traceTargets are the admin addresses of the processes traced, by name.
+func traceTargets(p *localmesh.Plan) map[string]string {
+	m := map[string]string{}
+	for _, n := range p.Nodes {
+		m["nodeproxy-"+n.Node] = n.Admin
+	}
+	for _, w := range p.Waypoints {
+		m["waypoint"] = w.Admin
+	}
+	return m
+}
+
+// traceAll writes 3 s execution traces of every process in admins, taken
+// at once from 1 s into the measurement, and returns the files by process.
+func traceAll(ctx context.Context, dir, path string, admins map[string]string) map[string]string {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, "latency bench: trace:", err)
+		return nil
+	}
+	time.Sleep(time.Second)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		files = map[string]string{}
+	)
+	for name, addr := range admins {
+		if path == "l4" && name == "waypoint" {
+			continue
+		}
+		wg.Go(func() {
+			file := filepath.Join(dir, path+"-"+name+".trace")
+			if err := fetchTrace(ctx, "http://"+addr+"/debug/pprof/trace?seconds=3", file); err != nil {
+				fmt.Fprintf(os.Stderr, "latency bench: trace of %s: %v\n", name, err)
+				return
+			}
+			mu.Lock()
+			files[name] = file
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return files
+}
+
+func fetchTrace(ctx context.Context, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

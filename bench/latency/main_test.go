@@ -1,0 +1,90 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"runtime/trace"
+	"slices"
+	"testing"
+	"time"
+)
+
+func TestQuantilesAreNearestRank(t *testing.T) {
+	r := &recorder{}
+	for i := 1000; i >= 1; i-- { // out of order: percentiles sorts
+		r.Report(t.Context(), 0, 0, time.Time{}, float64(i)/1e6, true, "")
+	}
+	p := r.percentiles()
+	for _, c := range []struct{ q, wantMS float64 }{{0.5, 0.5}, {0.9, 0.9}, {0.99, 0.99}, {0.999, 0.999}, {1, 1}} {
+		if got := p.ms(c.q); got < c.wantMS-1e-9 || got > c.wantMS+1e-9 {
+			t.Errorf("q%g = %g ms, want %g", c.q, got, c.wantMS)
+		}
+	}
+	if got := (percentiles{}).ms(0.5); got != 0 {
+		t.Errorf("no requests: %g ms, want 0", got)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	if got := median([]float64{3, 1, 2}); got != 2 {
+		t.Errorf("median of 3 = %g, want 2", got)
+	}
+	if got := median([]float64{4, 1, 2, 3}); got != 2.5 {
+		t.Errorf("median of 4 = %g, want 2.5", got)
+	}
+}
+
+func TestFlagsRefused(t *testing.T) {
+	for _, s := range []string{"", "0", "-5", "100,x"} {
+		if _, err := parseRates(s); err == nil {
+			t.Errorf("rates %q accepted", s)
+		}
+	}
+	if _, err := parsePaths("direct,l5"); err == nil {
+		t.Error("path l5 accepted")
+	}
+	if got, err := parseRates("100, 1000"); err != nil || len(got) != 2 || got[1] != 1000 {
+		t.Errorf("rates: %v, %v", got, err)
+	}
+}
+
+// schedWaits finds the hand-offs of a trace: goroutines woken through a
+// channel, 200 times each way.
+func TestSchedWaitsOfATrace(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "trace")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := trace.Start(f); err != nil {
+		t.Fatal(err)
+	}
+	ping, pong := make(chan int), make(chan int)
+	go func() {
+		for v := range ping {
+			pong <- v
+		}
+	}()
+	for i := range 200 {
+		ping <- i
+		<-pong
+	}
+	close(ping)
+	trace.Stop()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := schedWaits(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w) < 400 {
+		t.Errorf("%d waits, want at least 400 (200 wake-ups each way)", len(w))
+	}
+	if !slices.IsSorted(w) || w[0] < 0 {
+		t.Errorf("waits not sorted or negative: first %v, last %v", w[0], w[len(w)-1])
+	}
+	if _, err := schedWaits(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("a missing trace gave no error")
+	}
+}
