@@ -23,6 +23,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/inpod"
 	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/version"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -39,6 +40,7 @@ func main() {
 	plaintext := fs.Bool("allow-plaintext", true, "deliver plaintext from outside the mesh to pods without a waypoint")
 	drain := fs.Duration("drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	idle := fs.Duration("idle-timeout", time.Hour, "close relayed connections idle for this long (0: never)")
+	version.RegisterFlag(fs, "nodeproxy")
 	fs.Parse(os.Args[1:])
 	if *node == "" {
 		bootstrap.Fatal("nodeproxy", fmt.Errorf("--node is required"))
