@@ -69,7 +69,8 @@ func TestInstall(t *testing.T) {
 	// The README's overlay with one more policy set, for the admission test
 	// (testdata/install).
 	overlay := filepath.Join("testdata", "install")
-	sample := filepath.Join(repoRoot, "examples", "kubernetes", "local-images")
+	// The sample with the cluster registry's echo image (images.sh).
+	sample := filepath.Join(repoRoot, "bin", "cluster-images", "sample")
 
 	uninstalled := false
 	uninstall := func(t *testing.T) {
@@ -262,7 +263,7 @@ func TestInstall(t *testing.T) {
 		away, err := client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "away"},
 			Spec: corev1.PodSpec{NodeName: "elsewhere", ServiceAccountName: "away",
-				Containers: []corev1.Container{{Name: "app", Image: echoImage, ImagePullPolicy: corev1.PullNever}}},
+				Containers: []corev1.Container{{Name: "app", Image: echoImage, ImagePullPolicy: corev1.PullIfNotPresent}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -318,9 +319,12 @@ func TestInstall(t *testing.T) {
 	t.Run("upgrade", func(t *testing.T) {
 		image := os.Getenv("CAUSEWAY_E2E_UPGRADE_IMAGE")
 		if image == "" {
-			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
+			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s pushes a second node proxy image, another version)")
 		}
 		old := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		if digestOf(containerImage(old, "nodeproxy")) == digestOf(image) {
+			t.Fatalf("the upgrade image %s has the installed image's digest: no upgrade", image)
+		}
 		kc(t, time.Minute, "-n", systemNS, "set", "image", "daemonset/"+nodeProxy, "nodeproxy="+image)
 		kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
 		cur := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
@@ -424,6 +428,12 @@ func expectCaptured(t *testing.T, frontend corev1.Pod) {
 
 func clientPod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 	return client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+// digestOf is the digest of an image reference pinned by digest, or "".
+func digestOf(ref string) string {
+	_, d, _ := strings.Cut(ref, "@")
+	return d
 }
 
 func containerImage(p corev1.Pod, name string) string {
