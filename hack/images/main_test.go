@@ -4,17 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -29,6 +24,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 )
 
 var testMeta = meta{source: "https://example.com/causeway", revision: "0123456789abcdef", version: "v0.0.1-test",
@@ -195,7 +192,7 @@ func toolBin(t *testing.T) string {
 }
 
 type registry struct {
-	host   string // 127.0.0.1:PORT
+	host   string // localhost:PORT (listening on 127.0.0.1)
 	caFile string
 }
 
@@ -211,13 +208,14 @@ func startRegistry(t *testing.T, users map[string]string) registry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := l.Addr().String()
+	addr := l.Addr().(*net.TCPAddr)
 	l.Close()
+	host := fmt.Sprintf("localhost:%d", addr.Port)
 	cfg := fmt.Sprintf(`version: 0.1
 log: {level: warn, accesslog: {disabled: true}}
 storage: {filesystem: {rootdirectory: %s}}
 http: {addr: %s, tls: {certificate: %s, key: %s}}
-`, filepath.Join(dir, "data"), host, certFile, keyFile)
+`, filepath.Join(dir, "data"), addr, certFile, keyFile)
 	if len(users) > 0 {
 		var lines strings.Builder
 		for u, p := range users {
@@ -430,39 +428,30 @@ func exitCode(err error) int {
 	return -1
 }
 
-// testCerts writes a CA and a serving certificate for 127.0.0.1 it signed.
+// testCerts writes a CA and a serving certificate for localhost it signed.
 func testCerts(t *testing.T, dir string) (caFile, certFile, keyFile string) {
 	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "images test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	ca, err := backendtlstest.NewCA("images test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "registry"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	leaf, err := ca.Leaf([]string{"localhost"}, nil, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(file, typ string, der []byte) string {
+	write := func(file string, data []byte) string {
 		p := filepath.Join(dir, file)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		if err := os.WriteFile(p, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	return write("ca.pem", "CERTIFICATE", caDER), write("cert.pem", "CERTIFICATE", leafDER), write("key.pem", "EC PRIVATE KEY", keyDER)
+	return write("ca.pem", ca.PEM), write("cert.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]})),
+		write("key.pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
 }
 
 func tlsConfig(t *testing.T, caFile string) *tls.Config {
