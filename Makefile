@@ -21,7 +21,7 @@ CREATED  := $(shell git log -1 --format=%cI HEAD 2>/dev/null || echo 1970-01-01T
 SOURCE   := https://github.com/causeway-mesh/causeway
 LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION)
 # The CNCF distribution registry hack/images' tests push to (hack/cluster/build.sh registry).
-REGISTRY_TOOL = $(shell . hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry)
+REGISTRY_TOOL = $(shell bash -c '. hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry')
 
 .PHONY: all build test lint proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s push release release-version
 
