@@ -30,7 +30,8 @@ render_install() {
   # shellcheck disable=SC2064
   trap "rm -rf '$overlay'" RETURN
   local waypoint
-  waypoint=$(awk '$1 == "waypoint" {print $2}' "$refs")
+  # Pinned images drop their tag: REPOSITORY@DIGEST is what is pulled.
+  waypoint=$(awk '$1 == "waypoint" {sub(/:[^:\/]*@/, "@", $2); print $2}' "$refs")
   [ -n "$waypoint" ] || { echo "release: $refs has no waypoint image" >&2; return 1; }
   {
     echo "apiVersion: kustomize.config.k8s.io/v1beta1"
@@ -44,21 +45,21 @@ render_install() {
     done <"$refs"
     echo "patches:"
     echo "- target: {kind: Deployment, name: causeway-controlplane}"
-    echo "  patch: '[{op: add, path: /spec/template/spec/containers/0/args/-, value: --waypoint-image=$waypoint}]'"
+    echo "  patch: |"
+    echo "    - {op: add, path: /spec/template/spec/containers/0/args/-, value: --waypoint-image=$waypoint}"
   } >"$overlay/kustomization.yaml"
-  # Image names drop their tag once pinned: REPO@DIGEST.
   "$(kubectl_bin)" kustomize "$overlay"
 }
 
 mkdir -p "$DIST" "$REPO/bin"
 rm -f "$DIST/install.yaml" "$DIST/images.txt" "$DIST/sha256sums"
+trap 'rm -f "$DIST/install.yaml.tmp" "$DIST/images.txt.tmp"' EXIT
 render_install "$REFS" >"$DIST/install.yaml.tmp"
 awk '{print $2}' "$REFS" >"$DIST/images.txt.tmp"
 # Every digest pinned must be what the registry serves as VERSION.
 ca=()
 [ -z "${REGISTRY_CA:-}" ] || ca=(-registry-ca "$REGISTRY_CA")
 if ! "$GO" run ./hack/images verify -tag "$VERSION" "${ca[@]}" "$DIST/install.yaml.tmp" "$DIST/images.txt.tmp"; then
-  rm -f "$DIST/install.yaml.tmp" "$DIST/images.txt.tmp"
   echo "release $VERSION refused: dist/install.yaml would pin images the registry does not serve as $VERSION" >&2
   exit 1
 fi
