@@ -12,19 +12,19 @@ import (
 // TestStamped builds a command with the version stamped the way the
 // Makefile does, and checks that --version reports it.
 func TestStamped(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "controlplane")
+	bin := filepath.Join(t.TempDir(), "echo")
 	build := exec.Command("go", "build", "-trimpath", "-o", bin,
-		"-ldflags", "-X github.com/causeway-mesh/causeway/pkg/version.version=v9.8.7-test", "../../cmd/controlplane")
+		"-ldflags", "-X github.com/causeway-mesh/causeway/pkg/version.version=v9.8.7-test", "../../cmd/echo")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	out, err := exec.Command(bin, "--version").CombinedOutput()
 	if err != nil {
-		t.Fatalf("controlplane --version: %v\n%s", err, out)
+		t.Fatalf("echo --version: %v\n%s", err, out)
 	}
-	if !regexp.MustCompile(`^controlplane v9\.8\.7-test( \([0-9a-f]{40}(-dirty)?\))? go1\.\d+`).Match(out) {
-		t.Fatalf("controlplane --version printed %q", out)
+	if !regexp.MustCompile(`^echo v9\.8\.7-test( \([0-9a-f]{40}(-dirty)?\))? go1\.\d+`).Match(out) {
+		t.Fatalf("echo --version printed %q", out)
 	}
 }
 
