@@ -33,6 +33,9 @@ var (
 	kubectl    string
 	client     kubernetes.Interface
 	skipReason string
+	// images are the images the cluster's registry serves, by name:
+	// REF@DIGEST (hack/cluster/images.sh).
+	images map[string]string
 )
 
 func TestMain(m *testing.M) {
@@ -41,7 +44,8 @@ func TestMain(m *testing.M) {
 		skipReason = "no cluster: CAUSEWAY_E2E_KUBECONFIG is not set (make e2e-k8s sets it and brings a cluster up)"
 		os.Exit(m.Run())
 	}
-	images, err := readImages(os.Getenv("CAUSEWAY_E2E_IMAGES"))
+	var err error
+	images, err = readImages(os.Getenv("CAUSEWAY_E2E_IMAGES"))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e-k8s: CAUSEWAY_E2E_IMAGES: %v\n", err)
 		os.Exit(1)

@@ -108,8 +108,20 @@ func TestInstall(t *testing.T) {
 		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-e2e-broken",
 			"--from-file="+filepath.Join("testdata", "connection-policy-broken"))
 		kc(t, 2*time.Minute, "apply", "--server-side", "-k", overlay)
-		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
-		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
+		cps := readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
+		nps := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
+		// Every container runs the image the registry serves, pulled by
+		// digest (nothing is imported: the runtime reports the digest it
+		// resolved from the registry).
+		pulled := map[string]string{"controlplane": "controlplane", "nodeproxy": "nodeproxy", "agent": "causeway-agent", "install-cni": "causeway-cni"}
+		for _, p := range append(cps, nps...) {
+			for _, st := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+				want := digestOf(images[pulled[st.Name]])
+				if want == "" || !strings.HasSuffix(st.ImageID, "@"+want) {
+					t.Errorf("pod %s container %s: image ID %q, want the registry's %s", p.Name, st.Name, st.ImageID, images[pulled[st.Name]])
+				}
+			}
+		}
 		// The leader made the GatewayClass, and accepted it.
 		kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
 		kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
