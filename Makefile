@@ -19,7 +19,8 @@ TAG      ?= $(VERSION)
 REVISION := $(shell git rev-parse HEAD 2>/dev/null)
 CREATED  := $(shell git log -1 --format=%cI HEAD 2>/dev/null || echo 1970-01-01T00:00:00Z)
 SOURCE   := https://github.com/causeway-mesh/causeway
-LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION)
+LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION) \
+	-X github.com/causeway-mesh/causeway/pkg/version.revision=$(REVISION)
 # The CNCF distribution registry hack/images' tests push to (hack/cluster/build.sh registry).
 REGISTRY_TOOL = $(shell bash -c '. hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry')
 

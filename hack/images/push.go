@@ -16,8 +16,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
-// versionVar is the variable -ldflags -X stamps (pkg/version).
-const versionVar = "github.com/causeway-mesh/causeway/pkg/version.version"
+// The variables -ldflags -X stamps (pkg/version).
+const (
+	versionVar  = "github.com/causeway-mesh/causeway/pkg/version.version"
+	revisionVar = "github.com/causeway-mesh/causeway/pkg/version.revision"
+)
 
 type pushOptions struct {
 	registry, tag, refsFile, caFile string
@@ -35,7 +38,7 @@ func parsePush(args []string) (pushOptions, error) {
 	fs.StringVar(&o.tag, "tag", "dev", "tag of every image")
 	fs.StringVar(&platforms, "platforms", "linux/amd64,linux/arm64", "comma-separated OS/ARCH the packages are built for")
 	fs.StringVar(&o.meta.version, "version", "", "version stamped into the binaries and the annotations (empty: the go command's)")
-	fs.StringVar(&o.meta.revision, "revision", "", "source revision for the annotations")
+	fs.StringVar(&o.meta.revision, "revision", "", "source revision stamped into the binaries and the annotations")
 	fs.StringVar(&o.meta.source, "source", "", "source repository URL for the annotations")
 	fs.StringVar(&created, "created", "1970-01-01T00:00:00Z", "creation time in the configuration and annotations, RFC 3339 (the commit's time, never the clock's)")
 	fs.StringVar(&o.refsFile, "refs", "", "file the pushed references are written to, one \"NAME REF@DIGEST\" per line")
@@ -139,7 +142,7 @@ func buildIndexes(ctx context.Context, o pushOptions, work string) ([]v1.ImageIn
 		var perPlatform [][]v1.Image
 		for _, p := range o.platforms {
 			dir := filepath.Join(work, p.OS+"_"+p.Architecture)
-			if err := goBuild(ctx, dir, p, o.meta.version, o.packages); err != nil {
+			if err := goBuild(ctx, dir, p, o.meta, o.packages); err != nil {
 				return nil, err
 			}
 			var imgs []v1.Image
@@ -181,11 +184,14 @@ func buildIndexes(ctx context.Context, o pushOptions, work string) ([]v1.ImageIn
 }
 
 // goBuild builds pkgs for p into dir, static and without paths of this
-// machine, with version stamped when given.
-func goBuild(ctx context.Context, dir string, p v1.Platform, version string, pkgs []string) error {
+// machine, with m's version and revision stamped when given.
+func goBuild(ctx context.Context, dir string, p v1.Platform, m meta, pkgs []string) error {
 	ldflags := "-s -w"
-	if version != "" {
-		ldflags += " -X " + versionVar + "=" + version
+	if m.version != "" {
+		ldflags += " -X " + versionVar + "=" + m.version
+	}
+	if m.revision != "" {
+		ldflags += " -X " + revisionVar + "=" + m.revision
 	}
 	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", dir + "/"}, pkgs...)
 	cmd := exec.CommandContext(ctx, "go", args...)

@@ -1,12 +1,14 @@
 // Package version holds the version of Causeway a binary was built as.
 //
-// Releases stamp it at link time:
+// The Makefile and hack/images stamp it, and the source revision, at link
+// time:
 //
-//	go build -ldflags "-X github.com/causeway-mesh/causeway/pkg/version.version=v1.2.3" ./cmd/...
+//	go build -ldflags "-X github.com/causeway-mesh/causeway/pkg/version.version=v1.2.3
+//	  -X github.com/causeway-mesh/causeway/pkg/version.revision=$(git rev-parse HEAD)" ./cmd/...
 //
-// Unstamped builds report the version the go command derived from the
-// module and its VCS state (e.g. v0.0.0-20261206031700-a03919d1e2f3+dirty),
-// or "devel" when there is none.
+// Unstamped builds report what the go command recorded from the module and
+// its VCS state (e.g. v0.0.0-20261206031700-a03919d1e2f3+dirty), or
+// "devel" when there is none (as with -buildvcs=false).
 package version
 
 import (
@@ -17,8 +19,8 @@ import (
 	"runtime/debug"
 )
 
-// version is set by -ldflags -X; empty in unstamped builds.
-var version string
+// version and revision are set by -ldflags -X; empty in unstamped builds.
+var version, revision string
 
 // Version is this binary's version.
 func Version() string {
@@ -31,9 +33,13 @@ func Version() string {
 	return "devel"
 }
 
-// Revision is the VCS revision the binary was built from, with "-dirty" when
-// the tree had changes; empty when the go command recorded none.
+// Revision is the VCS revision the binary was built from: the stamped one,
+// else the go command's record (with "-dirty" when the tree had changes);
+// empty when there is neither.
 func Revision() string {
+	if revision != "" {
+		return revision
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return ""
