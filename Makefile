@@ -7,14 +7,53 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 TEST_FLAGS ?= -count=1 -timeout 14m
 
 BINARIES := controlplane nodeproxy waypoint meshctl echo
+# One image per command that runs in a cluster; echo is the sample's and the
+# e2e's workload. meshctl runs on the operator's machine: no image.
+IMAGES := controlplane nodeproxy waypoint causeway-agent causeway-cni echo
 
-.PHONY: all build test lint chart manifests chart-release proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s
+# The version every binary and image reports (pkg/version); a release sets
+# VERSION=vX.Y.Z. REVISION and CREATED come from the commit, never the
+# clock, so two builds of one commit give the same image digests.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+TAG      ?= $(VERSION)
+REVISION := $(shell git rev-parse HEAD 2>/dev/null)
+CREATED  := $(shell git log -1 --format=%cI HEAD 2>/dev/null || echo 1970-01-01T00:00:00Z)
+SOURCE   := https://github.com/causeway-mesh/causeway
+LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION) \
+	-X github.com/causeway-mesh/causeway/pkg/version.revision=$(REVISION)
+# The CNCF distribution registry hack/images' tests push to (hack/cluster/build.sh registry).
+REGISTRY_TOOL = $(shell bash -c '. hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry')
+
+.PHONY: all build test lint proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s push release release-version chart manifests chart-release
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+
+# Builds every image for linux/amd64 and linux/arm64 and pushes it to
+# REGISTRY (HOST[:PORT][/PATH]) as REGISTRY/<image>:TAG, with the docker
+# config file's credentials (`docker login`); prints each REF@DIGEST and
+# writes them to $(BIN)/images.txt. REGISTRY_CA: PEM roots for a registry
+# with a private CA.
+PUSH_FLAGS = -registry "$(REGISTRY)" -tag "$(TAG)" -version "$(VERSION)" -revision "$(REVISION)" \
+	-created "$(CREATED)" -source "$(SOURCE)" $(if $(REGISTRY_CA),-registry-ca "$(REGISTRY_CA)")
+push:
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=host[:port][/path] [TAG=...]"; exit 2; }
+	@mkdir -p $(BIN)
+	$(GO) run ./hack/images push $(PUSH_FLAGS) -refs $(BIN)/images.txt $(addprefix ./cmd/,$(IMAGES))
+
+# A release: the images pushed as REGISTRY/<image>:VERSION, and dist/ with
+# install.yaml pinning them by digest (checked against the registry) and
+# sha256sums (hack/release.sh).
+release: release-version push
+	GO=$(GO) VERSION="$(VERSION)" REFS=$(BIN)/images.txt REGISTRY_CA="$(REGISTRY_CA)" hack/release.sh
+
+release-version:
+	@echo "$(VERSION)" | grep -Eq '^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$$' || \
+		{ echo "usage: make release VERSION=vX.Y.Z REGISTRY=host[:port][/path] (VERSION is '$(VERSION)')"; exit 2; }
+	@test "$(TAG)" = "$(VERSION)" || { echo "make release: TAG must be VERSION"; exit 2; }
 
 # Every fuzz target runs for TEST_FUZZTIME in `make test` (its seeds, in
 # testdata/fuzz and f.Add, also run in the plain `go test`), and for
@@ -25,7 +64,8 @@ FUZZTIME      ?= 3m
 # Unit and loopback tests, every fuzz target briefly, then the cluster tests
 # (skipped, saying so, without root).
 test: lint build chart
-	CAUSEWAY_HELM=$$(hack/chart/helm.sh) $(GO) test $(TEST_FLAGS) ./...
+	hack/cluster/build.sh registry
+	CAUSEWAY_HELM=$$(hack/chart/helm.sh) CAUSEWAY_REGISTRY_BIN=$(REGISTRY_TOOL) $(GO) test $(TEST_FLAGS) ./...
 	GO=$(GO) FUZZTIME=$(TEST_FUZZTIME) ./hack/fuzz.sh
 	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) -only '^(controlplane-kill|policy-edit)$$' -row 8s
 	hack/cluster/e2e.sh
@@ -41,7 +81,7 @@ lint:
 
 # The Helm chart (charts/causeway), the one source of the install: strict
 # lint, a render, and the check that what `make manifests` generates from it
-# (manifests/core, manifests/overlays/local-images, the Gateway API CRDs) is
+# (manifests/core, the Gateway API CRDs) is
 # what is committed. Helm is built once from the module proxy (hack/chart/helm.sh).
 chart:
 	@helm=$$(hack/chart/helm.sh) && set -x && \

@@ -2,8 +2,9 @@
 # Faults on Kubernetes (bench/README.md, "Faults on Kubernetes"): the rows of
 # bench/faults on the running test cluster (make cluster), through
 # bench/faultsk8s. Not part of make test; needs root and a running cluster
-# (it does not bring one up: the cluster's owner does). It imports the
-# images built from this checkout (as make e2e-k8s does), installs the mesh
+# (it does not bring one up: the cluster's owner does). It pushes the
+# images built from this checkout to the cluster's registry (as make e2e-k8s
+# does), installs the mesh
 # and the sample, runs the rows and uninstalls both; 6 to 8 minutes.
 #
 #   bench/faults-k8s.sh [faultsk8s run flags: -row 24s -rate 25 -only REGEXP -keep]
@@ -19,12 +20,13 @@ cluster_running || die "no test cluster answers at $KUBECONFIG_ADMIN: bring it u
 # The load's image: bench/faultsk8s, static (it is the host's driver too).
 STATIC=$REPO/bin/static
 (cd "$REPO" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$STATIC/" ./bench/faultsk8s)
-"$REPO/bin/tools/images" -out "$REPO/bin/images" causeway.dev/faultsk8s:dev="$STATIC/faultsk8s" >"$REPO/bin/images/.faults"
-while IFS=$'\t' read -r _ file; do ctr_k8s images import "$file" >/dev/null; done <"$REPO/bin/images/.faults"
+(cd "$REPO" && go run ./hack/images push -registry "$REGISTRY_HOST/causeway" -registry-ca "$CLUSTER_DIR/pki/ca.crt" \
+  -refs "$REPO/bin/cluster-images/faults.txt" -binary "$STATIC/faultsk8s") >/dev/null
+FAULTS_IMAGE=$(awk '{print $2}' "$REPO/bin/cluster-images/faults.txt")
 
 step "faults-k8s: host load before: $(uptime)"
 status=0
 "$STATIC/faultsk8s" run -kubeconfig "$KUBECONFIG_ADMIN" -kubectl "$K8S_BIN/kubectl" -ctr-address "$CONTAINERD_SOCK" \
-  -repo "$REPO" "$@" || status=$?
+  -image "$FAULTS_IMAGE" -repo "$REPO" "$@" || status=$?
 step "faults-k8s: host load after: $(uptime)"
 exit $status

@@ -12,7 +12,7 @@
 #                               is rolled (HOW=rollout: kubectl rollout restart)
 #
 # Uses the running cluster (make cluster) or brings one up and removes it
-# afterwards. Installs the mesh (manifests/overlays/local-images) if absent.
+# afterwards. Installs the mesh (bin/cluster-images/mesh, images.sh) if absent.
 # ROUNDS (3), SECONDS_PER (10), QPS (200), FORTIO_T (20s), GAP_T (60s),
 # GAP_RATE (100) tune it. Prints `bench: <name> <value> <unit>` lines.
 set -euo pipefail
@@ -43,20 +43,19 @@ else
 fi
 if ! k -n causeway-system get daemonset causeway-nodeproxy >/dev/null 2>&1; then
   "$REPO/hack/cluster/images.sh" all
-  k apply --server-side -k "$REPO/manifests/overlays/local-images" >/dev/null
+  k apply --server-side -k "$REPO/bin/cluster-images/mesh" >/dev/null
 fi
 k -n causeway-system rollout status daemonset/causeway-nodeproxy --timeout=180s >/dev/null
 k -n causeway-system rollout status deployment/causeway-controlplane --timeout=180s >/dev/null
 
 # The workload images: bench/inpod and fortio, static binaries.
 STATIC=$REPO/bin/static
-mkdir -p "$STATIC" "$REPO/bin/tools"
-(cd "$REPO" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$STATIC/" ./bench/inpod &&
-  go build -o "$REPO/bin/tools/images" ./hack/images)
+mkdir -p "$STATIC" "$REPO/bin/cluster-images"
 [ -x "$STATIC/fortio" ] || (cd /tmp && CGO_ENABLED=0 GOBIN=$STATIC go install -ldflags "-s -w" fortio.org/fortio@v1.68.2)
-"$REPO/bin/tools/images" -out "$REPO/bin/images" causeway.dev/inpod:dev="$STATIC/inpod" \
-  causeway.dev/fortio:dev="$STATIC/fortio" >"$REPO/bin/images/.bench"
-while IFS=$'\t' read -r _ file; do ctr_k8s images import "$file" >/dev/null; done <"$REPO/bin/images/.bench"
+(cd "$REPO" && go run ./hack/images push -registry "$REGISTRY_HOST/causeway" -platforms "linux/$(go env GOARCH)" \
+  -registry-ca "$CLUSTER_DIR/pki/ca.crt" -refs "$REPO/bin/cluster-images/bench.txt" ./bench/inpod -binary "$STATIC/fortio") >/dev/null
+INPOD_IMAGE=$(awk '$1 == "inpod" {print $2}' "$REPO/bin/cluster-images/bench.txt")
+FORTIO_IMAGE=$(awk '$1 == "fortio" {print $2}' "$REPO/bin/cluster-images/bench.txt")
 
 # Two pods per namespace: a server (sink + request/response, fortio server)
 # and a client (both programs idle, run through kubectl exec).
@@ -73,8 +72,8 @@ metadata: {name: $role, namespace: $ns, labels: {app: bench-$role}}
 spec:
   terminationGracePeriodSeconds: 1
   containers:
-  - {name: inpod, image: causeway.dev/inpod:dev, imagePullPolicy: Never, args: $cmd}
-  - {name: fortio, image: causeway.dev/fortio:dev, imagePullPolicy: Never, args: [server, -http-port, "8080", -grpc-port, disabled, -redirect-port, disabled, -tcp-port, disabled, -udp-port, disabled]}
+  - {name: inpod, image: $INPOD_IMAGE, imagePullPolicy: IfNotPresent, args: $cmd}
+  - {name: fortio, image: $FORTIO_IMAGE, imagePullPolicy: IfNotPresent, args: [server, -http-port, "8080", -grpc-port, disabled, -redirect-port, disabled, -tcp-port, disabled, -udp-port, disabled]}
 EOF
   done
 }

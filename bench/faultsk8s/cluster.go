@@ -65,8 +65,10 @@ func (c *cluster) path(elem ...string) string {
 	return filepath.Join(append([]string{c.repo}, elem...)...)
 }
 
-func (c *cluster) overlay() string { return c.path("manifests", "overlays", "local-images") }
-func (c *cluster) sample() string  { return c.path("examples", "kubernetes", "local-images") }
+// The mesh and the sample with the cluster registry's images
+// (hack/cluster/images.sh writes these overlays).
+func (c *cluster) overlay() string { return c.path("bin", "cluster-images", "mesh") }
+func (c *cluster) sample() string  { return c.path("bin", "cluster-images", "sample") }
 
 // install installs the mesh as README "On Kubernetes" (and TestInstall)
 // does, then the sample with the run's policy and route, and the client
@@ -118,7 +120,7 @@ spec:
   containers:
   - name: load
     image: %q
-    imagePullPolicy: Never
+    imagePullPolicy: IfNotPresent
     args: [idle]
     resources: {requests: {cpu: 10m, memory: 32Mi}}
     securityContext: {runAsNonRoot: true, runAsUser: 65532, allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}

@@ -44,6 +44,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/kubepods"
 	"github.com/causeway-mesh/causeway/pkg/capture/rules"
 	"github.com/causeway-mesh/causeway/pkg/logging"
+	"github.com/causeway-mesh/causeway/pkg/version"
 )
 
 type config struct {
@@ -75,6 +76,7 @@ func main() {
 	fs.DurationVar(&c.shutdownBudget, "uninstall-timeout", 10*time.Second, "bound on deciding about, and doing, the uninstall at shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "json", "json or console")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn, error")
+	version.RegisterFlag(fs, "causeway-agent")
 	fs.Parse(os.Args[1:])
 	if err := c.validate(); err != nil {
 		bootstrap.Fatal("causeway-agent", err)

@@ -16,10 +16,11 @@ import (
 	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/version"
+	cniversion "github.com/containernetworking/cni/pkg/version"
 
 	"github.com/causeway-mesh/causeway/pkg/capture/cni"
 	"github.com/causeway-mesh/causeway/pkg/capture/cniinstall"
+	"github.com/causeway-mesh/causeway/pkg/version"
 )
 
 func main() {
@@ -29,12 +30,16 @@ func main() {
 		os.Exit(command(os.Args[1:]))
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cni.Add, Del: cni.Del, Check: cni.Check},
-		version.All, "causeway-cni: transparent capture for the Causeway mesh")
+		cniversion.All, "causeway-cni: transparent capture for the Causeway mesh")
 }
 
 func command(args []string) int {
+	if args[0] == "--version" || args[0] == "-version" {
+		version.Print(os.Stdout, "causeway-cni")
+		return 0
+	}
 	if args[0] != "install" {
-		fmt.Fprintf(os.Stderr, "causeway-cni: unknown command %q (the only one is install; a runtime passes none)\n", args[0])
+		fmt.Fprintf(os.Stderr, "causeway-cni: unknown command %q (install or --version; a runtime passes none)\n", args[0])
 		return 2
 	}
 	fs := flag.NewFlagSet("causeway-cni install", flag.ContinueOnError)

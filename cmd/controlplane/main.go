@@ -13,9 +13,12 @@ import (
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
+	"github.com/causeway-mesh/causeway/pkg/version"
 )
 
 func main() {
@@ -34,6 +37,7 @@ func main() {
 	}
 	defer func() { _ = log.Sync() }()
 
+	log.Info("controlplane starting", zap.String("version", version.Version()), zap.String("revision", version.Revision()))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	cp, err := newControlPlane(cfg, log)
@@ -118,6 +122,7 @@ func parseFlags(args []string) (options, error) {
 		return nil
 	})
 	o.kube.register(fs)
+	version.RegisterFlag(fs, "controlplane")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

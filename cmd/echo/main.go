@@ -43,6 +43,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/causeway-mesh/causeway/pkg/version"
 )
 
 // maxBody bounds how much of a request body is read and echoed.
@@ -83,6 +85,7 @@ func main() {
 	pod := flag.String("pod", os.Getenv("POD_NAME"), "pod name reported in answers")
 	ns := flag.String("namespace", os.Getenv("POD_NAMESPACE"), "namespace reported in answers")
 	idle := flag.Duration("idle-timeout", 2*time.Minute, "close keep-alive connections idle for this long")
+	version.RegisterFlag(flag.CommandLine, "echo")
 	flag.Parse()
 	if len(listens)+len(tlsListens) == 0 {
 		fmt.Fprintln(os.Stderr, "echo: at least one --listen or --tls-listen address is required")

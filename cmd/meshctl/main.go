@@ -34,6 +34,9 @@ func usage() {
 }
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
+		os.Args[1] = "version"
+	}
 	if len(os.Args) < 2 || strings.HasPrefix(os.Args[1], "-") {
 		usage()
 		os.Exit(2)

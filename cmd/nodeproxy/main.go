@@ -24,6 +24,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/nodeproxy"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/version"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -41,6 +42,7 @@ func main() {
 	drain := fs.Duration("drain", 10*time.Second, "how long tunnels may drain on shutdown")
 	idle := fs.Duration("idle-timeout", time.Hour, "close relayed connections idle for this long (0: never)")
 	poolIdle := fs.Duration("pool-idle-timeout", 30*time.Second, "close pooled HBONE connections that carried no tunnel for this long, so what a burst opened does not stay (0: never)")
+	version.RegisterFlag(fs, "nodeproxy")
 	fs.Parse(os.Args[1:])
 	if *node == "" {
 		bootstrap.Fatal("nodeproxy", fmt.Errorf("--node is required"))

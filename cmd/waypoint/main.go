@@ -20,6 +20,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/version"
 	"github.com/causeway-mesh/causeway/pkg/waypoint"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 )
@@ -71,6 +72,7 @@ func main() {
 	fs.BoolVar(&o.preflightFirst, "cors-preflight-before-policy", false, "answer CORS preflights of a route's CORS filter before the policy runs (browsers send them without credentials); by default every answer, redirects, 404s, 503s and preflights included, waits for the policy's allow")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
+	version.RegisterFlag(fs, "waypoint")
 	fs.Parse(os.Args[1:])
 	if o.namespace == "" || o.name == "" {
 		bootstrap.Fatal("waypoint", fmt.Errorf("--namespace and --name are required"))

@@ -4,13 +4,15 @@
 #   $CAUSEWAY_CACHE/k8s-v1.37.2/bin/{kube-apiserver,kube-controller-manager,
 #     kube-scheduler,kubelet,kube-proxy,kubectl,etcd}
 #   $CAUSEWAY_CACHE/coredns-v1.15.0/bin/coredns
+#   $CAUSEWAY_CACHE/distribution-v3.1.2/bin/registry
 # (versions in lib.sh; CAUSEWAY_CACHE defaults to ~/.cache/causeway).
 # Kubernetes comes from the Go module proxy (all six binaries in one go build,
 # so they share compilation), etcd from Debian's etcd-server package, CoreDNS
-# from the Go module proxy. Every result is written next to its final place and
+# and the CNCF distribution registry (the cluster's image registry, and the
+# one hack/images' tests push to) from the Go module proxy. Every result is written next to its final place and
 # renamed into it, so an interrupted build is never taken for a finished one.
 #
-# Usage: build.sh [k8s|etcd|coredns|all]   (default: all)
+# Usage: build.sh [k8s|etcd|coredns|registry|all]   (default: all)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -137,6 +139,18 @@ MOD
   log "coredns $COREDNS_VERSION: installed into $COREDNS_BIN"
 }
 
+build_registry() {
+  if have "$REGISTRY_BIN" registry; then log "registry $REGISTRY_VERSION: cached in $REGISTRY_BIN"; return; fi
+  local work; work=$(mktemp -d "$CACHE/.registry-build.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" RETURN
+  log "registry $REGISTRY_VERSION: go install from the module proxy"
+  (cd "$work" && GOBIN=$work/out go install -trimpath -ldflags "-s -w" \
+    "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION")
+  install_into "$REGISTRY_BIN" "$work/out/registry"
+  log "registry $REGISTRY_VERSION: installed into $REGISTRY_BIN"
+}
+
 mkdir -p "$CACHE"
 # One builder at a time: a second caller waits and then finds the cache full.
 exec 9>"$CACHE/.build.lock"
@@ -146,6 +160,7 @@ case ${1:-all} in
   k8s) build_k8s ;;
   etcd) build_etcd ;;
   coredns) build_coredns ;;
-  all) build_etcd; build_k8s; build_coredns ;;
-  *) echo "usage: $0 [k8s|etcd|coredns|all]" >&2; exit 2 ;;
+  registry) build_registry ;;
+  all) build_etcd; build_k8s; build_coredns; build_registry ;;
+  *) echo "usage: $0 [k8s|etcd|coredns|registry|all]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make e2e-k8s: imports the images and runs test/e2e-k8s against the running
+# make e2e-k8s: pushes the images to the cluster's registry and runs test/e2e-k8s against the running
 # test cluster, or brings one up for the run and removes it afterwards (also
 # when something fails). Without root there is no cluster: it says so and
 # skips.
@@ -20,13 +20,18 @@ else
   "$HERE/up.sh"
 fi
 "$HERE/images.sh" all
-# The upgrade test rolls the node proxy to "another" image: the same one
-# under a second tag.
-UPGRADE_IMAGE=causeway.dev/nodeproxy:e2e-upgrade
-ctr_k8s images tag --force causeway.dev/nodeproxy:dev "$UPGRADE_IMAGE" >/dev/null
+IMAGES=$HERE/../../bin/cluster-images
+# The upgrade test rolls the node proxy to another image: the same code as
+# another version (so another digest), pushed under a second tag.
+(cd "$HERE/../.." && go run ./hack/images push -registry "$REGISTRY_HOST/causeway" -platforms "linux/$(go env GOARCH)" \
+  -registry-ca "$CLUSTER_DIR/pki/ca.crt" -tag e2e-upgrade -version e2e-upgrade -refs "$IMAGES/upgrade.txt" ./cmd/nodeproxy) >/dev/null
+UPGRADE_IMAGE=$(awk '{print $2}' "$IMAGES/upgrade.txt")
+step "image $UPGRADE_IMAGE pushed (upgrade)"
 cd "$HERE/../.."
-# The install is `helm install` of charts/causeway (Helm built once, cached).
+# The install is `helm install` of charts/causeway (Helm built once, cached)
+# with the pushed images by digest (images.sh writes the values).
 HELM=$(hack/chart/helm.sh)
 CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl CAUSEWAY_E2E_HELM=$HELM \
+  CAUSEWAY_E2E_IMAGES=$IMAGES/images.txt CAUSEWAY_E2E_VALUES=$IMAGES/values.yaml \
   CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \
   go test -count=1 -timeout 20m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...

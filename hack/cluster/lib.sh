@@ -5,10 +5,13 @@
 
 K8S_VERSION=v1.37.2
 COREDNS_VERSION=v1.15.0
+# CNCF distribution (`go list -m -versions github.com/distribution/distribution/v3`).
+REGISTRY_VERSION=v3.1.2
 
 CACHE=${CAUSEWAY_CACHE:-$HOME/.cache/causeway}
 K8S_BIN=$CACHE/k8s-$K8S_VERSION/bin
 COREDNS_BIN=$CACHE/coredns-$COREDNS_VERSION/bin
+REGISTRY_BIN=$CACHE/distribution-$REGISTRY_VERSION/bin
 
 # State of the running cluster: certificates, configs, logs, pid files, etcd
 # data, the kubelet's root. admin.kubeconfig in it is the published kubeconfig.
@@ -47,10 +50,15 @@ SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
   net.bridge.bridge-nf-call-ip6tables)
 
 # Daemons in start order (down.sh stops them in reverse).
-DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler registry containerd kubelet kube-proxy)
 
-IMAGE_PAUSE=causeway.dev/pause:dev
-IMAGE_COREDNS=causeway.dev/coredns:$COREDNS_VERSION
+# The cluster's image registry (CNCF distribution): on the node bridge, so
+# every node (and a node in a network namespace) routes to it; TLS with a
+# certificate of the cluster's CA, which containerd trusts for this host
+# alone (docs/images.md). Its data lives in $CLUSTER_DIR/registry.
+REGISTRY_HOST=$NODE_IP:5000
+IMAGE_PAUSE=$REGISTRY_HOST/causeway/pause:dev
+IMAGE_COREDNS=$REGISTRY_HOST/causeway/coredns:$COREDNS_VERSION
 
 step() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 die() { printf '[cluster %s] error: %s\n' "$(date +%H:%M:%S)" "$*" >&2; exit 1; }

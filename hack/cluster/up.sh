@@ -122,6 +122,7 @@ gen_pki() {
     cert scheduler /CN=system:kube-scheduler extendedKeyUsage=clientAuth
     cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" extendedKeyUsage=clientAuth
     cert kube-proxy /CN=system:kube-proxy extendedKeyUsage=clientAuth
+    cert registry /CN=causeway-registry extendedKeyUsage=serverAuth "subjectAltName=IP:$NODE_IP"
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out sa.key 2>/dev/null
     openssl pkey -in sa.key -pubout -out sa.pub
   )
@@ -172,6 +173,24 @@ write_configs() {
   sed -e "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" -e "s#@RUN_DIR@#$RUN_DIR#g" \
     -e "s#@CONTAINERD_SOCK@#$CONTAINERD_SOCK#g" -e "s#@IMAGE_PAUSE@#$IMAGE_PAUSE#g" \
     -e "s#@RUNC@#$(command -v runc)#g" "$HERE/containerd.toml" | put "$ETC/containerd.toml"
+  mkdir -p "$ETC/certs.d/$REGISTRY_HOST"
+  put "$ETC/certs.d/$REGISTRY_HOST/hosts.toml" <<CFG
+server = "https://$REGISTRY_HOST"
+
+[host."https://$REGISTRY_HOST"]
+  capabilities = ["pull", "resolve"]
+  ca = "$PKI/ca.crt"
+CFG
+  put "$ETC/registry.yml" <<CFG
+version: 0.1
+log: {level: warn, accesslog: {disabled: true}}
+storage:
+  filesystem: {rootdirectory: $CLUSTER_DIR/registry}
+  delete: {enabled: true}
+http:
+  addr: $REGISTRY_HOST
+  tls: {certificate: $PKI/registry.crt, key: $PKI/registry.key}
+CFG
   put "$ETC/kubelet.yaml" <<CFG
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -198,8 +217,8 @@ clusterDNS: [$DNS_SERVICE_IP]
 resolvConf: ""
 podLogsDir: $CLUSTER_DIR/pod-logs
 failSwapOn: false
-# The images are imported, never pulled: never collect them, and keep
-# working on a busy shared disk.
+# Never collect images (the registry keeps them anyway), and keep working
+# on a busy shared disk.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
@@ -343,12 +362,15 @@ start kube-scheduler "$K8S_BIN/kube-scheduler" \
 ready kube-controller-manager 60 curl -fsSk --max-time 2 https://127.0.0.1:10257/healthz
 ready kube-scheduler 60 curl -fsSk --max-time 2 https://127.0.0.1:10259/healthz
 
+start registry "$REGISTRY_BIN/registry" serve "$ETC/registry.yml"
+ready registry 30 curl -fsS --max-time 2 --cacert "$PKI/ca.crt" "https://$REGISTRY_HOST/v2/"
+step "images: $IMAGE_PAUSE, $IMAGE_COREDNS pushed to the registry"
+"$HERE/images.sh" system
+
 step "cni: $CNI_CONF, plugins linked into /opt/cni/bin"
 setup_cni
 start containerd containerd --config "$ETC/containerd.toml"
 ready containerd 30 ctr --address "$CONTAINERD_SOCK" version
-step "images: $IMAGE_PAUSE, $IMAGE_COREDNS"
-"$HERE/images.sh" system
 
 start kubelet "$K8S_BIN/kubelet" --config "$ETC/kubelet.yaml" \
   --kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" --root-dir "$CLUSTER_DIR/kubelet" \

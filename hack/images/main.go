@@ -1,269 +1,112 @@
-// Command images packs static binaries into OCI image tarballs without Docker
-// or a registry, for the test cluster's containerd (`ctr images import`).
-// It is a build tool, not part of Causeway.
+// Command images builds Causeway's container images with go-containerregistry
+// (no Docker, no daemon), pushes them to a registry, and checks a release's
+// pinned digests against it. It is a build tool, not part of Causeway.
 //
-//	images -out DIR REF=BINARY...
+//	images push -registry HOST[:PORT][/PATH] [-tag TAG] [-platforms linux/amd64,linux/arm64]
+//	       [-version V] [-revision SHA] [-source URL] [-created RFC3339]
+//	       [-refs FILE] [-registry-ca PEM] [-binary PATH]... [PACKAGE...]
+//	images verify -tag TAG [-registry-ca PEM] FILE...
 //
-// Each REF=BINARY becomes DIR/<last path element of REF's repository>.tar: an
-// OCI image layout archive holding one single-layer linux image whose only
-// content is BINARY at /usr/local/bin/<its file name> (plus an empty /tmp),
-// with that file as the entrypoint. Timestamps are fixed, so the same binary
-// always gives the same image digest.
+// push builds every Go PACKAGE for every platform (CGO_ENABLED=0, -trimpath,
+// the version stamped into pkg/version) and makes of each an image index with
+// one image per platform, ko-style: a base layer with /etc/passwd, /etc/group,
+// Mozilla's CA bundle and /tmp, and a layer with the binary at
+// /usr/local/bin/NAME (NAME: the package's last path element), its
+// entrypoint; it runs as nonroot (65532). A -binary is a static executable
+// built elsewhere: an index of the one platform it was built for. Each index
+// is pushed as REGISTRY/NAME:TAG (credentials from the docker config file,
+// as `docker login` writes it) and printed as REGISTRY/NAME:TAG@DIGEST; -refs
+// writes the same lines, "NAME REF@DIGEST", for the release step. Nothing
+// depends on the clock or the machine: one commit gives the same digests.
+//
+// verify reads YAML or text FILEs, and checks every image reference pinned
+// by digest in them (REPOSITORY@sha256:...) against the registry: its TAG
+// must resolve to exactly that digest. It fails on any mismatch, on a
+// missing image, and when FILE pins nothing.
 package main
 
 import (
-	"archive/tar"
-	"bytes"
-	"debug/elf"
-	"encoding/json"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
-	"io"
+	"net/http"
 	"os"
-	"path"
-	"path/filepath"
-	"runtime"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/partial"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
-)
-
-// epoch is every timestamp in the images (as ko does with SOURCE_DATE_EPOCH=0).
-var epoch = time.Unix(0, 0).UTC()
-
-// Annotations on the index entry: containerd takes the image name from the
-// first, the OCI layout convention puts the tag in the second.
-const (
-	annotationImageName = "io.containerd.image.name"
-	annotationRefName   = "org.opencontainers.image.ref.name"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 func main() {
-	out := flag.String("out", "", "directory the image tarballs are written to")
-	arch := flag.String("arch", runtime.GOARCH, "architecture recorded in the images")
-	flag.Usage = func() {
-		fmt.Fprintln(flag.CommandLine.Output(), "usage: images -out DIR REF=BINARY...")
-		flag.PrintDefaults()
-	}
-	flag.Parse()
-	if *out == "" || flag.NArg() == 0 {
-		flag.Usage()
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: images push|verify [flags] (images <command> -h for its flags)")
 		os.Exit(2)
 	}
-	if err := os.MkdirAll(*out, 0o755); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "push":
+		err = pushMain(ctx, os.Args[2:])
+	case "verify":
+		err = verifyMain(ctx, os.Args[2:])
+	default:
+		err = usageError(fmt.Sprintf("unknown command %q: want push or verify", os.Args[1]))
+	}
+	var usage usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, &usage):
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "images:", err)
 		os.Exit(1)
 	}
-	for _, arg := range flag.Args() {
-		ref, bin, ok := strings.Cut(arg, "=")
-		if !ok || ref == "" || bin == "" {
-			fmt.Fprintf(os.Stderr, "images: %q is not REF=BINARY\n", arg)
-			os.Exit(2)
-		}
-		file, err := writeImage(*out, ref, bin, *arch)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "images: %s: %v\n", ref, err)
-			os.Exit(1)
-		}
-		fmt.Printf("%s\t%s\n", ref, file)
-	}
 }
 
-// writeImage builds the image of bin named ref and writes its archive into
-// dir, through a temporary file so a failed run leaves no partial archive.
-func writeImage(dir, ref, bin, arch string) (string, error) {
-	tag, err := name.NewTag(ref, name.StrictValidation)
+// usageError is a mistake in the command line (exit status 2).
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+// remoteOptions are the registry client's: the docker config file's
+// credentials, and the system's roots plus caFile's certificates.
+func remoteOptions(ctx context.Context, caFile string) ([]remote.Option, error) {
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain)}
+	if caFile == "" {
+		return opts, nil
+	}
+	pemCerts, err := os.ReadFile(caFile)
 	if err != nil {
-		return "", fmt.Errorf("image reference: %w", err)
+		return nil, err
 	}
-	img, err := binaryImage(bin, arch)
+	pool, err := x509.SystemCertPool()
 	if err != nil {
-		return "", err
+		pool = x509.NewCertPool()
 	}
-	file := filepath.Join(dir, path.Base(tag.RepositoryStr())+".tar")
-	tmp, err := os.CreateTemp(dir, ".image-*.tar")
-	if err != nil {
-		return "", err
+	if !pool.AppendCertsFromPEM(pemCerts) {
+		return nil, fmt.Errorf("-registry-ca %s holds no PEM certificate", caFile)
 	}
-	defer os.Remove(tmp.Name())
-	if err := writeLayout(tmp, img, tag); err != nil {
-		tmp.Close()
-		return "", err
+	tr := remote.DefaultTransport.(*http.Transport).Clone()
+	if tr.TLSClientConfig == nil {
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	if err := tmp.Close(); err != nil {
-		return "", err
-	}
-	return file, os.Rename(tmp.Name(), file)
+	tr.TLSClientConfig.RootCAs = pool
+	// An unreachable registry fails within a bound, not after the kernel's.
+	tr.ResponseHeaderTimeout = time.Minute
+	return append(opts, remote.WithTransport(tr)), nil
 }
 
-// binaryImage is a single-layer image running bin as its entrypoint.
-func binaryImage(bin, arch string) (v1.Image, error) {
-	content, err := os.ReadFile(bin)
-	if err != nil {
-		return nil, err
-	}
-	if !isStaticELF(content) {
-		return nil, fmt.Errorf("%s is not a statically linked ELF executable (build it with CGO_ENABLED=0)", bin)
-	}
-	target := "/usr/local/bin/" + filepath.Base(bin)
-	layerTar, err := layerArchive(target, content)
-	if err != nil {
-		return nil, err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return nil, err
-	}
-	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
-	img, err := mutate.AppendLayers(base, layer)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cfg = cfg.DeepCopy()
-	cfg.OS, cfg.Architecture = "linux", arch
-	cfg.Created = v1.Time{Time: epoch}
-	cfg.Config.Entrypoint = []string{target}
-	cfg.Config.Env = []string{"PATH=/usr/local/bin"}
-	return mutate.ConfigFile(img, cfg)
-}
+// stringList is a repeatable flag.
+type stringList []string
 
-// layerArchive is the layer's uncompressed tar: the directories down to
-// target, target itself, and /tmp.
-func layerArchive(target string, content []byte) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dir := func(name string, mode int64) error {
-		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name + "/", Mode: mode, ModTime: epoch, Format: tar.FormatPAX})
-	}
-	parts := strings.Split(strings.Trim(path.Dir(target), "/"), "/")
-	for i := range parts {
-		if err := dir(strings.Join(parts[:i+1], "/"), 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if err := dir("tmp", 0o1777); err != nil {
-		return nil, err
-	}
-	hdr := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(target, "/"), Mode: 0o755,
-		Size: int64(len(content)), ModTime: epoch, Format: tar.FormatPAX}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(content); err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-// writeLayout writes img as an OCI image layout archive (oci-layout,
-// index.json, blobs/sha256/...) whose index names it tag.
-func writeLayout(w io.Writer, img v1.Image, tag name.Tag) error {
-	desc, err := partial.Descriptor(img)
-	if err != nil {
-		return err
-	}
-	manifest, err := img.RawManifest()
-	if err != nil {
-		return err
-	}
-	cfgName, err := img.ConfigName()
-	if err != nil {
-		return err
-	}
-	config, err := img.RawConfigFile()
-	if err != nil {
-		return err
-	}
-	cfgFile, err := img.ConfigFile()
-	if err != nil {
-		return err
-	}
-	desc.Platform = &v1.Platform{OS: cfgFile.OS, Architecture: cfgFile.Architecture}
-	desc.Annotations = map[string]string{
-		annotationImageName: tag.Name(),
-		annotationRefName:   tag.TagStr(),
-	}
-	index := v1.IndexManifest{SchemaVersion: 2, MediaType: types.OCIImageIndex, Manifests: []v1.Descriptor{*desc}}
-	indexJSON, err := json.Marshal(index)
-	if err != nil {
-		return err
-	}
-
-	tw := tar.NewWriter(w)
-	file := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644,
-			Size: int64(len(data)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	blob := func(h v1.Hash, data []byte) error { return file("blobs/"+h.Algorithm+"/"+h.Hex, data) }
-	if err := file("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return err
-	}
-	if err := file("index.json", indexJSON); err != nil {
-		return err
-	}
-	if err := blob(desc.Digest, manifest); err != nil {
-		return err
-	}
-	if err := blob(cfgName, config); err != nil {
-		return err
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		return err
-	}
-	for _, l := range layers {
-		h, err := l.Digest()
-		if err != nil {
-			return err
-		}
-		rc, err := l.Compressed()
-		if err != nil {
-			return err
-		}
-		data, err := io.ReadAll(rc)
-		rc.Close()
-		if err != nil {
-			return err
-		}
-		if err := blob(h, data); err != nil {
-			return err
-		}
-	}
-	return tw.Close()
-}
-
-// isStaticELF reports whether b is an ELF executable without a program
-// interpreter, i.e. one that runs in an image holding nothing else.
-func isStaticELF(b []byte) bool {
-	f, err := elf.NewFile(bytes.NewReader(b))
-	if err != nil || f.Type != elf.ET_EXEC && f.Type != elf.ET_DYN {
-		return false
-	}
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return false
-		}
-	}
-	return true
-}
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }

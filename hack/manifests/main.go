@@ -3,8 +3,6 @@
 //
 //   - manifests/core: the chart rendered with its default values (and its
 //     Namespace), one file per template, for `kubectl apply -k`;
-//   - manifests/overlays/local-images/causeway.yaml: the chart rendered
-//     with that directory's values.yaml (the test cluster's images);
 //   - manifests/crds/gateway-api-standard.yaml and the chart's
 //     crds/gateway-api-standard.yaml: the Gateway API standard-channel CRDs
 //     of the sigs.k8s.io/gateway-api module the code is built against.
@@ -29,7 +27,6 @@ import (
 const (
 	chartDir         = "charts/causeway"
 	coreDir          = "manifests/core"
-	localDir         = "manifests/overlays/local-images"
 	crdsFile         = "gateway-api-standard.yaml"
 	namespace        = "causeway-system"
 	gatewayAPIModule = "sigs.k8s.io/gateway-api"
@@ -70,15 +67,6 @@ func generate(helm, repo string) (map[string][]byte, error) {
 	}
 	slices.Sort(names)
 	files[filepath.Join(coreDir, "kustomization.yaml")] = kustomization(names)
-	local, err := render(helm, chart, "--values", filepath.Join(repo, localDir, "values.yaml"), "--set", "namespace.create=true")
-	if err != nil {
-		return nil, err
-	}
-	var docs []string
-	for _, t := range local {
-		docs = append(docs, t.docs...)
-	}
-	files[filepath.Join(localDir, "causeway.yaml")] = []byte(fmt.Sprintf(header, "values: "+localDir+"/values.yaml") + strings.Join(docs, "---\n"))
 	for path, crdsOnly := range map[string]bool{filepath.Join("manifests", "crds", crdsFile): false, filepath.Join(chartDir, "crds", crdsFile): true} {
 		if files[path], err = gatewayCRDs(repo, crdsOnly); err != nil {
 			return nil, err

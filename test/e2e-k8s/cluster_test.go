@@ -1,7 +1,9 @@
 // Package e2ek8s tests Causeway on the real one-node Kubernetes cluster that
 // `make cluster` brings up (hack/cluster). `make e2e-k8s` runs it with
 // CAUSEWAY_E2E_KUBECONFIG naming the cluster's admin kubeconfig, after
-// importing the images (`make images`); without that variable every test
+// pushing the images to the cluster's registry (hack/cluster/images.sh,
+// which lists them in CAUSEWAY_E2E_IMAGES and writes the overlays the
+// install uses under bin/cluster-images); without that variable every test
 // skips, so a plain `go test ./...` needs no cluster.
 package e2ek8s
 
@@ -33,6 +35,9 @@ var (
 	helmBin    string
 	client     kubernetes.Interface
 	skipReason string
+	// images are the images the cluster's registry serves, by name:
+	// REF@DIGEST (hack/cluster/images.sh).
+	images map[string]string
 )
 
 func TestMain(m *testing.M) {
@@ -40,6 +45,20 @@ func TestMain(m *testing.M) {
 	if kubeconfig == "" {
 		skipReason = "no cluster: CAUSEWAY_E2E_KUBECONFIG is not set (make e2e-k8s sets it and brings a cluster up)"
 		os.Exit(m.Run())
+	}
+	var err error
+	images, err = readImages(os.Getenv("CAUSEWAY_E2E_IMAGES"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e-k8s: CAUSEWAY_E2E_IMAGES: %v\n", err)
+		os.Exit(1)
+	}
+	if echoImage = images["echo"]; echoImage == "" {
+		fmt.Fprintln(os.Stderr, "e2e-k8s: CAUSEWAY_E2E_IMAGES lists no echo image")
+		os.Exit(1)
+	}
+	if installValues == "" {
+		fmt.Fprintln(os.Stderr, "e2e-k8s: CAUSEWAY_E2E_VALUES (the chart's values naming the pushed images) is not set (make e2e-k8s sets it)")
+		os.Exit(1)
 	}
 	kubectl = os.Getenv("CAUSEWAY_E2E_KUBECTL")
 	if kubectl == "" {
@@ -55,6 +74,26 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Exit(m.Run())
+}
+
+// readImages reads images.sh's list: "NAME REF@DIGEST" per line.
+func readImages(file string) (map[string]string, error) {
+	if file == "" {
+		return nil, errors.New("not set (make e2e-k8s sets it)")
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	images := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		name, ref, ok := strings.Cut(line, " ")
+		if !ok || !strings.Contains(ref, "@sha256:") {
+			return nil, fmt.Errorf("%s: %q is not \"NAME REF@DIGEST\"", file, line)
+		}
+		images[name] = ref
+	}
+	return images, nil
 }
 
 func connect() error {

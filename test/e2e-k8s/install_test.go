@@ -49,17 +49,10 @@ const (
 var (
 	repoRoot = filepath.Join("..", "..")
 	chart    = filepath.Join(repoRoot, "charts", "causeway")
-	// The chart's values naming the images: $CAUSEWAY_E2E_VALUES, or those
-	// `make images` imports.
-	installValues = valuesFile()
+	// The chart's values naming the images: those images.sh pushed to the
+	// cluster's registry, by digest (make e2e-k8s sets it).
+	installValues = os.Getenv("CAUSEWAY_E2E_VALUES")
 )
-
-func valuesFile() string {
-	if f := os.Getenv("CAUSEWAY_E2E_VALUES"); f != "" {
-		return f
-	}
-	return filepath.Join(repoRoot, "manifests", "overlays", "local-images", "values.yaml")
-}
 
 func TestInstall(t *testing.T) {
 	requireCluster(t)
@@ -70,8 +63,9 @@ func TestInstall(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	sample := filepath.Join(repoRoot, "examples", "kubernetes", "local-images")
-	// The chart with the test cluster's images, and one more connection
+	// The sample with the cluster registry's echo image (images.sh).
+	sample := filepath.Join(repoRoot, "bin", "cluster-images", "sample")
+	// The chart with the cluster registry's images by digest, and one more connection
 	// policy set for the admission test: "e2e-broken", the ConfigMap
 	// connection-policy-e2e-broken (testdata/connection-policy-broken, Rego
 	// that does not compile), so that it never has a good revision.
@@ -114,8 +108,20 @@ func TestInstall(t *testing.T) {
 		kc(t, time.Minute, "-n", systemNS, "create", "configmap", "connection-policy-e2e-broken",
 			"--from-file="+filepath.Join("testdata", "connection-policy-broken"))
 		hc(t, 4*time.Minute, install...)
-		readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
-		readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
+		cps := readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
+		nps := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
+		// Every container runs the image the registry serves, pulled by
+		// digest (nothing is imported: the runtime reports the digest it
+		// resolved from the registry).
+		pulled := map[string]string{"controlplane": "controlplane", "nodeproxy": "nodeproxy", "agent": "causeway-agent", "install-cni": "causeway-cni"}
+		for _, p := range append(cps, nps...) {
+			for _, st := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+				want := digestOf(images[pulled[st.Name]])
+				if want == "" || !strings.HasSuffix(st.ImageID, "@"+want) {
+					t.Errorf("pod %s container %s: image ID %q, want the registry's %s", p.Name, st.Name, st.ImageID, images[pulled[st.Name]])
+				}
+			}
+		}
 		// The leader made the GatewayClass, and accepted it.
 		kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
 		kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
@@ -272,7 +278,7 @@ func TestInstall(t *testing.T) {
 		away, err := client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "away"},
 			Spec: corev1.PodSpec{NodeName: "elsewhere", ServiceAccountName: "away",
-				Containers: []corev1.Container{{Name: "app", Image: echoImage, ImagePullPolicy: corev1.PullNever}}},
+				Containers: []corev1.Container{{Name: "app", Image: echoImage, ImagePullPolicy: corev1.PullIfNotPresent}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -331,7 +337,7 @@ func TestInstall(t *testing.T) {
 	t.Run("upgrade and rollback", func(t *testing.T) {
 		image := os.Getenv("CAUSEWAY_E2E_UPGRADE_IMAGE")
 		if image == "" {
-			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s imports the node proxy image under a second tag)")
+			t.Skip("CAUSEWAY_E2E_UPGRADE_IMAGE is not set (make e2e-k8s pushes a second node proxy image, another version)")
 		}
 		began := time.Now()
 		defer expectQuietLogs(t, "upgrade", began)
@@ -348,6 +354,9 @@ func TestInstall(t *testing.T) {
 		}
 		first := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
 		firstImage := containerImage(first, "nodeproxy")
+		if digestOf(firstImage) == digestOf(image) {
+			t.Fatalf("the upgrade image %s has the installed image's digest: no upgrade", image)
+		}
 		rollTo := func(t *testing.T, old corev1.Pod, image string, helmArgs ...string) corev1.Pod {
 			hc(t, 4*time.Minute, helmArgs...)
 			kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
@@ -513,6 +522,12 @@ func expectCaptured(t *testing.T, frontend corev1.Pod) {
 
 func clientPod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
 	return client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+}
+
+// digestOf is the digest of an image reference pinned by digest, or "".
+func digestOf(ref string) string {
+	_, d, _ := strings.Cut(ref, "@")
+	return d
 }
 
 func containerImage(p corev1.Pod, name string) string {

@@ -17,8 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// echoImage is `make images`' image of cmd/echo.
-const echoImage = "causeway.dev/echo:dev"
+// echoImage is the cluster registry's image of cmd/echo, by digest (read
+// by TestMain from the list images.sh pushed).
+var echoImage string
 
 func echoPodSpec() corev1.PodSpec {
 	field := func(path string) *corev1.EnvVarSource {
@@ -30,7 +31,7 @@ func echoPodSpec() corev1.PodSpec {
 		Containers: []corev1.Container{{
 			Name:            "echo",
 			Image:           echoImage,
-			ImagePullPolicy: corev1.PullNever,
+			ImagePullPolicy: corev1.PullIfNotPresent,
 			Args:            []string{"--listen", ":8080"},
 			Env: []corev1.EnvVar{
 				{Name: "POD_NAME", ValueFrom: field("metadata.name")},

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -108,7 +107,7 @@ var allowedCaps = map[string][]corev1.Capability{
 }
 
 func TestInvariants(t *testing.T) {
-	for _, dir := range []string{".", "core", "overlays/local-images"} {
+	for _, dir := range []string{".", "core"} {
 		t.Run(dir, func(t *testing.T) {
 			objs := render(t, dir)
 			specs := podSpecs(t, objs)
@@ -119,11 +118,6 @@ func TestInvariants(t *testing.T) {
 				for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
 					where := name + "/" + c.Name
 					checkContainer(t, where, c)
-					if dir == "overlays/local-images" {
-						if !strings.HasPrefix(c.Image, "causeway.dev/") || !strings.HasSuffix(c.Image, ":dev") || c.ImagePullPolicy != corev1.PullNever {
-							t.Errorf("%s: image %s (pull %s), want causeway.dev/<binary>:dev never pulled", where, c.Image, c.ImagePullPolicy)
-						}
-					}
 				}
 				if spec.HostNetwork || spec.HostPID || spec.HostIPC {
 					t.Errorf("%s: shares a host namespace", name)
@@ -135,10 +129,9 @@ func TestInvariants(t *testing.T) {
 }
 
 // The sample of examples/kubernetes renders, enrolls its namespaces, has
-// its waypoint, holds its apps to the same container rules, and its
-// local-images overlay carries only the locally built, never pulled image.
+// its waypoint, and holds its apps to the same container rules.
 func TestExample(t *testing.T) {
-	for _, dir := range []string{"examples/kubernetes/shop", "examples/kubernetes/local-images"} {
+	for _, dir := range []string{"examples/kubernetes/shop"} {
 		t.Run(dir, func(t *testing.T) {
 			objs := renderPath(t, dir)
 			enrolled, waypoint := map[string]bool{}, false
@@ -164,10 +157,6 @@ func TestExample(t *testing.T) {
 			for name, spec := range specs {
 				for _, c := range spec.Containers {
 					checkContainer(t, name+"/"+c.Name, c)
-					local := c.Image == "causeway.dev/echo:dev" && c.ImagePullPolicy == corev1.PullNever
-					if strings.HasSuffix(dir, "local-images") != local {
-						t.Errorf("%s/%s: image %s (pull %s)", name, c.Name, c.Image, c.ImagePullPolicy)
-					}
 				}
 			}
 		})
