@@ -17,10 +17,8 @@ cluster_running || die "no test cluster answers at $KUBECONFIG_ADMIN: bring it u
 
 "$REPO/hack/cluster/images.sh" all
 # The load's image: bench/faultsk8s, static (it is the host's driver too).
+"$HERE/images-k8s.sh" faultsk8s
 STATIC=$REPO/bin/static
-(cd "$REPO" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$STATIC/" ./bench/faultsk8s)
-"$REPO/bin/tools/images" -out "$REPO/bin/images" causeway.dev/faultsk8s:dev="$STATIC/faultsk8s" >"$REPO/bin/images/.faults"
-while IFS=$'\t' read -r _ file; do ctr_k8s images import "$file" >/dev/null; done <"$REPO/bin/images/.faults"
 
 step "faults-k8s: host load before: $(uptime)"
 status=0

@@ -34,13 +34,7 @@ PLAIN_NS=cw-bench-plain
 k() { kubectl_admin "$@"; }
 say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if cluster_running; then
-  say "using the running cluster"
-else
-  say "bringing a cluster up for this run (removed afterwards)"
-  trap '"$REPO/hack/cluster/down.sh"' EXIT
-  "$REPO/hack/cluster/up.sh"
-fi
+cluster_for_run inpod-k8s
 if ! k -n causeway-system get daemonset causeway-nodeproxy >/dev/null 2>&1; then
   "$REPO/hack/cluster/images.sh" all
   k apply --server-side -k "$REPO/manifests/overlays/local-images" >/dev/null
@@ -48,15 +42,8 @@ fi
 k -n causeway-system rollout status daemonset/causeway-nodeproxy --timeout=180s >/dev/null
 k -n causeway-system rollout status deployment/causeway-controlplane --timeout=180s >/dev/null
 
-# The workload images: bench/inpod and fortio, static binaries.
-STATIC=$REPO/bin/static
-mkdir -p "$STATIC" "$REPO/bin/tools"
-(cd "$REPO" && CGO_ENABLED=0 go build -ldflags "-s -w" -o "$STATIC/" ./bench/inpod &&
-  go build -o "$REPO/bin/tools/images" ./hack/images)
-[ -x "$STATIC/fortio" ] || (cd /tmp && CGO_ENABLED=0 GOBIN=$STATIC go install -ldflags "-s -w" fortio.org/fortio@v1.68.2)
-"$REPO/bin/tools/images" -out "$REPO/bin/images" causeway.dev/inpod:dev="$STATIC/inpod" \
-  causeway.dev/fortio:dev="$STATIC/fortio" >"$REPO/bin/images/.bench"
-while IFS=$'\t' read -r _ file; do ctr_k8s images import "$file" >/dev/null; done <"$REPO/bin/images/.bench"
+# The workload images: bench/inpod and fortio.
+"$HERE/images-k8s.sh" inpod fortio
 
 # Two pods per namespace: a server (sink + request/response, fortio server)
 # and a client (both programs idle, run through kubectl exec).
