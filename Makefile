@@ -8,7 +8,7 @@ TEST_FLAGS ?= -count=1 -timeout 14m
 
 BINARIES := controlplane nodeproxy waypoint meshctl echo
 
-.PHONY: all build test lint proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s
+.PHONY: all build test lint proto demo bench bench-k8s fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s
 
 all: build
 
@@ -53,6 +53,14 @@ demo: build
 
 bench: build
 	./bench/run.sh
+
+# What the mesh adds to a request on the test cluster (bench/README.md
+# "Latency on Kubernetes"): about 15 minutes; needs root; uses the running
+# cluster or brings one up for the run and removes it.
+# BENCH_K8S_FLAGS: e.g. -t 10s -after 0 (a quick run), -rates 1000 -keep.
+BENCH_K8S_FLAGS ?=
+bench-k8s:
+	bench/latency-k8s.sh $(BENCH_K8S_FLAGS)
 
 # The one-node Kubernetes test cluster (root; see README "Kubernetes test cluster").
 cluster:
