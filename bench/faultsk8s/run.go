@@ -89,20 +89,7 @@ func runMain(ctx context.Context, args []string) error {
 
 	start := time.Now()
 	logf("installing the mesh and the sample; load average %s", testcluster.LoadAvg())
-	defer func() {
-		if o.keep {
-			logf("left installed (-keep)")
-			return
-		}
-		// Also when interrupted: a context of its own.
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		logf("uninstalling")
-		if err := h.c.uninstall(uctx); err != nil {
-			logf("uninstall: %v", err)
-		}
-		logf("done in %v", time.Since(start).Round(time.Second))
-	}()
+	defer testcluster.Remove(o.keep, start, logf, h.c.uninstall)
 	if err := h.c.install(ctx, o.image); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}

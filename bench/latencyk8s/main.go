@@ -127,19 +127,7 @@ func runMain(ctx context.Context, args []string) error {
 	}
 	start := time.Now()
 	logf("nodes %s; installing the mesh and %d paths; load average %s", strings.Join(nodes, ", "), len(r.paths), testcluster.LoadAvg())
-	defer func() {
-		if o.keep {
-			logf("left installed (-keep)")
-			return
-		}
-		// Also when interrupted: a context of its own.
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := r.uninstall(uctx, !installed); err != nil {
-			logf("uninstall: %v", err)
-		}
-		logf("done in %v", time.Since(start).Round(time.Second))
-	}()
+	defer testcluster.Remove(o.keep, start, logf, func(ctx context.Context) error { return r.uninstall(ctx, !installed) })
 	if err := r.c.InstallMesh(ctx); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
@@ -319,11 +307,9 @@ func (r *run) uninstall(ctx context.Context, mesh bool) error {
 	for _, p := range r.paths {
 		args = append(args, p.namespace())
 	}
-	logf("removing the paths' namespaces")
 	if err := r.c.Do(ctx, args); err != nil || !mesh {
 		return err
 	}
-	logf("uninstalling the mesh")
 	return r.c.UninstallMesh(ctx)
 }
 

@@ -144,6 +144,24 @@ func Until(ctx context.Context, limit time.Duration, f func() (bool, error)) (ti
 	}
 }
 
+// Remove runs a benchmark's uninstall at its end unless keep, with a
+// context of its own (the run's may have been cancelled: an interrupted
+// run still removes what it installed), and logs how long the whole run
+// took from start.
+func Remove(keep bool, start time.Time, logf func(string, ...any), uninstall func(context.Context) error) {
+	if keep {
+		logf("left installed (-keep)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	logf("uninstalling")
+	if err := uninstall(ctx); err != nil {
+		logf("uninstall: %v", err)
+	}
+	logf("done in %v", time.Since(start).Round(time.Second))
+}
+
 // Logger is a benchmark's log on stderr: "[name hh:mm:ss] message".
 func Logger(name string) func(format string, args ...any) {
 	return func(format string, args ...any) {
