@@ -167,6 +167,7 @@ func runMain(ctx context.Context, args []string) error {
 		return err
 	}
 	var problems []string
+	seen := map[path]tally{}
 	for _, p := range r.paths {
 		var sent int64
 		for _, q := range o.rates {
@@ -177,8 +178,11 @@ func runMain(ctx context.Context, args []string) error {
 		if why := checkCapture(p, before[p], end[p], sent); why != "" {
 			problems = append(problems, p.name()+": "+why)
 		}
+		seen[p] = tally{outbound: end[p].outbound - before[p].outbound, inbound: end[p].inbound - before[p].inbound,
+			any: end[p].any - before[p].any, waypointRequests: end[p].waypointRequests - before[p].waypointRequests}
 	}
-	rep := report{o: o, paths: r.paths, windows: ws, idle: idle, after: after, loads: loads}
+	rep := report{o: o, paths: r.paths, windows: ws, idle: idle, after: after, loads: loads, seen: seen,
+		waypointPods: len(r.waypoints[path{mode: l7, client: r.paths[0].client, server: r.paths[0].client}])}
 	rep.print(os.Stdout)
 	if f := rep.failed(); f > 0 {
 		problems = append(problems, fmt.Sprintf("%d requests failed", f))

@@ -18,6 +18,12 @@ type report struct {
 	// past the last (nil if not read), in components' order.
 	idle, after []counters
 	loads       []float64 // the host's load average after each window
+	// seen is what the mesh's metrics counted on each path over the run
+	// (warm-up included).
+	seen map[path]tally
+	// waypointPods is how many pods the waypoint has (its figures are
+	// their sums).
+	waypointPods int
 }
 
 // figures are one path's at one rate: medians of its windows.
@@ -134,6 +140,14 @@ func (rep report) print(w io.Writer) {
 			line(componentNames[c]+"_"+m.when+"_rss", mib(float64(m.cs[c].rss)), "MiB")
 		}
 	}
+	for _, p := range rep.paths {
+		t := rep.seen[p]
+		line(p.name()+"_nodeproxy_outbound_opened", fmt.Sprint(t.outbound), "connections")
+		line(p.name()+"_nodeproxy_inbound_opened", fmt.Sprint(t.inbound), "connections")
+		if p.mode == l7 {
+			line(p.name()+"_waypoint_requests", fmt.Sprint(t.waypointRequests), "requests")
+		}
+	}
 	if len(rep.loads) > 0 {
 		line("host_load_average_max", strconv.FormatFloat(slices.Max(rep.loads), 'f', 2, 64), "1")
 	}
@@ -170,7 +184,7 @@ func (rep report) tables(w io.Writer) {
 			fmt.Fprintln(w, row)
 		}
 	}
-	fmt.Fprintf(w, "\nResources (CPU: vCPU per 1000 requests/s; memory: peak working set in the window, MiB; medians of the rounds)\n\n")
+	fmt.Fprintf(w, "\nResources (CPU: vCPU per 1000 requests/s; memory: peak working set in the window, MiB; medians of the rounds; waypoint: its %d pods together)\n\n", rep.waypointPods)
 	head = "| path | rate |"
 	for _, cn := range componentNames {
 		head += " " + cn + " CPU |"
@@ -194,12 +208,12 @@ func (rep report) tables(w io.Writer) {
 		}
 	}
 	if rep.idle != nil {
-		fmt.Fprintf(w, "\nIdle, before the first window: node proxy %s MiB working set (%s RSS), waypoint %s (%s)\n",
+		fmt.Fprintf(w, "\nIdle, before the first window: node proxy %s MiB working set (%s RSS), waypoint's pods %s (%s)\n",
 			mib(float64(rep.idle[compNodeProxy].workingSet)), mib(float64(rep.idle[compNodeProxy].rss)),
 			mib(float64(rep.idle[compWaypoint].workingSet)), mib(float64(rep.idle[compWaypoint].rss)))
 	}
 	if rep.after != nil {
-		fmt.Fprintf(w, "%v after the last window: node proxy %s MiB working set (%s RSS), waypoint %s (%s)\n", rep.o.after,
+		fmt.Fprintf(w, "%v after the last window: node proxy %s MiB working set (%s RSS), waypoint's pods %s (%s)\n", rep.o.after,
 			mib(float64(rep.after[compNodeProxy].workingSet)), mib(float64(rep.after[compNodeProxy].rss)),
 			mib(float64(rep.after[compWaypoint].workingSet)), mib(float64(rep.after[compWaypoint].rss)))
 	}
