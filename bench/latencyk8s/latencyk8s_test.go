@@ -193,7 +193,8 @@ func TestReport(t *testing.T) {
 			{ps[1], 1000}: {win(5*ms, 30000, 3*time.Second), win(4*ms, 30000, 6*time.Second), win(9*ms, 30000, 9*time.Second)},
 			{ps[2], 1000}: {win(8*ms, 30000, 0), win(8*ms, 30000, 0), win(8*ms, 30000, 0)},
 		},
-		idle: []counters{{workingSet: 20 << 20, rss: 18 << 20}, {workingSet: 12 << 20}, {}, {}}}
+		idle: []counters{{workingSet: 20 << 20, rss: 18 << 20}, {workingSet: 12 << 20}, {}, {}},
+		seen: map[path]tally{ps[1]: {outbound: 64, inbound: 64}, ps[2]: {outbound: 2, inbound: 2, waypointRequests: 90010}}}
 	var b bytes.Buffer
 	rep.print(&b)
 	out := b.String()
@@ -208,13 +209,16 @@ func TestReport(t *testing.T) {
 		"bench: l7_1000rps_waypoint_cpu_per_1000rps 0.000 vCPU\n",
 		"bench: nodeproxy_idle_working_set 20.0 MiB\n",
 		"bench: nodeproxy_idle_rss 18.0 MiB\n",
+		"bench: l4_nodeproxy_outbound_opened 64 connections\n",
+		"bench: nomesh_nodeproxy_inbound_opened 0 connections\n",
+		"bench: l7_waypoint_requests 90010 requests\n",
 		"| l4 | 1000 | 1000.0 | 0 | 5.000 | 10.000 | 15.000 | 20.000 | 3.000 | 6.000 | 9.000 | 12.000 |\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
 	}
-	for _, unwanted := range []string{"nomesh_1000rps_added", "l4_1000rps_waypoint", "nodeproxy_after"} {
+	for _, unwanted := range []string{"nomesh_1000rps_added", "l4_1000rps_waypoint", "nodeproxy_after", "l4_waypoint_requests"} {
 		if strings.Contains(out, unwanted) {
 			t.Errorf("%s in\n%s", unwanted, out)
 		}
