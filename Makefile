@@ -24,7 +24,7 @@ LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION) 
 # The CNCF distribution registry hack/images' tests push to (hack/cluster/build.sh registry).
 REGISTRY_TOOL = $(shell bash -c '. hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry')
 
-.PHONY: all build test lint proto demo bench fuzz faults faults-k8s clean cluster cluster-down images e2e-k8s push release release-version chart manifests chart-release
+.PHONY: all build test lint proto demo bench fuzz bench-k8s faults faults-k8s clean cluster cluster-down images e2e-k8s push release release-version chart manifests chart-release
 
 all: build
 
@@ -112,6 +112,14 @@ demo: build
 
 bench: build
 	./bench/run.sh
+
+# What the mesh adds to a request on the test cluster (bench/README.md
+# "Latency on Kubernetes"): about 15 minutes; needs root; uses the running
+# cluster or brings one up for the run and removes it.
+# BENCH_K8S_FLAGS: e.g. -t 10s -after 0 (a quick run), -rates 1000 -keep.
+BENCH_K8S_FLAGS ?=
+bench-k8s:
+	bench/latency-k8s.sh $(BENCH_K8S_FLAGS)
 
 # The one-node Kubernetes test cluster (root; see README "Kubernetes test cluster").
 cluster:

@@ -34,13 +34,7 @@ PLAIN_NS=cw-bench-plain
 k() { kubectl_admin "$@"; }
 say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-if cluster_running; then
-  say "using the running cluster"
-else
-  say "bringing a cluster up for this run (removed afterwards)"
-  trap '"$REPO/hack/cluster/down.sh"' EXIT
-  "$REPO/hack/cluster/up.sh"
-fi
+cluster_for_run inpod-k8s
 if ! k -n causeway-system get daemonset causeway-nodeproxy >/dev/null 2>&1; then
   "$REPO/hack/cluster/images.sh" all
   k apply --server-side -k "$REPO/bin/cluster-images/mesh" >/dev/null
@@ -48,12 +42,8 @@ fi
 k -n causeway-system rollout status daemonset/causeway-nodeproxy --timeout=180s >/dev/null
 k -n causeway-system rollout status deployment/causeway-controlplane --timeout=180s >/dev/null
 
-# The workload images: bench/inpod and fortio, static binaries.
-STATIC=$REPO/bin/static
-mkdir -p "$STATIC" "$REPO/bin/cluster-images"
-[ -x "$STATIC/fortio" ] || (cd /tmp && CGO_ENABLED=0 GOBIN=$STATIC go install -ldflags "-s -w" fortio.org/fortio@v1.68.2)
-(cd "$REPO" && go run ./hack/images push -registry "$REGISTRY_HOST/causeway" -platforms "linux/$(go env GOARCH)" \
-  -registry-ca "$CLUSTER_DIR/pki/ca.crt" -refs "$REPO/bin/cluster-images/bench.txt" ./bench/inpod -binary "$STATIC/fortio") >/dev/null
+# The workload images: bench/inpod and fortio.
+"$HERE/images-k8s.sh" inpod fortio
 INPOD_IMAGE=$(awk '$1 == "inpod" {print $2}' "$REPO/bin/cluster-images/bench.txt")
 FORTIO_IMAGE=$(awk '$1 == "fortio" {print $2}' "$REPO/bin/cluster-images/bench.txt")
 

@@ -1,96 +1,47 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/causeway-mesh/causeway/bench/internal/faultload"
+	"github.com/causeway-mesh/causeway/bench/internal/testcluster"
 )
 
 const (
-	systemNS     = "causeway-system"
-	controlPlane = "causeway-controlplane"
-	nodeProxy    = "causeway-nodeproxy"
-	clientPod    = "faults-client"
+	clientPod = "faults-client"
 	// The waypoint's Deployment and its pods' label (the deployer's).
 	waypoint         = "waypoint"
 	waypointSelector = "gateway.networking.k8s.io/gateway-name=waypoint"
 )
 
-// cluster runs kubectl against the test cluster.
+// cluster is the test cluster with the sample the rows run against.
 type cluster struct {
-	kubectl, kubeconfig, repo string
+	testcluster.Cluster
 }
 
-// kc runs kubectl with stdin (may be empty), bounded by limit, and returns
-// its stdout.
-func (c *cluster) kc(ctx context.Context, limit time.Duration, stdin string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, c.kubectl, append([]string{"--kubeconfig", c.kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.String(), nil
-}
+// sample is the sample with the cluster registry's images
+// (hack/cluster/images.sh writes the overlay).
+func (c *cluster) sample() string { return c.Path("bin", "cluster-images", "sample") }
 
-// do runs kubectl commands in order, each bounded by 3 minutes.
-func (c *cluster) do(ctx context.Context, cmds ...[]string) error {
-	for _, args := range cmds {
-		if _, err := c.kc(ctx, 3*time.Minute, "", args...); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// apply applies YAML documents (client-side, as a user's kubectl apply -f).
-func (c *cluster) apply(ctx context.Context, yaml string) error {
-	_, err := c.kc(ctx, time.Minute, yaml, "apply", "-f", "-")
-	return err
-}
-
-func (c *cluster) path(elem ...string) string {
-	return filepath.Join(append([]string{c.repo}, elem...)...)
-}
-
-// The mesh and the sample with the cluster registry's images
-// (hack/cluster/images.sh writes these overlays).
-func (c *cluster) overlay() string { return c.path("bin", "cluster-images", "mesh") }
-func (c *cluster) sample() string  { return c.path("bin", "cluster-images", "sample") }
-
-// install installs the mesh as README "On Kubernetes" (and TestInstall)
-// does, then the sample with the run's policy and route, and the client
-// pod, and waits until all of it is ready.
+// install installs the mesh (testcluster.InstallMesh), then the sample
+// with the run's policy and route, and the client pod, and waits until all
+// of it is ready.
 func (c *cluster) install(ctx context.Context, image string) error {
-	if err := c.do(ctx,
-		[]string{"apply", "--server-side", "-k", c.path("manifests", "crds")},
-		[]string{"apply", "--server-side", "-f", c.path("manifests", "core", "namespace.yaml")},
-		[]string{"wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"},
-		[]string{"apply", "--server-side", "-k", c.overlay()},
-		[]string{"-n", systemNS, "rollout", "status", "deployment/" + controlPlane, "--timeout=180s"},
-		[]string{"-n", systemNS, "rollout", "status", "daemonset/" + nodeProxy, "--timeout=180s"},
-		[]string{"wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint"},
-		[]string{"wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint"},
-		[]string{"apply", "-k", c.sample()},
-	); err != nil {
+	if err := c.InstallMesh(ctx); err != nil {
 		return err
 	}
-	if err := c.apply(ctx, policyConfigMap(0)+"---\n"+faultload.Route(50, 50, "", "")+"---\n"+clientPodYAML(image)); err != nil {
+	if err := c.Do(ctx, []string{"apply", "-k", c.sample()}); err != nil {
 		return err
 	}
-	return c.do(ctx,
+	if err := c.Apply(ctx, policyConfigMap(0)+"---\n"+faultload.Route(50, 50, "", "")+"---\n"+clientPodYAML(image)); err != nil {
+		return err
+	}
+	return c.Do(ctx,
 		[]string{"-n", "shop", "wait", "--for=create", "--timeout=120s", "deployment/" + waypoint},
 		[]string{"-n", "shop", "rollout", "status", "deployment/" + waypoint, "--timeout=180s"},
 		[]string{"-n", "shop", "wait", "--for=condition=Programmed", "--timeout=120s", "gateway/" + waypoint},
@@ -102,10 +53,10 @@ func (c *cluster) install(ctx context.Context, image string) error {
 // uninstall removes the sample (the client pod, policy and route are in
 // its namespaces), then the mesh, waiting until they are gone.
 func (c *cluster) uninstall(ctx context.Context) error {
-	return c.do(ctx,
-		[]string{"delete", "-k", c.sample(), "--ignore-not-found", "--wait=true"},
-		[]string{"delete", "-k", c.overlay(), "--ignore-not-found", "--wait=true"},
-	)
+	if err := c.Do(ctx, []string{"delete", "-k", c.sample(), "--ignore-not-found", "--wait=true"}); err != nil {
+		return err
+	}
+	return c.UninstallMesh(ctx)
 }
 
 // clientPodYAML is the pod the load runs in: in the sample's web namespace
@@ -127,44 +78,6 @@ spec:
 `, clientPod, clientPod, image)
 }
 
-// pods lists the pods of a namespace matching a label selector.
-func (c *cluster) pods(ctx context.Context, ns, selector string) ([]corev1.Pod, error) {
-	out, err := c.kc(ctx, time.Minute, "", "-n", ns, "get", "pods", "-l", selector, "-o", "json")
-	if err != nil {
-		return nil, err
-	}
-	var list corev1.PodList
-	if err := json.Unmarshal([]byte(out), &list); err != nil {
-		return nil, fmt.Errorf("pods %s in %s: %w", selector, ns, err)
-	}
-	return list.Items, nil
-}
-
-func ready(p corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil
-		}
-	}
-	return false
-}
-
-// until calls f every 200 ms until it says done or limit passes; it says
-// how long that took and whether f said done.
-func until(ctx context.Context, limit time.Duration, f func() (bool, error)) (time.Duration, bool, error) {
-	start := time.Now()
-	for {
-		done, err := f()
-		if err != nil || done {
-			return time.Since(start), done, err
-		}
-		if time.Since(start) > limit || ctx.Err() != nil {
-			return time.Since(start), false, ctx.Err()
-		}
-		faultload.Sleep(ctx, 200*time.Millisecond)
-	}
-}
-
 // replaced waits until none of the old pods (by name) remains and n pods
 // matching the selector are ready, and says when each happened after
 // start (when the fault was sent).
@@ -173,8 +86,8 @@ func (c *cluster) replaced(ctx context.Context, ns, selector string, old []corev
 	for _, p := range old {
 		olds[p.Name] = true
 	}
-	_, ok, err := until(ctx, limit, func() (bool, error) {
-		ps, err := c.pods(ctx, ns, selector)
+	_, ok, err := testcluster.Until(ctx, limit, func() (bool, error) {
+		ps, err := c.Pods(ctx, ns, selector)
 		if err != nil {
 			return false, err
 		}
@@ -183,7 +96,7 @@ func (c *cluster) replaced(ctx context.Context, ns, selector string, old []corev
 			switch {
 			case olds[p.Name]:
 				left++
-			case ready(p):
+			case testcluster.Ready(p):
 				fresh++
 			}
 		}

@@ -12,12 +12,12 @@
 //
 //	faultsk8s run -kubeconfig FILE -kubectl PATH -ctr-address SOCK [-row 24s] [-rate 25] [-only REGEXP]
 //
-// and, in the client pod (image causeway.dev/faultsk8s:dev),
+// and, in the client pod (its image pushed by bench/images-k8s.sh faultsk8s),
 //
 //	faultsk8s idle                       the pod's process
 //	faultsk8s load [-url U] [-rate N]    the load, through kubectl exec -i: results on stdout until stdin ends
 //
-// bench/faults-k8s.sh builds and imports the images and runs it.
+// bench/faults-k8s.sh builds and pushes the images and runs it.
 package main
 
 import (

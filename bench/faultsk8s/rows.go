@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/causeway-mesh/causeway/bench/internal/faultload"
+	"github.com/causeway-mesh/causeway/bench/internal/testcluster"
 )
 
 func noFailures(_ []faultload.Result, fresh, existing faultload.Summary, _ outcome) string {
@@ -25,14 +26,14 @@ func rows() []row {
 		{
 			name: "controlplane-delete", fault: "every control plane pod deleted (kubectl delete pod, both replicas); the Deployment starts new ones",
 			expectation: "0 failed on existing and new connections (last configuration and certificates kept)",
-			inject:      deletePods(systemNS, "app.kubernetes.io/name="+controlPlane, 2), judge: noFailures,
+			inject:      deletePods(testcluster.SystemNS, "app.kubernetes.io/name="+testcluster.ControlPlane, 2), judge: noFailures,
 		},
 		{
 			name: "waypoint-delete", fault: "a waypoint replica force-deleted (kubectl delete pod --grace-period=0 --force: the pod object goes at once, the kubelet kills its process 2 s later), 2 replicas",
 			expectation: "requests in flight on it fail at most once each (the load does not retry); requests started after it died 0 failed",
 			inject:      waypointDelete, judge: afterKillNoFailures,
 			after: func(ctx context.Context, h *harness) error {
-				return h.c.do(ctx, []string{"-n", "shop", "rollout", "status", "deployment/" + waypoint, "--timeout=180s"})
+				return h.c.Do(ctx, []string{"-n", "shop", "rollout", "status", "deployment/" + waypoint, "--timeout=180s"})
 			},
 		},
 		{
@@ -48,7 +49,7 @@ func rows() []row {
 		{
 			name: "nodeproxy-rollout", fault: "kubectl rollout restart of the node proxy DaemonSet (maxSurge 1: the new pod listens beside the draining one)",
 			expectation: "0 failed",
-			inject:      rollout(systemNS, "daemonset/"+nodeProxy, "app.kubernetes.io/name="+nodeProxy, 1), judge: noFailures,
+			inject:      rollout(testcluster.SystemNS, "daemonset/"+testcluster.NodeProxy, testcluster.NodeProxySelector, 1), judge: noFailures,
 		},
 		{
 			name: "policy-edit", fault: "the waypoint's policy ConfigMap edited every second (kubectl apply)",
@@ -77,7 +78,7 @@ func rows() []row {
 			name: "backend-delete", fault: "one of the two endpoints of the route's backend deleted (kubectl delete pod: reviews-v2's, 2 s grace); its Deployment starts a new one",
 			expectation: "failures within the route's retry policy (no retry stanza: the standard channel has none; the waypoint retries a connect failure once on another endpoint): 0 failed",
 			before: func(ctx context.Context, h *harness) error {
-				if err := h.c.apply(ctx, faultload.SingleBackendRoute("")); err != nil {
+				if err := h.c.Apply(ctx, faultload.SingleBackendRoute("")); err != nil {
 					return err
 				}
 				faultload.Sleep(ctx, 2*time.Second) // the control plane's debounce and push
@@ -85,7 +86,7 @@ func rows() []row {
 			},
 			inject: deletePods("shop", "app=reviews,version=v2", 1), judge: noFailures,
 			after: func(ctx context.Context, h *harness) error {
-				return h.c.apply(ctx, faultload.Route(50, 50, "", ""))
+				return h.c.Apply(ctx, faultload.Route(50, 50, "", ""))
 			},
 		},
 	}
@@ -95,12 +96,12 @@ func rows() []row {
 // until n new ones are ready and the old ones gone.
 func deletePods(ns, selector string, n int) func(context.Context, *harness, *remoteLoad) (outcome, error) {
 	return func(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
-		old, err := h.c.pods(ctx, ns, selector)
+		old, err := h.c.Pods(ctx, ns, selector)
 		if err != nil {
 			return outcome{}, err
 		}
 		at := time.Now()
-		if _, err := h.c.kc(ctx, time.Minute, "", "-n", ns, "delete", "pod", "-l", selector, "--wait=false"); err != nil {
+		if _, err := h.c.Run(ctx, time.Minute, "", "-n", ns, "delete", "pod", "-l", selector, "--wait=false"); err != nil {
 			return outcome{}, err
 		}
 		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, at, 3*time.Minute)
@@ -113,12 +114,12 @@ func deletePods(ns, selector string, n int) func(context.Context, *harness, *rem
 // new pods are ready and the old ones gone.
 func rollout(ns, workload, selector string, n int) func(context.Context, *harness, *remoteLoad) (outcome, error) {
 	return func(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) {
-		old, err := h.c.pods(ctx, ns, selector)
+		old, err := h.c.Pods(ctx, ns, selector)
 		if err != nil {
 			return outcome{}, err
 		}
 		at := time.Now()
-		if _, err := h.c.kc(ctx, time.Minute, "", "-n", ns, "rollout", "restart", workload); err != nil {
+		if _, err := h.c.Run(ctx, time.Minute, "", "-n", ns, "rollout", "restart", workload); err != nil {
 			return outcome{}, err
 		}
 		readyAfter, goneAfter, err := h.c.replaced(ctx, ns, selector, old, n, at, 3*time.Minute)
@@ -138,11 +139,11 @@ func names(ps []corev1.Pod) string {
 // waypointVictim picks one of the two ready waypoint pods and the host
 // PID of its container's process (its running containerd task).
 func (h *harness) waypointVictim(ctx context.Context) (corev1.Pod, int, error) {
-	ps, err := h.c.pods(ctx, "shop", waypointSelector)
+	ps, err := h.c.Pods(ctx, "shop", waypointSelector)
 	if err != nil {
 		return corev1.Pod{}, 0, err
 	}
-	if len(ps) != 2 || !ready(ps[0]) || !ready(ps[1]) {
+	if len(ps) != 2 || !testcluster.Ready(ps[0]) || !testcluster.Ready(ps[1]) {
 		return corev1.Pod{}, 0, fmt.Errorf("want 2 ready waypoint pods, have %d (%s)", len(ps), names(ps))
 	}
 	victim := ps[0]
@@ -212,7 +213,7 @@ func waypointDelete(ctx context.Context, h *harness, _ *remoteLoad) (outcome, er
 		return outcome{}, err
 	}
 	deleted := time.Now()
-	if _, err := h.c.kc(ctx, time.Minute, "", "-n", "shop", "delete", "pod", victim.Name, "--grace-period=0", "--force", "--wait=false"); err != nil {
+	if _, err := h.c.Run(ctx, time.Minute, "", "-n", "shop", "delete", "pod", victim.Name, "--grace-period=0", "--force", "--wait=false"); err != nil {
 		return outcome{}, err
 	}
 	died, err := exited(ctx, pid)
@@ -236,14 +237,14 @@ func waypointKill(ctx context.Context, h *harness, _ *remoteLoad) (outcome, erro
 		return outcome{}, fmt.Errorf("kill %s's process %d: %w", victim.Name, pid, err)
 	}
 	killed := time.Now()
-	_, ok, err := until(ctx, 3*time.Minute, func() (bool, error) {
-		ps, err := h.c.pods(ctx, "shop", waypointSelector)
+	_, ok, err := testcluster.Until(ctx, 3*time.Minute, func() (bool, error) {
+		ps, err := h.c.Pods(ctx, "shop", waypointSelector)
 		if err != nil {
 			return false, err
 		}
 		n := 0
 		for _, p := range ps {
-			if ready(p) && (p.UID != victim.UID || p.Status.ContainerStatuses[0].RestartCount > restarts) {
+			if testcluster.Ready(p) && (p.UID != victim.UID || p.Status.ContainerStatuses[0].RestartCount > restarts) {
 				n++
 			}
 		}
@@ -286,7 +287,7 @@ func policyEdit(ctx context.Context, h *harness, l *remoteLoad) (outcome, error)
 	var last time.Time
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		h.policyRev++
-		if err := h.c.apply(ctx, policyConfigMap(h.policyRev)); err != nil {
+		if err := h.c.Apply(ctx, policyConfigMap(h.policyRev)); err != nil {
 			return outcome{}, err
 		}
 		last = time.Now()
@@ -294,7 +295,7 @@ func policyEdit(ctx context.Context, h *harness, l *remoteLoad) (outcome, error)
 	}
 	want := fmt.Sprintf("rev-%d", h.policyRev)
 	var first faultload.Result
-	took, ok, err := until(ctx, 3*time.Minute, func() (bool, error) {
+	took, ok, err := testcluster.Until(ctx, 3*time.Minute, func() (bool, error) {
 		var found bool
 		first, found = l.first(func(r faultload.Result) bool { return r.Revision == want })
 		return found, nil
@@ -322,10 +323,10 @@ func routeEdit(ctx context.Context, h *harness, _ *remoteLoad) (outcome, error) 
 			extra = faultload.ExtraRule
 		}
 		w := weights[i%len(weights)]
-		if err := h.c.apply(ctx, faultload.Route(w[0], w[1], extra, "")); err != nil {
+		if err := h.c.Apply(ctx, faultload.Route(w[0], w[1], extra, "")); err != nil {
 			return outcome{}, err
 		}
 		faultload.Sleep(ctx, time.Until(at.Add(time.Duration(i+1)*time.Second)))
 	}
-	return outcome{at: at, note: fmt.Sprintf("%d edits", n)}, h.c.apply(ctx, faultload.Route(50, 50, "", ""))
+	return outcome{at: at, note: fmt.Sprintf("%d edits", n)}, h.c.Apply(ctx, faultload.Route(50, 50, "", ""))
 }

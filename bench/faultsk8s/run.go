@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/bench/internal/faultload"
+	"github.com/causeway-mesh/causeway/bench/internal/testcluster"
 )
 
 type options struct {
@@ -84,24 +85,11 @@ func runMain(ctx context.Context, args []string) error {
 	if o.rate <= 0 || o.repeat <= 0 || o.rowTime < 4*time.Second {
 		return fmt.Errorf("-rate %d, -repeat %d, -row %v: want at least 1, 1 and 4s", o.rate, o.repeat, o.rowTime)
 	}
-	h := &harness{c: &cluster{kubectl: o.kubectl, kubeconfig: o.kubeconfig, repo: o.repo}, ctrAddress: o.ctrAddress, rate: o.rate, rowTime: o.rowTime}
+	h := &harness{c: &cluster{testcluster.Cluster{Kubectl: o.kubectl, Kubeconfig: o.kubeconfig, Repo: o.repo}}, ctrAddress: o.ctrAddress, rate: o.rate, rowTime: o.rowTime}
 
 	start := time.Now()
-	logf("installing the mesh and the sample; load average %s", loadAvg())
-	defer func() {
-		if o.keep {
-			logf("left installed (-keep)")
-			return
-		}
-		// Also when interrupted: a context of its own.
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		logf("uninstalling")
-		if err := h.c.uninstall(uctx); err != nil {
-			logf("uninstall: %v", err)
-		}
-		logf("done in %v", time.Since(start).Round(time.Second))
-	}()
+	logf("installing the mesh and the sample; load average %s", testcluster.LoadAvg())
+	defer testcluster.Remove(o.keep, start, logf, h.c.uninstall)
 	if err := h.c.install(ctx, o.image); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
@@ -135,7 +123,7 @@ func runMain(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", r.name, err)
 		}
-		note := strings.TrimPrefix(out.note+"; load average "+loadAvg(), "; ")
+		note := strings.TrimPrefix(out.note+"; load average "+testcluster.LoadAvg(), "; ")
 		result, met := faultload.Verdict(r.judge(rs, fresh, existing, out), out.problem, note)
 		if !met {
 			missed++
@@ -164,7 +152,7 @@ func runMain(ctx context.Context, args []string) error {
 func (h *harness) window(ctx context.Context, inject func(context.Context, *harness, *remoteLoad) (outcome, error)) (rs []faultload.Result, fresh, existing faultload.Summary, out outcome, err error) {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cmd := exec.CommandContext(lctx, h.c.kubectl, "--kubeconfig", h.c.kubeconfig, "-n", "web", "exec", "-i", clientPod, "-c", "load", "--",
+	cmd := exec.CommandContext(lctx, h.c.Kubectl, "--kubeconfig", h.c.Kubeconfig, "-n", "web", "exec", "-i", clientPod, "-c", "load", "--",
 		"/usr/local/bin/faultsk8s", "load", "-url", "http://reviews.shop/", "-rate", fmt.Sprint(h.rate))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -246,18 +234,7 @@ func (h *harness) window(ctx context.Context, inject func(context.Context, *harn
 	return rs, faultload.Summarize(rs, "new", from, to), faultload.Summarize(rs, "existing", from, to), out, nil
 }
 
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[faultsk8s %s] %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
-}
-
-// loadAvg is the host's 1-minute load average (the machine is shared).
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
-		return f[0]
-	}
-	return "unknown"
-}
+var logf = testcluster.Logger("faultsk8s")
 
 // writeResults writes the fault's moment, then a row's requests in the
 // order they started, a JSON line each.

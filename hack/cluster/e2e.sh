@@ -12,13 +12,7 @@ if [ "$(id -u)" != 0 ]; then
   echo "e2e-k8s: SKIPPED: the test cluster needs root (bridges, iptables, cgroups, mounts); run as root to include it"
   exit 0
 fi
-if cluster_running; then
-  step "e2e-k8s: using the running cluster"
-else
-  step "e2e-k8s: bringing a cluster up for this run (removed afterwards)"
-  trap '"$HERE/down.sh"' EXIT
-  "$HERE/up.sh"
-fi
+cluster_for_run e2e-k8s
 "$HERE/images.sh" all
 IMAGES=$HERE/../../bin/cluster-images
 # The upgrade test rolls the node proxy to another image: the same code as

@@ -85,7 +85,20 @@ cluster_running() {
   [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] &&
     kubectl_admin get --raw /readyz --request-timeout=3s >/dev/null 2>&1
 }
-ctr_k8s() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
+# cluster_for_run WHAT: uses the running test cluster, or brings one up and
+# removes it when the calling script exits (also when it fails).
+cluster_for_run() {
+  local hack
+  hack=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  if cluster_running; then
+    step "$1: using the running cluster"
+  else
+    step "$1: bringing a cluster up for this run (removed afterwards)"
+    # shellcheck disable=SC2064 # the path, now
+    trap "'$hack/down.sh'" EXIT
+    "$hack/up.sh"
+  fi
+}
 
 # Host directories the cluster writes into: up.sh lists what each held before,
 # down.sh removes what was added (the whole directory if it was not there).
