@@ -19,7 +19,8 @@ IMAGES=$HERE/../../bin/cluster-images
 # another version (so another digest), pushed under a second tag.
 (cd "$HERE/../.." && go run ./hack/images push -registry "$REGISTRY_HOST/causeway" -platforms "linux/$(go env GOARCH)" \
   -registry-ca "$CLUSTER_DIR/pki/ca.crt" -tag e2e-upgrade -version e2e-upgrade -refs "$IMAGES/upgrade.txt" ./cmd/nodeproxy) >/dev/null
-UPGRADE_IMAGE=$(awk '{print $2}' "$IMAGES/upgrade.txt")
+# REPOSITORY@DIGEST (the tag dropped), as the chart names an image by digest.
+UPGRADE_IMAGE=$(awk '{sub(/:[^:\/]*@/, "@", $2); print $2}' "$IMAGES/upgrade.txt")
 step "image $UPGRADE_IMAGE pushed (upgrade)"
 cd "$HERE/../.."
 # The install is `helm install` of charts/causeway (Helm built once, cached)

@@ -382,7 +382,7 @@ func TestInstall(t *testing.T) {
 		quiet := followMeshLogs(t, ctx, systemNS)
 		uninstall(t)
 		expectNodeClean(t)
-		quiet("uninstall")
+		quiet("uninstall", uninstallRefusals)
 	})
 }
 
