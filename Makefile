@@ -114,7 +114,7 @@ bench: build
 	./bench/run.sh
 
 # What the mesh adds to a request on the test cluster (bench/README.md
-# "Latency on Kubernetes"): about 15 minutes; needs root; uses the running
+# "Latency on Kubernetes"): about 12 minutes; needs root; uses the running
 # cluster or brings one up for the run and removes it.
 # BENCH_K8S_FLAGS: e.g. -t 10s -after 0 (a quick run), -rates 1000 -keep.
 BENCH_K8S_FLAGS ?=
