@@ -124,7 +124,7 @@ func fortioPod(ns, name, node, image string) map[string]any {
 				{"key": "metadata.name", "operator": "In", "values": []string{node}}}}},
 		}}},
 		"containers": []map[string]any{{
-			"name": "fortio", "image": image, "imagePullPolicy": "Never",
+			"name": "fortio", "image": image, "imagePullPolicy": "IfNotPresent",
 			"args": []string{"server", "-http-port", fmt.Sprint(serverPort), "-grpc-port", "disabled",
 				"-redirect-port", "disabled", "-tcp-port", "disabled", "-udp-port", "disabled"},
 			"ports": []map[string]any{{"name": "http", "containerPort": serverPort}},
