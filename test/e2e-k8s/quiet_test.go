@@ -331,9 +331,9 @@ func TestNoisyLine(t *testing.T) {
 func TestUninstallRefusals(t *testing.T) {
 	for line, want := range map[string]bool{
 		`E1206 04:43:02.023768       1 leaderelection.go:331] "error retrieving resource lock" err="leases.coordination.k8s.io \"causeway-controlplane\" is forbidden: User \"system:serviceaccount:causeway-system:controlplane\" cannot get resource \"leases\"`: true,
-		`{"level":"info","msg":"uninstalling: the DaemonSet was last seen deleted (the API server: daemonsets.apps \"causeway-nodeproxy\" is forbidden: User \"system:serviceaccount:causeway-system:nodeproxy\" cannot get resource \"daemonsets\")"}`: true,
-		`E1206 04:43:02.023768 1 reflector.go:200] "Failed to watch" err="pods is forbidden: User \"system:serviceaccount:shop:waypoint\" cannot list resource \"pods\"`: false,
-		`{"level":"error","msg":"status not fully written; retrying","error":"services \"reviews\" is forbidden"}`: false,
+		`{"level":"info","msg":"uninstalling: the DaemonSet was last seen deleted (the API server: daemonsets.apps \"causeway-nodeproxy\" is forbidden: User \"system:serviceaccount:causeway-system:nodeproxy\" cannot get resource \"daemonsets\")"}`:            true,
+		`E1206 04:43:02.023768 1 reflector.go:200] "Failed to watch" err="pods is forbidden: User \"system:serviceaccount:shop:waypoint\" cannot list resource \"pods\"`:                                                                                           false,
+		`{"level":"error","msg":"status not fully written; retrying","error":"services \"reviews\" is forbidden"}`:                                                                                                                                                 false,
 	} {
 		if got := uninstallRefusals.MatchString(line); got != want {
 			t.Errorf("uninstallRefusals.MatchString(%q) = %v, want %v", line, got, want)
