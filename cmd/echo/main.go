@@ -330,6 +330,10 @@ func holdMain(args []string, stdout, stderr io.Writer) int {
 type LoadSummary struct {
 	Sent   int64 `json:"sent"`
 	Failed int64 `json:"failed"`
+	// First is when the first request was sent, Last when the last one
+	// ended: the span the traffic covered.
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
 	// Errors holds the first failures' messages (at most maxLoadErrors).
 	Errors []string `json:"errors,omitempty"`
 }
@@ -378,12 +382,20 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for ctx.Err() == nil {
+				began := time.Now()
 				err := fetch(client, u, io.Discard)
+				ended := time.Now()
 				mu.Lock()
 				sum.Sent++
+				if sum.First.IsZero() || began.Before(sum.First) {
+					sum.First = began
+				}
+				if ended.After(sum.Last) {
+					sum.Last = ended
+				}
 				if err != nil {
 					sum.Failed++
-					msg := time.Now().UTC().Format(time.RFC3339Nano) + " " + err.Error()
+					msg := ended.UTC().Format(time.RFC3339Nano) + " " + err.Error()
 					fmt.Fprintf(stderr, "echo load %s: %s\n", u, msg)
 					if len(sum.Errors) < maxLoadErrors {
 						sum.Errors = append(sum.Errors, msg)

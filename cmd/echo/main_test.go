@@ -199,7 +199,7 @@ func TestLoadCountsFailures(t *testing.T) {
 		}
 		return code, sum, errs.String()
 	}
-	if code, sum, errs := run(nil, "-c", "2", "-interval", "5ms", "-for", "200ms", "http://"+addr+"/ok"); code != 0 || sum.Sent < 2 || sum.Failed != 0 {
+	if code, sum, errs := run(nil, "-c", "2", "-interval", "5ms", "-for", "200ms", "http://"+addr+"/ok"); code != 0 || sum.Sent < 2 || sum.Failed != 0 || !sum.Last.After(sum.First) {
 		t.Fatalf("to a server that answers: exit %d, %+v, stderr %q", code, sum, errs)
 	}
 	code, sum, errs := run(nil, "-interval", "5ms", "-for", "100ms", "http://"+addr+"/status/503")
