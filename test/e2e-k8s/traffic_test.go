@@ -1,6 +1,7 @@
 package e2ek8s
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -54,9 +55,13 @@ type rollTraffic struct {
 	proxy    corev1.Pod
 	mu       sync.Mutex
 	stopAt   time.Time // when it was deleted (its SIGTERM), from its deletion timestamp
+	seenAt   time.Time // when the test saw it deleted
 	goneAt   time.Time
 	watchErr error
 	gone     chan struct{}
+	// What the old pod's containers logged from the traffic's start on,
+	// shown when a held connection ends early.
+	proxyLogs func() string
 }
 
 // startRollTraffic starts the load and the held connections from the pod
@@ -91,6 +96,7 @@ func startRollTraffic(t *testing.T, from, proxy corev1.Pod, url string) *rollTra
 	wctx, stopWatch := context.WithCancel(context.Background())
 	t.Cleanup(stopWatch)
 	go r.watchProxy(wctx)
+	r.proxyLogs = followPodLogs(wctx, proxy, "nodeproxy", "agent")
 	for i := range heldConns {
 		r.holds = append(r.holds, startHold(t, from.Namespace, from.Name, fmt.Sprintf("%s/held-%d", url, i)))
 	}
@@ -127,6 +133,7 @@ func (r *rollTraffic) watchProxy(ctx context.Context) {
 			// The timestamp is the deletion plus the grace period, in
 			// whole seconds (truncated): the deletion was at most 1s later.
 			r.stopAt = p.DeletionTimestamp.Add(-time.Duration(grace) * time.Second)
+			r.seenAt = time.Now()
 		}
 		r.mu.Unlock()
 		select {
@@ -156,7 +163,7 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 		t.Fatalf("%s: the old node proxy pod %s went without being seen terminating", what, r.proxy.Name)
 	}
 	// Still answering now: carried to the end by the new node proxy.
-	survived := 0
+	survived, early := 0, false
 	var ends []string
 	for _, h := range r.holds {
 		select {
@@ -165,6 +172,7 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 			ends = append(ends, fmt.Sprintf("%s after %d answers, the last %.1fs after the old node proxy's stop (%s)",
 				h.what, h.count.Load(), last.Sub(stopAt).Seconds(), lastLine(h.stderr.String())))
 			if last.Before(stopAt.Add(drainCarries)) {
+				early = true
 				t.Errorf("%s: %s ended %.1fs after the old node proxy's stop, want it carried into the drain (at least %s): %s",
 					what, h.what, last.Sub(stopAt).Seconds(), drainCarries, h.stderr.String())
 			}
@@ -173,6 +181,13 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 		}
 	}
 
+	if early {
+		t.Logf("%s: the old node proxy pod %s deleted between %s and %s, gone at %s; its logs:\n%s", what, r.proxy.Name,
+			stopAt.Format(time.RFC3339Nano), r.seenAt.Format(time.RFC3339Nano), goneAt.Format(time.RFC3339Nano), r.proxyLogs())
+	}
+	// The requests go on a little past the old pod's end, so that they
+	// cover it.
+	time.Sleep(time.Second)
 	r.stdin.Close()
 	select {
 	case <-r.done:
@@ -195,6 +210,39 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 		what, sum.Sent, sum.Last.Sub(sum.First).Seconds(), sum.Failed, survived, len(r.holds), stopAt.Sub(r.began).Seconds(), goneAt.Sub(r.began).Seconds())
 	for _, e := range ends {
 		t.Logf("%s: ended: %s", what, e)
+	}
+}
+
+// followPodLogs follows the containers' logs of the pod from now until ctx
+// ends or the pod is gone; the returned function gives what was read (at
+// most maxLogBytes a container).
+func followPodLogs(ctx context.Context, p corev1.Pod, containers ...string) func() string {
+	var mu sync.Mutex
+	var logs []string
+	now := metav1.Now()
+	for _, c := range containers {
+		rc, err := client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{
+			Container: c, Follow: true, SinceTime: &now, LimitBytes: new(int64(maxLogBytes)),
+		}).Stream(ctx)
+		if err != nil {
+			logs = append(logs, fmt.Sprintf("%s: %v", c, err))
+			continue
+		}
+		go func() {
+			defer rc.Close()
+			sc := bufio.NewScanner(rc)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				mu.Lock()
+				logs = append(logs, c+": "+sc.Text())
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(logs, "\n")
 	}
 }
 
