@@ -170,7 +170,7 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 		case <-h.done:
 			last := time.Unix(0, h.last.Load())
 			ends = append(ends, fmt.Sprintf("%s after %d answers, the last %.1fs after the old node proxy's stop (%s)",
-				h.what, h.count.Load(), last.Sub(stopAt).Seconds(), lastLine(h.stderr.String())))
+				h.what, h.count.Load(), last.Sub(stopAt).Seconds(), holdEnd(h.stderr.String())))
 			if last.Before(stopAt.Add(drainCarries)) {
 				early = true
 				t.Errorf("%s: %s ended %.1fs after the old node proxy's stop, want it carried into the drain (at least %s): %s",
@@ -244,6 +244,17 @@ func followPodLogs(ctx context.Context, p corev1.Pod, containers ...string) func
 		defer mu.Unlock()
 		return strings.Join(logs, "\n")
 	}
+}
+
+// holdEnd is what echo hold said about its end (kubectl adds its own
+// line about the exit code).
+func holdEnd(stderr string) string {
+	for line := range strings.Lines(stderr) {
+		if strings.HasPrefix(line, "echo hold") {
+			return strings.TrimSpace(line)
+		}
+	}
+	return lastLine(stderr)
 }
 
 func lastLine(s string) string {
