@@ -1,6 +1,7 @@
 package inpod_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -463,6 +464,32 @@ func TestInPodRestart(t *testing.T) {
 	if _, err := get(w.client, url(w.server.IP4), 0); err != nil {
 		t.Fatalf("through the old proxy: %v", err)
 	}
+	// A connection the old proxy carries, asked again during its drain.
+	var held net.Conn
+	if err := inNetns(w.client, func() (err error) {
+		held, err = net.DialTimeout("tcp", netip.AddrPortFrom(w.server.IP4, 8080).String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	heldReader := bufio.NewReader(held)
+	ask := func() error {
+		held.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(held, "GET / HTTP/1.1\r\nHost: server\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(heldReader, nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	if err := ask(); err != nil {
+		t.Fatalf("a held connection through the old proxy: %v", err)
+	}
 
 	// Keep connecting during the restart.
 	var (
@@ -513,7 +540,16 @@ func TestInPodRestart(t *testing.T) {
 	}
 	stopOld()
 	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
-	old.mgr.Shutdown(dctx)
+	drained := make(chan struct{})
+	go func() { old.mgr.Shutdown(dctx); close(drained) }()
+	// The drain carries what the old proxy relays: the held connection
+	// still answers in it (its relay holds no goroutine the drain could
+	// wait for; the proxy's count of relays does).
+	time.Sleep(500 * time.Millisecond)
+	if err := ask(); err != nil {
+		t.Errorf("the held connection during the old proxy's drain: %v", err)
+	}
+	<-drained
 	dcancel()
 	old.stop()
 	time.Sleep(200 * time.Millisecond)

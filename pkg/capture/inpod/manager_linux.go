@@ -36,6 +36,11 @@ type Proxy interface {
 	// PodGone says a pod left: what the proxy dialled from its addresses
 	// (pooled tunnels) is to be closed.
 	PodGone(ips []netip.Addr)
+	// WaitOutbound waits until the outbound connections it relays have
+	// ended, or ctx ends. Their relays hold no goroutine of the pod's
+	// (HandleOutbound returns once a relay is started), so the drain
+	// asks the proxy.
+	WaitOutbound(ctx context.Context)
 }
 
 // Options configure a Manager; zero values take the defaults of docs/design.md §2.
@@ -285,6 +290,9 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	}()
 	select {
 	case <-done:
+		// No connection is being accepted or connected any more: what is
+		// left is relayed, until it ends or the drain does.
+		m.proxy.WaitOutbound(ctx)
 	case <-ctx.Done():
 	}
 	m.Close()
