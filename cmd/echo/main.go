@@ -395,7 +395,7 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				}
 				if err != nil {
 					sum.Failed++
-					msg := ended.UTC().Format(time.RFC3339Nano) + " " + err.Error()
+					msg := fmt.Sprintf("%s (began %s) %v", ended.UTC().Format(time.RFC3339Nano), began.UTC().Format(time.RFC3339Nano), err)
 					fmt.Fprintf(stderr, "echo load %s: %s\n", u, msg)
 					if len(sum.Errors) < maxLoadErrors {
 						sum.Errors = append(sum.Errors, msg)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -201,6 +202,7 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 	}
 	if sum.Sent == 0 || sum.Failed != 0 {
 		t.Errorf("%s: %d of %d requests to %s failed during the roll: %v", what, sum.Failed, sum.Sent, r.url, sum.Errors)
+		r.explainFailures(t, what, sum.Errors)
 	}
 	if sum.First.After(r.began) || sum.Last.Before(goneAt) {
 		t.Errorf("%s: requests from %s to %s do not cover the roll (traffic began %s, the old node proxy gone %s)",
@@ -260,4 +262,61 @@ func holdEnd(stderr string) string {
 func lastLine(s string) string {
 	s = strings.TrimSpace(s)
 	return s[strings.LastIndex(s, "\n")+1:]
+}
+
+// clientAddr is the client's end of a failed request's connection, in
+// Go's error text ("read tcp 10.244.0.10:36692->10.96.0.247:80: ...").
+var clientAddr = regexp.MustCompile(`tcp ([0-9.]+:[0-9]+)->`)
+
+// explainFailures logs what the node proxies (the old one and those
+// running now) and the waypoints logged about the failed requests'
+// connections, and the node proxies' lines that are not access logs
+// (their handover of the pods).
+func (r *rollTraffic) explainFailures(t *testing.T, what string, errs []string) {
+	t.Helper()
+	var addrs []string
+	for _, e := range errs {
+		if m := clientAddr.FindStringSubmatch(e); m != nil {
+			addrs = append(addrs, m[1])
+		}
+	}
+	relevant := func(line string) bool {
+		for _, a := range addrs {
+			if strings.Contains(line, a) {
+				return true
+			}
+		}
+		return !strings.Contains(line, `"connection"`)
+	}
+	show := func(who, logs string) {
+		var keep []string
+		for line := range strings.Lines(logs) {
+			if relevant(line) {
+				keep = append(keep, strings.TrimSpace(line))
+			}
+		}
+		t.Logf("%s: %s logged:\n%s", what, who, strings.Join(keep, "\n"))
+	}
+	show("the old node proxy "+r.proxy.Name, r.proxyLogs())
+	since := metav1.NewTime(r.began.Add(-5 * time.Second))
+	ctx := context.Background()
+	for _, sel := range []struct{ ns, label string }{{r.proxy.Namespace, "app.kubernetes.io/name=" + nodeProxy}, {"shop", "gateway.networking.k8s.io/gateway-name=waypoint"}} {
+		ps, err := client.CoreV1().Pods(sel.ns).List(ctx, metav1.ListOptions{LabelSelector: sel.label})
+		if err != nil {
+			t.Logf("%s: list %s: %v", what, sel.label, err)
+			continue
+		}
+		for _, p := range ps.Items {
+			for _, c := range p.Spec.Containers {
+				b, err := client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{
+					Container: c.Name, SinceTime: &since, Timestamps: true, LimitBytes: new(int64(maxLogBytes)),
+				}).DoRaw(ctx)
+				if err != nil {
+					t.Logf("%s: logs of %s/%s: %v", what, p.Name, c.Name, err)
+					continue
+				}
+				show(p.Name+"/"+c.Name, string(b))
+			}
+		}
+	}
 }
