@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -103,12 +104,29 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 		return err
 	}
 	var parts []func(context.Context) error
+	// Closed once the proxy holds the control plane's whole first
+	// configuration.
+	configured := make(chan struct{})
 	if handoffSocket != "" {
 		pods = inpod.NewManager(proxy, inpod.Options{HBONEPort: hbonePort, Logger: log.Named("inpod")})
 		defer pods.Close()
 		hc := &handoff.Client{Path: handoffSocket, State: handoff.NewState(pods), Logger: log.Named("handoff")}
-		parts = append(parts, hc.Run)
+		// Pods are taken only then: a pod's listeners take connections
+		// the moment they open (beside the old node proxy's, during an
+		// upgrade), and with part of the configuration a connection to a
+		// Service not yet known is refused, a reset the old node proxy
+		// would not have made.
+		parts = append(parts, func(ctx context.Context) error {
+			select {
+			case <-configured:
+			case <-ctx.Done():
+				return nil
+			}
+			log.Info("configured: taking pods from the node agent")
+			return hc.Run(ctx)
+		})
 	}
+	var configuredOnce sync.Once
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
 		NodeID: xds.NodeProxyID(node), Logger: log,
@@ -119,6 +137,9 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 			// never served without it.
 			proxy.UpdateConnectionPolicies(ctx, slices.Collect(maps.Values(s.ConnectionPolicies)))
 			proxy.Update(nodeproxy.NewRegistry(node, slices.Collect(maps.Values(s.Workloads)), slices.Collect(maps.Values(s.Services)), slices.Collect(maps.Values(s.Waypoints))))
+			if s.Synced() {
+				configuredOnce.Do(func() { close(configured) })
+			}
 		},
 	})
 	if err != nil {
