@@ -21,8 +21,8 @@
 // `echo load URL` is steady traffic that counts: -c clients, each a GET of
 // URL on a new connection every interval, until -for has passed or, with
 // -for 0, its standard input ends (kubectl exec -i: the caller closes it);
-// a line per failure on stderr, then a JSON summary on stdout; exit 1 if any
-// request failed.
+// a line on stderr at the first answer (the traffic is flowing) and one per
+// failure, then a JSON summary on stdout; exit 1 if any request failed.
 package main
 
 import (
@@ -340,6 +340,9 @@ type LoadSummary struct {
 
 const maxLoadErrors = 20
 
+// loadAnswered begins load's line at the first answer.
+const loadAnswered = "echo load: the first answer from "
+
 // loadMain runs `echo load [-c N] [-interval D] [-timeout D] [-for D] URL`
 // and returns the exit code.
 func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -377,6 +380,7 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
 	var mu sync.Mutex
 	var sum LoadSummary
+	answered := false
 	done := make(chan struct{})
 	for range *clients {
 		go func() {
@@ -392,6 +396,10 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				}
 				if ended.After(sum.Last) {
 					sum.Last = ended
+				}
+				if err == nil && !answered {
+					answered = true
+					fmt.Fprintf(stderr, "%s%s\n", loadAnswered, u)
 				}
 				if err != nil {
 					sum.Failed++

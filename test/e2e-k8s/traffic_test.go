@@ -46,7 +46,7 @@ type rollTraffic struct {
 	load   *exec.Cmd
 	stdin  io.WriteCloser
 	stdout bytes.Buffer
-	stderr bytes.Buffer
+	stderr lockedBuffer  // read while the load runs
 	done   chan struct{} // the load ended
 	holds  []*hold
 	began  time.Time // every part of the traffic running
@@ -104,13 +104,41 @@ func startRollTraffic(t *testing.T, from, proxy corev1.Pod, url string) *rollTra
 	for _, h := range r.holds {
 		h.answered(t, 1)
 	}
-	select {
-	case <-r.done:
-		t.Fatalf("echo load ended at once: %s", r.stderr.String())
-	default:
+	// The roll starts only once the load has been answered: its requests
+	// then began before the roll did.
+	deadline := time.After(30 * time.Second)
+	for !strings.Contains(r.stderr.String(), loadAnswered) {
+		select {
+		case <-r.done:
+			t.Fatalf("echo load ended before its first answer: %s", r.stderr.String())
+		case <-deadline:
+			t.Fatalf("echo load had no answer within 30s: %s", r.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	r.began = time.Now()
 	return r
+}
+
+// loadAnswered is in echo load's line at its first answer (cmd/echo).
+const loadAnswered = "echo load: the first answer from "
+
+// lockedBuffer is a bytes.Buffer written by a command and read meanwhile.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // watchProxy notes when the proxy pod was deleted and when it is gone.
@@ -204,9 +232,14 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 		t.Errorf("%s: %d of %d requests to %s failed during the roll: %v", what, sum.Failed, sum.Sent, r.url, sum.Errors)
 		r.explainFailures(t, what, sum.Errors)
 	}
-	if sum.First.After(r.began) || sum.Last.Before(goneAt) {
-		t.Errorf("%s: requests from %s to %s do not cover the roll (traffic began %s, the old node proxy gone %s)",
-			what, sum.First.Format(time.RFC3339Nano), sum.Last.Format(time.RFC3339Nano), r.began.Format(time.RFC3339Nano), goneAt.Format(time.RFC3339Nano))
+	// The requests must cover the roll, so that none failing means the
+	// handover dropped none: they began before it (startRollTraffic
+	// returns after the first answer, and the roll starts after that) and
+	// must have gone on until the old node proxy was gone (a load that
+	// died or stalled midway would not have seen its drain).
+	if sum.Last.Before(goneAt) {
+		t.Errorf("%s: requests from %s to %s do not cover the roll (the old node proxy gone %s)",
+			what, sum.First.Format(time.RFC3339Nano), sum.Last.Format(time.RFC3339Nano), goneAt.Format(time.RFC3339Nano))
 	}
 	t.Logf("%s: %d requests over %.1fs, %d failed; held connections: %d of %d survived the old node proxy (stopped %.1fs, gone %.1fs after the traffic began)",
 		what, sum.Sent, sum.Last.Sub(sum.First).Seconds(), sum.Failed, survived, len(r.holds), stopAt.Sub(r.began).Seconds(), goneAt.Sub(r.began).Seconds())
