@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
 
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
@@ -491,6 +492,9 @@ func TestInPodRestart(t *testing.T) {
 		t.Fatalf("a held connection through the old proxy: %v", err)
 	}
 
+	// An HBONE connection (a waypoint's, say) the old proxy accepted.
+	goAway := hboneConnGoAway(t, w, w.outsider, netip.AddrPortFrom(w.server.IP4, 15008))
+
 	// Keep connecting during the restart.
 	var (
 		mu          sync.Mutex
@@ -549,6 +553,16 @@ func TestInPodRestart(t *testing.T) {
 	if err := ask(); err != nil {
 		t.Errorf("the held connection during the old proxy's drain: %v", err)
 	}
+	// Its peer was told at once to open new tunnels elsewhere (it would
+	// otherwise go on opening them there until the drain's end cut them).
+	select {
+	case err := <-goAway:
+		if err != nil {
+			t.Errorf("the HBONE connection the old proxy accepted, in its drain: %v", err)
+		}
+	default:
+		t.Error("the HBONE connection the old proxy accepted had no GOAWAY 500ms into its drain")
+	}
 	<-drained
 	dcancel()
 	old.stop()
@@ -562,6 +576,59 @@ func TestInPodRestart(t *testing.T) {
 	if !next.hasEntry("outbound spiffe://cluster.local/ns/t/sa/client") {
 		t.Errorf("the new proxy carried nothing: %q", next.connections())
 	}
+}
+
+// hboneConnGoAway opens an HBONE connection (TLS with a mesh certificate,
+// the HTTP/2 preface) from inside pod to addr, and reports on the channel
+// when it gets a GOAWAY (nil) or ends without one.
+func hboneConnGoAway(t *testing.T, w *world, from *netnstest.Pod, addr netip.AddrPort) <-chan error {
+	t.Helper()
+	cert := w.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/outsider"), time.Hour)
+	server := trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/server")
+	var conn *tls.Conn
+	if err := inNetns(from, func() (err error) {
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second},
+			Config: trust.ClientConfig(w.ca.Bundle, func() (*tls.Certificate, error) { return cert, nil }, []trust.Identity{server})}
+		c, err := d.Dial("tcp", addr.String())
+		if err == nil {
+			conn = c.(*tls.Conn)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("HBONE connection to %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fr := http2.NewFramer(conn, conn)
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				got <- fmt.Errorf("ended without a GOAWAY: %w", err)
+				return
+			}
+			switch f := f.(type) {
+			case *http2.GoAwayFrame:
+				got <- nil
+				return
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					_ = fr.WritePing(true, f.Data)
+				}
+			}
+		}
+	}()
+	return got
 }
 
 // TestInPodWaitsForWorkload: a pod can be handed over before the control
