@@ -179,3 +179,33 @@ func TestHealthyFailsWhenRenewalStalls(t *testing.T) {
 	}
 	t.Logf("unhealthy %v after renewals began to fail: %v", time.Since(start).Round(time.Millisecond), a.e.Healthy())
 }
+
+// An abandoned replica (being uninstalled: its permissions go next) stops
+// campaigning and leading at once and does not release the Lease, which
+// would take a request its permissions may no longer allow.
+func TestAbandonStopsWithoutARequest(t *testing.T) {
+	env := kubetest.Shared(t)
+	ensureNamespace(t, env)
+	a := newCandidate(t, env, "a", untilDone)
+	waitLeading(t, a, 10*time.Second)
+	b := newCandidate(t, env, "b", untilDone)
+	time.Sleep(2 * testRetry)
+	for _, c := range []*candidate{a, b} {
+		c.e.Abandon()
+		select {
+		case <-c.done:
+		case <-time.After(testRenew):
+			t.Fatal("Run did not end at Abandon")
+		}
+	}
+	if a.e.Leading() || a.leading.Load() != 0 {
+		t.Error("a still leads after Abandon")
+	}
+	lease, err := env.Clientset(t).CoordinationV1().Leases("causeway-system").Get(context.Background(), strings.ToLower(t.Name()), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := lease.Spec.HolderIdentity; h == nil || *h != "a" {
+		t.Errorf("the Lease's holder after a's Abandon is %v, want a (not released)", h)
+	}
+}
