@@ -387,7 +387,7 @@ func TestInstall(t *testing.T) {
 		quiet := followMeshLogs(t, ctx, systemNS)
 		uninstall(t)
 		expectNodeClean(t)
-		quiet("uninstall", uninstallRefusals)
+		quiet("uninstall")
 	})
 }
 
