@@ -31,12 +31,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 
-// The controllers together against a real apiserver: the leader fills the
-// webhook configuration's CA bundle, after which the webhook (served with a
-// certificate from the mesh CA) refuses what it must; the deployer and the
-// status writer act on a waypoint Gateway.
-func TestKubeControllers(t *testing.T) {
-	env := kubetest.Shared(t)
+// controlPlaneCA is a new mesh CA and the control plane's identity.
+func controlPlaneCA(t *testing.T) (*trust.Authority, trust.Identity) {
+	t.Helper()
 	authority, err := trust.LoadOrCreateCA(t.TempDir(), "cluster.local", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +42,16 @@ func TestKubeControllers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return authority, id
+}
+
+// The controllers together against a real apiserver: the leader fills the
+// webhook configuration's CA bundle, after which the webhook (served with a
+// certificate from the mesh CA) refuses what it must; the deployer and the
+// status writer act on a waypoint Gateway.
+func TestKubeControllers(t *testing.T) {
+	env := kubetest.Shared(t)
+	authority, id := controlPlaneCA(t)
 	const vwcName = "causeway-validation"
 	opts := Options{
 		Config: env.ControlPlane(t), Authority: authority, Identity: id,
@@ -166,14 +173,7 @@ func TestKubeControllers(t *testing.T) {
 // (the ServiceAccount's config fails the test on any refusal).
 func TestUninstallLeavesTheLease(t *testing.T) {
 	env := kubetest.Shared(t)
-	authority, err := trust.LoadOrCreateCA(t.TempDir(), "cluster.local", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := trust.ControlPlaneIdentity("cluster.local")
-	if err != nil {
-		t.Fatal(err)
-	}
+	authority, id := controlPlaneCA(t)
 	const lease, deployment = "uninstall-test", "causeway-controlplane"
 	kc, err := New(Options{
 		Config: env.ControlPlane(t), Authority: authority, Identity: id,
