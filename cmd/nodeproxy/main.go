@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -107,10 +109,12 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	// Closed once the proxy holds the control plane's whole first
 	// configuration.
 	configured := make(chan struct{})
+	var podsTaken atomic.Bool // the node agent's first snapshot served
 	if handoffSocket != "" {
 		pods = inpod.NewManager(proxy, inpod.Options{HBONEPort: hbonePort, Logger: log.Named("inpod")})
 		defer pods.Close()
-		hc := &handoff.Client{Path: handoffSocket, State: handoff.NewState(pods), Logger: log.Named("handoff")}
+		hc := &handoff.Client{Path: handoffSocket, State: handoff.NewState(pods), Logger: log.Named("handoff"),
+			OnSnapshot: func() { podsTaken.Store(true) }}
 		// Pods are taken only then: a pod's listeners take connections
 		// the moment they open (beside the old node proxy's, during an
 		// upgrade), and with part of the configuration a connection to a
@@ -148,6 +152,11 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	ready := func() error {
 		if !xc.Ready() {
 			return fmt.Errorf("waiting for the first configuration from %s", common.XDSAddress)
+		}
+		// Ready lets an upgrade stop the old node proxy: the pods must be
+		// served here first.
+		if handoffSocket != "" && !podsTaken.Load() {
+			return errors.New("waiting for the node agent's pods")
 		}
 		return proxy.Ready()
 	}
