@@ -23,11 +23,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 )
 
 // Defaults are client-go's (and kube-controller-manager's).
@@ -92,6 +95,7 @@ type Elector struct {
 
 	abandon     chan struct{}
 	abandonOnce sync.Once
+	klog        logr.Logger // client-go's, for the election
 }
 
 // New validates the options (filling in defaults).
@@ -109,6 +113,7 @@ func New(o Options) (*Elector, error) {
 		// A leader is unhealthy once its lease has been expired for a renew deadline.
 		watch:   leaderelection.NewLeaderHealthzAdaptor(o.RenewDeadline),
 		abandon: make(chan struct{}),
+		klog:    newRaceLogger(),
 	}, nil
 }
 
@@ -168,7 +173,7 @@ func (e *Elector) Run(ctx context.Context, lead func(context.Context)) error {
 			return fmt.Errorf("leader: %w", err)
 		}
 		e.watch.SetLeaderElection(le)
-		le.Run(ctx)
+		le.Run(klog.NewContext(ctx, e.klog))
 		// Run returns when the Lease is lost or ctx ends; lead's context has
 		// ended, and it may still be winding down (or, started late by
 		// client-go's goroutine, not even have begun).
@@ -248,3 +253,41 @@ func (l *acquireLock) note(err error, r resourcelock.LeaderElectionRecord) {
 		l.acquired.Store(true)
 	}
 }
+
+// raceSink is client-go's leader election logger (klog's) with the errors
+// of a lost race for a free Lease said at info: another replica created or
+// updated it first (the replicas of an install start at once), which is the
+// election working, not an error. Any other error stays one. deeper is the
+// same sink a frame deeper, for what Error logs (Error is a frame of its
+// own; the other methods are promoted).
+type raceSink struct {
+	logr.LogSink
+	deeper logr.LogSink
+}
+
+// newRaceLogger wraps copies of klog's sink.
+func newRaceLogger() logr.Logger {
+	return logr.New(newRaceSink(klog.Background().GetSink()))
+}
+
+func newRaceSink(s logr.LogSink) raceSink {
+	if cd, ok := s.(logr.CallDepthLogSink); ok {
+		return raceSink{cd.WithCallDepth(0), cd.WithCallDepth(1)}
+	}
+	return raceSink{s, s}
+}
+
+// Init does nothing: the sinks wrapped are initialized already (klog's
+// for its own logr.Logger), and Init adds to their call depth.
+func (raceSink) Init(logr.RuntimeInfo) {}
+
+func (s raceSink) Error(err error, msg string, kv ...any) {
+	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
+		s.deeper.Info(0, msg+": another replica wrote the Lease first", append(kv, "err", err)...)
+		return
+	}
+	s.deeper.Error(err, msg, kv...)
+}
+
+func (s raceSink) WithValues(kv ...any) logr.LogSink { return newRaceSink(s.LogSink.WithValues(kv...)) }
+func (s raceSink) WithName(name string) logr.LogSink { return newRaceSink(s.LogSink.WithName(name)) }
