@@ -109,6 +109,7 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	// Closed once the proxy holds the control plane's whole first
 	// configuration.
 	configured := make(chan struct{})
+	var configuredOnce sync.Once
 	var podsTaken atomic.Bool // the node agent's first snapshot served
 	if handoffSocket != "" {
 		pods = inpod.NewManager(proxy, inpod.Options{HBONEPort: hbonePort, Logger: log.Named("inpod")})
@@ -130,7 +131,6 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 			return hc.Run(ctx)
 		})
 	}
-	var configuredOnce sync.Once
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
 		NodeID: xds.NodeProxyID(node), Logger: log,
