@@ -42,6 +42,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/cniinstall"
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
 	"github.com/causeway-mesh/causeway/pkg/capture/kubepods"
+	"github.com/causeway-mesh/causeway/pkg/capture/ownerwatch"
 	"github.com/causeway-mesh/causeway/pkg/capture/rules"
 	"github.com/causeway-mesh/causeway/pkg/logging"
 	"github.com/causeway-mesh/causeway/pkg/version"
@@ -126,9 +127,9 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
-	var owner *ownerWatch
+	var owner *ownerwatch.Watch
 	if c.confDir != "" {
-		owner = watchOwner(infCtx, client, c.namespace, c.daemonSet, log)
+		owner = ownerwatch.New(infCtx, client, c.namespace, c.daemonSet, log)
 	}
 	if err := cluster.Start(infCtx); err != nil {
 		return err
@@ -195,7 +196,7 @@ func run(c config) error {
 	stop()
 	if in != nil {
 		dctx, cancel := context.WithTimeout(context.Background(), c.shutdownBudget)
-		uninstall, why := owner.gone(dctx)
+		uninstall, why := owner.Gone(dctx)
 		cancel()
 		if uninstall && runErr == nil {
 			log.Info("uninstalling: "+why, zap.String("daemonset", c.namespace+"/"+c.daemonSet))

@@ -26,7 +26,7 @@ import (
 // kubeOptions are the flags of the Kubernetes controllers.
 type kubeOptions struct {
 	namespace                                 string // the control plane's own (Lease, Service)
-	leaseName                                 string
+	leaseName, deployment                     string
 	identity                                  string
 	leaseDuration, renewDeadline, retryPeriod time.Duration
 	waypointImage                             string
@@ -48,6 +48,7 @@ var kubeFlagNames = []string{"leader-lease", "leader-lease-duration", "leader-re
 func (k *kubeOptions) register(fs *flag.FlagSet) {
 	k.namespace = envOr("POD_NAMESPACE", "causeway-system")
 	fs.StringVar(&k.leaseName, "leader-lease", "causeway-controlplane", "with --source kubernetes: name of the Lease (in the control plane's namespace, $POD_NAMESPACE) whose holder runs the waypoint deployer and the status writer")
+	fs.StringVar(&k.deployment, "deployment", "causeway-controlplane", "with --source kubernetes: the control plane's own Deployment (in $POD_NAMESPACE): seen being deleted (uninstall), the replica leads no more and leaves the Lease to expire, as its permissions go next; empty: not watched")
 	fs.DurationVar(&k.leaseDuration, "leader-lease-duration", leader.DefaultLeaseDuration, "with --source kubernetes: how long the other replicas wait after the leader's last renewal before taking over")
 	fs.DurationVar(&k.renewDeadline, "leader-renew-deadline", leader.DefaultRenewDeadline, "with --source kubernetes: how long the leader retries a renewal before it stops leading (shorter than the lease duration)")
 	fs.DurationVar(&k.retryPeriod, "leader-retry-period", leader.DefaultRetryPeriod, "with --source kubernetes: time between attempts to take or renew the Lease")
@@ -134,7 +135,7 @@ func (k *kubeOptions) controllers(cfg *rest.Config, cp *controlPlane) (*kubecont
 	return kubecontrollers.New(kubecontrollers.Options{
 		Config: cfg, Authority: cp.authority, Identity: cp.identity,
 		Translation: config.Options{TrustDomain: cp.opts.trustDomain, ClusterDomain: cp.opts.clusterDomain},
-		Election:    k.leaderOptions(nil, nil),
+		Election:    k.leaderOptions(nil, nil), Deployment: k.deployment,
 		Waypoint: deployer.Values{Image: k.waypointImage, ImagePullPolicy: k.waypointPullPolicy, Replicas: int32(k.waypointReplicas), XDSAddress: k.waypointXDSAddress,
 			TokenAudience: k.waypointTokenAudience},
 		WaypointTemplate: k.waypointTemplate, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,

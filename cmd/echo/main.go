@@ -17,6 +17,12 @@
 // `echo hold URL` is a long-lived client: one connection, a GET of URL on it
 // every interval, a line per answer, until the connection ends (exit 1,
 // saying how) or -for has passed (exit 0).
+//
+// `echo load URL` is steady traffic that counts: -c clients, each a GET of
+// URL on a new connection every interval, until -for has passed or, with
+// -for 0, its standard input ends (kubectl exec -i: the caller closes it);
+// a line on stderr at the first answer (the traffic is flowing) and one per
+// failure, then a JSON summary on stdout; exit 1 if any request failed.
 package main
 
 import (
@@ -35,6 +41,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -76,6 +83,9 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "hold" {
 		os.Exit(holdMain(os.Args[2:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "load" {
+		os.Exit(loadMain(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	var listens, tlsListens stringList
 	flag.Var(&listens, "listen", "address to serve on (repeatable)")
@@ -312,6 +322,110 @@ func holdMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		time.Sleep(*interval)
+	}
+	return 0
+}
+
+// LoadSummary is what `echo load` prints when it ends.
+type LoadSummary struct {
+	Sent   int64 `json:"sent"`
+	Failed int64 `json:"failed"`
+	// First is when the first request was sent, Last when the last one
+	// ended: the span the traffic covered.
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+	// Errors holds the first failures' messages (at most maxLoadErrors).
+	Errors []string `json:"errors,omitempty"`
+}
+
+const maxLoadErrors = 20
+
+// loadAnswered begins load's line at the first answer.
+const loadAnswered = "echo load: the first answer from "
+
+// loadMain runs `echo load [-c N] [-interval D] [-timeout D] [-for D] URL`
+// and returns the exit code.
+func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("echo load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	clients := fs.Int("c", 1, "clients sending at once (1-64)")
+	interval := fs.Duration("interval", 20*time.Millisecond, "time between one client's requests")
+	timeout := fs.Duration("timeout", 5*time.Second, "bound on each request, answer included")
+	total := fs.Duration("for", 0, "how long to send; 0: until standard input ends")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 || *clients < 1 || *clients > 64 || *interval < 0 || *total < 0 {
+		fmt.Fprintln(stderr, "usage: echo load [-c 1-64] [-interval D] [-timeout D] [-for D] URL")
+		return 2
+	}
+	u := fs.Arg(0)
+	if p, err := url.Parse(u); err != nil || p.Scheme != "http" || p.Host == "" {
+		fmt.Fprintf(stderr, "echo load: %q is not an http:// URL\n", u)
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if *total > 0 {
+		ctx, cancel = context.WithTimeout(ctx, *total)
+		defer cancel()
+	} else {
+		go func() {
+			_, _ = io.Copy(io.Discard, stdin)
+			cancel()
+		}()
+	}
+	// A connection per request, as fetch: each request is a new
+	// connection through the mesh, spread over the Service's endpoints.
+	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	var mu sync.Mutex
+	var sum LoadSummary
+	answered := false
+	done := make(chan struct{})
+	for range *clients {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for ctx.Err() == nil {
+				began := time.Now()
+				err := fetch(client, u, io.Discard)
+				ended := time.Now()
+				mu.Lock()
+				sum.Sent++
+				if sum.First.IsZero() || began.Before(sum.First) {
+					sum.First = began
+				}
+				if ended.After(sum.Last) {
+					sum.Last = ended
+				}
+				if err == nil && !answered {
+					answered = true
+					fmt.Fprintf(stderr, "%s%s\n", loadAnswered, u)
+				}
+				if err != nil {
+					sum.Failed++
+					msg := fmt.Sprintf("%s (began %s) %v", ended.UTC().Format(time.RFC3339Nano), began.UTC().Format(time.RFC3339Nano), err)
+					fmt.Fprintf(stderr, "echo load %s: %s\n", u, msg)
+					if len(sum.Errors) < maxLoadErrors {
+						sum.Errors = append(sum.Errors, msg)
+					}
+				}
+				mu.Unlock()
+				select {
+				case <-ctx.Done():
+				case <-time.After(*interval):
+				}
+			}
+		}()
+	}
+	for range *clients {
+		<-done
+	}
+	if err := json.NewEncoder(stdout).Encode(sum); err != nil {
+		fmt.Fprintf(stderr, "echo load: %v\n", err)
+		return 1
+	}
+	if sum.Failed > 0 {
+		return 1
 	}
 	return 0
 }

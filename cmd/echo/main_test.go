@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -179,6 +180,47 @@ func TestHoldEndsWithItsConnection(t *testing.T) {
 	}
 	if code := holdMain(nil, &out, &errs); code != 2 {
 		t.Fatalf("no URL: exit %d", code)
+	}
+}
+
+// load counts every request and every failure, for its time or until its
+// standard input ends.
+func TestLoadCountsFailures(t *testing.T) {
+	addr := startEcho(t)
+	run := func(stdin io.Reader, args ...string) (int, LoadSummary, string) {
+		t.Helper()
+		var out, errs strings.Builder
+		code := loadMain(args, stdin, &out, &errs)
+		var sum LoadSummary
+		if code != 2 {
+			if err := json.Unmarshal([]byte(out.String()), &sum); err != nil {
+				t.Fatalf("load %q: summary %q: %v", args, out.String(), err)
+			}
+		}
+		return code, sum, errs.String()
+	}
+	if code, sum, errs := run(nil, "-c", "2", "-interval", "5ms", "-for", "200ms", "http://"+addr+"/ok"); code != 0 || sum.Sent < 2 || sum.Failed != 0 || !sum.Last.After(sum.First) ||
+		strings.Count(errs, loadAnswered) != 1 {
+		t.Fatalf("to a server that answers: exit %d, %+v, stderr %q", code, sum, errs)
+	}
+	code, sum, errs := run(nil, "-interval", "5ms", "-for", "100ms", "http://"+addr+"/status/503")
+	if code != 1 || sum.Sent == 0 || sum.Failed != sum.Sent || !strings.Contains(sum.Errors[0], "status 503") || !strings.Contains(errs, "status 503") ||
+		strings.Contains(errs, loadAnswered) {
+		t.Fatalf("to a server that answers 503: exit %d, %+v, stderr %q", code, sum, errs)
+	}
+	if len(sum.Errors) > maxLoadErrors {
+		t.Fatalf("%d errors kept, want at most %d", len(sum.Errors), maxLoadErrors)
+	}
+	// Until standard input ends.
+	r, w := io.Pipe()
+	time.AfterFunc(100*time.Millisecond, func() { w.Close() })
+	if code, sum, errs := run(r, "-interval", "5ms", "http://"+addr+"/ok"); code != 0 || sum.Sent == 0 {
+		t.Fatalf("until stdin ends: exit %d, %+v, stderr %q", code, sum, errs)
+	}
+	for _, args := range [][]string{nil, {"-c", "0", "http://" + addr}, {"ftp://" + addr}, {"-for", "soon", "http://" + addr}} {
+		if code, _, _ := run(nil, args...); code != 2 {
+			t.Errorf("load %q: exit %d, want 2", args, code)
+		}
 	}
 }
 

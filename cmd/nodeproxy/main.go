@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -13,6 +14,8 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -103,11 +106,30 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 		return err
 	}
 	var parts []func(context.Context) error
+	// Closed once the proxy holds the control plane's whole first
+	// configuration.
+	configured := make(chan struct{})
+	var configuredOnce sync.Once
+	var podsTaken atomic.Bool // the node agent's first snapshot served
 	if handoffSocket != "" {
 		pods = inpod.NewManager(proxy, inpod.Options{HBONEPort: hbonePort, Logger: log.Named("inpod")})
 		defer pods.Close()
-		hc := &handoff.Client{Path: handoffSocket, State: handoff.NewState(pods), Logger: log.Named("handoff")}
-		parts = append(parts, hc.Run)
+		hc := &handoff.Client{Path: handoffSocket, State: handoff.NewState(pods), Logger: log.Named("handoff"),
+			OnSnapshot: func() { podsTaken.Store(true) }}
+		// Pods are taken only then: a pod's listeners take connections
+		// the moment they open (beside the old node proxy's, during an
+		// upgrade), and with part of the configuration a connection to a
+		// Service not yet known is refused, a reset the old node proxy
+		// would not have made.
+		parts = append(parts, func(ctx context.Context) error {
+			select {
+			case <-configured:
+			case <-ctx.Done():
+				return nil
+			}
+			log.Info("configured: taking pods from the node agent")
+			return hc.Run(ctx)
+		})
 	}
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
@@ -119,6 +141,9 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 			// never served without it.
 			proxy.UpdateConnectionPolicies(ctx, slices.Collect(maps.Values(s.ConnectionPolicies)))
 			proxy.Update(nodeproxy.NewRegistry(node, slices.Collect(maps.Values(s.Workloads)), slices.Collect(maps.Values(s.Services)), slices.Collect(maps.Values(s.Waypoints))))
+			if s.Synced() {
+				configuredOnce.Do(func() { close(configured) })
+			}
 		},
 	})
 	if err != nil {
@@ -127,6 +152,11 @@ func run(common *bootstrap.Flags, node, socks, handoffSocket string, hbonePort u
 	ready := func() error {
 		if !xc.Ready() {
 			return fmt.Errorf("waiting for the first configuration from %s", common.XDSAddress)
+		}
+		// Ready lets an upgrade stop the old node proxy: the pods must be
+		// served here first.
+		if handoffSocket != "" && !podsTaken.Load() {
+			return errors.New("waiting for the node agent's pods")
 		}
 		return proxy.Ready()
 	}

@@ -21,14 +21,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	admissionac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -52,6 +55,13 @@ type Options struct {
 	Translation config.Options
 	// Election: the Lease Namespace/LeaseName, this replica's identity in it.
 	Election leader.Options
+	// Deployment names the control plane's own Deployment, in the Lease's
+	// namespace. Seen being deleted (uninstall), the replica leads no more
+	// and leaves the Lease to expire (leader.Elector.Abandon): helm
+	// uninstall deletes the RBAC right after the workloads, before their
+	// pods stop, and every Lease request would then be refused. Empty: not
+	// watched.
+	Deployment string
 	// Waypoint values the deployer renders (Image, XDSAddress,
 	// TokenAudience; the rest is filled in) and the template file.
 	Waypoint         deployer.Values
@@ -248,10 +258,17 @@ func (kc *Controllers) Run(ctx context.Context) error {
 		}()
 		kc.log.Info("admission webhook serving", zap.String("listen", kc.webhookLn.Addr().String()), zap.Strings("dns_names", kc.opts.WebhookDNSNames))
 	}
+	if kc.opts.Deployment != "" {
+		stop := kc.watchUninstall(ctx)
+		defer stop()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		errc <- kc.elector.Run(ctx, kc.lead)
+		// It returns nil early when abandoned: the rest serves on.
+		if err := kc.elector.Run(ctx, kc.lead); err != nil {
+			errc <- err
+		}
 	}()
 	select {
 	case <-ctx.Done():
@@ -259,6 +276,39 @@ func (kc *Controllers) Run(ctx context.Context) error {
 	case err := <-errc:
 		return err
 	}
+}
+
+// watchUninstall abandons the election once the control plane's
+// Deployment is seen being deleted or deleted; the returned function stops
+// the watch.
+func (kc *Controllers) watchUninstall(ctx context.Context) (stop func()) {
+	ns, name := kc.opts.Election.Namespace, kc.opts.Deployment
+	f := informers.NewSharedInformerFactoryWithOptions(kc.cs, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	var once sync.Once
+	uninstalling := func(why string) {
+		once.Do(func() {
+			kc.log.Info("uninstalling: "+why+"; leading no more and leaving the Lease to expire (the permissions go next)",
+				zap.String("deployment", ns+"/"+name))
+			kc.elector.Abandon()
+		})
+	}
+	deleting := func(obj any) {
+		if d, ok := obj.(*appsv1.Deployment); ok && d.DeletionTimestamp != nil {
+			uninstalling("the control plane's Deployment is being deleted")
+		}
+	}
+	if _, err := f.Apps().V1().Deployments().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    deleting,
+		UpdateFunc: func(_, obj any) { deleting(obj) },
+		DeleteFunc: func(any) { uninstalling("the control plane's Deployment is deleted") },
+	}); err != nil {
+		kc.log.Error("cannot watch the control plane's Deployment: uninstall will be refused Lease requests", zap.Error(err))
+	}
+	f.Start(ctx.Done())
+	return f.Shutdown
 }
 
 // lead is the leader's work, until leadership ends.

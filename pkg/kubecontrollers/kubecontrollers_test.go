@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -30,12 +31,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(kubetest.Main(m)) }
 
-// The controllers together against a real apiserver: the leader fills the
-// webhook configuration's CA bundle, after which the webhook (served with a
-// certificate from the mesh CA) refuses what it must; the deployer and the
-// status writer act on a waypoint Gateway.
-func TestKubeControllers(t *testing.T) {
-	env := kubetest.Shared(t)
+// controlPlaneCA is a new mesh CA and the control plane's identity.
+func controlPlaneCA(t *testing.T) (*trust.Authority, trust.Identity) {
+	t.Helper()
 	authority, err := trust.LoadOrCreateCA(t.TempDir(), "cluster.local", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -44,6 +42,16 @@ func TestKubeControllers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return authority, id
+}
+
+// The controllers together against a real apiserver: the leader fills the
+// webhook configuration's CA bundle, after which the webhook (served with a
+// certificate from the mesh CA) refuses what it must; the deployer and the
+// status writer act on a waypoint Gateway.
+func TestKubeControllers(t *testing.T) {
+	env := kubetest.Shared(t)
+	authority, id := controlPlaneCA(t)
 	const vwcName = "causeway-validation"
 	opts := Options{
 		Config: env.ControlPlane(t), Authority: authority, Identity: id,
@@ -155,5 +163,70 @@ func TestKubeControllers(t *testing.T) {
 	})
 	if err := kc.Healthy(); err != nil {
 		t.Errorf("healthy: %v", err)
+	}
+}
+
+// Uninstalled as helm uninstall does it: the control plane's Deployment
+// deleted, then its RBAC, before the replica is told to stop. Once it has
+// seen its Deployment go it leads no more and asks nothing of the Lease,
+// neither a renewal nor, at the stop, a release: either would be refused
+// (the ServiceAccount's config fails the test on any refusal).
+func TestUninstallLeavesTheLease(t *testing.T) {
+	env := kubetest.Shared(t)
+	authority, id := controlPlaneCA(t)
+	const lease, deployment = "uninstall-test", "causeway-controlplane"
+	kc, err := New(Options{
+		Config: env.ControlPlane(t), Authority: authority, Identity: id,
+		Election: leader.Options{Namespace: "causeway-system", Name: lease, Identity: "replica-1",
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond},
+		Deployment: deployment,
+		Waypoint:   deployer.Values{Image: "causeway/waypoint:test", XDSAddress: "causeway-controlplane.causeway-system.svc:15012", TokenAudience: "causeway-ca"},
+		Logger:     zaptest.NewLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := env.Clientset(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	labels := map[string]string{"app": "causeway-controlplane"}
+	if _, err := cs.AppsV1().Deployments("causeway-system").Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: deployment},
+		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: labels}, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: labels},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "controlplane", Image: "causeway/controlplane:test"}}},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- kc.Run(ctx) }()
+	if err := kubetest.WaitFor(ctx, 30*time.Second, func() (bool, error) { return kc.Leading(), nil }); err != nil {
+		t.Fatalf("not leading: %v", err)
+	}
+
+	if err := cs.AppsV1().Deployments("causeway-system").Delete(ctx, deployment, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kubetest.WaitFor(ctx, 5*time.Second, func() (bool, error) { return !kc.Leading(), nil }); err != nil {
+		t.Fatalf("still leading after its Deployment was deleted: %v", err)
+	}
+	if err := cs.RbacV1().RoleBindings("causeway-system").Delete(ctx, "causeway-controlplane", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RbacV1().ClusterRoleBindings().Delete(ctx, "causeway-controlplane", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * 200 * time.Millisecond) // renewals, had they gone on, would be refused
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("controllers: %v", err)
+	}
+	l, err := cs.CoordinationV1().Leases("causeway-system").Get(context.Background(), lease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := l.Spec.HolderIdentity; h == nil || *h != "replica-1" {
+		t.Errorf("the Lease's holder is %v, want replica-1 (left to expire, not released)", h)
 	}
 }

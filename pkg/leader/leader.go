@@ -23,11 +23,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
 )
 
 // Defaults are client-go's (and kube-controller-manager's).
@@ -89,6 +92,10 @@ type Elector struct {
 
 	mu            sync.Mutex
 	stoppingSince time.Time // when the work was told to stop and has not yet
+
+	abandon     chan struct{}
+	abandonOnce sync.Once
+	klog        logr.Logger // client-go's, for the election
 }
 
 // New validates the options (filling in defaults).
@@ -104,26 +111,48 @@ func New(o Options) (*Elector, error) {
 			LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
 		}},
 		// A leader is unhealthy once its lease has been expired for a renew deadline.
-		watch: leaderelection.NewLeaderHealthzAdaptor(o.RenewDeadline),
+		watch:   leaderelection.NewLeaderHealthzAdaptor(o.RenewDeadline),
+		abandon: make(chan struct{}),
+		klog:    newRaceLogger(),
 	}, nil
 }
 
-// Run campaigns until ctx ends. Each time it wins, it runs lead with a
-// context that ends when the Lease is lost (or ctx ends), and campaigns
-// again only after lead has returned, so this process never runs two
-// leaders' work at once. On return the Lease is released, so another
-// replica takes over without waiting for it to expire.
+// Abandon ends Run at once without another request to the API server:
+// the leader's work stops and the Lease is left to expire. For a replica
+// being uninstalled, whose permissions go next (helm uninstall deletes the
+// RBAC right after the workloads, before their pods stop): a renewal or a
+// release would be refused.
+func (e *Elector) Abandon() { e.abandonOnce.Do(func() { close(e.abandon) }) }
+
+// Run campaigns until ctx ends or Abandon is called. Each time it wins, it
+// runs lead with a context that ends when the Lease is lost (or Run ends),
+// and campaigns again only after lead has returned, so this process never
+// runs two leaders' work at once. When ctx ends the Lease is released once
+// lead has returned, so another replica takes over without waiting for it
+// to expire.
 func (e *Elector) Run(ctx context.Context, lead func(context.Context)) error {
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-e.abandon:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	for ctx.Err() == nil {
 		done := make(chan struct{})
 		e.lock.acquired.Store(false)
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock:            e.lock,
-			Name:            e.opts.Name,
-			LeaseDuration:   e.opts.LeaseDuration,
-			RenewDeadline:   e.opts.RenewDeadline,
-			RetryPeriod:     e.opts.RetryPeriod,
-			ReleaseOnCancel: true,
+			Lock:          e.lock,
+			Name:          e.opts.Name,
+			LeaseDuration: e.opts.LeaseDuration,
+			RenewDeadline: e.opts.RenewDeadline,
+			RetryPeriod:   e.opts.RetryPeriod,
+			// Released below, unless abandoned (client-go's release
+			// would ask the API server either way).
+			ReleaseOnCancel: false,
 			WatchDog:        e.watch,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(lctx context.Context) {
@@ -144,7 +173,7 @@ func (e *Elector) Run(ctx context.Context, lead func(context.Context)) error {
 			return fmt.Errorf("leader: %w", err)
 		}
 		e.watch.SetLeaderElection(le)
-		le.Run(ctx)
+		le.Run(klog.NewContext(ctx, e.klog))
 		// Run returns when the Lease is lost or ctx ends; lead's context has
 		// ended, and it may still be winding down (or, started late by
 		// client-go's goroutine, not even have begun).
@@ -158,9 +187,28 @@ func (e *Elector) Run(ctx context.Context, lead func(context.Context)) error {
 			e.mu.Unlock()
 			e.leading.Store(false)
 			e.opts.Logger.Info("stopped leading", zap.String("lease", e.opts.Namespace+"/"+e.opts.Name))
+			if parent.Err() != nil {
+				e.release()
+			}
 		}
 	}
 	return nil
+}
+
+// release gives up the Lease if this replica still holds it: a record
+// with no holder that expires in a second (as client-go's ReleaseOnCancel).
+func (e *Elector) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.RenewDeadline)
+	defer cancel()
+	r, _, err := e.lock.Get(ctx)
+	if err == nil && r.HolderIdentity == e.opts.Identity {
+		now := metav1.Now()
+		err = e.lock.Update(ctx, resourcelock.LeaderElectionRecord{LeaderTransitions: r.LeaderTransitions, LeaseDurationSeconds: 1, RenewTime: now, AcquireTime: now})
+	}
+	if err != nil {
+		e.opts.Logger.Warn("the Lease was not released: another replica takes over when it expires",
+			zap.String("lease", e.opts.Namespace+"/"+e.opts.Name), zap.Error(err))
+	}
 }
 
 // Leading reports whether this replica runs the leader's work.
@@ -205,3 +253,41 @@ func (l *acquireLock) note(err error, r resourcelock.LeaderElectionRecord) {
 		l.acquired.Store(true)
 	}
 }
+
+// raceSink is client-go's leader election logger (klog's) with the errors
+// of a lost race for a free Lease said at info: another replica created or
+// updated it first (the replicas of an install start at once), which is the
+// election working, not an error. Any other error stays one. deeper is the
+// same sink a frame deeper, for what Error logs (Error is a frame of its
+// own; the other methods are promoted).
+type raceSink struct {
+	logr.LogSink
+	deeper logr.LogSink
+}
+
+// newRaceLogger wraps copies of klog's sink.
+func newRaceLogger() logr.Logger {
+	return logr.New(newRaceSink(klog.Background().GetSink()))
+}
+
+func newRaceSink(s logr.LogSink) raceSink {
+	if cd, ok := s.(logr.CallDepthLogSink); ok {
+		return raceSink{cd.WithCallDepth(0), cd.WithCallDepth(1)}
+	}
+	return raceSink{s, s}
+}
+
+// Init does nothing: the sinks wrapped are initialized already (klog's
+// for its own logr.Logger), and Init adds to their call depth.
+func (raceSink) Init(logr.RuntimeInfo) {}
+
+func (s raceSink) Error(err error, msg string, kv ...any) {
+	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
+		s.deeper.Info(0, msg+": another replica wrote the Lease first", append(kv, "err", err)...)
+		return
+	}
+	s.deeper.Error(err, msg, kv...)
+}
+
+func (s raceSink) WithValues(kv ...any) logr.LogSink { return newRaceSink(s.LogSink.WithValues(kv...)) }
+func (s raceSink) WithName(name string) logr.LogSink { return newRaceSink(s.LogSink.WithName(name)) }

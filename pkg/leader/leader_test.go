@@ -10,9 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
@@ -178,4 +182,56 @@ func TestHealthyFailsWhenRenewalStalls(t *testing.T) {
 		t.Fatal("a leader that cannot renew stays healthy")
 	}
 	t.Logf("unhealthy %v after renewals began to fail: %v", time.Since(start).Round(time.Millisecond), a.e.Healthy())
+}
+
+// An abandoned replica (being uninstalled: its permissions go next) stops
+// campaigning and leading at once and does not release the Lease, which
+// would take a request its permissions may no longer allow.
+func TestAbandonStopsWithoutARequest(t *testing.T) {
+	env := kubetest.Shared(t)
+	ensureNamespace(t, env)
+	a := newCandidate(t, env, "a", untilDone)
+	waitLeading(t, a, 10*time.Second)
+	b := newCandidate(t, env, "b", untilDone)
+	time.Sleep(2 * testRetry)
+	for _, c := range []*candidate{a, b} {
+		c.e.Abandon()
+		select {
+		case <-c.done:
+		case <-time.After(testRenew):
+			t.Fatal("Run did not end at Abandon")
+		}
+	}
+	if a.e.Leading() || a.leading.Load() != 0 {
+		t.Error("a still leads after Abandon")
+	}
+	lease, err := env.Clientset(t).CoordinationV1().Leases("causeway-system").Get(context.Background(), strings.ToLower(t.Name()), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := lease.Spec.HolderIdentity; h == nil || *h != "a" {
+		t.Errorf("the Lease's holder after a's Abandon is %v, want a (not released)", h)
+	}
+}
+
+// A lost race for a free Lease (another replica created or updated it
+// first) is said at info; any other failure stays an error.
+func TestRaceSink(t *testing.T) {
+	var lines []string
+	log := logr.New(newRaceSink(funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{}).GetSink()))
+	lease := schema.GroupResource{Group: "coordination.k8s.io", Resource: "leases"}
+	log.Error(apierrors.NewAlreadyExists(lease, "l"), "Error initially creating lease lock")
+	log.WithValues("lock", "ns/l").Error(apierrors.NewConflict(lease, "l", errors.New("modified")), "Failed to update lease")
+	log.Error(apierrors.NewForbidden(lease, "l", errors.New("no")), "Error retrieving lease lock")
+	want := []string{`"level"=0 "msg"="Error initially creating lease lock: another replica wrote the Lease first"`,
+		`"level"=0 "msg"="Failed to update lease: another replica wrote the Lease first" "lock"="ns/l"`,
+		`"msg"="Error retrieving lease lock" "error"=`}
+	if len(lines) != len(want) {
+		t.Fatalf("logged %q", lines)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("line %d: %s, want it to begin %s", i, lines[i], w)
+		}
+	}
 }

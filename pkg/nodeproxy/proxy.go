@@ -785,6 +785,28 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 // inside a pod) until ln is closed.
 func (p *Proxy) ServeHBONE(ln net.Listener) error { return p.server.Serve(ln) }
 
+// DrainInbound stops taking HBONE tunnels (inpod.Proxy): the listeners
+// close and every connection gets a GOAWAY, so that its peer opens new
+// tunnels elsewhere (in-pod: at the pods' new node proxy, listening beside
+// this one) while those in flight finish. It returns once they have, or
+// when ctx ends, having then closed what was left.
+func (p *Proxy) DrainInbound(ctx context.Context) { _ = p.server.Shutdown(ctx) }
+
+// WaitOutbound waits until every outbound relay has ended, or ctx ends
+// (inpod.Proxy). Call it once no outbound connection can arrive any more
+// (the capturing listeners closed and their handlers returned).
+func (p *Proxy) WaitOutbound(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		p.outbound.Wait() // ends at the latest when Run stops the relays
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
 // PodGone closes the pooled tunnels dialled from a departed pod's
 // addresses (in-pod mode: from inside its namespace).
 func (p *Proxy) PodGone(ips []netip.Addr) {

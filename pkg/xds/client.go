@@ -94,9 +94,11 @@ type ClientOptions struct {
 	// of each. At least one.
 	Subscriptions []Subscription
 	// OnChange, if set, is called after accepted updates with the new state
-	// and the types that changed. Calls are serial and come from a goroutine
-	// of Run; several updates may be folded into one call. It may call
-	// Subscribe and Unsubscribe.
+	// and the types that changed, and once more when the first sync
+	// completes (the state then Synced; its type is named even if nothing
+	// of it changed). Calls are serial and come from a goroutine of Run;
+	// several updates may be folded into one call. It may call Subscribe
+	// and Unsubscribe.
 	OnChange func(s *State, changedTypes []string)
 	// Logger (default: none).
 	Logger *zap.Logger
@@ -510,9 +512,6 @@ func (c *Client) handle(cs *clientStream, resp *discovery.DeltaDiscoveryResponse
 			removed = append(removed, name)
 		}
 	}
-	if len(updated) > 0 || len(removed) > 0 {
-		c.state.Store(old.with(typeURL, updated, versions, removed))
-	}
 	becameReady := false
 	if s := c.subs[typeURL]; s != nil && s.initial && !c.synced[typeURL] {
 		c.synced[typeURL] = true
@@ -523,14 +522,32 @@ func (c *Client) handle(cs *clientStream, resp *discovery.DeltaDiscoveryResponse
 			}
 		}
 	}
+	changed := len(updated) > 0 || len(removed) > 0
+	if changed || becameReady {
+		next := old
+		if changed {
+			next = old.with(typeURL, updated, versions, removed)
+		}
+		if becameReady {
+			// A copy: old may be held by readers.
+			n := *next
+			n.synced = true
+			next = &n
+		}
+		c.state.Store(next)
+	}
 	c.subMu.Unlock()
 
 	if err := cs.send(&discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
 		return fmt.Errorf("send ACK: %w", err)
 	}
-	if len(updated) > 0 || len(removed) > 0 {
+	if changed {
 		c.log.Debug("xDS update applied", zap.String("type", TypeName(typeURL)),
 			zap.Int("updated", len(updated)), zap.Int("removed", len(removed)))
+	}
+	if changed || becameReady {
+		// Also when the first sync completes without a change: OnChange
+		// then sees the state Synced.
 		c.notify(typeURL)
 	}
 	if becameReady {

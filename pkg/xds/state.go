@@ -16,7 +16,13 @@ import (
 type State struct {
 	meshv1.Set
 	versions map[string]versionSet // by type URL
+	synced   bool
 }
+
+// Synced reports whether the state holds every initial subscription's
+// first sync: a consumer can act on it as the whole configuration, not a
+// part that arrived first.
+func (s *State) Synced() bool { return s.synced }
 
 // versionSet is the version of every resource of one type: a base that is
 // never modified once made, shared by successive States, and the changes

@@ -152,6 +152,7 @@ func refusedConnection(ns, pod, url string) error {
 type hold struct {
 	what   string
 	count  atomic.Int64 // answers so far
+	last   atomic.Int64 // when the latest answer was read (Unix nanoseconds)
 	done   chan struct{}
 	err    error         // once done
 	stderr *bytes.Buffer // once done
@@ -177,6 +178,7 @@ func startHold(t *testing.T, ns, pod, url string) *hold {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			if strings.HasPrefix(sc.Text(), "answer ") {
+				h.last.Store(time.Now().UnixNano())
 				h.count.Add(1)
 			}
 		}

@@ -333,7 +333,8 @@ func TestInstall(t *testing.T) {
 
 	// helm upgrade to another node proxy image, then helm rollback to the
 	// first release: each rolls the DaemonSet, and captured pods keep
-	// reaching their destinations through the mesh.
+	// reaching their destinations through the mesh; steady requests to the
+	// waypoint-bound Service across each roll all succeed (traffic_test.go).
 	t.Run("upgrade and rollback", func(t *testing.T) {
 		image := os.Getenv("CAUSEWAY_E2E_UPGRADE_IMAGE")
 		if image == "" {
@@ -367,10 +368,14 @@ func TestInstall(t *testing.T) {
 			expectCaptured(t, pods["frontend"])
 			return cur
 		}
+		traffic := startRollTraffic(t, pods["frontend"], first, "http://reviews.shop/e2e-"+randomHex())
 		upgraded := rollTo(t, first, image, "upgrade", "causeway", chart, "--namespace", systemNS, "--reuse-values",
 			"--set", set, "--wait", "--timeout", "3m")
+		traffic.stop(t, "helm upgrade")
 		expectMigrateReq(t, pods["frontend"])
+		traffic = startRollTraffic(t, pods["frontend"], upgraded, "http://reviews.shop/e2e-"+randomHex())
 		rollTo(t, upgraded, firstImage, "rollback", "causeway", "1", "--namespace", systemNS, "--wait", "--timeout", "3m")
+		traffic.stop(t, "helm rollback")
 		if h := hc(t, time.Minute, "history", "causeway", "--namespace", systemNS, "--max", "10"); !strings.Contains(h, "Rollback to 1") {
 			t.Errorf("helm history does not show the rollback:\n%s", h)
 		}
@@ -382,7 +387,7 @@ func TestInstall(t *testing.T) {
 		quiet := followMeshLogs(t, ctx, systemNS)
 		uninstall(t)
 		expectNodeClean(t)
-		quiet("uninstall", uninstallRefusals)
+		quiet("uninstall")
 	})
 }
 

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -45,13 +44,6 @@ var expectedLogErrors = []struct {
 	// testdata/connection-policy-broken: present but bad stays an error.
 	{regexp.MustCompile(`"policy_set":"e2e-broken"`), "the install's broken policy set (connection policy admission)"},
 }
-
-// uninstallRefusals are what `helm uninstall` makes the components log:
-// Helm deletes the workloads and then, without waiting for their pods to
-// stop, the RBAC that lets them use the API (its uninstall order), so a
-// component still running in those seconds is refused. Only the mesh's own
-// ServiceAccounts, and only while it is uninstalled.
-var uninstallRefusals = regexp.MustCompile(`system:serviceaccount:` + systemNS + `:(controlplane|nodeproxy)\\?" cannot `)
 
 // logProblem is one line a component should not have logged.
 type logProblem struct {
@@ -191,9 +183,8 @@ func reportProblems(t *testing.T, when string, problems []logProblem) {
 // followMeshLogs follows, from now, the log of every container of the
 // mesh's pods in ns until it ends (the pod is deleted) or ctx does;
 // the returned function waits for that and fails the test for every noisy
-// line but those allowed, so what components log while they are
-// uninstalled is checked too.
-func followMeshLogs(t *testing.T, ctx context.Context, ns string) (check func(when string, allowed ...*regexp.Regexp)) {
+// line, so what components log while they are uninstalled is checked too.
+func followMeshLogs(t *testing.T, ctx context.Context, ns string) (check func(when string)) {
 	t.Helper()
 	pods, err := meshContainers(ctx)
 	if err != nil {
@@ -225,14 +216,12 @@ func followMeshLogs(t *testing.T, ctx context.Context, ns string) (check func(wh
 			})
 		}
 	}
-	return func(when string, allowed ...*regexp.Regexp) {
+	return func(when string) {
 		t.Helper()
 		wg.Wait()
 		mu.Lock()
 		defer mu.Unlock()
-		reportProblems(t, when, slices.DeleteFunc(problems, func(p logProblem) bool {
-			return slices.ContainsFunc(allowed, func(re *regexp.Regexp) bool { return re.MatchString(p.line) })
-		}))
+		reportProblems(t, when, problems)
 	}
 }
 
@@ -322,21 +311,6 @@ func TestNoisyLine(t *testing.T) {
 	} {
 		if got := noisyLine([]byte(line)); got != want {
 			t.Errorf("noisyLine(%q) = %v, want %v", line, got, want)
-		}
-	}
-}
-
-// Only the mesh's own accounts' refusals are let through while it is
-// uninstalled; the lines are those a helm uninstall logged.
-func TestUninstallRefusals(t *testing.T) {
-	for line, want := range map[string]bool{
-		`E1206 04:43:02.023768       1 leaderelection.go:331] "error retrieving resource lock" err="leases.coordination.k8s.io \"causeway-controlplane\" is forbidden: User \"system:serviceaccount:causeway-system:controlplane\" cannot get resource \"leases\"`: true,
-		`{"level":"info","msg":"uninstalling: the DaemonSet was last seen deleted (the API server: daemonsets.apps \"causeway-nodeproxy\" is forbidden: User \"system:serviceaccount:causeway-system:nodeproxy\" cannot get resource \"daemonsets\")"}`:            true,
-		`E1206 04:43:02.023768 1 reflector.go:200] "Failed to watch" err="pods is forbidden: User \"system:serviceaccount:shop:waypoint\" cannot list resource \"pods\"`:                                                                                           false,
-		`{"level":"error","msg":"status not fully written; retrying","error":"services \"reviews\" is forbidden"}`:                                                                                                                                                 false,
-	} {
-		if got := uninstallRefusals.MatchString(line); got != want {
-			t.Errorf("uninstallRefusals.MatchString(%q) = %v, want %v", line, got, want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package inpod_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
 
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
@@ -463,6 +465,35 @@ func TestInPodRestart(t *testing.T) {
 	if _, err := get(w.client, url(w.server.IP4), 0); err != nil {
 		t.Fatalf("through the old proxy: %v", err)
 	}
+	// A connection the old proxy carries, asked again during its drain.
+	var held net.Conn
+	if err := inNetns(w.client, func() (err error) {
+		held, err = net.DialTimeout("tcp", netip.AddrPortFrom(w.server.IP4, 8080).String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	heldReader := bufio.NewReader(held)
+	ask := func() error {
+		held.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(held, "GET / HTTP/1.1\r\nHost: server\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(heldReader, nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return err
+	}
+	if err := ask(); err != nil {
+		t.Fatalf("a held connection through the old proxy: %v", err)
+	}
+
+	// An HBONE connection (a waypoint's, say) the old proxy accepted.
+	goAway := hboneConnGoAway(t, w, w.outsider, netip.AddrPortFrom(w.server.IP4, 15008))
 
 	// Keep connecting during the restart.
 	var (
@@ -513,7 +544,26 @@ func TestInPodRestart(t *testing.T) {
 	}
 	stopOld()
 	dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Second)
-	old.mgr.Shutdown(dctx)
+	drained := make(chan struct{})
+	go func() { old.mgr.Shutdown(dctx); close(drained) }()
+	// The drain carries what the old proxy relays: the held connection
+	// still answers in it (its relay holds no goroutine the drain could
+	// wait for; the proxy's count of relays does).
+	time.Sleep(500 * time.Millisecond)
+	if err := ask(); err != nil {
+		t.Errorf("the held connection during the old proxy's drain: %v", err)
+	}
+	// Its peer was told at once to open new tunnels elsewhere (it would
+	// otherwise go on opening them there until the drain's end cut them).
+	select {
+	case err := <-goAway:
+		if err != nil {
+			t.Errorf("the HBONE connection the old proxy accepted, in its drain: %v", err)
+		}
+	default:
+		t.Error("the HBONE connection the old proxy accepted had no GOAWAY 500ms into its drain")
+	}
+	<-drained
 	dcancel()
 	old.stop()
 	time.Sleep(200 * time.Millisecond)
@@ -526,6 +576,59 @@ func TestInPodRestart(t *testing.T) {
 	if !next.hasEntry("outbound spiffe://cluster.local/ns/t/sa/client") {
 		t.Errorf("the new proxy carried nothing: %q", next.connections())
 	}
+}
+
+// hboneConnGoAway opens an HBONE connection (TLS with a mesh certificate,
+// the HTTP/2 preface) from inside pod to addr, and reports on the channel
+// when it gets a GOAWAY (nil) or ends without one.
+func hboneConnGoAway(t *testing.T, w *world, from *netnstest.Pod, addr netip.AddrPort) <-chan error {
+	t.Helper()
+	cert := w.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/outsider"), time.Hour)
+	server := trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/server")
+	var conn *tls.Conn
+	if err := inNetns(from, func() (err error) {
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second},
+			Config: trust.ClientConfig(w.ca.Bundle, func() (*tls.Certificate, error) { return cert, nil }, []trust.Identity{server})}
+		c, err := d.Dial("tcp", addr.String())
+		if err == nil {
+			conn = c.(*tls.Conn)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("HBONE connection to %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	fr := http2.NewFramer(conn, conn)
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				got <- fmt.Errorf("ended without a GOAWAY: %w", err)
+				return
+			}
+			switch f := f.(type) {
+			case *http2.GoAwayFrame:
+				got <- nil
+				return
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					_ = fr.WritePing(true, f.Data)
+				}
+			}
+		}
+	}()
+	return got
 }
 
 // TestInPodWaitsForWorkload: a pod can be handed over before the control

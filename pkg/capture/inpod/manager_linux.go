@@ -25,17 +25,28 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture/handoff"
 	"github.com/causeway-mesh/causeway/pkg/capture/podns"
 	"github.com/causeway-mesh/causeway/pkg/capture/rules"
+	"github.com/causeway-mesh/causeway/pkg/hbone"
 )
 
 // Proxy is what takes the connections of captured pods.
 type Proxy interface {
 	capture.Handler
 	capture.InboundHandler
-	// ServeHBONE serves HBONE on ln until ln is closed.
+	// ServeHBONE serves HBONE on ln until ln is closed or the proxy
+	// drains (hbone.ErrServerClosed).
 	ServeHBONE(ln net.Listener) error
+	// DrainInbound stops taking HBONE tunnels: each connection gets a
+	// GOAWAY (new tunnels go to another listener: the new node proxy's)
+	// and those in flight finish, until ctx ends.
+	DrainInbound(ctx context.Context)
 	// PodGone says a pod left: what the proxy dialled from its addresses
 	// (pooled tunnels) is to be closed.
 	PodGone(ips []netip.Addr)
+	// WaitOutbound waits until the outbound connections it relays have
+	// ended, or ctx ends. Their relays hold no goroutine of the pod's
+	// (HandleOutbound returns once a relay is started), so the drain
+	// asks the proxy.
+	WaitOutbound(ctx context.Context)
 }
 
 // Options configure a Manager; zero values take the defaults of docs/design.md §2.
@@ -152,7 +163,7 @@ func (m *Manager) open(info handoff.Pod, nsh ns.NetNS) (*pod, error) {
 }
 
 func (p *pod) serve(m *Manager) {
-	out, in, hbone := p.listeners[0], p.listeners[1], p.listeners[2]
+	out, in, tunnels := p.listeners[0], p.listeners[1], p.listeners[2]
 	p.wg.Add(3)
 	go func() {
 		defer p.wg.Done()
@@ -174,8 +185,8 @@ func (p *pod) serve(m *Manager) {
 	}()
 	go func() {
 		defer p.wg.Done()
-		err := m.proxy.ServeHBONE(&trackingListener{Listener: hbone, pod: p})
-		if err != nil && !errors.Is(err, net.ErrClosed) && p.ctx.Err() == nil {
+		err := m.proxy.ServeHBONE(&trackingListener{Listener: tunnels, pod: p})
+		if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, hbone.ErrServerClosed) && p.ctx.Err() == nil {
 			m.log.Error("HBONE listener stopped", zap.Stringer("pod", p.info), zap.Error(err))
 		}
 	}()
@@ -263,7 +274,10 @@ func (p *pod) releaseNetns() {
 
 // Shutdown stops accepting in every pod and gives the connections in
 // flight until ctx ends to finish, then closes everything. With another
-// node proxy listening beside this one, new connections go to it meanwhile.
+// node proxy listening beside this one, new connections go to it meanwhile,
+// and so do new tunnels of peers whose HBONE connections this one accepted
+// (they get a GOAWAY at once: until ctx ends they would otherwise keep
+// opening tunnels on them, to be cut when it does).
 func (m *Manager) Shutdown(ctx context.Context) {
 	m.mu.Lock()
 	pods := make([]*pod, 0, len(m.pods))
@@ -276,6 +290,11 @@ func (m *Manager) Shutdown(ctx context.Context) {
 			ln.Close()
 		}
 	}
+	inbound := make(chan struct{})
+	go func() {
+		m.proxy.DrainInbound(ctx)
+		close(inbound)
+	}()
 	done := make(chan struct{})
 	go func() {
 		for _, p := range pods {
@@ -285,8 +304,12 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	}()
 	select {
 	case <-done:
+		// No connection is being accepted or connected any more: what is
+		// left is relayed, until it ends or the drain does.
+		m.proxy.WaitOutbound(ctx)
 	case <-ctx.Done():
 	}
+	<-inbound // ends with ctx at the latest
 	m.Close()
 }
 

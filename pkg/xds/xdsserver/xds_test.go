@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -792,4 +793,50 @@ func TestConcurrentChangesWhileClientsResubscribe(t *testing.T) {
 		eventually(t, fmt.Sprintf("node proxy %d holds every workload as served", i), func() bool { return holds(n.State(), "") })
 	}
 	eventually(t, "the waypoint holds namespace a's workloads as served", func() bool { return holds(wp.State(), "a") })
+}
+
+// OnChange sees the state Synced once every subscription's first sync is
+// in it, and never before: a node proxy serves pods only from such a
+// state (a Service not yet known would be refused). The types the server
+// holds nothing of (waypoints here) complete the sync without a change.
+func TestOnChangeSeesTheFirstSyncWhole(t *testing.T) {
+	env := newEnv(t)
+	cp := env.startCP(t, "127.0.0.1:0")
+	if err := cp.server.Update(resources(
+		workload("a", "w1", "127.0.10.1"), workload("b", "w2", "127.0.10.2"),
+		service("a", "s1", "127.0.20.1"), service("b", "s3", "127.0.20.3"),
+	)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var calls []string
+	node := env.startClient(t, cp.addr, xds.ClientOptions{
+		NodeID: xds.NodeProxyID("node-a"), Token: caclient.StaticToken(nodeProxyToken),
+		Subscriptions: xds.NodeProxySubscriptions(),
+		OnChange: func(s *xds.State, _ []string) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, fmt.Sprintf("%t %s | %s", s.Synced(), names(s.Workloads), names(s.Services)))
+		},
+	})
+	waitReady(t, node)
+	if !node.State().Synced() {
+		t.Error("the state is not Synced once the client is Ready")
+	}
+	eventually(t, "OnChange with the state Synced", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(calls) > 0 && strings.HasPrefix(calls[len(calls)-1], "true ")
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i, c := range calls {
+		synced, rest, _ := strings.Cut(c, " ")
+		if synced == "true" && rest != "a/w1,b/w2 | a/s1,b/s3" {
+			t.Errorf("OnChange call %d: Synced with %s", i, rest)
+		}
+		if synced == "false" && i > 0 && strings.HasPrefix(calls[i-1], "true ") {
+			t.Errorf("OnChange call %d: no longer Synced after call %d was", i, i-1)
+		}
+	}
 }
