@@ -19,4 +19,6 @@ func rawSocketReader(io.Reader) func() (*[]byte, int, error) { return nil }
 
 func readPooled(syscall.RawConn, bool, bool) (*[]byte, int, error) { return nil, 0, errWouldBlock }
 
+func readFD(uintptr, bool) (*[]byte, int, error) { return nil, 0, errWouldBlock }
+
 func writeNoWait(syscall.RawConn, [][]byte) (int, error) { return 0, errWouldBlock }
