@@ -84,12 +84,7 @@ func readFD(fd uintptr, big bool) (*[]byte, int, error) {
 		n   int
 		err error
 	)
-	for {
-		n, err = unix.Read(int(fd), (*b)[frameHeaderLen:])
-		if err != unix.EINTR {
-			break
-		}
-	}
+	n, err = rawRead(fd, (*b)[frameHeaderLen:])
 	switch {
 	case err == unix.EAGAIN:
 		err = errWouldBlock
@@ -113,12 +108,8 @@ func writeNoWait(rc syscall.RawConn, bufs [][]byte) (int, error) {
 		werr error
 	)
 	if err := rc.Write(func(fd uintptr) bool {
-		for {
-			n, werr = unix.Writev(int(fd), bufs)
-			if werr != unix.EINTR {
-				return true // never wait
-			}
-		}
+		n, werr = rawWritev(fd, bufs)
+		return true // never wait
 	}); err != nil {
 		return 0, err
 	}
