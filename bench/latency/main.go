@@ -2,11 +2,14 @@
 // fixed request rate (issue 36's measurement, on loopback): fortio's load
 // runner (fortio.org/fortio, its standard HTTP/1.1 client, one keep-alive
 // connection per thread) sends GETs at -rates requests per second over
-// -conns connections to a fortio server, on three paths:
+// -conns connections to a fortio server, on these paths:
 //
-//	direct  pod A -> the server's app address (no mesh)
-//	l4      pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B -> server
-//	l7      pod A -> SOCKS5 -> node proxy A -> HBONE -> waypoint (allow-all policy) -> HBONE -> node proxy B -> server
+//	direct        pod A -> the server's app address (no mesh)
+//	l4            pod A -> SOCKS5 -> node proxy A -> HBONE -> node proxy B -> server
+//	l7            pod A -> SOCKS5 -> node proxy A -> HBONE -> waypoint (allow-all policy) -> HBONE -> node proxy B -> server
+//	nginx_stream  pod A -> nginx A -> mutual TLS -> nginx B -> server: two proxies a user
+//	              could run instead of the node proxies (bench/internal/peers), what any
+//	              two hops through user space with TLS cost on this host (l4's anchor)
 //
 // Paths and rates are interleaved within each round; every figure is the
 // median over the rounds, and an added figure is the median of each round's
@@ -14,7 +17,7 @@
 // latency is kept exactly (fortio's histogram buckets are ~20 % wide).
 //
 //	go run ./bench/latency [-rates 100,1000] [-conns 64] [-duration 10s] [-rounds 3]
-//	    [-paths direct,l4,l7] [-trace-dir DIR] [-keep]
+//	    [-paths direct,l4,l7,nginx_stream] [-trace-dir DIR] [-keep]
 package main
 
 import (
@@ -44,6 +47,7 @@ import (
 	"golang.org/x/net/proxy"
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/bench/internal/peers"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
 
@@ -56,6 +60,8 @@ const (
 	appIP      = "127.0.125.102" // the server's app address (fortio)
 	l4VIP      = "127.0.125.201" // Service lat/l4: no waypoint
 	l7VIP      = "127.0.125.202" // Service lat/l7: through the waypoint
+	nginxAIP   = "127.0.125.11"  // nginx_stream's client side
+	nginxBIP   = "127.0.125.12"  // nginx_stream's server side
 	appPort    = "8080"
 )
 
@@ -190,7 +196,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each measurement")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load on each path before the rounds")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; paths and rates are interleaved within each, figures are medians over them")
-	flag.StringVar(&paths, "paths", "direct,l4,l7", "paths to measure (direct is the baseline of the added figures)")
+	flag.StringVar(&paths, "paths", "direct,l4,l7,nginx_stream", "paths to measure (direct is the baseline of the added figures; nginx_stream is skipped when nginx is not installed)")
 	flag.BoolVar(&o.uniform, "uniform", false, "stagger the connections' requests evenly (fortio -uniform); default: as fortio load -qps -c")
 	flag.StringVar(&o.traceDir, "trace-dir", "", "write execution traces (go tool trace) of the node proxies and the waypoint, 3 s of the first round's l4 and l7 runs at the highest rate, into this directory")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
@@ -233,8 +239,8 @@ func parsePaths(s string) ([]string, error) {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
-		if !slices.Contains([]string{"direct", "l4", "l7"}, p) {
-			return nil, fmt.Errorf("-paths: unknown path %q (direct, l4, l7)", p)
+		if !slices.Contains([]string{"direct", "l4", "l7", "nginx_stream"}, p) {
+			return nil, fmt.Errorf("-paths: unknown path %q (direct, l4, l7, nginx_stream)", p)
 		}
 		out = append(out, p)
 	}
@@ -289,6 +295,25 @@ func run(o options) error {
 		"l7": {url: "http://" + net.JoinHostPort(l7VIP, "80") + "/", dial: viaMesh,
 			pids: append(slices.Clone(nodes), pids["waypoint-lat-waypoint-0"])},
 	}
+	if slices.Contains(o.paths, "nginx_stream") {
+		peer, err := startNginx(work)
+		var miss *peers.ErrMissing
+		switch {
+		case errors.As(err, &miss):
+			fmt.Fprintf(os.Stderr, "latency bench: nginx_stream skipped: %v\n", err)
+			o.paths = slices.DeleteFunc(o.paths, func(p string) bool { return p == "nginx_stream" })
+		case err != nil:
+			keep = true
+			return err
+		default:
+			defer peer.Stop()
+			pids, err := peer.PIDs()
+			if err != nil {
+				return err
+			}
+			targets["nginx_stream"] = target{url: "http://" + net.JoinHostPort(nginxAIP, appPort) + "/", dial: local.DialContext, pids: pids}
+		}
+	}
 	for _, p := range o.paths {
 		if err := targets[p].check(ctx); err != nil {
 			keep = true
@@ -342,6 +367,17 @@ func run(o options) error {
 	}
 	report(o, results)
 	return nil
+}
+
+// startNginx starts the nginx stream pair in front of the server, one
+// worker process each (a node proxy is one process too).
+func startNginx(work string) (*peers.Pair, error) {
+	pki := filepath.Join(work, "pki")
+	if _, err := peers.NewPKI(pki); err != nil {
+		return nil, err
+	}
+	return peers.Start(peers.Config{Name: "nginx_stream", Work: work, PKI: pki, ClientIP: nginxAIP, ServerIP: nginxBIP,
+		AppIP: appIP, Ports: []string{appPort}, Workers: 1, Files: 4096})
 }
 
 // quantiles reported, and their names.
@@ -415,7 +451,7 @@ func median(v []float64) float64 {
 type target struct {
 	url  string
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	pids []int // the mesh processes on the path
+	pids []int // the proxies on the path (the mesh's, or nginx_stream's: its "mesh" figures)
 }
 
 // check makes one request on t.

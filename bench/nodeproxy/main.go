@@ -39,6 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/bench/internal/peers"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
 
@@ -180,7 +181,7 @@ func run(o options) error {
 	defer mesh.Stop()
 
 	pkiDir := filepath.Join(work, "pki")
-	ptls, err := newPeerPKI(pkiDir)
+	peerClient, err := peers.NewPKI(pkiDir)
 	if err != nil {
 		return err
 	}
@@ -211,7 +212,7 @@ func run(o options) error {
 	nodeProxies := pidsCPU(pa, pb)
 	paths := []path{
 		{name: "direct", dial: directDialer(), target: appIP, ends: ends},
-		{name: "tls_direct", dial: tlsDialer(ptls.client), target: tlsAppIP, ends: ends},
+		{name: "tls_direct", dial: tlsDialer(peerClient), target: tlsAppIP, ends: ends},
 		{name: "nodeproxy", dial: viaSOCKS, target: sinkIP, ends: ends, pair: nodeProxies},
 	}
 	for _, name := range strings.Split(o.peers, ",") {
@@ -219,7 +220,7 @@ func run(o options) error {
 			continue
 		}
 		peer, err := startPeer(name, work, pkiDir, runtime.NumCPU(), o.idleConns+4096)
-		var miss *errMissing
+		var miss *peers.ErrMissing
 		if errors.As(err, &miss) {
 			fmt.Fprintf(os.Stderr, "nodeproxy bench: %s skipped: %v\n", name, err)
 			continue
@@ -228,8 +229,8 @@ func run(o options) error {
 			keep = true
 			return err
 		}
-		defer peer.stop()
-		paths = append(paths, path{name: name, dial: directDialer(), target: peer.listen, ends: ends, pair: peer.cpu})
+		defer peer.Stop()
+		paths = append(paths, path{name: name, dial: directDialer(), target: peer.Listen, ends: ends, pair: peer.CPU})
 	}
 	b := &bench{o: o, mesh: mesh, app: app, paths: paths, proxyA: pa, proxyB: pb}
 	// Every path must work before anything is measured.

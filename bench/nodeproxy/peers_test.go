@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/causeway-mesh/causeway/bench/internal/peers"
 )
 
 // Each peer pair carries an exchange from pod A's address to pod B's app,
@@ -16,7 +18,7 @@ import (
 func TestPeersCarryTraffic(t *testing.T) {
 	work := t.TempDir()
 	pkiDir := filepath.Join(work, "pki")
-	ptls, err := newPeerPKI(pkiDir)
+	peerClient, err := peers.NewPKI(pkiDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,15 +38,15 @@ func TestPeersCarryTraffic(t *testing.T) {
 	for _, name := range []string{"nginx_stream", "stunnel"} {
 		t.Run(name, func(t *testing.T) {
 			peer, err := startPeer(name, work, pkiDir, 1, 1024)
-			var miss *errMissing
+			var miss *peers.ErrMissing
 			if errors.As(err, &miss) {
 				t.Skip(err)
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer peer.stop()
-			p := path{name: name, dial: directDialer(), target: peer.listen}
+			defer peer.Stop()
+			p := path{name: name, dial: directDialer(), target: peer.Listen}
 			for range 3 {
 				if err := exchange(ctx, p); err != nil {
 					t.Fatalf("exchange through %s: %v", name, err)
@@ -55,7 +57,7 @@ func TestPeersCarryTraffic(t *testing.T) {
 			if name == "stunnel" {
 				server = stunnelBIP
 			}
-			conf := ptls.client.Clone()
+			conf := peerClient.Clone()
 			conf.Certificates = nil
 			c, err := tls.Dial("tcp", net.JoinHostPort(server, rrPort), conf)
 			if err == nil {

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/causeway-mesh/causeway/bench/internal/peers"
 )
 
 // Pod B's app runs in a child process (this program with -app): the
@@ -148,7 +150,7 @@ func runApp(tlsDir string) error {
 	var conf *tls.Config
 	if tlsDir != "" {
 		var err error
-		if conf, err = appTLS(tlsDir); err != nil {
+		if conf, err = peers.ServerTLS(tlsDir); err != nil {
 			say("TLS: %v", err)
 			return err
 		}

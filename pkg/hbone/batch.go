@@ -1,8 +1,11 @@
 package hbone
 
 import (
+	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 )
 
 // maxKeptBatch bounds the batch buffer a connection keeps between writes.
@@ -13,21 +16,90 @@ const maxKeptBatch = 256 << 10
 // batch is open the records are gathered and sent with one write when it
 // closes, so a 128 KiB DATA frame costs one syscall instead of eight.
 // Outside a batch (the handshake, alerts) writes go straight through.
+//
+// On a TCP socket it reads and writes through the socket's RawConn with
+// rawRead and rawWrite (sysio_linux.go): without the runtime's system call
+// bookkeeping, which wakes its monitor thread once per request when
+// requests come one by one.
 type recordBatcher struct {
 	net.Conn
+	rc       syscall.RawConn // nil: not a TCP socket
 	mu       sync.Mutex
 	batching bool
 	buf      []byte
+}
+
+func newRecordBatcher(c net.Conn) *recordBatcher {
+	return &recordBatcher{Conn: c, rc: rawConnOf(c)}
+}
+
+func (b *recordBatcher) Read(p []byte) (int, error) {
+	if b.rc == nil {
+		return b.Conn.Read(p)
+	}
+	var (
+		n   int
+		err error
+	)
+	if rerr := b.rc.Read(func(fd uintptr) bool {
+		n, err = rawRead(fd, p)
+		return err != syscall.EAGAIN
+	}); rerr != nil {
+		return 0, rerr
+	}
+	switch {
+	case err != nil:
+		return 0, b.opError("read", err)
+	case n == 0 && len(p) > 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 func (b *recordBatcher) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.batching {
-		return b.Conn.Write(p)
+		return b.write(p)
 	}
 	b.buf = append(b.buf, p...)
 	return len(p), nil
+}
+
+// write writes all of p to the socket, waiting for room as needed.
+func (b *recordBatcher) write(p []byte) (int, error) {
+	if b.rc == nil {
+		return b.Conn.Write(p)
+	}
+	var (
+		done int
+		err  error
+	)
+	if werr := b.rc.Write(func(fd uintptr) bool {
+		for done < len(p) {
+			n, e := rawWrite(fd, p[done:])
+			if e == syscall.EAGAIN {
+				return false // wait until writable
+			}
+			if e != nil {
+				err = e
+				return true
+			}
+			done += n
+		}
+		return true
+	}); werr != nil {
+		return done, werr
+	}
+	if err != nil {
+		return done, b.opError("write", err)
+	}
+	return done, nil
+}
+
+// opError is what net.Conn's Read and Write say of a failed system call.
+func (b *recordBatcher) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: b.LocalAddr(), Addr: b.RemoteAddr(), Err: os.NewSyscallError(op, err)}
 }
 
 // begin opens a batch.
@@ -45,7 +117,7 @@ func (b *recordBatcher) end() error {
 	if len(b.buf) == 0 {
 		return nil
 	}
-	_, err := b.Conn.Write(b.buf)
+	_, err := b.write(b.buf)
 	if cap(b.buf) > maxKeptBatch {
 		b.buf = nil
 	} else {

@@ -130,6 +130,9 @@ type h2conn struct {
 	early    []*dataWrite
 	// flushing: a writer is sending the queue; others wait to be told.
 	flushing bool
+	// batchAvg: frames per flush, a moving average in sixteenths
+	// (writeData's yield).
+	batchAvg int
 	// writerLeads: the writer goroutine is to flush the queue; writerGone:
 	// it has ended, so the lead stays with whoever holds it.
 	writerLeads, writerGone bool

@@ -266,7 +266,7 @@ func (p *Pool) connect(ctx context.Context, key poolKey, t Target) (*h2conn, err
 	if !t.Source.IsZero() {
 		cert = sourceCert(t.Source, t.Cert)
 	}
-	batch := &recordBatcher{Conn: raw}
+	batch := newRecordBatcher(raw)
 	tc := tls.Client(batch, trust.ClientConfig(p.opts.Bundle, cert, t.Expected))
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()

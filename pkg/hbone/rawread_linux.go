@@ -54,47 +54,49 @@ func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
 // it waits for readability; without, it answers errWouldBlock. Return the
 // buffer with putReadBuf.
 func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
-	pool := &smallFramePool
-	if big {
-		pool = &copyBufPool
-	}
 	var (
 		buf  *[]byte
 		n    int
 		rerr error
 	)
 	err := rc.Read(func(fd uintptr) bool {
-		b := pool.Get().(*[]byte)
-		for {
-			n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:])
-			if rerr != unix.EINTR {
-				break
-			}
-		}
-		if rerr == unix.EAGAIN {
-			pool.Put(b)
-			return !wait // false: wait until readable
-		}
-		buf = b
-		return true
+		buf, n, rerr = readFD(fd, big)
+		return rerr != errWouldBlock || !wait // false: wait until readable
 	})
-	switch {
-	case err != nil:
-		// Deadline or closed socket, reported by the poller.
-		if buf != nil {
-			pool.Put(buf)
-		}
+	if err != nil {
+		// Deadline or closed socket, reported by the poller (buf is nil:
+		// a read that took one ended the wait).
 		return nil, 0, err
-	case rerr == unix.EAGAIN:
-		return nil, 0, errWouldBlock
-	case rerr != nil:
-		pool.Put(buf)
-		return nil, 0, os.NewSyscallError("read", rerr)
-	case n <= 0:
-		pool.Put(buf)
-		return nil, 0, io.EOF
 	}
-	return buf, n, nil
+	return buf, n, rerr
+}
+
+// readFD is one read of readPooled, inside the socket's RawConn.Read: the
+// buffer (nil on failure) and what it holds, errWouldBlock when the
+// socket has nothing, io.EOF at its end.
+func readFD(fd uintptr, big bool) (*[]byte, int, error) {
+	pool := &smallFramePool
+	if big {
+		pool = &copyBufPool
+	}
+	b := pool.Get().(*[]byte)
+	var (
+		n   int
+		err error
+	)
+	n, err = rawRead(fd, (*b)[frameHeaderLen:])
+	switch {
+	case err == unix.EAGAIN:
+		err = errWouldBlock
+	case err != nil:
+		err = os.NewSyscallError("read", err)
+	case n <= 0:
+		err = io.EOF
+	default:
+		return b, n, nil
+	}
+	pool.Put(b)
+	return nil, 0, err
 }
 
 // writeNoWait writes bufs to the socket with one writev, taking what its
@@ -106,12 +108,8 @@ func writeNoWait(rc syscall.RawConn, bufs [][]byte) (int, error) {
 		werr error
 	)
 	if err := rc.Write(func(fd uintptr) bool {
-		for {
-			n, werr = unix.Writev(int(fd), bufs)
-			if werr != unix.EINTR {
-				return true // never wait
-			}
-		}
+		n, werr = rawWritev(fd, bufs)
+		return true // never wait
 	}); err != nil {
 		return 0, err
 	}

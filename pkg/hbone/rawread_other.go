@@ -19,4 +19,10 @@ func rawSocketReader(io.Reader) func() (*[]byte, int, error) { return nil }
 
 func readPooled(syscall.RawConn, bool, bool) (*[]byte, int, error) { return nil, 0, errWouldBlock }
 
+func readFD(uintptr, bool) (*[]byte, int, error) { return nil, 0, errWouldBlock }
+
+// rawRead and rawWrite are never called: rawConnOf is nil here.
+func rawRead(uintptr, []byte) (int, error)  { return 0, errWouldBlock }
+func rawWrite(uintptr, []byte) (int, error) { return 0, errWouldBlock }
+
 func writeNoWait(syscall.RawConn, [][]byte) (int, error) { return 0, errWouldBlock }

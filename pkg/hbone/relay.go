@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,8 +22,9 @@ import (
 // its two connections: the tunnel's data is written out by a goroutine
 // started when it arrives, which ends when the receive buffer is empty;
 // the socket is read only once it is readable, into a pooled buffer, by a
-// goroutine started when it is. On Linux one epoll goroutine shared by all
-// relays (idlePoller) waits for the sockets, so an idle pair holds no
+// goroutine started when it is, which goes on reading while data keeps
+// coming (carry). On Linux one epoll goroutine shared by all relays
+// (idlePoller) waits for the quiet sockets, so an idle pair holds no
 // goroutine at all; elsewhere the socket's goroutine waits, going back to
 // waiting on a fresh goroutine (a small stack) after it has sent data,
 // whose TLS and framing grew its own. Other pairs get JoinIdle's goroutine
@@ -103,6 +105,7 @@ type relay struct {
 	state      atomic.Int32
 	token      uint64
 	registered bool
+	hotUntil   time.Time // carry's read deadline on the socket
 
 	iov net.Buffers // writeNow's, under c.mu
 }
@@ -158,52 +161,114 @@ func (r *relay) directionDone() {
 }
 
 // fromPeer carries the socket into the tunnel; at EOF it ends the
-// tunnel's direction (END_STREAM).
+// tunnel's direction (END_STREAM). It runs when the socket is readable (or
+// at the relay's start): it reads what is there, sends it, then carries
+// on this goroutine while more comes within hotWait, and parks in the idle
+// poller once the socket went quiet.
 func (r *relay) fromPeer() {
-	// The first read after a wait takes a small buffer; one it fills
-	// brings a copy buffer for the next.
-	sent, big := false, false
-	for {
-		buf, n, err := readPooled(r.rc, false, big)
-		if err == errWouldBlock {
-			if p := idlePollerFor(); p != nil && p.park(r) {
-				return
-			}
-			if sent {
-				go r.fromPeer() // wait on a small stack
-				return
-			}
-			buf, n, err = readPooled(r.rc, true, big)
-		}
-		if n > 0 {
-			r.touch()
-			r.st.wmu.Lock()
-			werr := r.st.sendFramed(*buf, n)
-			r.st.wmu.Unlock()
-			big = n == len(*buf)-frameHeaderLen
-			putReadBuf(buf)
-			if werr != nil {
-				r.abort(werr)
-				r.directionDone()
-				return
-			}
-			r.toStream.Add(int64(n))
-			r.touch()
-			sent = true
-		}
-		if err == io.EOF {
-			if err := r.st.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
-				r.abort(err)
-			}
-			r.directionDone()
+	buf, n, err := readPooled(r.rc, false, false)
+	if err == errWouldBlock {
+		if p := idlePollerFor(); p != nil && p.park(r) {
 			return
 		}
-		if err != nil {
-			r.abort(err)
-			r.directionDone()
-			return
+		buf, n, err = readPooled(r.rc, true, false)
+	}
+	if err == nil {
+		// A read that filled the small buffer brings a copy buffer next.
+		big := n == len(*buf)-frameHeaderLen
+		if err = r.send(buf, n); err == nil {
+			err = r.carry(big)
 		}
 	}
+	switch {
+	case err == errWouldBlock:
+		if p := idlePollerFor(); p != nil && p.park(r) {
+			return
+		}
+		go r.fromPeer() // wait on a small stack
+	case err == io.EOF:
+		if err := r.st.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
+			r.abort(err)
+		}
+		r.directionDone()
+	default:
+		r.abort(err)
+		r.directionDone()
+	}
+}
+
+// send frames n bytes read into buf into the tunnel, and gives buf back.
+func (r *relay) send(buf *[]byte, n int) error {
+	r.touch()
+	r.st.wmu.Lock()
+	err := r.st.sendFramed(*buf, n)
+	r.st.wmu.Unlock()
+	putReadBuf(buf)
+	if err != nil {
+		return err
+	}
+	r.toStream.Add(int64(n))
+	r.touch()
+	return nil
+}
+
+// hotWait is how long the socket direction of a relay that has sent waits
+// for more on its own goroutine, in the runtime's poller, before it parks
+// in the idle poller: a connection carrying requests keeps its goroutine,
+// and each arrival wakes it directly, where a park costs two system calls
+// and its wake-up a hand-off from the poller's goroutine to a new one
+// (issue 36); one that went quiet gives its goroutine back.
+const hotWait = time.Second
+
+// carry reads the socket and sends what it reads while it keeps arriving
+// within hotWait; it returns errWouldBlock once the socket stayed quiet
+// that long, io.EOF at its end, else the failure. All its reads happen in
+// one RawConn.Read: the runtime's poller remembers an arrival from the
+// start of that call on, so a short read (the socket emptied) is followed
+// by waiting, not by a read that would find nothing. The read deadline
+// that bounds the wait moves once half of it has passed, so a busy socket
+// seldom touches its timer.
+func (r *relay) carry(big bool) error {
+	var (
+		err     error
+		drained bool
+	)
+	rerr := r.rc.Read(func(fd uintptr) bool {
+		for {
+			if last := time.Unix(0, r.last.Load()); r.hotUntil.Sub(last) < hotWait/2 {
+				r.hotUntil = last.Add(hotWait)
+				if err = r.peer.SetReadDeadline(r.hotUntil); err != nil {
+					return true
+				}
+			}
+			if drained {
+				drained = false
+				return false
+			}
+			var (
+				buf *[]byte
+				n   int
+			)
+			if buf, n, err = readFD(fd, big); err != nil {
+				return err != errWouldBlock
+			}
+			big = n == len(*buf)-frameHeaderLen
+			if err = r.send(buf, n); err != nil {
+				return true
+			}
+			drained = !big
+		}
+	})
+	if errors.Is(rerr, os.ErrDeadlineExceeded) {
+		r.hotUntil = time.Time{}
+		if rerr = r.peer.SetReadDeadline(time.Time{}); rerr == nil {
+			return errWouldBlock
+		}
+	}
+	if rerr != nil {
+		return rerr
+	}
+	return err
 }
 
 // writeNowMax is the most a read loop writes to a relay's socket itself

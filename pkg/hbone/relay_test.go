@@ -46,24 +46,37 @@ func TestIdleRelaysHoldNoGoroutine(t *testing.T) {
 	if grew := runtime.NumGoroutine() - before; grew > pairs/5 {
 		t.Fatalf("%d idle relays added %d goroutines", pairs, grew)
 	}
-	for i, tn := range tunnels {
-		tn.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(tn, "ping"); err != nil {
-			t.Fatal(err)
-		}
-		var b [4]byte
-		u := ups[i+1]
-		u.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.ReadFull(u, b[:]); err != nil || string(b[:]) != "ping" {
-			t.Fatalf("pair %d after idling: %q, %v", i, b, err)
-		}
-		if _, err := io.WriteString(u, "pong"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(tn, b[:]); err != nil || string(b[:]) != "pong" {
-			t.Fatalf("pair %d back: %q, %v", i, b, err)
+	pingPong := func(round int) {
+		for i, tn := range tunnels {
+			tn.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(tn, "ping"); err != nil {
+				t.Fatal(err)
+			}
+			var b [4]byte
+			u := ups[i+1]
+			u.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadFull(u, b[:]); err != nil || string(b[:]) != "ping" {
+				t.Fatalf("round %d, pair %d after idling: %q, %v", round, i, b, err)
+			}
+			if _, err := io.WriteString(u, "pong"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(tn, b[:]); err != nil || string(b[:]) != "pong" {
+				t.Fatalf("round %d, pair %d back: %q, %v", round, i, b, err)
+			}
 		}
 	}
+	pingPong(1)
+	// Each relay that just carried an answer waits for the next on its own
+	// goroutine (carry), then parks again once it has been quiet hotWait.
+	if grew := runtime.NumGoroutine() - before; grew < pairs/2 {
+		t.Errorf("%d relays that just carried data hold %d goroutines; want one each", pairs, grew)
+	}
+	time.Sleep(hotWait + 300*time.Millisecond)
+	if grew := runtime.NumGoroutine() - before; grew > pairs/5 {
+		t.Fatalf("%d relays quiet for %s added %d goroutines", pairs, hotWait, grew)
+	}
+	pingPong(2)
 }
 
 // A relay whose context ends while both sides idle ends at once: done

@@ -297,7 +297,7 @@ func (s *Server) isClosed() bool {
 func (s *Server) serveConn(raw net.Conn) {
 	defer s.connWG.Done()
 	log := s.log.With(zap.Stringer("remote", raw.RemoteAddr()))
-	batch := &recordBatcher{Conn: raw}
+	batch := newRecordBatcher(raw)
 	tc := tls.Server(batch, s.opts.TLS)
 	raw.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
 	if err := tc.HandshakeContext(s.ctx); err != nil {
