@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/shrinkmap"
 )
 
 // ErrRevoked marks a connection a re-check closed.
@@ -19,19 +22,9 @@ var ErrRevoked = errors.New("closed by connection policy re-check")
 type Tracker struct {
 	log     *zap.Logger
 	mu      sync.Mutex
-	conns   map[*Open]struct{}
-	peak    int // most entries conns held since it was built
+	conns   shrinkmap.Map[*Open, struct{}] // a burst's room goes with it
 	pending chan struct{}
 }
-
-// A Go map keeps the room of its largest size. Once the tracker holds a
-// shrinkBelow-th of its peak (of at least shrinkMin connections) it copies
-// its map into one of the size in use, so a burst's memory goes with it;
-// each copy follows at least peak*3/4 removals, so its cost is amortized.
-const (
-	shrinkBelow = 4
-	shrinkMin   = 1024
-)
 
 // Open is one tracked connection.
 type Open struct {
@@ -46,7 +39,7 @@ func NewTracker(log *zap.Logger) *Tracker {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Tracker{log: log, conns: map[*Open]struct{}{}, pending: make(chan struct{}, 1)}
+	return &Tracker{log: log, pending: make(chan struct{}, 1)}
 }
 
 // Track follows a connection until the returned function is called.
@@ -60,22 +53,14 @@ func NewTracker(log *zap.Logger) *Tracker {
 func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdict, error), stale func() bool, revoke func(), fields ...zap.Field) (*Open, func()) {
 	o := &Open{check: check, fields: fields, revoke: revoke}
 	t.mu.Lock()
-	t.conns[o] = struct{}{}
-	t.peak = max(t.peak, len(t.conns))
+	t.conns.Set(o, struct{}{})
 	t.mu.Unlock()
 	if stale() {
 		t.recheck(ctx, o)
 	}
 	return o, func() {
 		t.mu.Lock()
-		delete(t.conns, o)
-		if t.peak >= shrinkMin && len(t.conns) < t.peak/shrinkBelow {
-			conns := make(map[*Open]struct{}, len(t.conns))
-			for c := range t.conns {
-				conns[c] = struct{}{}
-			}
-			t.conns, t.peak = conns, len(conns)
-		}
+		t.conns.Delete(o)
 		t.mu.Unlock()
 	}
 }
@@ -113,10 +98,7 @@ func (t *Tracker) recheck(ctx context.Context, o *Open) bool {
 // and closes those now denied; it returns how many it checked and closed.
 func (t *Tracker) RecheckAll(ctx context.Context) (checked, closed int) {
 	t.mu.Lock()
-	list := make([]*Open, 0, len(t.conns))
-	for o := range t.conns {
-		list = append(list, o)
-	}
+	list := slices.AppendSeq(make([]*Open, 0, t.conns.Len()), t.conns.Keys())
 	t.mu.Unlock()
 	var next, n atomic.Int64
 	var wg sync.WaitGroup

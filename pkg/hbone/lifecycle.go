@@ -321,8 +321,6 @@ func (c *h2conn) newStreamLocked(id uint32) *stream {
 		expectBody: -1,
 		sendWindow: int64(c.peerInitialWindow),
 		recvWindow: c.cfg.streamWindow,
-		rsig:       make(chan struct{}, 1),
-		wsig:       make(chan struct{}, 1),
 	}
 	c.streams[id] = st
 	c.busyLocked()

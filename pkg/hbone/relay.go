@@ -58,7 +58,7 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 		r.timer = time.AfterFunc(idle, r.checkIdle)
 	}
 	r.st.c.mu.Lock()
-	r.st.pump, r.st.writeNow = r.drain, r.writeNow
+	r.st.pump = r
 	r.st.wakeReaderLocked() // data may be waiting already
 	r.st.c.mu.Unlock()
 	go r.fromPeer()

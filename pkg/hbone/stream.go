@@ -35,14 +35,17 @@ type stream struct {
 	expectBody int64
 	released   bool // Close was called
 	// pump, when set (Relay), writes received data out in place of a
-	// blocked reader: wakeReaderLocked starts it on a goroutine of its own
-	// (pumping until it finds nothing to do), unless writeNow wrote
-	// everything at once.
-	pump     func()
-	writeNow func() bool
-	pumping  bool
-	rsig     chan struct{}
-	wsig     chan struct{}
+	// blocked reader: wakeReaderLocked starts its drain on a goroutine of
+	// its own (pumping until it finds nothing to do), unless its writeNow
+	// wrote everything at once.
+	pump    *relay
+	pumping bool
+	// rsig and wsig wake a blocked reader and writer; each is made by the
+	// first one that waits (signalLocked), so that an idle relayed tunnel,
+	// whose reader is the pump and whose writer rarely waits for window,
+	// holds neither (issue 36: memory per idle connection).
+	rsig chan struct{}
+	wsig chan struct{}
 
 	// Client role: the response. resp is closed when the final response
 	// headers arrived (status != 0) or the stream failed first.
@@ -59,10 +62,12 @@ type stream struct {
 	peerDone    context.Context
 	endPeerDone context.CancelFunc
 
-	rdl, wdl deadline
-	rmu      sync.Mutex // one reader at a time
-	wmu      sync.Mutex // one writer at a time
-	dw       dataWrite  // that writer's frame in the connection's queue
+	// dl holds the read and write deadlines, made by the first
+	// SetDeadline (most tunnels never set one).
+	dl  atomic.Pointer[deadlines]
+	rmu sync.Mutex // one reader at a time
+	wmu sync.Mutex // one writer at a time
+	dw  dataWrite  // that writer's frame in the connection's queue
 	// bw is the stream's one frame sent behind its writer's back, queued
 	// while behindQueued (the flush clears it).
 	bw           dataWrite
@@ -104,18 +109,54 @@ func (st *stream) endedLocked() {
 // failure arrived: a blocked Read, or the pump.
 func (st *stream) wakeReaderLocked() {
 	notify(st.rsig)
-	if st.pump != nil && !st.pumping {
-		if st.writeNow != nil && st.writeNow() {
+	if r := st.pump; r != nil && !st.pumping {
+		if r.writeNow() {
 			return
 		}
 		st.pumping = true
-		go st.pump()
+		go r.drain()
 	}
 }
 
 // stopPumpLocked is the pump's last act: nothing wakes it again.
 func (st *stream) stopPumpLocked() {
-	st.pump, st.writeNow, st.pumping = nil, nil, false
+	st.pump, st.pumping = nil, false
+}
+
+// signalLocked returns *sig, making it first: the channel a reader (rsig)
+// or writer (wsig) about to wait receives its wake-up on.
+func signalLocked(sig *chan struct{}) chan struct{} {
+	if *sig == nil {
+		*sig = make(chan struct{}, 1)
+	}
+	return *sig
+}
+
+// deadlines are a stream's read and write deadlines.
+type deadlines struct{ r, w deadline }
+
+// rdl and wdl are the stream's deadlines; nil (none) until one is set.
+func (st *stream) rdl() *deadline {
+	if d := st.dl.Load(); d != nil {
+		return &d.r
+	}
+	return nil
+}
+
+func (st *stream) wdl() *deadline {
+	if d := st.dl.Load(); d != nil {
+		return &d.w
+	}
+	return nil
+}
+
+// deadlines returns the stream's deadlines, making them first.
+func (st *stream) deadlines() *deadlines {
+	if d := st.dl.Load(); d != nil {
+		return d
+	}
+	st.dl.CompareAndSwap(nil, new(deadlines))
+	return st.dl.Load()
 }
 
 // PeerDone returns a context that ends once reading the tunnel would no
@@ -189,7 +230,7 @@ func (st *stream) readableLocked() bool {
 func (st *stream) lockReadable() error {
 	c := st.c
 	for {
-		if st.rdl.exceeded() {
+		if st.rdl().exceeded() {
 			return os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
@@ -209,8 +250,9 @@ func (st *stream) lockReadable() error {
 			c.mu.Unlock()
 			return err
 		}
+		sig := signalLocked(&st.rsig)
 		c.mu.Unlock()
-		awaitSignal(st.rsig, st.rdl.wait())
+		awaitSignal(sig, st.rdl().wait())
 	}
 }
 
@@ -289,7 +331,7 @@ func (st *stream) writeBufferedLocked(w io.Writer) (int64, error) {
 func (st *stream) awaitSend(max int) (int, error) {
 	c := st.c
 	for {
-		if st.wdl.exceeded() {
+		if st.wdl().exceeded() {
 			return 0, os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
@@ -317,8 +359,9 @@ func (st *stream) awaitSend(max int) (int, error) {
 			st.waitingConn = true
 			c.sendWaiters = append(c.sendWaiters, st)
 		}
+		sig := signalLocked(&st.wsig)
 		c.mu.Unlock()
-		awaitSignal(st.wsig, st.wdl.wait())
+		awaitSignal(sig, st.wdl().wait())
 	}
 }
 
@@ -557,8 +600,10 @@ func (st *stream) release() error {
 	st.endedLocked()
 	c.removeLocked(st)
 	c.mu.Unlock()
-	st.rdl.set(time.Time{})
-	st.wdl.set(time.Time{})
+	if d := st.dl.Load(); d != nil {
+		d.r.set(time.Time{})
+		d.w.set(time.Time{})
+	}
 	return nil
 }
 
@@ -573,15 +618,19 @@ func (st *stream) SetDeadline(t time.Time) error {
 // SetReadDeadline interrupts a blocked Read when t passes; the tunnel stays
 // usable with a later deadline.
 func (st *stream) SetReadDeadline(t time.Time) error {
-	st.rdl.set(t)
+	st.deadlines().r.set(t)
+	st.c.mu.Lock()
 	notify(st.rsig)
+	st.c.mu.Unlock()
 	return nil
 }
 
 // SetWriteDeadline interrupts a Write waiting for flow control when t
 // passes; the tunnel stays usable with a later deadline.
 func (st *stream) SetWriteDeadline(t time.Time) error {
-	st.wdl.set(t)
+	st.deadlines().w.set(t)
+	st.c.mu.Lock()
 	notify(st.wsig)
+	st.c.mu.Unlock()
 	return nil
 }
