@@ -28,10 +28,10 @@ type Tracker struct {
 
 // Open is one tracked connection.
 type Open struct {
-	check   func(context.Context) (Verdict, error)
-	fields  []zap.Field
-	revoke  func()                 // ends its relay, resetting both sides
-	revoked atomic.Pointer[string] // why a re-check closed it
+	check    func(context.Context) (Verdict, error)
+	describe func() []zap.Field
+	revoke   func()                 // ends its relay, resetting both sides
+	revoked  atomic.Pointer[string] // why a re-check closed it
 }
 
 // NewTracker builds a tracker logging to log.
@@ -45,13 +45,14 @@ func NewTracker(log *zap.Logger) *Tracker {
 // Track follows a connection until the returned function is called.
 // revoke ends its relay (resetting its upstream connection, aborting its
 // tunnel); a re-check that denies it calls revoke once. check decides
-// about it under the state in force (an error denies); fields describe it
-// in the log. stale, asked once it is tracked, reports whether the state
+// about it under the state in force (an error denies); describe returns
+// the fields that name it in the log (asked only when a re-check closes
+// it, so an open connection holds no copy of them). stale, asked once it is tracked, reports whether the state
 // changed since it was admitted: then it is re-checked at once (with
 // ctx), so no change is missed. Tracking before the relay starts is safe:
 // a relay whose upstream is already reset ends at once.
-func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdict, error), stale func() bool, revoke func(), fields ...zap.Field) (*Open, func()) {
-	o := &Open{check: check, fields: fields, revoke: revoke}
+func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdict, error), stale func() bool, revoke func(), describe func() []zap.Field) (*Open, func()) {
+	o := &Open{check: check, describe: describe, revoke: revoke}
 	t.mu.Lock()
 	t.conns.Set(o, struct{}{})
 	t.mu.Unlock()
@@ -88,7 +89,7 @@ func (t *Tracker) recheck(ctx context.Context, o *Open) bool {
 		return false // already closed
 	}
 	// Logged first: whoever sees the connection end finds the reason.
-	t.log.Info("open connection no longer authorized; closed", append(o.fields,
+	t.log.Info("open connection no longer authorized; closed", append(o.describe(),
 		zap.String("policy", v.Policy), zap.String("policy_revision", v.Revision), zap.String("decision_id", v.DecisionID), zap.String("reason", reason))...)
 	o.revoke()
 	return true

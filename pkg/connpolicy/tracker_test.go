@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"go.uber.org/zap"
+
 	"github.com/causeway-mesh/causeway/pkg/shrinkmap"
 )
 
@@ -17,7 +19,7 @@ func TestTrackerShrinksAfterABurst(t *testing.T) {
 	const burst, kept = 5000, 10
 	untrack := make([]func(), burst)
 	for i := range untrack {
-		_, untrack[i] = tr.Track(ctx, allow, fresh, func() {})
+		_, untrack[i] = tr.Track(ctx, allow, fresh, func() {}, func() []zap.Field { return nil })
 	}
 	if tr.conns.Peak() != burst {
 		t.Fatalf("peak %d after %d connections", tr.conns.Peak(), burst)

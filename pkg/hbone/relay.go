@@ -47,7 +47,7 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 	r.rc = rawConnOf(r.peer)
 	r.left.Store(2)
 	r.last.Store(time.Now().UnixNano())
-	if ctx == r.st.ctx {
+	if ctx == (streamContext{r.st}) {
 		// A server's tunnel context ends only with the stream, whose end
 		// the relay sees anyway.
 		r.stopCtx = func() bool { return false }

@@ -54,9 +54,9 @@ type stream struct {
 	status     int
 	reason     string
 
-	// Server role: cancelled when the stream or the connection ends.
-	ctx    context.Context
-	cancel context.CancelFunc
+	// Server role: the state of its context (streamContext), made when
+	// first used.
+	ctx *ctxState
 
 	// peerDone (made on first use) ends once a Read would not block.
 	peerDone    context.Context
@@ -99,9 +99,7 @@ func (st *stream) endedLocked() {
 	st.closeRespLocked()
 	st.wakeReaderLocked()
 	notify(st.wsig)
-	if st.cancel != nil {
-		st.cancel()
-	}
+	st.endCtxLocked()
 	st.checkPeerDoneLocked()
 }
 
