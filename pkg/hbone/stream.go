@@ -48,7 +48,8 @@ type stream struct {
 	wsig chan struct{}
 
 	// Client role: the response. resp is closed when the final response
-	// headers arrived (status != 0) or the stream failed first.
+	// headers arrived (status != 0) or the stream failed first, and
+	// dropped once openStream has read the answer.
 	resp       chan struct{}
 	respClosed bool
 	status     int
