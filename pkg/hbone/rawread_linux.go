@@ -47,26 +47,32 @@ func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
 	return func() (*[]byte, int, error) { return readPooled(rc, true, true) }
 }
 
-// readPooled reads what the socket has into a pooled buffer (payload
-// after frameHeaderLen), taken only once there is something to read: a
-// copy buffer when big, else a small one (one TLS record), so that many
-// connections waking at once for a few bytes each take little. With wait
-// it waits for readability; without, it answers errWouldBlock. Return the
-// buffer with putReadBuf.
+// readPooled reads what the socket has into a pooled buffer, taken only
+// once there is something to read: a copy buffer when big, else a small
+// one (one TLS record), so that many connections waking at once for a few
+// bytes each take little. The payload is laid out in frame slots (see
+// frameSlots; a small buffer is one slot), so that it is sent as DATA
+// frames in place (sendSlotted). With wait it waits for readability;
+// without, it answers errWouldBlock. Return the buffer with putReadBuf.
 func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
 	pool := &smallFramePool
 	if big {
 		pool = &copyBufPool
 	}
 	var (
-		buf  *[]byte
-		n    int
-		rerr error
+		buf   *[]byte
+		n     int
+		rerr  error
+		slots [framesPerFlush][]byte
 	)
 	err := rc.Read(func(fd uintptr) bool {
 		b := pool.Get().(*[]byte)
 		for {
-			n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:])
+			if big {
+				n, rerr = unix.Readv(int(fd), frameSlots(*b, &slots))
+			} else {
+				n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:tlsRecordPayload])
+			}
 			if rerr != unix.EINTR {
 				break
 			}

@@ -178,9 +178,9 @@ func (r *relay) fromPeer() {
 		if n > 0 {
 			r.touch()
 			r.st.wmu.Lock()
-			werr := r.st.sendFramed(*buf, n)
+			werr := r.st.sendSlotted(*buf, n)
 			r.st.wmu.Unlock()
-			big = n == len(*buf)-frameHeaderLen
+			big = readFilled(buf, n)
 			putReadBuf(buf)
 			if werr != nil {
 				r.abort(werr)

@@ -462,6 +462,55 @@ func (st *stream) sendFrames(p []byte) (int, error) {
 	return n, nil
 }
 
+// frameSlots returns the payload slots of a copy buffer b: the payload of
+// full frames, each behind room for its header, so that frames fill whole
+// TLS records. A read into them (readv) leaves the payload where sending
+// it as frames needs it: no copy into a second buffer (sendFrames's),
+// which was 4 % of the CPU of a bulk tunnel (issue 36).
+func frameSlots(b []byte, into *[framesPerFlush][]byte) [][]byte {
+	for i := range into {
+		into[i] = b[i*tlsRecordPayload+frameHeaderLen : (i+1)*tlsRecordPayload]
+	}
+	return into[:]
+}
+
+// sendSlotted sends the n payload bytes read into buf's frame slots
+// (frameSlots; a payload of at most one slot is where sendFramed expects
+// it too), as many frames per flush as flow control allows, each frame's
+// header written into the room in front of its payload. When flow control
+// cuts a frame short, the next one's header goes over the last 9 bytes
+// already sent. st.wmu held.
+func (st *stream) sendSlotted(buf []byte, n int) error {
+	pos := frameHeaderLen // the first byte not sent
+	for sent := 0; sent < n; {
+		m, err := st.awaitSend(n - sent)
+		if err != nil {
+			return err
+		}
+		start, frames := -1, 0
+		for left := m; left > 0; frames++ {
+			if pos%tlsRecordPayload == 0 {
+				pos += frameHeaderLen // at a slot's start: its payload follows the room
+			}
+			if start < 0 {
+				start = pos - frameHeaderLen
+			}
+			slotEnd := (pos/tlsRecordPayload + 1) * tlsRecordPayload
+			k := min(slotEnd-pos, left)
+			putFrameHeader(buf[pos-frameHeaderLen:pos], k, http2.FrameData, 0, st.id)
+			pos += k
+			left -= k
+		}
+		w := st.waiting(buf[start:pos], false)
+		w.frames = frames
+		if err := st.c.writeData(w); err != nil {
+			return err
+		}
+		sent += m
+	}
+	return nil
+}
+
 // sendFramed sends the n payload bytes at buf[frameHeaderLen:]: one frame
 // with its header written in place in front of the payload, or several
 // (sendFrames).
@@ -493,12 +542,16 @@ func (st *stream) sendFramed(buf []byte, n int) error {
 func (st *stream) ReadFrom(r io.Reader) (int64, error) {
 	st.wmu.Lock()
 	defer st.wmu.Unlock()
-	read := readerFor(r)
+	read, slotted := readerFor(r)
+	send := st.sendFramed
+	if slotted {
+		send = st.sendSlotted
+	}
 	var total int64
 	for {
 		buf, n, err := read()
 		if n > 0 {
-			if werr := st.sendFramed(*buf, n); werr != nil {
+			if werr := send(*buf, n); werr != nil {
 				copyBufPool.Put(buf)
 				return total, werr
 			}
@@ -518,15 +571,15 @@ func (st *stream) ReadFrom(r io.Reader) (int64, error) {
 
 // readerFor returns a function that reads the next piece of r into a pooled
 // copy buffer (payload after frameHeaderLen).
-func readerFor(r io.Reader) func() (*[]byte, int, error) {
+func readerFor(r io.Reader) (read func() (*[]byte, int, error), slotted bool) {
 	if read := rawSocketReader(r); read != nil {
-		return read
+		return read, true
 	}
 	return func() (*[]byte, int, error) {
 		buf := copyBufPool.Get().(*[]byte)
 		n, err := r.Read((*buf)[frameHeaderLen:])
 		return buf, n, err
-	}
+	}, false
 }
 
 // CloseWrite ends our direction of the tunnel (END_STREAM); reading goes on.
