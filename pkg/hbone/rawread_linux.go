@@ -60,15 +60,15 @@ func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
 		pool = &copyBufPool
 	}
 	var (
-		buf   *[]byte
-		n     int
-		rerr  error
-		slots [framesPerFlush][]byte
+		buf  *[]byte
+		n    int
+		rerr error
 	)
 	err := rc.Read(func(fd uintptr) bool {
 		b := pool.Get().(*[]byte)
 		for {
 			if big {
+				var slots [framesPerFlush][]byte // on the stack: Readv keeps no reference
 				n, rerr = unix.Readv(int(fd), frameSlots(*b, &slots))
 			} else {
 				n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:tlsRecordPayload])
