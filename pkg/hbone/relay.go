@@ -51,6 +51,10 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 		// A server's tunnel context ends only with the stream, whose end
 		// the relay sees anyway.
 		r.stopCtx = func() bool { return false }
+	} else if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
+		// Registered with ctx itself (pkg/cancelgroup), without the
+		// context context.AfterFunc makes for each relay.
+		r.stopCtx = a.AfterFunc(func() { r.abort(ctx.Err()) })
 	} else {
 		r.stopCtx = context.AfterFunc(ctx, func() { r.abort(ctx.Err()) })
 	}

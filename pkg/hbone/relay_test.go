@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/cancelgroup"
 )
 
 // Idle relays hold no goroutine: many tunnels joined with idle sockets add
@@ -68,10 +70,22 @@ func TestIdleRelaysHoldNoGoroutine(t *testing.T) {
 }
 
 // A relay whose context ends while both sides idle ends at once: done
-// reports the context's error, the socket is reset and the tunnel too.
+// reports the context's error, the socket is reset and the tunnel too;
+// also under a context that takes the relay's registration itself
+// (AfterFunc: pkg/cancelgroup, the node proxy's drain).
 func TestRelayCancelledWhileIdle(t *testing.T) {
+	t.Run("WithCancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		testRelayCancelledWhileIdle(t, ctx, cancel)
+	})
+	t.Run("cancelgroup", func(t *testing.T) {
+		ctx, cancel := cancelgroup.New()
+		testRelayCancelledWhileIdle(t, ctx, cancel)
+	})
+}
+
+func testRelayCancelledWhileIdle(t *testing.T, ctx context.Context, cancel context.CancelFunc) {
 	m := newMesh(t)
-	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	result := make(chan error, 1)
 	apps := make(chan net.Conn, 1)

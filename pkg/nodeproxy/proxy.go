@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/cancelgroup"
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
@@ -118,7 +119,7 @@ type Proxy struct {
 	// relays is the context of outbound relays: it ends when the drain
 	// does, not when Run is told to stop, so that captured connections
 	// in progress keep flowing while the proxy drains.
-	relays     context.Context
+	relays     *cancelgroup.Context // a burst of relays' registrations does not stay
 	stopRelays context.CancelFunc
 	outbound   sync.WaitGroup
 }
@@ -168,7 +169,7 @@ func New(o Options) (*Proxy, error) {
 		active: map[netip.AddrPort]int{}, outliers: newOutliers(), pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{},
 		updated: make(chan struct{})}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
-	p.relays, p.stopRelays = context.WithCancel(context.Background())
+	p.relays, p.stopRelays = cancelgroup.New()
 	enforcer, err := connpolicy.New(connpolicy.Options{Logger: o.Logger, DecisionLog: o.PolicyDecisionLog, Registerer: o.Registry})
 	if err != nil {
 		return nil, err
