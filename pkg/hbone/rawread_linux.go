@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -55,35 +56,16 @@ func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
 // frames in place (sendSlotted). With wait it waits for readability;
 // without, it answers errWouldBlock. Return the buffer with putReadBuf.
 func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
-	pool := &smallFramePool
+	op := readOpPool.Get().(*readOp)
+	op.pool = &smallFramePool
 	if big {
-		pool = &copyBufPool
+		op.pool = &copyBufPool
 	}
-	var (
-		buf  *[]byte
-		n    int
-		rerr error
-	)
-	err := rc.Read(func(fd uintptr) bool {
-		b := pool.Get().(*[]byte)
-		for {
-			if big {
-				var slots [framesPerFlush][]byte // on the stack: Readv keeps no reference
-				n, rerr = unix.Readv(int(fd), frameSlots(*b, &slots))
-			} else {
-				n, rerr = unix.Read(int(fd), (*b)[frameHeaderLen:tlsRecordPayload])
-			}
-			if rerr != unix.EINTR {
-				break
-			}
-		}
-		if rerr == unix.EAGAIN {
-			pool.Put(b)
-			return !wait // false: wait until readable
-		}
-		buf = b
-		return true
-	})
+	op.wait, op.big = wait, big
+	err := rc.Read(op.fn)
+	pool, buf, n, rerr := op.pool, op.buf, op.n, op.rerr
+	*op = readOp{fn: op.fn}
+	readOpPool.Put(op)
 	switch {
 	case err != nil:
 		// Deadline or closed socket, reported by the poller.
@@ -101,6 +83,46 @@ func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
 		return nil, 0, io.EOF
 	}
 	return buf, n, nil
+}
+
+// readOp is one readPooled call's state, pooled with the function its
+// RawConn.Read calls, so that a read allocates nothing (a closure and its
+// escaping variables were four objects per read, garbage between the
+// objects of connections being opened: issue 36).
+type readOp struct {
+	fn        func(fd uintptr) bool // op.read, bound once
+	pool      *sync.Pool
+	wait, big bool
+	buf       *[]byte
+	n         int
+	rerr      error
+}
+
+var readOpPool = sync.Pool{New: func() any {
+	op := new(readOp)
+	op.fn = op.read
+	return op
+}}
+
+func (op *readOp) read(fd uintptr) bool {
+	b := op.pool.Get().(*[]byte)
+	for {
+		if op.big {
+			var slots [framesPerFlush][]byte // on the stack: Readv keeps no reference
+			op.n, op.rerr = unix.Readv(int(fd), frameSlots(*b, &slots))
+		} else {
+			op.n, op.rerr = unix.Read(int(fd), (*b)[frameHeaderLen:tlsRecordPayload])
+		}
+		if op.rerr != unix.EINTR {
+			break
+		}
+	}
+	if op.rerr == unix.EAGAIN {
+		op.pool.Put(b)
+		return !op.wait // false: wait until readable
+	}
+	op.buf = b
+	return true
 }
 
 // writeNoWait writes bufs to the socket with one writev, taking what its
