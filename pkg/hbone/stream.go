@@ -670,6 +670,9 @@ func (st *stream) SetDeadline(t time.Time) error {
 // SetReadDeadline interrupts a blocked Read when t passes; the tunnel stays
 // usable with a later deadline.
 func (st *stream) SetReadDeadline(t time.Time) error {
+	if t.IsZero() && st.dl.Load() == nil {
+		return nil // none set, none to clear (net/http clears often)
+	}
 	st.deadlines().r.set(t)
 	st.c.mu.Lock()
 	notify(st.rsig)
@@ -680,6 +683,9 @@ func (st *stream) SetReadDeadline(t time.Time) error {
 // SetWriteDeadline interrupts a Write waiting for flow control when t
 // passes; the tunnel stays usable with a later deadline.
 func (st *stream) SetWriteDeadline(t time.Time) error {
+	if t.IsZero() && st.dl.Load() == nil {
+		return nil
+	}
 	st.deadlines().w.set(t)
 	st.c.mu.Lock()
 	notify(st.wsig)

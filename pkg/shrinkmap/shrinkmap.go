@@ -11,8 +11,12 @@ package shrinkmap
 import "iter"
 
 const (
+	// ShrinkBelow: the map is rebuilt once it holds less than its peak
+	// divided by ShrinkBelow...
 	ShrinkBelow = 4
-	ShrinkMin   = 1024
+	// ... of a peak of at least ShrinkMin entries (smaller maps keep
+	// their room).
+	ShrinkMin = 1024
 )
 
 // Map is a map from K to V; the zero Map is empty and ready to use. It is
