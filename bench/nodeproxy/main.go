@@ -517,6 +517,16 @@ func (b *bench) memory(ctx context.Context) error {
 		benchmesh.Report("nodeproxy_"+side.name+"_stack_kib_per_conn", grow("go_memstats_stack_inuse_bytes")/1024, "KiB")
 		benchmesh.Report("nodeproxy_"+side.name+"_heap_kib_per_conn", grow("go_memstats_heap_inuse_bytes")/1024, "KiB")
 		benchmesh.Report("nodeproxy_"+side.name+"_heap_objects_per_conn", grow("go_memstats_heap_objects"), "objects")
+		// Freed heap pages the runtime has not returned yet count in RSS
+		// too, and so does what it holds besides heap and stacks.
+		free := func(m map[string]float64) float64 {
+			return m["go_memstats_heap_idle_bytes"] - m["go_memstats_heap_released_bytes"]
+		}
+		benchmesh.Report("nodeproxy_"+side.name+"_heap_free_kib_per_conn", (free(side.after)-free(side.before))/n/1024, "KiB")
+		held := func(m map[string]float64) float64 {
+			return m["go_memstats_sys_bytes"] - m["go_memstats_heap_released_bytes"]
+		}
+		benchmesh.Report("nodeproxy_"+side.name+"_runtime_held_kib_per_conn", (held(side.after)-held(side.before))/n/1024, "KiB")
 	}
 	return nil
 }

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/shrinkmap"
 )
 
 // ErrRevoked marks a connection a re-check closed.
@@ -19,26 +22,16 @@ var ErrRevoked = errors.New("closed by connection policy re-check")
 type Tracker struct {
 	log     *zap.Logger
 	mu      sync.Mutex
-	conns   map[*Open]struct{}
-	peak    int // most entries conns held since it was built
+	conns   shrinkmap.Map[*Open, struct{}] // a burst's room goes with it
 	pending chan struct{}
 }
 
-// A Go map keeps the room of its largest size. Once the tracker holds a
-// shrinkBelow-th of its peak (of at least shrinkMin connections) it copies
-// its map into one of the size in use, so a burst's memory goes with it;
-// each copy follows at least peak*3/4 removals, so its cost is amortized.
-const (
-	shrinkBelow = 4
-	shrinkMin   = 1024
-)
-
 // Open is one tracked connection.
 type Open struct {
-	check   func(context.Context) (Verdict, error)
-	fields  []zap.Field
-	revoke  func()                 // ends its relay, resetting both sides
-	revoked atomic.Pointer[string] // why a re-check closed it
+	check    func(context.Context) (Verdict, error)
+	describe func() []zap.Field
+	revoke   func()                 // ends its relay, resetting both sides
+	revoked  atomic.Pointer[string] // why a re-check closed it
 }
 
 // NewTracker builds a tracker logging to log.
@@ -46,36 +39,29 @@ func NewTracker(log *zap.Logger) *Tracker {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Tracker{log: log, conns: map[*Open]struct{}{}, pending: make(chan struct{}, 1)}
+	return &Tracker{log: log, pending: make(chan struct{}, 1)}
 }
 
 // Track follows a connection until the returned function is called.
 // revoke ends its relay (resetting its upstream connection, aborting its
 // tunnel); a re-check that denies it calls revoke once. check decides
-// about it under the state in force (an error denies); fields describe it
-// in the log. stale, asked once it is tracked, reports whether the state
+// about it under the state in force (an error denies); describe returns
+// the fields that name it in the log (asked only when a re-check closes
+// it, so an open connection holds no copy of them). stale, asked once it is tracked, reports whether the state
 // changed since it was admitted: then it is re-checked at once (with
 // ctx), so no change is missed. Tracking before the relay starts is safe:
 // a relay whose upstream is already reset ends at once.
-func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdict, error), stale func() bool, revoke func(), fields ...zap.Field) (*Open, func()) {
-	o := &Open{check: check, fields: fields, revoke: revoke}
+func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdict, error), stale func() bool, revoke func(), describe func() []zap.Field) (*Open, func()) {
+	o := &Open{check: check, describe: describe, revoke: revoke}
 	t.mu.Lock()
-	t.conns[o] = struct{}{}
-	t.peak = max(t.peak, len(t.conns))
+	t.conns.Set(o, struct{}{})
 	t.mu.Unlock()
 	if stale() {
 		t.recheck(ctx, o)
 	}
 	return o, func() {
 		t.mu.Lock()
-		delete(t.conns, o)
-		if t.peak >= shrinkMin && len(t.conns) < t.peak/shrinkBelow {
-			conns := make(map[*Open]struct{}, len(t.conns))
-			for c := range t.conns {
-				conns[c] = struct{}{}
-			}
-			t.conns, t.peak = conns, len(conns)
-		}
+		t.conns.Delete(o)
 		t.mu.Unlock()
 	}
 }
@@ -103,7 +89,7 @@ func (t *Tracker) recheck(ctx context.Context, o *Open) bool {
 		return false // already closed
 	}
 	// Logged first: whoever sees the connection end finds the reason.
-	t.log.Info("open connection no longer authorized; closed", append(o.fields,
+	t.log.Info("open connection no longer authorized; closed", append(o.describe(),
 		zap.String("policy", v.Policy), zap.String("policy_revision", v.Revision), zap.String("decision_id", v.DecisionID), zap.String("reason", reason))...)
 	o.revoke()
 	return true
@@ -113,10 +99,7 @@ func (t *Tracker) recheck(ctx context.Context, o *Open) bool {
 // and closes those now denied; it returns how many it checked and closed.
 func (t *Tracker) RecheckAll(ctx context.Context) (checked, closed int) {
 	t.mu.Lock()
-	list := make([]*Open, 0, len(t.conns))
-	for o := range t.conns {
-		list = append(list, o)
-	}
+	list := slices.AppendSeq(make([]*Open, 0, t.conns.Len()), t.conns.Keys())
 	t.mu.Unlock()
 	var next, n atomic.Int64
 	var wg sync.WaitGroup

@@ -29,6 +29,15 @@ var (
 	smallFramePool = sync.Pool{New: func() any { b := make([]byte, frameHeaderLen+smallFrameSize); return &b }}
 )
 
+// readFilled reports whether a read of n bytes into readPooled's buffer b
+// filled all its frame slots: the socket may have more.
+func readFilled(b *[]byte, n int) bool {
+	if len(*b) == frameHeaderLen+copyBufSize {
+		return n == framesPerFlush*framePayload
+	}
+	return n == framePayload
+}
+
 // putReadBuf returns a buffer of readPooled to its pool.
 func putReadBuf(b *[]byte) {
 	if len(*b) == frameHeaderLen+copyBufSize {

@@ -695,7 +695,6 @@ func (c *h2conn) processRequestHeaders(b *headerBlock) error {
 		return nil
 	}
 	st := c.newStreamLocked(id)
-	st.ctx, st.cancel = context.WithCancel(c.ctx)
 	st.expectBody = contentLength
 	if b.endStream {
 		st.recvEOF = true

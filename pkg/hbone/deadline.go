@@ -8,7 +8,8 @@ import (
 
 // deadline is a settable point in time whose wait channel is closed once it
 // has passed. Waiters select on wait(); a nil channel (no deadline was ever
-// set) blocks forever, so tunnels that never use deadlines pay nothing.
+// set) blocks forever, so tunnels that never use deadlines pay nothing. A
+// nil *deadline is one never set.
 //
 // armed is set with the first deadline and stays set: until then exceeded
 // and wait answer without taking the lock. (Setting a deadline wakes the
@@ -65,7 +66,7 @@ func (d *deadline) expire() {
 }
 
 func (d *deadline) wait() <-chan struct{} {
-	if !d.armed.Load() {
+	if d == nil || !d.armed.Load() {
 		return nil
 	}
 	d.mu.Lock()
@@ -75,7 +76,7 @@ func (d *deadline) wait() <-chan struct{} {
 
 // exceeded reports whether the deadline has passed.
 func (d *deadline) exceeded() bool {
-	if !d.armed.Load() {
+	if d == nil || !d.armed.Load() {
 		return false
 	}
 	d.mu.Lock()

@@ -298,6 +298,7 @@ func (c *h2conn) openStream(ctx context.Context, fields []hpack.HeaderField) (*s
 	}
 	c.mu.Lock()
 	status, reason, err := st.status, st.reason, st.err
+	st.resp = nil // closed and read: a tunnel open for hours need not keep it
 	c.mu.Unlock()
 	if status == 0 {
 		st.Close()
@@ -321,8 +322,6 @@ func (c *h2conn) newStreamLocked(id uint32) *stream {
 		expectBody: -1,
 		sendWindow: int64(c.peerInitialWindow),
 		recvWindow: c.cfg.streamWindow,
-		rsig:       make(chan struct{}, 1),
-		wsig:       make(chan struct{}, 1),
 	}
 	c.streams[id] = st
 	c.busyLocked()

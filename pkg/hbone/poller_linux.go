@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/causeway-mesh/causeway/pkg/shrinkmap"
 )
 
 // idlePoller waits, on one goroutine for the whole process, for the
@@ -28,7 +30,7 @@ type idlePoller struct {
 	epfd   int
 	ep     syscall.RawConn // epfd in the runtime's poller
 	mu     sync.Mutex
-	relays map[uint64]*relay // by token, the epoll event's data
+	relays shrinkmap.Map[uint64, *relay] // by token, the epoll event's data; a burst's room goes with it
 	next   uint64
 }
 
@@ -53,7 +55,7 @@ func idlePollerFor() *idlePoller {
 		if err != nil {
 			return
 		}
-		sharedPoller = &idlePoller{epfd: fd, ep: rc, relays: map[uint64]*relay{}}
+		sharedPoller = &idlePoller{epfd: fd, ep: rc}
 		go sharedPoller.run()
 	})
 	return sharedPoller
@@ -74,7 +76,7 @@ func (p *idlePoller) park(r *relay) bool {
 		p.mu.Lock()
 		p.next++
 		r.token = p.next
-		p.relays[r.token] = r
+		p.relays.Set(r.token, r)
 		p.mu.Unlock()
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT,
@@ -103,7 +105,7 @@ func (p *idlePoller) forget(r *relay) {
 		return
 	}
 	p.mu.Lock()
-	delete(p.relays, r.token)
+	p.relays.Delete(r.token)
 	p.mu.Unlock()
 }
 
@@ -135,7 +137,7 @@ func (p *idlePoller) run() {
 		}
 		p.mu.Lock()
 		for _, ev := range events[:n] {
-			if r := p.relays[uint64(uint32(ev.Fd))|uint64(uint32(ev.Pad))<<32]; r != nil {
+			if r, _ := p.relays.Get(uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32); r != nil {
 				ready = append(ready, r)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -47,22 +48,20 @@ func rawSocketReader(r io.Reader) func() (*[]byte, int, error) {
 	return func() (*[]byte, int, error) { return readPooled(rc, true, true) }
 }
 
-// readPooled reads what the socket has into a pooled buffer (payload
-// after frameHeaderLen), taken only once there is something to read: a
-// copy buffer when big, else a small one (one TLS record), so that many
-// connections waking at once for a few bytes each take little. With wait
-// it waits for readability; without, it answers errWouldBlock. Return the
-// buffer with putReadBuf.
+// readPooled reads what the socket has into a pooled buffer, taken only
+// once there is something to read: a copy buffer when big, else a small
+// one (one TLS record), so that many connections waking at once for a few
+// bytes each take little. The payload is laid out in frame slots (see
+// frameSlots; a small buffer is one slot), so that it is sent as DATA
+// frames in place (sendSlotted). With wait it waits for readability;
+// without, it answers errWouldBlock. Return the buffer with putReadBuf.
 func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
-	var (
-		buf  *[]byte
-		n    int
-		rerr error
-	)
-	err := rc.Read(func(fd uintptr) bool {
-		buf, n, rerr = readFD(fd, big)
-		return rerr != errWouldBlock || !wait // false: wait until readable
-	})
+	op := readOpPool.Get().(*readOp)
+	op.wait, op.big = wait, big
+	err := rc.Read(op.fn)
+	buf, n, rerr := op.buf, op.n, op.rerr
+	*op = readOp{fn: op.fn}
+	readOpPool.Put(op)
 	if err != nil {
 		// Deadline or closed socket, reported by the poller (buf is nil:
 		// a read that took one ended the wait).
@@ -73,7 +72,8 @@ func readPooled(rc syscall.RawConn, wait, big bool) (*[]byte, int, error) {
 
 // readFD is one read of readPooled, inside the socket's RawConn.Read: the
 // buffer (nil on failure) and what it holds, errWouldBlock when the
-// socket has nothing, io.EOF at its end.
+// socket has nothing, io.EOF at its end. A copy buffer is read into its
+// frame slots (frameSlots), a small one into its one slot.
 func readFD(fd uintptr, big bool) (*[]byte, int, error) {
 	pool := &smallFramePool
 	if big {
@@ -84,7 +84,12 @@ func readFD(fd uintptr, big bool) (*[]byte, int, error) {
 		n   int
 		err error
 	)
-	n, err = rawRead(fd, (*b)[frameHeaderLen:])
+	if big {
+		var slots [framesPerFlush][]byte // on the stack: readv keeps no reference
+		n, err = rawReadv(fd, frameSlots(*b, &slots))
+	} else {
+		n, err = rawRead(fd, (*b)[frameHeaderLen:tlsRecordPayload])
+	}
 	switch {
 	case err == unix.EAGAIN:
 		err = errWouldBlock
@@ -97,6 +102,29 @@ func readFD(fd uintptr, big bool) (*[]byte, int, error) {
 	}
 	pool.Put(b)
 	return nil, 0, err
+}
+
+// readOp is one readPooled call's state, pooled with the function its
+// RawConn.Read calls, so that a read allocates nothing (a closure and its
+// escaping variables were four objects per read, garbage between the
+// objects of connections being opened: issue 36).
+type readOp struct {
+	fn        func(fd uintptr) bool // op.read, bound once
+	wait, big bool
+	buf       *[]byte
+	n         int
+	rerr      error
+}
+
+var readOpPool = sync.Pool{New: func() any {
+	op := new(readOp)
+	op.fn = op.read
+	return op
+}}
+
+func (op *readOp) read(fd uintptr) bool {
+	op.buf, op.n, op.rerr = readFD(fd, op.big)
+	return op.rerr != errWouldBlock || !op.wait // false: wait until readable
 }
 
 // writeNoWait writes bufs to the socket with one writev, taking what its

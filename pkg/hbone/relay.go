@@ -49,10 +49,14 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 	r.rc = rawConnOf(r.peer)
 	r.left.Store(2)
 	r.last.Store(time.Now().UnixNano())
-	if ctx == r.st.ctx {
+	if ctx == (streamContext{r.st}) {
 		// A server's tunnel context ends only with the stream, whose end
 		// the relay sees anyway.
 		r.stopCtx = func() bool { return false }
+	} else if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
+		// Registered with ctx itself (pkg/cancelgroup), without the
+		// context context.AfterFunc makes for each relay.
+		r.stopCtx = a.AfterFunc(func() { r.abort(ctx.Err()) })
 	} else {
 		r.stopCtx = context.AfterFunc(ctx, func() { r.abort(ctx.Err()) })
 	}
@@ -60,7 +64,7 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 		r.timer = time.AfterFunc(idle, r.checkIdle)
 	}
 	r.st.c.mu.Lock()
-	r.st.pump, r.st.writeNow = r.drain, r.writeNow
+	r.st.pump = r
 	r.st.wakeReaderLocked() // data may be waiting already
 	r.st.c.mu.Unlock()
 	go r.fromPeer()
@@ -175,7 +179,7 @@ func (r *relay) fromPeer() {
 	}
 	if err == nil {
 		// A read that filled the small buffer brings a copy buffer next.
-		big := n == len(*buf)-frameHeaderLen
+		big := readFilled(buf, n)
 		if err = r.send(buf, n); err == nil {
 			err = r.carry(big)
 		}
@@ -197,11 +201,12 @@ func (r *relay) fromPeer() {
 	}
 }
 
-// send frames n bytes read into buf into the tunnel, and gives buf back.
+// send sends the n bytes read into buf's frame slots into the tunnel, and
+// gives buf back.
 func (r *relay) send(buf *[]byte, n int) error {
 	r.touch()
 	r.st.wmu.Lock()
-	err := r.st.sendFramed(*buf, n)
+	err := r.st.sendSlotted(*buf, n)
 	r.st.wmu.Unlock()
 	putReadBuf(buf)
 	if err != nil {
@@ -252,7 +257,7 @@ func (r *relay) carry(big bool) error {
 			if buf, n, err = readFD(fd, big); err != nil {
 				return err != errWouldBlock
 			}
-			big = n == len(*buf)-frameHeaderLen
+			big = readFilled(buf, n)
 			if err = r.send(buf, n); err != nil {
 				return true
 			}

@@ -1,6 +1,7 @@
 package hbone
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/cancelgroup"
 )
 
 // Idle relays hold no goroutine: many tunnels joined with idle sockets add
@@ -80,10 +83,22 @@ func TestIdleRelaysHoldNoGoroutine(t *testing.T) {
 }
 
 // A relay whose context ends while both sides idle ends at once: done
-// reports the context's error, the socket is reset and the tunnel too.
+// reports the context's error, the socket is reset and the tunnel too;
+// also under a context that takes the relay's registration itself
+// (AfterFunc: pkg/cancelgroup, the node proxy's drain).
 func TestRelayCancelledWhileIdle(t *testing.T) {
+	t.Run("WithCancel", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		testRelayCancelledWhileIdle(t, ctx, cancel)
+	})
+	t.Run("cancelgroup", func(t *testing.T) {
+		ctx, cancel := cancelgroup.New()
+		testRelayCancelledWhileIdle(t, ctx, cancel)
+	})
+}
+
+func testRelayCancelledWhileIdle(t *testing.T, ctx context.Context, cancel context.CancelFunc) {
 	m := newMesh(t)
-	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	result := make(chan error, 1)
 	apps := make(chan net.Conn, 1)
@@ -166,5 +181,64 @@ func TestRelayStreamAbort(t *testing.T) {
 		}
 		t.Logf("aborted before the start: %v", early)
 		wantAborted(t, result, cause, up, tn)
+	}
+}
+
+// A relay sends what it reads from its socket as frames in place, in the
+// read buffer's frame slots; flow control cuts frames anywhere in a slot
+// (a 65,535-byte window is 4 frames and 35 bytes), and the frame after a
+// cut one carries on from there. Both directions move 3 MiB intact.
+func TestRelayFramesInPlaceUnderSmallWindow(t *testing.T) {
+	m := newMesh(t)
+	apps := make(chan net.Conn, 1)
+	h := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
+		a, b := tcpPair(t)
+		apps <- b
+		return Splice(a), nil
+	})
+	_, addr := startServer(t, m, h, func(o *ServerOptions) { o.StreamWindow = initialWindowSize })
+	p := newPool(t, m, func(o *PoolOptions) { o.StreamWindow = initialWindowSize })
+	tn := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+	app := <-apps
+	defer app.Close()
+	msg := make([]byte, 3<<20+777)
+	for i := range msg {
+		msg[i] = byte(i*13 + i>>11)
+	}
+	tn.SetDeadline(time.Now().Add(60 * time.Second))
+	app.SetDeadline(time.Now().Add(60 * time.Second))
+
+	// app -> relay (socket read into slots) -> tunnel
+	go func() {
+		app.Write(msg)
+		app.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(tn)
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("tunnel read %d bytes (%v), want the %d the app wrote, equal", len(got), err, len(msg))
+	}
+	// tunnel -> relay -> app, and a client relaying its own socket into
+	// the tunnel (ReadFrom) the same way.
+	a, b := tcpPair(t)
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		b.Write(msg)
+		b.(*net.TCPConn).CloseWrite()
+	}()
+	copied := make(chan error, 1)
+	go func() {
+		_, err := tn.(io.ReaderFrom).ReadFrom(a)
+		if err == nil {
+			err = tn.CloseWrite()
+		}
+		copied <- err
+	}()
+	got, err = io.ReadAll(app)
+	if cerr := <-copied; cerr != nil {
+		t.Fatalf("ReadFrom: %v", cerr)
+	}
+	if err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("app read %d bytes (%v), want the %d sent through the tunnel, equal", len(got), err, len(msg))
 	}
 }

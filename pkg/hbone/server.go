@@ -439,7 +439,7 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 	if req.Host != "" {
 		target = zap.String("authority", req.Host)
 	}
-	strm, err := s.opts.Handler.Open(st.ctx, req)
+	strm, err := s.opts.Handler.Open(streamContext{st}, req)
 	if err == nil && strm == nil {
 		err = errors.New("handler returned neither a stream nor an error")
 	}
@@ -454,7 +454,7 @@ func (s *Server) serveStream(log *zap.Logger, st *stream, req *Request, code int
 	}
 	handedOff = true
 	if rs, ok := strm.(*RelayStream); ok {
-		rs.start(st.ctx, st, func() {
+		rs.start(streamContext{st}, st, func() {
 			st.Close()
 			s.tunnels.Add(-1)
 		})
@@ -473,7 +473,7 @@ func (s *Server) serveTunnel(log *zap.Logger, st *stream, strm Stream) {
 			log.Error("tunnel stream panicked", zap.Any("panic", v), zap.Stack("stack"))
 		}
 	}()
-	strm.Serve(st.ctx, st)
+	strm.Serve(streamContext{st}, st)
 }
 
 const (

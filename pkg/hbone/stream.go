@@ -35,34 +35,40 @@ type stream struct {
 	expectBody int64
 	released   bool // Close was called
 	// pump, when set (Relay), writes received data out in place of a
-	// blocked reader: wakeReaderLocked starts it on a goroutine of its own
-	// (pumping until it finds nothing to do), unless writeNow wrote
-	// everything at once.
-	pump     func()
-	writeNow func() bool
-	pumping  bool
-	rsig     chan struct{}
-	wsig     chan struct{}
+	// blocked reader: wakeReaderLocked starts its drain on a goroutine of
+	// its own (pumping until it finds nothing to do), unless its writeNow
+	// wrote everything at once.
+	pump    *relay
+	pumping bool
+	// rsig and wsig wake a blocked reader and writer; each is made by the
+	// first one that waits (signalLocked), so that an idle relayed tunnel,
+	// whose reader is the pump and whose writer rarely waits for window,
+	// holds neither (issue 36: memory per idle connection).
+	rsig chan struct{}
+	wsig chan struct{}
 
 	// Client role: the response. resp is closed when the final response
-	// headers arrived (status != 0) or the stream failed first.
+	// headers arrived (status != 0) or the stream failed first, and
+	// dropped once openStream has read the answer.
 	resp       chan struct{}
 	respClosed bool
 	status     int
 	reason     string
 
-	// Server role: cancelled when the stream or the connection ends.
-	ctx    context.Context
-	cancel context.CancelFunc
+	// Server role: the state of its context (streamContext), made when
+	// first used.
+	ctx *ctxState
 
 	// peerDone (made on first use) ends once a Read would not block.
 	peerDone    context.Context
 	endPeerDone context.CancelFunc
 
-	rdl, wdl deadline
-	rmu      sync.Mutex // one reader at a time
-	wmu      sync.Mutex // one writer at a time
-	dw       dataWrite  // that writer's frame in the connection's queue
+	// dl holds the read and write deadlines, made by the first
+	// SetDeadline (most tunnels never set one).
+	dl  atomic.Pointer[deadlines]
+	rmu sync.Mutex // one reader at a time
+	wmu sync.Mutex // one writer at a time
+	dw  dataWrite  // that writer's frame in the connection's queue
 	// bw is the stream's one frame sent behind its writer's back, queued
 	// while behindQueued (the flush clears it).
 	bw           dataWrite
@@ -94,9 +100,7 @@ func (st *stream) endedLocked() {
 	st.closeRespLocked()
 	st.wakeReaderLocked()
 	notify(st.wsig)
-	if st.cancel != nil {
-		st.cancel()
-	}
+	st.endCtxLocked()
 	st.checkPeerDoneLocked()
 }
 
@@ -104,18 +108,54 @@ func (st *stream) endedLocked() {
 // failure arrived: a blocked Read, or the pump.
 func (st *stream) wakeReaderLocked() {
 	notify(st.rsig)
-	if st.pump != nil && !st.pumping {
-		if st.writeNow != nil && st.writeNow() {
+	if r := st.pump; r != nil && !st.pumping {
+		if r.writeNow() {
 			return
 		}
 		st.pumping = true
-		go st.pump()
+		go r.drain()
 	}
 }
 
 // stopPumpLocked is the pump's last act: nothing wakes it again.
 func (st *stream) stopPumpLocked() {
-	st.pump, st.writeNow, st.pumping = nil, nil, false
+	st.pump, st.pumping = nil, false
+}
+
+// signalLocked returns *sig, making it first: the channel a reader (rsig)
+// or writer (wsig) about to wait receives its wake-up on.
+func signalLocked(sig *chan struct{}) chan struct{} {
+	if *sig == nil {
+		*sig = make(chan struct{}, 1)
+	}
+	return *sig
+}
+
+// deadlines are a stream's read and write deadlines.
+type deadlines struct{ r, w deadline }
+
+// rdl and wdl are the stream's deadlines; nil (none) until one is set.
+func (st *stream) rdl() *deadline {
+	if d := st.dl.Load(); d != nil {
+		return &d.r
+	}
+	return nil
+}
+
+func (st *stream) wdl() *deadline {
+	if d := st.dl.Load(); d != nil {
+		return &d.w
+	}
+	return nil
+}
+
+// deadlines returns the stream's deadlines, making them first.
+func (st *stream) deadlines() *deadlines {
+	if d := st.dl.Load(); d != nil {
+		return d
+	}
+	st.dl.CompareAndSwap(nil, new(deadlines))
+	return st.dl.Load()
 }
 
 // PeerDone returns a context that ends once reading the tunnel would no
@@ -189,7 +229,7 @@ func (st *stream) readableLocked() bool {
 func (st *stream) lockReadable() error {
 	c := st.c
 	for {
-		if st.rdl.exceeded() {
+		if st.rdl().exceeded() {
 			return os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
@@ -209,8 +249,9 @@ func (st *stream) lockReadable() error {
 			c.mu.Unlock()
 			return err
 		}
+		sig := signalLocked(&st.rsig)
 		c.mu.Unlock()
-		awaitSignal(st.rsig, st.rdl.wait())
+		awaitSignal(sig, st.rdl().wait())
 	}
 }
 
@@ -289,7 +330,7 @@ func (st *stream) writeBufferedLocked(w io.Writer) (int64, error) {
 func (st *stream) awaitSend(max int) (int, error) {
 	c := st.c
 	for {
-		if st.wdl.exceeded() {
+		if st.wdl().exceeded() {
 			return 0, os.ErrDeadlineExceeded
 		}
 		c.mu.Lock()
@@ -317,8 +358,9 @@ func (st *stream) awaitSend(max int) (int, error) {
 			st.waitingConn = true
 			c.sendWaiters = append(c.sendWaiters, st)
 		}
+		sig := signalLocked(&st.wsig)
 		c.mu.Unlock()
-		awaitSignal(st.wsig, st.wdl.wait())
+		awaitSignal(sig, st.wdl().wait())
 	}
 }
 
@@ -420,6 +462,55 @@ func (st *stream) sendFrames(p []byte) (int, error) {
 	return n, nil
 }
 
+// frameSlots returns the payload slots of a copy buffer b: the payload of
+// full frames, each behind room for its header, so that frames fill whole
+// TLS records. A read into them (readv) leaves the payload where sending
+// it as frames needs it: no copy into a second buffer (sendFrames's),
+// which was 4 % of the CPU of a bulk tunnel (issue 36).
+func frameSlots(b []byte, into *[framesPerFlush][]byte) [][]byte {
+	for i := range into {
+		into[i] = b[i*tlsRecordPayload+frameHeaderLen : (i+1)*tlsRecordPayload]
+	}
+	return into[:]
+}
+
+// sendSlotted sends the n payload bytes read into buf's frame slots
+// (frameSlots; a payload of at most one slot is where sendFramed expects
+// it too), as many frames per flush as flow control allows, each frame's
+// header written into the room in front of its payload. When flow control
+// cuts a frame short, the next one's header goes over the last 9 bytes
+// already sent. st.wmu held.
+func (st *stream) sendSlotted(buf []byte, n int) error {
+	pos := frameHeaderLen // the first byte not sent
+	for sent := 0; sent < n; {
+		m, err := st.awaitSend(n - sent)
+		if err != nil {
+			return err
+		}
+		start, frames := -1, 0
+		for left := m; left > 0; frames++ {
+			if pos%tlsRecordPayload == 0 {
+				pos += frameHeaderLen // at a slot's start: its payload follows the room
+			}
+			if start < 0 {
+				start = pos - frameHeaderLen
+			}
+			slotEnd := (pos/tlsRecordPayload + 1) * tlsRecordPayload
+			k := min(slotEnd-pos, left)
+			putFrameHeader(buf[pos-frameHeaderLen:pos], k, http2.FrameData, 0, st.id)
+			pos += k
+			left -= k
+		}
+		w := st.waiting(buf[start:pos], false)
+		w.frames = frames
+		if err := st.c.writeData(w); err != nil {
+			return err
+		}
+		sent += m
+	}
+	return nil
+}
+
 // sendFramed sends the n payload bytes at buf[frameHeaderLen:]: one frame
 // with its header written in place in front of the payload, or several
 // (sendFrames).
@@ -451,12 +542,16 @@ func (st *stream) sendFramed(buf []byte, n int) error {
 func (st *stream) ReadFrom(r io.Reader) (int64, error) {
 	st.wmu.Lock()
 	defer st.wmu.Unlock()
-	read := readerFor(r)
+	read, slotted := readerFor(r)
+	send := st.sendFramed
+	if slotted {
+		send = st.sendSlotted
+	}
 	var total int64
 	for {
 		buf, n, err := read()
 		if n > 0 {
-			if werr := st.sendFramed(*buf, n); werr != nil {
+			if werr := send(*buf, n); werr != nil {
 				copyBufPool.Put(buf)
 				return total, werr
 			}
@@ -476,15 +571,15 @@ func (st *stream) ReadFrom(r io.Reader) (int64, error) {
 
 // readerFor returns a function that reads the next piece of r into a pooled
 // copy buffer (payload after frameHeaderLen).
-func readerFor(r io.Reader) func() (*[]byte, int, error) {
+func readerFor(r io.Reader) (read func() (*[]byte, int, error), slotted bool) {
 	if read := rawSocketReader(r); read != nil {
-		return read
+		return read, true
 	}
 	return func() (*[]byte, int, error) {
 		buf := copyBufPool.Get().(*[]byte)
 		n, err := r.Read((*buf)[frameHeaderLen:])
 		return buf, n, err
-	}
+	}, false
 }
 
 // CloseWrite ends our direction of the tunnel (END_STREAM); reading goes on.
@@ -557,8 +652,10 @@ func (st *stream) release() error {
 	st.endedLocked()
 	c.removeLocked(st)
 	c.mu.Unlock()
-	st.rdl.set(time.Time{})
-	st.wdl.set(time.Time{})
+	if d := st.dl.Load(); d != nil {
+		d.r.set(time.Time{})
+		d.w.set(time.Time{})
+	}
 	return nil
 }
 
@@ -573,15 +670,25 @@ func (st *stream) SetDeadline(t time.Time) error {
 // SetReadDeadline interrupts a blocked Read when t passes; the tunnel stays
 // usable with a later deadline.
 func (st *stream) SetReadDeadline(t time.Time) error {
-	st.rdl.set(t)
+	if t.IsZero() && st.dl.Load() == nil {
+		return nil // none set, none to clear (net/http clears often)
+	}
+	st.deadlines().r.set(t)
+	st.c.mu.Lock()
 	notify(st.rsig)
+	st.c.mu.Unlock()
 	return nil
 }
 
 // SetWriteDeadline interrupts a Write waiting for flow control when t
 // passes; the tunnel stays usable with a later deadline.
 func (st *stream) SetWriteDeadline(t time.Time) error {
-	st.wdl.set(t)
+	if t.IsZero() && st.dl.Load() == nil {
+		return nil
+	}
+	st.deadlines().w.set(t)
+	st.c.mu.Lock()
 	notify(st.wsig)
+	st.c.mu.Unlock()
 	return nil
 }

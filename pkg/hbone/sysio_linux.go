@@ -17,47 +17,35 @@ import (
 // processor back while it runs.
 
 // rawRead reads a non-blocking descriptor.
-func rawRead(fd uintptr, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	for {
-		n, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return -1, e
-	}
-}
+func rawRead(fd uintptr, p []byte) (int, error) { return rawRW(unix.SYS_READ, fd, p) }
 
 // rawWrite writes to a non-blocking descriptor; n < len(p) when its send
 // buffer had too little room.
-func rawWrite(fd uintptr, p []byte) (int, error) {
+func rawWrite(fd uintptr, p []byte) (int, error) { return rawRW(unix.SYS_WRITE, fd, p) }
+
+// The pointers go to unix.RawSyscall in its call expression, as
+// unsafe.Pointer's rules require (a Go function in between could grow
+// the stack and move what they point at).
+
+func rawRW(trap, fd uintptr, p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
 	for {
-		n, _, e := unix.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
+		r, _, e := unix.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		if e != unix.EINTR {
+			return result(r, e)
 		}
-		return -1, e
 	}
 }
 
-// maxIovecs bounds one rawWritev (the kernel's UIO_MAXIOV is 1024).
+// maxIovecs bounds the buffers of one rawReadv or rawWritev (the kernel's
+// UIO_MAXIOV is 1024).
 const maxIovecs = 64
 
-// rawWritev writes bufs (at most maxIovecs of them are taken) to a
-// non-blocking descriptor with one writev.
-func rawWritev(fd uintptr, bufs [][]byte) (int, error) {
-	var iov [maxIovecs]unix.Iovec
+// iovecs points iov at bufs' non-empty buffers (at most maxIovecs of
+// them) and returns how many it took.
+func iovecs(iov *[maxIovecs]unix.Iovec, bufs [][]byte) int {
 	n := 0
 	for _, b := range bufs {
 		if len(b) == 0 {
@@ -70,17 +58,36 @@ func rawWritev(fd uintptr, bufs [][]byte) (int, error) {
 		iov[n].SetLen(len(b))
 		n++
 	}
+	return n
+}
+
+// rawReadv reads a non-blocking descriptor into bufs with one readv.
+func rawReadv(fd uintptr, bufs [][]byte) (int, error) {
+	return rawIO(unix.SYS_READV, fd, bufs)
+}
+
+// rawWritev writes bufs to a non-blocking descriptor with one writev.
+func rawWritev(fd uintptr, bufs [][]byte) (int, error) {
+	return rawIO(unix.SYS_WRITEV, fd, bufs)
+}
+
+func rawIO(trap, fd uintptr, bufs [][]byte) (int, error) {
+	var iov [maxIovecs]unix.Iovec
+	n := iovecs(&iov, bufs)
 	if n == 0 {
 		return 0, nil
 	}
 	for {
-		w, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
-		switch e {
-		case 0:
-			return int(w), nil
-		case unix.EINTR:
-			continue
+		r, _, e := unix.RawSyscall(trap, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
+		if e != unix.EINTR {
+			return result(r, e)
 		}
+	}
+}
+
+func result(r uintptr, e unix.Errno) (int, error) {
+	if e != 0 {
 		return -1, e
 	}
+	return int(r), nil
 }

@@ -99,5 +99,7 @@ func (p *Proxy) track(ctx context.Context, c *inboundConn, revoke func()) (*conn
 		},
 		func() bool { return c.reg != p.reg.Load() || c.table != p.policies.Current() },
 		revoke,
-		zap.String("src", c.remote.String()), zap.String("src_identity", c.peer.String()), zap.String("dst", c.authority.String()))
+		func() []zap.Field {
+			return []zap.Field{zap.String("src", c.remote.String()), zap.String("src_identity", c.peer.String()), zap.String("dst", c.authority.String())}
+		})
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/causeway-mesh/causeway/pkg/admin"
+	"github.com/causeway-mesh/causeway/pkg/cancelgroup"
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
@@ -118,7 +119,7 @@ type Proxy struct {
 	// relays is the context of outbound relays: it ends when the drain
 	// does, not when Run is told to stop, so that captured connections
 	// in progress keep flowing while the proxy drains.
-	relays     context.Context
+	relays     *cancelgroup.Context // a burst of relays' registrations does not stay
 	stopRelays context.CancelFunc
 	outbound   sync.WaitGroup
 }
@@ -168,7 +169,7 @@ func New(o Options) (*Proxy, error) {
 		active: map[netip.AddrPort]int{}, outliers: newOutliers(), pods: map[netip.Addr]*podListeners{}, podErrs: map[netip.Addr]error{}, identities: map[trust.Identity]bool{},
 		updated: make(chan struct{})}
 	p.reg.Store(NewRegistry(o.Node, nil, nil, nil))
-	p.relays, p.stopRelays = context.WithCancel(context.Background())
+	p.relays, p.stopRelays = cancelgroup.New()
 	enforcer, err := connpolicy.New(connpolicy.Options{Logger: o.Logger, DecisionLog: o.PolicyDecisionLog, Registerer: o.Registry})
 	if err != nil {
 		return nil, err
@@ -488,8 +489,9 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		return false
 	}
 	rec.describeHop(hop)
+	to := hop.Address
 	if err := c.Answer(capture.Connected); err != nil {
-		p.release(hop)
+		p.release(to)
 		upstream.Close()
 		c.Close()
 		p.finish(rec, start, fmt.Errorf("answer client: %w", err))
@@ -497,7 +499,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
-		p.release(hop)
+		p.release(to)
 		rec.sent, rec.received = sent, received
 		p.finish(rec, start, err)
 		p.outbound.Done()
@@ -548,7 +550,7 @@ func (p *Proxy) connect(ctx context.Context, src *meshv1.Workload, plan Plan, fr
 			p.outliers.succeeded(hop.Address)
 			return conn, hop, nil
 		}
-		p.release(hop)
+		p.release(hop.Address)
 		if dialFailed(err) && ctx.Err() == nil {
 			if d, fresh := p.outliers.failed(hop.Address); fresh {
 				p.log.Info("hop unreachable: tried last for a while", zap.Stringer("hop", hop.Address), zap.Duration("for", d), zap.Error(err))
@@ -589,19 +591,21 @@ func (p *Proxy) order(hops []Hop) []Hop {
 	return append(healthy, ejected...)
 }
 
-func (p *Proxy) acquire(h Hop) {
+func (p *Proxy) acquire(to netip.AddrPort) {
 	p.activeMu.Lock()
-	p.active[h.Address]++
+	p.active[to]++
 	p.activeMu.Unlock()
 }
 
-func (p *Proxy) release(h Hop) {
-	if !h.Address.IsValid() {
+// release ends what acquire counted for a hop's address (its Address); a
+// relay keeps the address alone, not the whole hop.
+func (p *Proxy) release(to netip.AddrPort) {
+	if !to.IsValid() {
 		return
 	}
 	p.activeMu.Lock()
-	if p.active[h.Address]--; p.active[h.Address] <= 0 {
-		delete(p.active, h.Address)
+	if p.active[to]--; p.active[to] <= 0 {
+		delete(p.active, to)
 	}
 	p.activeMu.Unlock()
 }
@@ -609,7 +613,7 @@ func (p *Proxy) release(h Hop) {
 // dialHop opens one upstream connection: an HBONE tunnel with the source
 // workload's certificate, or plain TCP.
 func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from netip.AddrPort) (net.Conn, error) {
-	p.acquire(hop)
+	p.acquire(hop.Address)
 	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
 	defer cancel()
 	if hop.Kind == PlainTCP || hop.Kind == Passthrough {

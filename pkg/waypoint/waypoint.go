@@ -354,7 +354,9 @@ func (w *Waypoint) open(ctx context.Context, req *hbone.Request) (hbone.Stream, 
 			},
 			func() bool { return w.view.Load() != v || w.policies.Current() != table },
 			cancel,
-			zap.String("src", req.Remote.String()), zap.String("src_identity", req.Peer.String()), zap.String("dst", dst.String()))
+			func() []zap.Field {
+				return []zap.Field{zap.String("src", req.Remote.String()), zap.String("src_identity", req.Peer.String()), zap.String("dst", dst.String())}
+			})
 		defer untrack()
 		stream.Serve(ctx, tunnel)
 	}), nil
