@@ -228,6 +228,25 @@ func TestInstall(t *testing.T) {
 		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 			return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
 		})
+		if placed(clientNode) == "" {
+			return
+		}
+		// Each version by its own Service (bound to the waypoint too):
+		// reviews-v1 three nodes apart from the frontend and the waypoint,
+		// reviews-v2 on the frontend's node.
+		for version, place := range map[string]int{"reviews-v1": destinationNode, "reviews-v2": clientNode} {
+			path := "/e2e-" + randomHex()
+			a := fetchOK(t, "web", pods["frontend"].Name, "http://"+version+".shop"+path)
+			if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, version+"-") || p == nil || p[0] != "spiffe://cluster.local/ns/web/sa/frontend" {
+				t.Fatalf("%s: answer from %s with %s %v, want a %s pod told the frontend's identity", version, a.Pod, principalH, p, version)
+			}
+			if on, err := client.CoreV1().Pods("shop").Get(ctx, a.Pod, metav1.GetOptions{}); err != nil || on.Spec.NodeName != placed(place) {
+				t.Fatalf("%s: answered by %s, want a pod on %s (%v)", version, a.Pod, placed(place), err)
+			}
+			eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+				return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
+			})
+		}
 	})
 
 	t.Run("backend TLS to a server outside the mesh", func(t *testing.T) {
@@ -239,7 +258,13 @@ func TestInstall(t *testing.T) {
 		// proxy sends both through the waypoint with no identity, which
 		// the policy denies but for /public.
 		target := "http://" + net.JoinHostPort(pods["reviews"].Status.PodIP, "8080")
-		for _, base := range []string{"http://reviews.shop", target} {
+		bases := []string{"http://reviews.shop", target}
+		if placed(clientNode) != "" {
+			// The outsider shares reviews-v1's node; reviews-v2 and the
+			// waypoint are on the two others.
+			bases = append(bases, "http://reviews-v1.shop", "http://reviews-v2.shop")
+		}
+		for _, base := range bases {
 			denied := "/e2e-" + randomHex()
 			expectDenied(t, "outside", pods["outsider"].Name, base+denied, "unauthenticated callers may only read /public")
 			a := fetchOK(t, "outside", pods["outsider"].Name, base+"/public/"+randomHex())
