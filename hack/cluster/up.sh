@@ -300,7 +300,14 @@ start() {
   fi
   step "$name: starting"
   setsid nohup "$@" >>"$LOG/$name.log" 2>&1 </dev/null &
-  echo $! >"$CLUSTER_DIR/run/$name.pid"
+  local pid=$!
+  echo "$pid" >"$CLUSTER_DIR/run/$name.pid"
+  # setsid, nohup (and nsenter) exec the daemon in turn; until then
+  # pid_alive would take it for gone.
+  for _ in $(seq 50); do
+    if pid_alive "$name" || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
 }
 
 # ready NAME BOUND CHECK...: waits until CHECK succeeds; past BOUND seconds, or
