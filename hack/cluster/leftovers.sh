@@ -18,9 +18,15 @@ report() {
   sed 's/^/  /' <<<"$found" >&2
 }
 
-# Processes: every daemon's command line names the cluster's directories
-# (configurations, data, sockets); containers are in the cgroups below.
+# Processes: the cluster's daemons and container shims, whose command lines
+# name its directories (configurations, data, sockets); not a client such
+# as kubectl with its kubeconfig. Containers are in the cgroups below.
 for p in /proc/[0-9]*; do
+  exe=$(readlink "$p/exe" 2>/dev/null) || continue
+  case ${exe##*/} in
+    containerd-shim* | containerd) ;;
+    *) [[ " ${DAEMONS[*]} " == *" ${exe##*/} "* ]] || continue ;;
+  esac
   c=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
   case $c in *"$CLUSTER_DIR"* | *"$RUN_DIR"*) echo "pid ${p#/proc/}: $c" ;; esac
 done | report processes
