@@ -56,9 +56,11 @@ if [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] && api_up; then
   fi
 fi
 
+# The extra nodes at once (each daemon takes a second or two to stop).
 for n in $(extra_nodes); do
-  for ((i = ${#NODE_DAEMONS[@]} - 1; i >= 0; i--)); do stop "${NODE_DAEMONS[i]}@$n"; done
+  (for ((i = ${#NODE_DAEMONS[@]} - 1; i >= 0; i--)); do stop "${NODE_DAEMONS[i]}@$n"; done) &
 done
+wait
 for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop "${DAEMONS[i]}"; done
 
 # Containers the kubelets did not get to: their shims (found by a socket of
