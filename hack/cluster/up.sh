@@ -10,7 +10,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 
 need_root
-[[ $NODES =~ ^[1-9]$ ]] && ((NODES <= MAX_NODES)) || die "NODES=$NODES: from 1 to $MAX_NODES"
+if ! [[ $NODES =~ ^[1-9]$ ]] || ((NODES > MAX_NODES)); then die "NODES=$NODES: from 1 to $MAX_NODES"; fi
 T0=$SECONDS
 PKI=$CLUSTER_DIR/pki
 ETC=$CLUSTER_DIR/etc
