@@ -121,7 +121,9 @@ BENCH_K8S_FLAGS ?=
 bench-k8s:
 	bench/latency-k8s.sh $(BENCH_K8S_FLAGS)
 
-# The one-node Kubernetes test cluster (root; see README "Kubernetes test cluster").
+# The Kubernetes test cluster (root; see README "Kubernetes test cluster"):
+# one node, or NODES=3 for three (docs/cluster.md); e2e-k8s and bench-k8s
+# take NODES too when they bring the cluster up.
 cluster:
 	hack/cluster/up.sh
 

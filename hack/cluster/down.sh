@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Removes every trace of the test cluster (make cluster-down): pods (so the
-# CNI plugin releases their addresses), daemons, kube-proxy's rules, the guard
-# chain, bridges, routes, pod network namespaces, CNI files, kubelet mounts
-# and cgroups, and puts back the sysctls up.sh recorded. Harmless to run
+# CNI plugin releases their addresses), every node's daemons, kube-proxy's
+# rules, the guard chain, the extra nodes' namespaces, bridges, routes, pod
+# network namespaces, CNI files, kubelet mounts and cgroups, and puts back
+# the sysctls up.sh recorded; then leftovers.sh checks that nothing is left. Harmless to run
 # twice, and after a half start.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -28,11 +29,18 @@ stop() {
   rm -f "$f"
 }
 
-# kubepods_cgroups: the kubelet's pod cgroups in every cgroup v1 hierarchy
-# (and the v2 tree), deepest first.
+# extra_nodes: the names of the extra nodes up.sh added (whatever NODES is
+# now).
+extra_nodes() {
+  local d
+  for d in "$NODES_DIR"/*/; do [ -d "$d" ] && basename "$d"; done
+}
+
+# kubepods_cgroups: the kubelets' pod cgroups in every cgroup v1 hierarchy
+# (and the v2 tree), and the extra nodes' cgroup roots, deepest first.
 kubepods_cgroups() {
   local h
-  for h in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+  for h in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/"$NODE_NAME"-*; do
     [ -d "$h" ] && find "$h" -depth -type d
   done
 }
@@ -48,13 +56,18 @@ if [ -x "$K8S_BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] && api_up; then
   fi
 fi
 
+# The extra nodes at once (each daemon takes a second or two to stop).
+for n in $(extra_nodes); do
+  (for ((i = ${#NODE_DAEMONS[@]} - 1; i >= 0; i--)); do stop "${NODE_DAEMONS[i]}@$n"; done) &
+done
+wait
 for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop "${DAEMONS[i]}"; done
 
-# Containers the kubelet did not get to: their shims (found by our socket in
-# their command line) and the processes left in the pod cgroups.
+# Containers the kubelets did not get to: their shims (found by a socket of
+# ours in their command line) and the processes left in the pod cgroups.
 for p in /proc/[0-9]*; do
   case $(tr '\0' ' ' 2>/dev/null <"$p/cmdline") in
-    *containerd-shim*"-address $CONTAINERD_SOCK "*) kill -9 "${p#/proc/}" 2>/dev/null ;;
+    *containerd-shim*"-address $RUN_DIR/"*) kill -9 "${p#/proc/}" 2>/dev/null ;;
   esac
 done
 for cg in $(kubepods_cgroups); do
@@ -79,7 +92,12 @@ for ipt in iptables ip6tables; do
   done
 done
 
-step "network: guard chain, bridges, routes, pod network namespaces"
+step "network: guard chain, nodes' network namespaces, bridges, routes, pod network namespaces"
+# An extra node's namespace takes its veth, its iptables rules and its
+# routes with it (its pods' namespaces went with their pods).
+for n in $(extra_nodes); do
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$n" && ip netns delete "$n"
+done
 for c in OUTPUT FORWARD; do
   while iptables -w -D "$c" -j "$GUARD_CHAIN" 2>/dev/null; do :; done
 done
@@ -88,6 +106,11 @@ for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^cni-/ {print $1}'); do
   grep -qx "$ns" "$BEFORE/netns" 2>/dev/null || ip netns delete "$ns"
 done
 if [ -f "$BEFORE/netns-mount" ]; then umount /run/netns 2>/dev/null || umount -l /run/netns; fi
+# An extra node's veth goes with its namespace, which its mount namespace's
+# /sys holds until that is unmounted below: take it now.
+for l in $(ip -o link show | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | grep -E '^cw-n[0-9]+$'); do
+  ip link delete "$l" 2>/dev/null || true # gone meanwhile with its namespace
+done
 for l in "$POD_BRIDGE" "$NODE_BRIDGE"; do
   ip link show "$l" >/dev/null 2>&1 && ip link delete "$l"
 done
@@ -120,4 +143,5 @@ if [ -f "$BEFORE/sysctls" ]; then
 fi
 
 rm -rf "$RUN_DIR" "$CLUSTER_DIR"
+"$HERE/leftovers.sh" || die "cluster-down left the above behind"
 step "cluster removed"

@@ -1,5 +1,5 @@
-# Shared settings of the one-node test cluster (sourced by build.sh, up.sh,
-# down.sh, images.sh). Everything the cluster owns on the host is named here,
+# Shared settings of the test cluster (sourced by build.sh, up.sh, down.sh,
+# images.sh, e2e.sh, leftovers.sh); docs/cluster.md describes its design. Everything the cluster owns on the host is named here,
 # so cluster-down can remove exactly that.
 # shellcheck shell=bash
 
@@ -42,6 +42,21 @@ API_URL=https://$NODE_IP:6443
 
 CNI_CONF=/etc/cni/net.d/10-causeway-bridge.conflist
 
+# NODES (make cluster NODES=3): the host is node 1 ($NODE_NAME, the control
+# plane's machine); node i > 1 is causeway-node-<i> at 10.250.0.<i> with
+# its own network, mount and UTS namespaces, cgroup root, containerd,
+# kubelet and kube-proxy (up.sh add_node). Each extra node keeps its state
+# in $NODES_DIR/<name> and its namespace files in $RUN_DIR/nodes/<name>.
+NODES=${NODES:-1}
+MAX_NODES=9
+NODES_DIR=$CLUSTER_DIR/nodes
+node_name() { if [ "$1" = 1 ]; then echo "$NODE_NAME"; else echo "$NODE_NAME-$1"; fi; }
+node_ip() { echo "${NODE_IP%.*}.$1"; }
+# The paths a pod's hostPath or the runtime sees at fixed places, which an
+# extra node gets from directories of its own ($NODES_DIR/<name>/root/<path>).
+NODE_PATHS=(/etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubelet /var/log/pods
+  /var/log/containers /run/containerd /var/lib/containerd /run/netns /run/causeway)
+
 # Sysctls the kubelet, kube-proxy and the bridge plugin may change; up.sh
 # records them once and down.sh puts them back.
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
@@ -51,6 +66,8 @@ SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
 
 # Daemons in start order (down.sh stops them in reverse).
 DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler registry containerd kubelet kube-proxy)
+# Those of an extra node, each run as DAEMON@NODE.
+NODE_DAEMONS=(containerd kubelet kube-proxy)
 
 # The cluster's image registry (CNCF distribution): on the node bridge, so
 # every node (and a node in a network namespace) routes to it; TLS with a
@@ -69,11 +86,12 @@ need_root() {
 
 # pid_alive NAME: true when NAME's recorded process is running (checked by
 # its executable's name too, so a stale pid file never names a stranger).
+# An extra node's daemon is DAEMON@NODE.
 pid_alive() {
   local f=$CLUSTER_DIR/run/$1.pid exe
   [ -f "$f" ] || return 1
   exe=$(readlink "/proc/$(cat "$f")/exe" 2>/dev/null) || return 1
-  [ "${exe##*/}" = "$1" ]
+  [ "${exe##*/}" = "${1%%@*}" ]
 }
 
 # default_devices: devices holding an IPv4 default route (where the guard drops).
@@ -93,9 +111,10 @@ cluster_for_run() {
   if cluster_running; then
     step "$1: using the running cluster"
   else
-    step "$1: bringing a cluster up for this run (removed afterwards)"
+    step "$1: bringing a cluster of $NODES node(s) up for this run (removed afterwards)"
+    # down.sh fails the run when it leaves anything behind.
     # shellcheck disable=SC2064 # the path, now
-    trap "'$hack/down.sh'" EXIT
+    trap "'$hack/down.sh' || exit 1" EXIT
     "$hack/up.sh"
   fi
 }
@@ -103,6 +122,8 @@ cluster_for_run() {
 # Host directories the cluster writes into: up.sh lists what each held before,
 # down.sh removes what was added (the whole directory if it was not there).
 # Children come before their parents.
+# (An extra node's mount namespace needs every NODE_PATHS directory to exist
+# on the host, to mount its own over it.)
 TRACKED_DIRS=(/etc/cni/net.d /etc/cni /opt/cni/bin /opt/cni /var/lib/cni /run/containerd
-  /var/log/containers /var/log/pods /var/lib/kubelet)
+  /var/log/containers /var/log/pods /var/lib/kubelet /var/lib/containerd /run/causeway)
 dir_key() { printf 'dir%s' "${1//\//_}"; }

@@ -10,6 +10,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 
 need_root
+if ! [[ $NODES =~ ^[1-9]$ ]] || ((NODES > MAX_NODES)); then die "NODES=$NODES: from 1 to $MAX_NODES"; fi
 T0=$SECONDS
 PKI=$CLUSTER_DIR/pki
 ETC=$CLUSTER_DIR/etc
@@ -163,6 +164,72 @@ put() {
   if cmp -s "$f.tmp" "$f"; then rm -f "$f.tmp"; else mv "$f.tmp" "$f"; fi
 }
 
+# containerd_config STATE_DIR RUN_STATE_DIR SOCKET: a node's containerd
+# configuration; every node pulls from the cluster's registry alike.
+containerd_config() {
+  sed -e "s#@STATE_DIR@#$1#g" -e "s#@RUN_STATE_DIR@#$2#g" -e "s#@CONTAINERD_SOCK@#$3#g" \
+    -e "s#@CERTS_D@#$ETC/certs.d#g" -e "s#@IMAGE_PAUSE@#$IMAGE_PAUSE#g" \
+    -e "s#@RUNC@#$(command -v runc)#g" "$HERE/containerd.toml"
+}
+
+# kubelet_config NODE_IP CONTAINERD_SOCK SERVING_CERT: a node's kubelet
+# configuration, with the lines on stdin appended.
+kubelet_config() {
+  cat <<CFG
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $1
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $3.crt
+tlsPrivateKeyFile: $3.key
+containerRuntimeEndpoint: unix://$2
+# cgroup v1 here; containerd 1.6 cannot report its driver, so say it.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+# No CAP_SYS_RESOURCE on these machines.
+oomScoreAdj: 0
+clusterDomain: $CLUSTER_DOMAIN
+clusterDNS: [$DNS_SERVICE_IP]
+# Pods get only the cluster's DNS: nothing resolves through the host's.
+resolvConf: ""
+failSwapOn: false
+# Never collect images (the registry keeps them anyway), and keep working
+# on a busy shared disk.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+CFG
+  cat
+}
+
+# kube_proxy_config NODE NODE_IP: a node's kube-proxy configuration.
+kube_proxy_config() {
+  cat <<CFG
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $CLUSTER_DIR/kube-proxy.kubeconfig}
+hostnameOverride: $1
+mode: iptables
+clusterCIDR: $CLUSTER_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# NodePorts only on the node's underlay address, never on the host's real
+# interfaces.
+nodePortAddresses: [$2/32]
+iptables: {localhostNodePorts: false}
+# Zero leaves the host's conntrack sysctls alone (and an extra node's
+# namespace may not write them at all).
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+CFG
+}
+
 write_configs() {
   mkdir -p "$ETC" "$LOG" "$CLUSTER_DIR/run" "$RUN_DIR"
   kubeconfig admin admin
@@ -170,9 +237,7 @@ write_configs() {
   kubeconfig scheduler scheduler
   kubeconfig kubelet kubelet
   kubeconfig kube-proxy kube-proxy
-  sed -e "s#@CLUSTER_DIR@#$CLUSTER_DIR#g" -e "s#@RUN_DIR@#$RUN_DIR#g" \
-    -e "s#@CONTAINERD_SOCK@#$CONTAINERD_SOCK#g" -e "s#@IMAGE_PAUSE@#$IMAGE_PAUSE#g" \
-    -e "s#@RUNC@#$(command -v runc)#g" "$HERE/containerd.toml" | put "$ETC/containerd.toml"
+  containerd_config "$CLUSTER_DIR/containerd" "$RUN_DIR/containerd" "$CONTAINERD_SOCK" | put "$ETC/containerd.toml"
   mkdir -p "$ETC/certs.d/$REGISTRY_HOST"
   put "$ETC/certs.d/$REGISTRY_HOST/hosts.toml" <<CFG
 server = "https://$REGISTRY_HOST"
@@ -191,63 +256,22 @@ http:
   addr: $REGISTRY_HOST
   tls: {certificate: $PKI/registry.crt, key: $PKI/registry.key}
 CFG
-  put "$ETC/kubelet.yaml" <<CFG
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: $PKI/ca.crt}
-authorization: {mode: Webhook}
-tlsCertFile: $PKI/kubelet-serving.crt
-tlsPrivateKeyFile: $PKI/kubelet-serving.key
-containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
-# cgroup v1 here; containerd 1.6 cannot report its driver, so say it.
-failCgroupV1: false
-cgroupDriver: cgroupfs
-# No CAP_SYS_RESOURCE on these machines.
-oomScoreAdj: 0
-clusterDomain: $CLUSTER_DOMAIN
-clusterDNS: [$DNS_SERVICE_IP]
-# Pods get only the cluster's DNS: nothing resolves through the host's.
-resolvConf: ""
+  kubelet_config "$NODE_IP" "$CONTAINERD_SOCK" "$PKI/kubelet-serving" <<CFG | put "$ETC/kubelet.yaml"
 podLogsDir: $CLUSTER_DIR/pod-logs
-failSwapOn: false
-# Never collect images (the registry keeps them anyway), and keep working
-# on a busy shared disk.
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 CFG
-  put "$ETC/kube-proxy.yaml" <<CFG
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clientConnection: {kubeconfig: $CLUSTER_DIR/kube-proxy.kubeconfig}
-hostnameOverride: $NODE_NAME
-mode: iptables
-clusterCIDR: $CLUSTER_CIDR
-healthzBindAddress: 127.0.0.1:10256
-metricsBindAddress: 127.0.0.1:10249
-# NodePorts only on the node bridge, never on the host's real interfaces.
-nodePortAddresses: [$NODE_IP/32]
-iptables: {localhostNodePorts: false}
-# Zero leaves the host's conntrack sysctls alone.
-conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
-CFG
+  kube_proxy_config "$NODE_NAME" "$NODE_IP" | put "$ETC/kube-proxy.yaml"
 }
 
+# setup_cni ROOT POD_CIDR: the CNI plugins and the primary bridge network of
+# a node whose fixed paths are under ROOT (/ for the host's node).
 setup_cni() {
-  mkdir -p /opt/cni/bin /etc/cni/net.d
-  local p
+  local root=${1%/} cidr=$2 p
+  mkdir -p "$root/opt/cni/bin" "$root/etc/cni/net.d"
   for p in /usr/lib/cni/*; do
-    [ -e "/opt/cni/bin/${p##*/}" ] || ln -s "$p" "/opt/cni/bin/${p##*/}"
+    [ -e "$root/opt/cni/bin/${p##*/}" ] || ln -s "$p" "$root/opt/cni/bin/${p##*/}"
   done
   # isDefaultGateway and no ipam routes: both together fail ("file exists").
-  put "$CNI_CONF" <<CNI
+  put "$root$CNI_CONF" <<CNI
 {
   "cniVersion": "1.0.0",
   "name": "causeway",
@@ -259,7 +283,7 @@ setup_cni() {
       "isDefaultGateway": true,
       "ipMasq": false,
       "hairpinMode": true,
-      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "${POD_CIDR%.*}.1"}]]}
+      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr", "gateway": "${cidr%.*}.1"}]]}
     }
   ]
 }
@@ -276,7 +300,14 @@ start() {
   fi
   step "$name: starting"
   setsid nohup "$@" >>"$LOG/$name.log" 2>&1 </dev/null &
-  echo $! >"$CLUSTER_DIR/run/$name.pid"
+  local pid=$!
+  echo "$pid" >"$CLUSTER_DIR/run/$name.pid"
+  # setsid, nohup (and nsenter) exec the daemon in turn; until then
+  # pid_alive would take it for gone.
+  for _ in $(seq 50); do
+    if pid_alive "$name" || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
 }
 
 # ready NAME BOUND CHECK...: waits until CHECK succeeds; past BOUND seconds, or
@@ -306,7 +337,95 @@ api_get() {
   curl -fsS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$API_URL$1"
 }
 node_ready() {
-  [ "$(kubectl_admin get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+  [ "$(kubectl_admin get node "${1:-$NODE_NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+# node_cidr NODE: the pod range the controller-manager gave the node.
+node_cidr() {
+  local c
+  c=$(kubectl_admin get node "$1" -o 'jsonpath={.spec.podCIDR}') && [ -n "$c" ] && echo "$c"
+}
+
+# add_node I: extra node I (docs/cluster.md): a network namespace on the
+# node bridge (the underlay), mount and UTS namespaces of its own
+# (node-mounts.sh), a cgroup root, certificates, and its containerd,
+# kubelet and kube-proxy run inside those namespaces.
+add_node() {
+  local i=$1 name ip dir run root veth cidr h t=$SECONDS
+  name=$(node_name "$i") ip=$(node_ip "$i")
+  dir=$NODES_DIR/$name run=$RUN_DIR/nodes/$name root=$NODES_DIR/$name/root veth=cw-n$i
+  step "$name: network namespace, $veth into $NODE_BRIDGE ($ip), cgroup root /$name"
+  mkdir -p "$dir" "$run/cgroup"
+  ip netns list | awk '{print $1}' | grep -qx "$name" || ip netns add "$name"
+  ip link show "$veth" >/dev/null 2>&1 || ip link add "$veth" type veth peer name eth0 netns "$name"
+  ip link set "$veth" master "$NODE_BRIDGE" up
+  ip -n "$name" link set lo up
+  ip -n "$name" addr replace "$ip/24" dev eth0
+  ip -n "$name" link set eth0 up
+  # No default route: only the cluster's ranges leave the node.
+  ip -n "$name" route replace "$CLUSTER_CIDR" via "$NODE_IP"
+  ip -n "$name" route replace "$SERVICE_CIDR" via "$NODE_IP"
+  nsenter --net="/run/netns/$name" sysctl -qw net.ipv4.ip_forward=1
+  ip route replace "$ip/32" dev "$NODE_BRIDGE" src "$NODE_IP"
+  # Two kubelets on one cgroup root destroy each other's pods.
+  for h in /sys/fs/cgroup/*/; do
+    mkdir -p "$h$name"
+    if [ -f "${h}cpuset.cpus" ]; then
+      cat "${h}cpuset.cpus" >"$h$name/cpuset.cpus"
+      cat "${h}cpuset.mems" >"$h$name/cpuset.mems"
+    fi
+  done
+  if ! awk -v f="$run/mnt" '$5 == f {found=1} END {exit !found}' /proc/self/mountinfo; then
+    touch "$run/mnt" "$run/uts"
+    nsenter --net="/run/netns/$name" unshare --mount="$run/mnt" --uts="$run/uts" --propagation private \
+      "$HERE/node-mounts.sh" "$name"
+  fi
+
+  if [ ! -f "$PKI/kubelet-$name.crt" ]; then
+    (
+      cd "$PKI"
+      umask 077
+      cert "kubelet-serving-$name" "/O=system:nodes/CN=system:node:$name" extendedKeyUsage=serverAuth \
+        "subjectAltName=IP:$ip,DNS:$name"
+      cert "kubelet-$name" "/O=system:nodes/CN=system:node:$name" extendedKeyUsage=clientAuth
+    )
+  fi
+  kubeconfig "kubelet-$name" "kubelet-$name"
+  containerd_config "$dir/containerd" "$run/containerd" "$run/containerd.sock" | put "$dir/containerd.toml"
+  kubelet_config "$ip" "$run/containerd.sock" "$PKI/kubelet-serving-$name" <<CFG | put "$dir/kubelet.yaml"
+cgroupRoot: /$name
+CFG
+  kube_proxy_config "$name" "$ip" | put "$dir/kube-proxy.yaml"
+
+  local in_node=(nsenter --net="/run/netns/$name" --mount="$run/mnt" --uts="$run/uts")
+  start "containerd@$name" "${in_node[@]}" containerd --config "$dir/containerd.toml"
+  ready "containerd@$name" 30 ctr --address "$run/containerd.sock" version
+  start "kubelet@$name" "${in_node[@]}" "$K8S_BIN/kubelet" --config "$dir/kubelet.yaml" \
+    --kubeconfig "$CLUSTER_DIR/kubelet-$name.kubeconfig" --hostname-override "$name" --node-ip "$ip"
+  # The CNI configuration needs the node's range, given once it registered.
+  ready "kubelet@$name/podCIDR" 60 node_cidr "$name"
+  cidr=$(node_cidr "$name")
+  setup_cni "$root" "$cidr"
+  ready "kubelet@$name/node-Ready" 90 node_ready "$name"
+  start "kube-proxy@$name" "${in_node[@]}" "$K8S_BIN/kube-proxy" --config "$dir/kube-proxy.yaml"
+  ready "kube-proxy@$name" 60 nsenter --net="/run/netns/$name" curl -fsS --max-time 2 http://127.0.0.1:10256/healthz
+  step "$name: added in $((SECONDS - t))s (pods $cidr)"
+}
+
+# route_pod_ranges: host-gateway routing, as on a flat network of machines:
+# the host and every node send each node's pod range to that node's address.
+route_pod_ranges() {
+  local i j cidr ip
+  for ((i = 1; i <= NODES; i++)); do
+    cidr=$(node_cidr "$(node_name "$i")") ip=$(node_ip "$i")
+    for ((j = 1; j <= NODES; j++)); do
+      if ((j == i)); then continue; fi
+      if ((j == 1)); then
+        ip route replace "$cidr" via "$ip" dev "$NODE_BRIDGE"
+      else
+        ip -n "$(node_name "$j")" route replace "$cidr" via "$ip" dev eth0
+      fi
+    done
+  done
 }
 coredns_ready() {
   [ "$(kubectl_admin -n kube-system get deployment coredns -o 'jsonpath={.status.availableReplicas}')" = 1 ]
@@ -368,7 +487,7 @@ step "images: $IMAGE_PAUSE, $IMAGE_COREDNS pushed to the registry"
 "$HERE/images.sh" system
 
 step "cni: $CNI_CONF, plugins linked into /opt/cni/bin"
-setup_cni
+setup_cni / "$POD_CIDR"
 start containerd containerd --config "$ETC/containerd.toml"
 ready containerd 30 ctr --address "$CONTAINERD_SOCK" version
 
@@ -386,5 +505,16 @@ sed -e "s#@IMAGE_COREDNS@#$IMAGE_COREDNS#g" -e "s#@DNS_SERVICE_IP@#$DNS_SERVICE_
   -e "s#@CLUSTER_DOMAIN@#$CLUSTER_DOMAIN#g" "$HERE/coredns.yaml" | kubectl_admin apply -f - >/dev/null
 ready kubelet/coredns 120 coredns_ready
 ready kube-controller-manager/default-serviceaccount 60 default_sa
+
+if ((NODES > 1)); then
+  if ! mountpoint -q "$RUN_DIR/nodes"; then
+    # The nodes' namespace files are bound here: it must be a private mount.
+    mkdir -p "$RUN_DIR/nodes"
+    mount --bind "$RUN_DIR/nodes" "$RUN_DIR/nodes"
+    mount --make-private "$RUN_DIR/nodes"
+  fi
+  for ((n = 2; n <= NODES; n++)); do add_node "$n"; done
+  route_pod_ranges
+fi
 
 step "cluster up in $((SECONDS - T0))s: export KUBECONFIG=$KUBECONFIG_ADMIN"

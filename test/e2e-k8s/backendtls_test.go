@@ -46,6 +46,8 @@ func testBackendTLS(t *testing.T, frontend corev1.Pod, kubectl func(args ...stri
 	spec.Containers[0].Args = append(spec.Containers[0].Args, "--tls-listen", ":8443", "--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key")
 	spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "tls", MountPath: "/tls", ReadOnly: true}}
 	spec.Volumes = []corev1.Volume{{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: name}}}}
+	// Away from the frontend and the waypoint, on three nodes.
+	placeOn(&spec, placed(destinationNode))
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name, "causeway.dev/dataplane-mode": "none"}}, Spec: spec}
 	if _, err := client.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name}, Ports: []corev1.ServicePort{{

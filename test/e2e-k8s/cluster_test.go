@@ -1,5 +1,5 @@
-// Package e2ek8s tests Causeway on the real one-node Kubernetes cluster that
-// `make cluster` brings up (hack/cluster). `make e2e-k8s` runs it with
+// Package e2ek8s tests Causeway on the real Kubernetes cluster that `make
+// cluster` brings up (hack/cluster), of one node or several (NODES=3). `make e2e-k8s` runs it with
 // CAUSEWAY_E2E_KUBECONFIG naming the cluster's admin kubeconfig, after
 // pushing the images to the cluster's registry (hack/cluster/images.sh,
 // which lists them in CAUSEWAY_E2E_IMAGES and writes the overlays the
@@ -71,6 +71,10 @@ func TestMain(m *testing.M) {
 	if err := connect(); err != nil {
 		// A cluster was named but does not answer: that is a failure, not a skip.
 		fmt.Fprintf(os.Stderr, "e2e-k8s: cluster at %s unreachable: %v\n", kubeconfig, err)
+		os.Exit(1)
+	}
+	if err := listNodes(context.Background()); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e-k8s: %v\n", err)
 		os.Exit(1)
 	}
 	os.Exit(m.Run())

@@ -33,12 +33,14 @@ func testConnectionPolicy(t *testing.T, kubectl func(args ...string)) {
 	if _, err := client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "allowed"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod := func(name, sa string) *corev1.Pod {
+	// On three nodes, each on its own.
+	pod := func(name, sa string, place int) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}}, Spec: echoPodSpec()}
 		p.Spec.ServiceAccountName = sa
+		placeOn(&p.Spec, placed(place))
 		return p
 	}
-	pods, err := startPods(ctx, ns, pod("server", "default"), pod("allowed", "allowed"), pod("other", "default"))
+	pods, err := startPods(ctx, ns, pod("server", "default", destinationNode), pod("allowed", "allowed", clientNode), pod("other", "default", waypointNode))
 	if err != nil {
 		t.Fatal(err)
 	}

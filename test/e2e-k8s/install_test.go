@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
@@ -63,8 +62,12 @@ func TestInstall(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	// The sample with the cluster registry's echo image (images.sh).
-	sample := filepath.Join(repoRoot, "bin", "cluster-images", "sample")
+	// The sample with the cluster registry's echo image (images.sh), its
+	// Deployments placed on nodes apart on a cluster of three.
+	sample, err := placedSample(t.TempDir(), filepath.Join(repoRoot, "bin", "cluster-images", "sample"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The chart with the cluster registry's images by digest, and one more connection
 	// policy set for the admission test: "e2e-broken", the ConfigMap
 	// connection-policy-e2e-broken (testdata/connection-policy-broken, Rego
@@ -109,7 +112,7 @@ func TestInstall(t *testing.T) {
 			"--from-file="+filepath.Join("testdata", "connection-policy-broken"))
 		hc(t, 4*time.Minute, install...)
 		cps := readyPods(t, systemNS, "app.kubernetes.io/name=causeway-controlplane", 2)
-		nps := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)
+		nps := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes))
 		// Every container runs the image the registry serves, pulled by
 		// digest (nothing is imported: the runtime reports the digest it
 		// resolved from the registry).
@@ -125,10 +128,8 @@ func TestInstall(t *testing.T) {
 		// The leader made the GatewayClass, and accepted it.
 		kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
 		kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
-		for _, f := range []string{filepath.Join(cniConfDir, "05-causeway.conflist"), filepath.Join(cniBinDir, "causeway-cni")} {
-			if _, err := os.Stat(f); err != nil {
-				t.Errorf("the node proxy's installer left no %s on the node: %v", f, err)
-			}
+		if err := cniInstalled(); err != nil {
+			t.Error(err)
 		}
 	})
 
@@ -153,33 +154,63 @@ func TestInstall(t *testing.T) {
 		}
 		readyPods(t, "shop", "gateway.networking.k8s.io/gateway-name=waypoint", 2)
 		kc(t, 2*time.Minute, "-n", "shop", "wait", "--for=condition=Programmed", "--timeout=120s", "gateway/waypoint")
+		if node := placed(waypointNode); node != "" {
+			// The control plane applies the waypoint's Deployment (server-side,
+			// as its own field manager); the placement is the operator's.
+			kc(t, time.Minute, "-n", "shop", "patch", "deployment", "waypoint", "--type", "json", "-p", nodeSelectorPatch(node))
+			kc(t, 3*time.Minute, "-n", "shop", "rollout", "status", "deployment/waypoint", "--timeout=180s")
+			for _, p := range readyPods(t, "shop", "gateway.networking.k8s.io/gateway-name=waypoint", 2) {
+				if p.Spec.NodeName != node {
+					t.Fatalf("waypoint pod %s on %s, want %s", p.Name, p.Spec.NodeName, node)
+				}
+			}
+			var where []string
+			for _, app := range []string{"frontend", "admin", "reviews", "ratings", "outsider"} {
+				where = append(where, app+"@"+pods[app].Spec.NodeName)
+			}
+			t.Logf("placed: waypoint@%s %s", node, strings.Join(where, " "))
+		}
 	})
 
 	// The control plane's CA issued the node proxy the certificates of its
 	// node's workloads, and the waypoints their own, each caller
 	// authenticated by the token of its projected volume (the log names
-	// the caller's identity and node from the TokenReview).
+	// the caller's identity and node from the TokenReview): every caller
+	// as it should be, and one on a node the identity's pods run on.
 	step("certificates from projected tokens", func(t *testing.T) {
-		want := map[string]string{
-			"spiffe://cluster.local/ns/web/sa/frontend":    "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy",
-			"spiffe://cluster.local/ns/shop/sa/reviews":    "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy",
-			"spiffe://cluster.local/ns/shop/sa/waypoint":   "spiffe://cluster.local/ns/shop/sa/waypoint",
-			"spiffe://cluster.local/ns/outside/sa/default": "", // not enrolled: never asked for
+		want := []struct{ ns, sa, caller string }{
+			{"web", "frontend", "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy"},
+			{"shop", "reviews", "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy"},
+			{"shop", "waypoint", "spiffe://cluster.local/ns/shop/sa/waypoint"},
+			{"outside", "default", ""}, // not enrolled: never asked for
 		}
 		eventually(t, time.Minute, "certificates issued", func() error {
 			issued, err := issuedCertificates(ctx)
 			if err != nil {
 				return err
 			}
-			for id, caller := range want {
-				got, ok := issued[id]
-				switch {
-				case caller == "" && ok:
-					return fmt.Errorf("%s was issued a certificate (caller %s) though it is outside the mesh", id, got.Caller)
-				case caller != "" && !ok:
-					return fmt.Errorf("no certificate issued for %s; issued: %v", id, issued)
-				case caller != "" && (got.Caller != caller || got.Node != nodeName):
-					return fmt.Errorf("%s issued to caller %s on node %q, want %s on %s", id, got.Caller, got.Node, caller, nodeName)
+			for _, w := range want {
+				id := "spiffe://cluster.local/ns/" + w.ns + "/sa/" + w.sa
+				got := issued[id]
+				if w.caller == "" {
+					if len(got) > 0 {
+						return fmt.Errorf("%s was issued a certificate (%v) though it is outside the mesh", id, got)
+					}
+					continue
+				}
+				on, err := nodesOf(ctx, w.ns, w.sa)
+				if err != nil {
+					return err
+				}
+				onPodNode := false
+				for _, g := range got {
+					if g.Caller != w.caller {
+						return fmt.Errorf("%s issued to caller %s on node %q, want %s", id, g.Caller, g.Node, w.caller)
+					}
+					onPodNode = onPodNode || on[g.Node]
+				}
+				if !onPodNode {
+					return fmt.Errorf("%s issued %v, none on a node of its pods %v", id, got, on)
 				}
 			}
 			return nil
@@ -197,6 +228,25 @@ func TestInstall(t *testing.T) {
 		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 			return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
 		})
+		if placed(clientNode) == "" {
+			return
+		}
+		// Each version by its own Service (bound to the waypoint too):
+		// reviews-v1 three nodes apart from the frontend and the waypoint,
+		// reviews-v2 on the frontend's node.
+		for version, place := range map[string]int{"reviews-v1": destinationNode, "reviews-v2": clientNode} {
+			path := "/e2e-" + randomHex()
+			a := fetchOK(t, "web", pods["frontend"].Name, "http://"+version+".shop"+path)
+			if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, version+"-") || p == nil || p[0] != "spiffe://cluster.local/ns/web/sa/frontend" {
+				t.Fatalf("%s: answer from %s with %s %v, want a %s pod told the frontend's identity", version, a.Pod, principalH, p, version)
+			}
+			if on, err := client.CoreV1().Pods("shop").Get(ctx, a.Pod, metav1.GetOptions{}); err != nil || on.Spec.NodeName != placed(place) {
+				t.Fatalf("%s: answered by %s, want a pod on %s (%v)", version, a.Pod, placed(place), err)
+			}
+			eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+				return waypointLogged(ctx, path, "spiffe://cluster.local/ns/web/sa/frontend", 200)
+			})
+		}
 	})
 
 	t.Run("backend TLS to a server outside the mesh", func(t *testing.T) {
@@ -208,7 +258,13 @@ func TestInstall(t *testing.T) {
 		// proxy sends both through the waypoint with no identity, which
 		// the policy denies but for /public.
 		target := "http://" + net.JoinHostPort(pods["reviews"].Status.PodIP, "8080")
-		for _, base := range []string{"http://reviews.shop", target} {
+		bases := []string{"http://reviews.shop", target}
+		if placed(clientNode) != "" {
+			// The outsider shares reviews-v1's node; reviews-v2 and the
+			// waypoint are on the two others.
+			bases = append(bases, "http://reviews-v1.shop", "http://reviews-v2.shop")
+		}
+		for _, base := range bases {
 			denied := "/e2e-" + randomHex()
 			expectDenied(t, "outside", pods["outsider"].Name, base+denied, "unauthenticated callers may only read /public")
 			a := fetchOK(t, "outside", pods["outsider"].Name, base+"/public/"+randomHex())
@@ -226,7 +282,7 @@ func TestInstall(t *testing.T) {
 	// the policy does not allow: an authenticated denial).
 	t.Run("late enrollment", func(t *testing.T) {
 		ns := newNamespace(t, "e2e-late")
-		client, err := startEcho(ctx, ns)
+		client, err := startEcho(ctx, ns, placed(waypointNode))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,7 +317,11 @@ func TestInstall(t *testing.T) {
 		if kubeletDir == "" {
 			t.Skip("CAUSEWAY_E2E_KUBELET_DIR is not set (make e2e-k8s sets it): the node proxy's projected token is read from the kubelet's pod directory")
 		}
-		np := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		// This machine's node proxy, whose kubelet directory is here.
+		np, err := nodeProxyOn(readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes)), nodeName)
+		if err != nil {
+			t.Fatal(err)
+		}
 		token := filepath.Join(kubeletDir, "pods", string(np.UID), "volumes", "kubernetes.io~projected", "token", "token")
 		ca, err := caClient(ctx, caclient.TokenFromFile(token))
 		if err != nil {
@@ -321,12 +381,16 @@ func TestInstall(t *testing.T) {
 	// Captured pods keep their rules while the node proxy pod is replaced;
 	// the new one gets their namespaces replayed and serves them again.
 	t.Run("node proxy pod deleted", func(t *testing.T) {
-		old := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
+		// The frontend's.
+		old, err := nodeProxyOn(readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes)), pods["frontend"].Spec.NodeName)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := client.CoreV1().Pods(systemNS).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 2*time.Minute, "a new node proxy pod ready", func() error {
-			return newReadyNodeProxy(ctx, old.UID)
+		eventually(t, 2*time.Minute, "a new node proxy pod ready on "+old.Spec.NodeName, func() error {
+			return newReadyNodeProxy(ctx, old)
 		})
 		expectCaptured(t, pods["frontend"])
 	})
@@ -353,17 +417,20 @@ func TestInstall(t *testing.T) {
 		} else {
 			t.Fatalf("CAUSEWAY_E2E_UPGRADE_IMAGE %s names neither a tag nor a digest", image)
 		}
-		first := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
-		firstImage := containerImage(first, "nodeproxy")
+		first := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes))
+		firstImage := containerImage(first[0], "nodeproxy")
 		if digestOf(firstImage) == digestOf(image) {
 			t.Fatalf("the upgrade image %s has the installed image's digest: no upgrade", image)
 		}
-		rollTo := func(t *testing.T, old corev1.Pod, image string, helmArgs ...string) corev1.Pod {
+		// Every node's node proxy pod replaced by one with the image.
+		rollTo := func(t *testing.T, old []corev1.Pod, image string, helmArgs ...string) []corev1.Pod {
 			hc(t, 4*time.Minute, helmArgs...)
 			kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
-			cur := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, 1)[0]
-			if cur.UID == old.UID || containerImage(cur, "nodeproxy") != image {
-				t.Fatalf("after helm %s: pod %s with %s, want a new pod with %s", helmArgs[0], cur.Name, containerImage(cur, "nodeproxy"), image)
+			cur := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes))
+			for _, p := range cur {
+				if slices.ContainsFunc(old, func(o corev1.Pod) bool { return o.UID == p.UID }) || containerImage(p, "nodeproxy") != image {
+					t.Fatalf("after helm %s: pod %s with %s, want a new pod with %s", helmArgs[0], p.Name, containerImage(p, "nodeproxy"), image)
+				}
 			}
 			expectCaptured(t, pods["frontend"])
 			return cur
@@ -420,21 +487,14 @@ func TestInstallYAML(t *testing.T) {
 	kc(t, 3*time.Minute, "-n", systemNS, "rollout", "status", "daemonset/"+nodeProxy, "--timeout=180s")
 	kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
 	kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
-	eventually(t, time.Minute, "the node proxy's installer's files on the node", func() error {
-		for _, f := range []string{filepath.Join(cniConfDir, "05-causeway.conflist"), filepath.Join(cniBinDir, "causeway-cni")} {
-			if _, err := os.Stat(f); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	eventually(t, time.Minute, "the node proxy's installer's files on every node", cniInstalled)
 	kc(t, 4*time.Minute, "delete", "-f", file, "--wait=true")
 	deleted = true
 	expectNodeClean(t)
 }
 
 // expectNodeClean: the node proxy pods are gone and left no CNI
-// configuration, plugin binary or agent socket on the node.
+// configuration, plugin binary or agent socket on any node.
 func expectNodeClean(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
@@ -448,20 +508,35 @@ func expectNodeClean(t *testing.T) {
 		}
 		return nil
 	})
-	for _, dir := range []string{cniConfDir, cniBinDir} {
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			t.Fatal(err)
+	for _, node := range nodes {
+		for _, dir := range []string{cniConfDir, cniBinDir} {
+			entries, err := os.ReadDir(nodePath(node, dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if strings.Contains(e.Name(), "causeway") && e.Name() != "10-causeway-bridge.conflist" { // the cluster's own primary
+					t.Errorf("uninstall left %s on %s", filepath.Join(dir, e.Name()), node)
+				}
+			}
 		}
-		for _, e := range entries {
-			if strings.Contains(e.Name(), "causeway") && e.Name() != "10-causeway-bridge.conflist" { // the cluster's own primary
-				t.Errorf("uninstall left %s", filepath.Join(dir, e.Name()))
+		if _, err := os.Stat(nodePath(node, cniSocket)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("uninstall left the agent's socket %s on %s (%v)", cniSocket, node, err)
+		}
+	}
+}
+
+// cniInstalled: the node proxy's installer put the plugin's configuration
+// and binary on every node.
+func cniInstalled() error {
+	for _, node := range nodes {
+		for _, f := range []string{filepath.Join(cniConfDir, "05-causeway.conflist"), filepath.Join(cniBinDir, "causeway-cni")} {
+			if _, err := os.Stat(nodePath(node, f)); err != nil {
+				return fmt.Errorf("the node proxy's installer left no %s on %s: %w", f, node, err)
 			}
 		}
 	}
-	if _, err := os.Stat(cniSocket); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("uninstall left the agent's socket %s (%v)", cniSocket, err)
-	}
+	return nil
 }
 
 func randomHex() string {
@@ -544,23 +619,26 @@ func containerImage(p corev1.Pod, name string) string {
 	return ""
 }
 
-func newReadyNodeProxy(ctx context.Context, old types.UID) error {
+// newReadyNodeProxy: a node proxy pod other than old is ready on its node.
+func newReadyNodeProxy(ctx context.Context, old corev1.Pod) error {
 	list, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy})
 	if err != nil {
 		return err
 	}
 	for _, p := range list.Items {
-		if p.UID != old && p.DeletionTimestamp == nil && podReady(p) {
+		if p.UID != old.UID && p.Spec.NodeName == old.Spec.NodeName && p.DeletionTimestamp == nil && podReady(p) {
 			return nil
 		}
 	}
-	return fmt.Errorf("%d node proxy pods, none new and ready", len(list.Items))
+	return fmt.Errorf("%d node proxy pods, none new and ready on %s", len(list.Items), old.Spec.NodeName)
 }
 
 // startEcho runs one echo pod (not enrolled: its namespace has no label)
-// and waits for it to be ready.
-func startEcho(ctx context.Context, ns string) (*corev1.Pod, error) {
+// on node (or where the scheduler puts it, for "") and waits for it to be
+// ready.
+func startEcho(ctx context.Context, ns, node string) (*corev1.Pod, error) {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "client", Labels: map[string]string{"app": "client"}}, Spec: echoPodSpec()}
+	placeOn(&p.Spec, node)
 	ready, err := startPods(ctx, ns, p)
 	if err != nil {
 		return nil, err
@@ -602,9 +680,9 @@ func startPods(ctx context.Context, ns string, pods ...*corev1.Pod) ([]*corev1.P
 type issuance struct{ Caller, Node string }
 
 // issuedCertificates reads the "certificate issued" lines of every control
-// plane replica's log.
-func issuedCertificates(ctx context.Context) (map[string]issuance, error) {
-	out := map[string]issuance{}
+// plane replica's log, by identity.
+func issuedCertificates(ctx context.Context) (map[string][]issuance, error) {
+	out := map[string][]issuance{}
 	err := eachLogLine(ctx, systemNS, "app.kubernetes.io/name=causeway-controlplane", "controlplane", func(line map[string]any) {
 		if line["msg"] != "certificate issued" {
 			return
@@ -612,7 +690,7 @@ func issuedCertificates(ctx context.Context) (map[string]issuance, error) {
 		id, _ := line["identity"].(string)
 		caller, _ := line["caller"].(string)
 		node, _ := line["node"].(string)
-		out[id] = issuance{caller, node}
+		out[id] = append(out[id], issuance{caller, node})
 	})
 	return out, err
 }
@@ -688,14 +766,15 @@ func caClient(ctx context.Context, token caclient.TokenSource) (*caclient.Client
 }
 
 // onClusterBridge refuses an address the host would not route to the
-// cluster's pod bridge (nothing may leave the machine).
+// cluster's pod bridge or, for a pod on another node, to its node bridge
+// (hack/cluster/lib.sh; nothing may leave the machine).
 func onClusterBridge(ip string) error {
 	out, err := exec.Command("ip", "route", "get", ip).Output()
 	if err != nil {
 		return fmt.Errorf("ip route get %s: %v", ip, err)
 	}
-	if !slices.Contains(strings.Fields(string(out)), "cni0") {
-		return fmt.Errorf("%s is not routed to the cluster's bridge cni0: %s", ip, out)
+	if f := strings.Fields(string(out)); !slices.Contains(f, "cni0") && !slices.Contains(f, "cw-node") {
+		return fmt.Errorf("%s is not routed to the cluster's bridges cni0 or cw-node: %s", ip, out)
 	}
 	return nil
 }

@@ -92,14 +92,19 @@ func TestWorkloadsTalk(t *testing.T) {
 	}
 
 	echoPods := readyPods(t, ns, "app=echo", 2)
-	nodePod := readyPods(t, ns, "app=echo-node", 1)[0]
+	// One per node.
+	nodePods := readyPods(t, ns, "app=echo-node", len(nodes))
+	nodePod := nodePods[0]
 	replicaNames := []string{echoPods[0].Name, echoPods[1].Name}
 
 	t.Run("pod to pod", func(t *testing.T) {
-		for _, p := range echoPods {
-			eventually(t, 30*time.Second, "daemonset pod to "+p.Name, func() error {
-				return expectAnswer(nodePod.Name, ns, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/direct", p.Name)
-			})
+		// From every node (on several, across nodes and within one).
+		for _, from := range nodePods {
+			for _, p := range echoPods {
+				eventually(t, 30*time.Second, "daemonset pod on "+from.Spec.NodeName+" to "+p.Name+" on "+p.Spec.NodeName, func() error {
+					return expectAnswer(from.Name, ns, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/direct", p.Name)
+				})
+			}
 		}
 		eventually(t, 30*time.Second, echoPods[0].Name+" to the daemonset pod", func() error {
 			return expectAnswer(echoPods[0].Name, ns, "http://"+net.JoinHostPort(nodePod.Status.PodIP, "8080")+"/direct", nodePod.Name)
