@@ -435,12 +435,21 @@ func TestInstall(t *testing.T) {
 			expectCaptured(t, pods["frontend"])
 			return cur
 		}
-		traffic := startRollTraffic(t, pods["frontend"], first, "http://reviews.shop/e2e-"+randomHex())
+		// The roll's traffic leaves from the frontend: its node's node proxy
+		// is the one whose replacement it crosses.
+		serving := func(t *testing.T, proxies []corev1.Pod) corev1.Pod {
+			np, err := nodeProxyOn(proxies, pods["frontend"].Spec.NodeName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return np
+		}
+		traffic := startRollTraffic(t, pods["frontend"], serving(t, first), "http://reviews.shop/e2e-"+randomHex())
 		upgraded := rollTo(t, first, image, "upgrade", "causeway", chart, "--namespace", systemNS, "--reuse-values",
 			"--set", set, "--wait", "--timeout", "3m")
 		traffic.stop(t, "helm upgrade")
 		expectMigrateReq(t, pods["frontend"])
-		traffic = startRollTraffic(t, pods["frontend"], upgraded, "http://reviews.shop/e2e-"+randomHex())
+		traffic = startRollTraffic(t, pods["frontend"], serving(t, upgraded), "http://reviews.shop/e2e-"+randomHex())
 		rollTo(t, upgraded, firstImage, "rollback", "causeway", "1", "--namespace", systemNS, "--wait", "--timeout", "3m")
 		traffic.stop(t, "helm rollback")
 		if h := hc(t, time.Minute, "history", "causeway", "--namespace", systemNS, "--max", "10"); !strings.Contains(h, "Rollback to 1") {

@@ -43,11 +43,6 @@ var expectedLogErrors = []struct {
 }{
 	// testdata/connection-policy-broken: present but bad stays an error.
 	{regexp.MustCompile(`"policy_set":"e2e-broken"`), "the install's broken policy set (connection policy admission)"},
-	// Both control plane replicas starting at once (on two nodes they
-	// do): client-go's leader election logs losing the race to create the
-	// lease as an error, then takes the lease as it is (one leads).
-	{regexp.MustCompile(`leaderelection\.go:\d+\] "Error initially creating lease lock" err="leases\.coordination\.k8s\.io \\"causeway-controlplane\\" already exists"`),
-		"two control plane replicas creating the leader lease at once"},
 }
 
 // logProblem is one line a component should not have logged.
@@ -312,8 +307,6 @@ func TestNoisyLine(t *testing.T) {
 		"2026-12-06T03:04:05.000Z\tINFO\tleader\tx.go:1\tleading":                    false,
 		`E1206 03:04:05.678901       1 reflector.go:1] "Failed to watch" err="boom"`: true,
 		`{"level":"error","msg":"policy rejected","policy_set":"e2e-broken"}`:        false,
-		`E1206 07:01:13.491349       1 leaderelection.go:477] "Error initially creating lease lock" err="leases.coordination.k8s.io \"causeway-controlplane\" already exists" lock="causeway-system/causeway-controlplane"`: false,
-		`E1206 07:01:13.491349       1 leaderelection.go:477] "Error initially creating lease lock" err="leases.coordination.k8s.io \"causeway-controlplane\" is forbidden"`:                                                true,
 		``: false,
 	} {
 		if got := noisyLine([]byte(line)); got != want {
