@@ -22,6 +22,8 @@ SOURCE   := https://github.com/causeway-mesh/causeway
 LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION) \
 	-X github.com/causeway-mesh/causeway/pkg/version.revision=$(REVISION)
 # The CNCF distribution registry hack/images' tests push to (hack/cluster/build.sh registry).
+# make test's Kubernetes e2e runs on three real nodes (NODES=1 for quick work).
+TEST_NODES ?= 3
 REGISTRY_TOOL = $(shell bash -c '. hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry')
 
 .PHONY: all build test lint proto demo bench fuzz bench-k8s faults faults-k8s clean cluster cluster-down images e2e-k8s push release release-version chart manifests chart-release
@@ -68,7 +70,7 @@ test: lint build chart
 	CAUSEWAY_HELM=$$(hack/chart/helm.sh) CAUSEWAY_REGISTRY_BIN=$(REGISTRY_TOOL) $(GO) test $(TEST_FLAGS) ./...
 	GO=$(GO) FUZZTIME=$(TEST_FUZZTIME) ./hack/fuzz.sh
 	$(GO) run ./bench/faults -bin $(BIN) -base-port $(FAULTS_BASE_PORT) -only '^(controlplane-kill|policy-edit)$$' -row 8s
-	hack/cluster/e2e.sh
+	NODES=$${NODES:-$(TEST_NODES)} hack/cluster/e2e.sh
 
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) ./hack/fuzz.sh
