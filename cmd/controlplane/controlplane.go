@@ -323,6 +323,7 @@ func (cp *controlPlane) run(ctx context.Context) error {
 		Authenticator:       cp.auth,
 		TrustedNodeAccounts: cp.opts.trustedNodeAccounts,
 		Workloads:           cp.workloads,
+		WorkloadWait:        cp.opts.workloadWait,
 		DefaultTTL:          cp.opts.certTTL,
 		Logger:              log,
 		Registerer:          cp.registry,

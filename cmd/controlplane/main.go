@@ -80,6 +80,7 @@ type options struct {
 	logFormat           string
 	logLevel            string
 	certTTL             time.Duration
+	workloadWait        time.Duration
 	debounce            time.Duration
 	rescan              time.Duration
 	shutdownGrace       time.Duration
@@ -110,6 +111,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&o.certTTL, "cert-ttl", trust.DefaultCertTTL, "longest lifetime of issued certificates")
+	fs.DurationVar(&o.workloadWait, "ca-workload-wait", 2*time.Second, "how long a node proxy's certificate request for a pod the configuration does not hold yet waits for it before it is refused (Kubernetes source: a pod's first request can come before its configuration)")
 	fs.DurationVar(&o.debounce, "config-debounce", 100*time.Millisecond, "quiet time after a configuration change before it is read")
 	fs.DurationVar(&o.rescan, "config-rescan", 10*time.Second, "period of full configuration re-reads (catches missed file events)")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace", 5*time.Second, "how long shutdown waits for calls in flight")

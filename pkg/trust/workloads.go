@@ -9,6 +9,17 @@ type WorkloadIndex interface {
 	IsWaypoint(id Identity) bool
 }
 
+// WorkloadChanges is a WorkloadIndex whose answers follow a changing
+// cluster: Changed returns a channel closed at its next change, after
+// which a question answered no may be answered yes. In Kubernetes a node
+// proxy learns a new pod from its node (the CNI plugin, the node agent)
+// before the control plane's configuration holds it, so the CA waits for
+// that, bounded, before it refuses (caserver.Options.WorkloadWait).
+type WorkloadChanges interface {
+	WorkloadIndex
+	Changed() <-chan struct{}
+}
+
 // Workload is one entry of a WorkloadList: a workload on Node, or with
 // Waypoint set, a waypoint's identity.
 type Workload struct {

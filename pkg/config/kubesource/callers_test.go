@@ -122,7 +122,7 @@ func startCallers(t *testing.T) *callers {
 
 	k.ca = trusttest.NewCA(t, "cluster.local")
 	srv := k.ca.StartCAServer(t, caserver.Options{
-		Authenticator: &auth, TrustedNodeAccounts: trusted, Workloads: r.src, Logger: log, Registerer: k.metrics,
+		Authenticator: &auth, TrustedNodeAccounts: trusted, Workloads: r.src, WorkloadWait: workloadWait, Logger: log, Registerer: k.metrics,
 	})
 	k.caAddr, k.cpID = srv.Addr, srv.Identity
 	cert := k.ca.Certificate(t, srv.Identity, 0)
@@ -222,6 +222,10 @@ func wantRefused(t *testing.T, err error, code codes.Code, msg string) {
 	}
 }
 
+// workloadWait is the CA's wait for a pod the configuration does not hold
+// yet (the control plane's --ca-workload-wait).
+const workloadWait = time.Second
+
 const (
 	webID       = "spiffe://cluster.local/ns/kshop/sa/web"
 	dbID        = "spiffe://cluster.local/ns/kshop/sa/db"
@@ -251,8 +255,19 @@ func testCAAuthentication(t *testing.T, k *callers) {
 		t.Fatalf("node-a proxy for itself: %v", err)
 	}
 
-	// Off-node impersonation.
+	// Off-node impersonation, refused once the wait for the configuration
+	// is over.
 	wantRefused(t, k.fetch(nodeA, dbID), codes.PermissionDenied, "no workload with identity "+dbID+" on node node-a")
+
+	// A pod's first request can come before the configuration holds the
+	// pod (in-pod capture hands a pod to its node proxy as it starts): the
+	// CA waits for the snapshot that serves it instead of refusing.
+	lateID := "spiffe://cluster.local/ns/kshop/sa/late"
+	k.env.Create(t, pod("kshop", "late", "node-a", "late", "127.0.30.6"))
+	if err := k.fetch(nodeA, lateID); err != nil {
+		t.Fatalf("node-a proxy for a pod just created: %v", err)
+	}
+	k.deletePod(t, "late")
 	// A waypoint's identity, though a captured pod on node-a runs as it
 	// (the translation refuses that configuration; the last good one, which
 	// knows the waypoint, stays in force while the pod index sees the pod).

@@ -34,6 +34,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -108,6 +109,10 @@ type Source struct {
 	rejections *config.RejectionLog
 	translator *config.Incremental
 	last       atomic.Pointer[config.Snapshot] // the last good snapshot (IsWaypoint)
+
+	// waitMu guards waiters: closed at the next good snapshot (Changed).
+	waitMu  sync.Mutex
+	waiters chan struct{}
 }
 
 // NewForConfig returns a source reading the cluster cfg points at.
@@ -313,6 +318,12 @@ func (s *Source) reload(emit func(*config.Snapshot), since time.Time) {
 		zap.Duration("since_change", time.Since(since)))
 	snap.ChangedAt = since
 	s.last.Store(snap)
+	s.waitMu.Lock()
+	if s.waiters != nil {
+		close(s.waiters)
+		s.waiters = nil
+	}
+	s.waitMu.Unlock()
 	emit(snap)
 }
 

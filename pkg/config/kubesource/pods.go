@@ -57,8 +57,10 @@ func (s *Source) Pod(namespace, name string) (tokenreview.PodInfo, bool, error) 
 // pod before the next snapshot does, and the last good snapshot, whose
 // translation refuses pods the mesh cannot serve (a duplicate address, a
 // broken annotation); a refused pod is no workload, so it gives its node
-// proxy no certificate either. Node proxies learn their pods from the
-// pushed snapshots, so the snapshot is never behind what they ask for.
+// proxy no certificate either. A node proxy that learns a pod from its node
+// (in-pod capture: the node agent hands it over at the pod's start) can ask
+// before the snapshot holds the pod; the CA then waits for the next
+// snapshots (Changed), bounded, before it refuses.
 func (s *Source) HasWorkload(node string, id trust.Identity) bool {
 	if node == "" || id.IsZero() || !s.podsSynced() {
 		return false
@@ -88,6 +90,18 @@ func (s *Source) HasWorkload(node string, id trust.Identity) bool {
 	return false
 }
 
+// Changed implements trust.WorkloadChanges: the channel closes at the
+// next good snapshot, the view HasWorkload waits for (the pod informer
+// sees a pod before the snapshot that serves it).
+func (s *Source) Changed() <-chan struct{} {
+	s.waitMu.Lock()
+	defer s.waitMu.Unlock()
+	if s.waiters == nil {
+		s.waiters = make(chan struct{})
+	}
+	return s.waiters
+}
+
 // IsWaypoint implements trust.WorkloadIndex from the last good snapshot:
 // the translation decides which identities are waypoints', as in local mode.
 func (s *Source) IsWaypoint(id trust.Identity) bool {
@@ -111,5 +125,5 @@ func (s *Source) trustDomain() string {
 
 var (
 	_ tokenreview.PodLookup = (*Source)(nil)
-	_ trust.WorkloadIndex   = (*Source)(nil)
+	_ trust.WorkloadChanges = (*Source)(nil)
 )

@@ -44,6 +44,12 @@ type Options struct {
 	// Workloads says which identities run on which node. Required when
 	// TrustedNodeAccounts is not empty.
 	Workloads trust.WorkloadIndex
+	// WorkloadWait bounds how long a node proxy's request for a workload
+	// not (yet) on its node waits for the workload index to change before
+	// it is refused, when the index says when it changes
+	// (trust.WorkloadChanges): a pod's first request can arrive before the
+	// configuration holds the pod. 0: refused at once.
+	WorkloadWait time.Duration
 	// DefaultTTL is the lifetime granted when a request names none
 	// (default trust.DefaultCertTTL); requests are capped at the
 	// authority's maximum.
@@ -63,6 +69,7 @@ type Server struct {
 	authn      authn.Authenticator
 	trusted    map[trust.Identity]bool
 	workloads  trust.WorkloadIndex
+	wait       time.Duration
 	defaultTTL time.Duration
 	log        *zap.Logger
 	issued     prometheus.Counter
@@ -104,6 +111,7 @@ func New(o Options) (*Server, error) {
 		authn:      o.Authenticator,
 		trusted:    trusted,
 		workloads:  o.Workloads,
+		wait:       o.WorkloadWait,
 		defaultTTL: min(o.DefaultTTL, o.Authority.MaxTTL()),
 		log:        o.Logger.Named("ca"),
 		issued: prometheus.NewCounter(prometheus.CounterOpts{
@@ -148,7 +156,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCe
 			zap.Stringer("code", status.Code(st)), zap.Error(err))
 		return nil, st
 	}
-	id, impersonating, err := s.grant(caller, req.GetMetadata())
+	id, impersonating, err := s.grant(ctx, caller, req.GetMetadata())
 	if err == nil {
 		var chain []string
 		chain, err = s.sign(id, req)
@@ -172,7 +180,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *securityapi.IstioCe
 // that is its own account; with it, the caller must be a trusted node
 // account, a workload with that identity must run on the caller's node, and
 // the identity must not be a waypoint's.
-func (s *Server) grant(caller authn.Caller, md *structpb.Struct) (id trust.Identity, impersonating bool, _ error) {
+func (s *Server) grant(ctx context.Context, caller authn.Caller, md *structpb.Struct) (id trust.Identity, impersonating bool, _ error) {
 	if caller.Account.IsZero() || caller.Account.TrustDomain().Name() != s.td {
 		return trust.Identity{}, false, status.Errorf(codes.PermissionDenied,
 			"account %q is not in trust domain %s", caller.Account, s.td)
@@ -212,10 +220,51 @@ func (s *Server) grant(caller authn.Caller, md *structpb.Struct) (id trust.Ident
 		return want, true, status.Errorf(codes.PermissionDenied,
 			"identity %s belongs to a waypoint; only the waypoint's own pods may hold it, never a node proxy", want)
 	}
-	if !s.workloads.HasWorkload(caller.Node, want) {
-		return want, true, status.Errorf(codes.PermissionDenied, "no workload with identity %s on node %s", want, caller.Node)
+	if waited, ok := s.hasWorkload(ctx, caller.Node, want); !ok {
+		return want, true, status.Errorf(codes.PermissionDenied, "no workload with identity %s on node %s%s", want, caller.Node, waitedFor(waited))
+	} else if waited > 0 {
+		s.log.Debug("workload seen after waiting for the configuration", zap.Stringer("identity", want),
+			zap.String("node", caller.Node), zap.Duration("waited", waited))
 	}
 	return want, true, nil
+}
+
+// hasWorkload asks the workload index, and while it says no and can say
+// when it changes, asks again at each change for up to the server's
+// WorkloadWait (or until the caller gives up): how long it waited, and the
+// answer.
+func (s *Server) hasWorkload(ctx context.Context, node string, id trust.Identity) (time.Duration, bool) {
+	if s.workloads.HasWorkload(node, id) {
+		return 0, true
+	}
+	changes, ok := s.workloads.(trust.WorkloadChanges)
+	if !ok || s.wait <= 0 {
+		return 0, false
+	}
+	start := time.Now()
+	timeout := time.NewTimer(s.wait)
+	defer timeout.Stop()
+	for {
+		changed := changes.Changed() // before asking: a change after the answer is not missed
+		if s.workloads.HasWorkload(node, id) {
+			return time.Since(start), true
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			return time.Since(start), false
+		case <-ctx.Done():
+			return time.Since(start), false
+		}
+	}
+}
+
+// waitedFor is the refusal's note of a wait for the configuration.
+func waitedFor(d time.Duration) string {
+	if d < time.Millisecond {
+		return ""
+	}
+	return fmt.Sprintf(" (none appeared in %s)", d.Round(time.Millisecond))
 }
 
 func (s *Server) sign(id trust.Identity, req *securityapi.IstioCertificateRequest) ([]string, error) {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,21 @@ type env struct {
 
 func setup(t *testing.T) *env {
 	t.Helper()
+	return setupWith(t, trust.WorkloadList{
+		{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")},
+		{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/api")},
+		{Node: "node-b", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/db")},
+		// A waypoint's identity that the index also places on node-a
+		// (a configuration that slipped through): never for a node proxy.
+		{Node: "node-a", Identity: trusttest.Identity(t, waypointID)},
+		{Identity: trusttest.Identity(t, waypointID), Waypoint: true},
+	}, 0)
+}
+
+// setupWith is setup with the workload index and the server's
+// WorkloadWait.
+func setupWith(t *testing.T, workloads trust.WorkloadIndex, wait time.Duration) *env {
+	t.Helper()
 	ca := trusttest.NewCA(t, "cluster.local")
 	path := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(path, []byte(strings.Join([]string{
@@ -71,16 +87,9 @@ func setup(t *testing.T) *env {
 	srv := ca.StartCAServer(t, caserver.Options{
 		Authenticator:       authn.Chain{tokens, certs},
 		TrustedNodeAccounts: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy")},
-		Workloads: trust.WorkloadList{
-			{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/web")},
-			{Node: "node-a", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/api")},
-			{Node: "node-b", Identity: trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/db")},
-			// A waypoint's identity that the index also places on node-a
-			// (a configuration that slipped through): never for a node proxy.
-			{Node: "node-a", Identity: trusttest.Identity(t, waypointID)},
-			{Identity: trusttest.Identity(t, waypointID), Waypoint: true},
-		},
-		Logger: zap.New(core),
+		Workloads:           workloads,
+		WorkloadWait:        wait,
+		Logger:              zap.New(core),
 	})
 	return &env{ca: ca, srv: srv, logs: logs, conn: dial(t, ca, srv, nil)}
 }
@@ -361,5 +370,71 @@ func TestNewValidatesOptions(t *testing.T) {
 		if _, err := caserver.New(tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New: %v, want an error containing %q", err, tc.want)
 		}
+	}
+}
+
+// changingIndex is a workload index that changes and says so
+// (trust.WorkloadChanges), as the Kubernetes source does at each snapshot.
+type changingIndex struct {
+	mu      sync.Mutex
+	list    trust.WorkloadList
+	changed chan struct{}
+}
+
+func newChangingIndex() *changingIndex { return &changingIndex{changed: make(chan struct{})} }
+
+func (c *changingIndex) HasWorkload(node string, id trust.Identity) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.list.HasWorkload(node, id)
+}
+
+func (c *changingIndex) IsWaypoint(id trust.Identity) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.list.IsWaypoint(id)
+}
+
+func (c *changingIndex) Changed() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.changed
+}
+
+func (c *changingIndex) add(ws ...trust.Workload) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.list = append(c.list, ws...)
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// A node proxy's request for a pod the configuration does not hold yet
+// waits for it (a pod's first request, before the snapshot that serves
+// it), across changes that do not bring it, and is refused, saying how
+// long it waited, when it does not come within WorkloadWait.
+func TestWaitsForAWorkloadToAppear(t *testing.T) {
+	idx := newChangingIndex()
+	e := setupWith(t, idx, 3*time.Second)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		idx.add(trust.Workload{Node: "node-b", Identity: trusttest.Identity(t, db)}) // not it
+		time.Sleep(200 * time.Millisecond)
+		idx.add(trust.Workload{Node: "node-a", Identity: trusttest.Identity(t, api)})
+	}()
+	start := time.Now()
+	resp, err := e.call(t, nil, request{token: tokNodeA, impersonate: api, csr: csrPEM(t, api)})
+	leafOf(t, e, resp, err, api)
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Fatalf("issued after %s, before the workload appeared", waited)
+	}
+
+	// Never on node-a: refused once the wait is over.
+	e = setupWith(t, newChangingIndex(), 300*time.Millisecond)
+	start = time.Now()
+	_, err = e.call(t, nil, request{token: tokNodeA, impersonate: db, csr: csrPEM(t, db)})
+	wantStatus(t, err, codes.PermissionDenied, "no workload with identity "+db+" on node node-a (none appeared in ")
+	if waited := time.Since(start); waited < 300*time.Millisecond || waited > 10*time.Second {
+		t.Fatalf("refused after %s, want the wait of 300ms", waited)
 	}
 }
