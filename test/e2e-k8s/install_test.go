@@ -215,6 +215,15 @@ func TestInstall(t *testing.T) {
 			}
 			return nil
 		})
+		// A pod's first request comes as the pod starts, before the
+		// configuration holds it: the CA waits for it rather than refuse.
+		refused, err := certificateLog(ctx, "certificate refused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id, r := range refused {
+			t.Errorf("%s refused before the CA checks began: %v", id, r)
+		}
 	})
 
 	t.Run("traffic through the waypoint", func(t *testing.T) {
@@ -685,21 +694,28 @@ func startPods(ctx context.Context, ns string, pods ...*corev1.Pod) ([]*corev1.P
 	return nil, fmt.Errorf("pods of %s not ready within 2m (%v)", ns, err)
 }
 
-// issuance is what the CA logged for one identity.
-type issuance struct{ Caller, Node string }
+// issuance is what the CA logged for one identity (Reason: a refusal's).
+type issuance struct{ Caller, Node, Reason string }
 
 // issuedCertificates reads the "certificate issued" lines of every control
 // plane replica's log, by identity.
 func issuedCertificates(ctx context.Context) (map[string][]issuance, error) {
+	return certificateLog(ctx, "certificate issued")
+}
+
+// certificateLog reads the CA's lines with message msg from every control
+// plane replica's log, by identity.
+func certificateLog(ctx context.Context, msg string) (map[string][]issuance, error) {
 	out := map[string][]issuance{}
 	err := eachLogLine(ctx, systemNS, "app.kubernetes.io/name=causeway-controlplane", "controlplane", func(line map[string]any) {
-		if line["msg"] != "certificate issued" {
+		if line["msg"] != msg {
 			return
 		}
 		id, _ := line["identity"].(string)
 		caller, _ := line["caller"].(string)
 		node, _ := line["node"].(string)
-		out[id] = append(out[id], issuance{caller, node})
+		reason, _ := line["reason"].(string)
+		out[id] = append(out[id], issuance{caller, node, reason})
 	})
 	return out, err
 }
