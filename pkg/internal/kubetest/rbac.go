@@ -11,7 +11,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,10 +51,7 @@ func (e *Env) ControlPlane(t testing.TB) *rest.Config {
 		t.Fatalf("kubetest: apply the control plane's RBAC: %v", err)
 	}
 	cfg := rest.CopyConfig(e.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:" + ControlPlaneNamespace + ":" + ControlPlaneServiceAccount,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ControlPlaneNamespace, "system:authenticated"},
-	}
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: controlPlaneUser, Groups: controlPlaneGroups}
 	rec := &forbiddenLog{}
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return forbiddenRecorder{rt, rec} })
 	t.Cleanup(func() {
@@ -63,6 +62,12 @@ func (e *Env) ControlPlane(t testing.TB) *rest.Config {
 	})
 	return cfg
 }
+
+// The control plane's ServiceAccount as the apiserver knows it.
+var (
+	controlPlaneUser   = "system:serviceaccount:" + ControlPlaneNamespace + ":" + ControlPlaneServiceAccount
+	controlPlaneGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ControlPlaneNamespace, "system:authenticated"}
+)
 
 // forbiddenLog holds the requests refused for want of permission.
 type forbiddenLog struct {
@@ -147,6 +152,7 @@ func (e *Env) applyControlPlaneRBAC(ctx context.Context) error {
 		return err
 	}
 	applied := 0
+	var probes []authorizationv1.ResourceAttributes // a rule of each role
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 64<<10)
 	for {
 		var u unstructured.Unstructured
@@ -167,9 +173,59 @@ func (e *Env) applyControlPlaneRBAC(ctx context.Context) error {
 			return fmt.Errorf("%s: %s %s: %w", ControlPlaneManifest, u.GetKind(), u.GetName(), err)
 		}
 		applied++
+		if p, ok := firstRule(&u); ok {
+			probes = append(probes, p)
+		}
 	}
 	if applied < len(rbacKinds) {
 		return fmt.Errorf("%s: only %d ServiceAccount, role and binding objects in it", ControlPlaneManifest, applied)
 	}
+	// The apiserver's authorizer learns roles and bindings from its own
+	// informers: until it has, the control plane's first requests are
+	// refused (the test then fails, under load). Wait for a rule of each.
+	for _, p := range probes {
+		if err := waitAllowed(ctx, cs, p); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// firstRule is the first verb on the first resource of a Role's or
+// ClusterRole's first rule.
+func firstRule(u *unstructured.Unstructured) (authorizationv1.ResourceAttributes, bool) {
+	if k := u.GetKind(); k != "Role" && k != "ClusterRole" {
+		return authorizationv1.ResourceAttributes{}, false
+	}
+	rules, _, _ := unstructured.NestedSlice(u.Object, "rules")
+	if len(rules) == 0 {
+		return authorizationv1.ResourceAttributes{}, false
+	}
+	r, _ := rules[0].(map[string]any)
+	groups, _, _ := unstructured.NestedStringSlice(r, "apiGroups")
+	resources, _, _ := unstructured.NestedStringSlice(r, "resources")
+	verbs, _, _ := unstructured.NestedStringSlice(r, "verbs")
+	if len(groups) == 0 || len(resources) == 0 || len(verbs) == 0 {
+		return authorizationv1.ResourceAttributes{}, false
+	}
+	return authorizationv1.ResourceAttributes{Namespace: u.GetNamespace(), Group: groups[0], Resource: resources[0], Verb: verbs[0]}, true
+}
+
+// waitAllowed asks the apiserver (SubjectAccessReview) until the control
+// plane's ServiceAccount may do ra, for up to 15 s.
+func waitAllowed(ctx context.Context, cs kubernetes.Interface, ra authorizationv1.ResourceAttributes) error {
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User: controlPlaneUser, Groups: controlPlaneGroups, ResourceAttributes: &ra}}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		res, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err == nil && res.Status.Allowed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: the control plane may still not %s %s (group %q, namespace %q) 15 s after applying it (%v)",
+				ControlPlaneManifest, ra.Verb, ra.Resource, ra.Group, ra.Namespace, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
