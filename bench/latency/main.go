@@ -48,6 +48,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 	"github.com/causeway-mesh/causeway/bench/internal/peers"
+	"github.com/causeway-mesh/causeway/bench/internal/schedtrace"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
 
@@ -347,7 +348,7 @@ func run(o options) error {
 				traces.Wait()
 				// Read after the measurement, whose client this process is.
 				for _, name := range slices.Sorted(maps.Keys(traced)) {
-					reportSchedWaits("latency_"+p+"_"+strings.ReplaceAll(name, "-", "_"), traced[name])
+					reportTrace("latency_"+p+"_"+strings.ReplaceAll(name, "-", "_"), traced[name])
 				}
 				if err != nil {
 					keep = true
@@ -648,7 +649,7 @@ func traceAll(ctx context.Context, dir, path string, admins map[string]string) m
 		}
 		wg.Go(func() {
 			file := filepath.Join(dir, path+"-"+name+".trace")
-			if err := fetchTrace(ctx, "http://"+addr+"/debug/pprof/trace?seconds=3", file); err != nil {
+			if err := schedtrace.Fetch(ctx, &http.Client{Timeout: 30 * time.Second}, "http://"+addr+"/debug/pprof/trace?seconds=3", file); err != nil {
 				fmt.Fprintf(os.Stderr, "latency bench: trace of %s: %v\n", name, err)
 				return
 			}
@@ -661,26 +662,12 @@ func traceAll(ctx context.Context, dir, path string, admins map[string]string) m
 	return files
 }
 
-func fetchTrace(ctx context.Context, url, file string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
+// reportTrace prints what one traced process's trace shows.
+func reportTrace(name, file string) {
+	s, err := schedtrace.Read(file)
+	if err != nil || len(s.Waits) == 0 {
+		fmt.Fprintf(os.Stderr, "latency bench: trace %s: %v (%d waits)\n", file, err, len(s.Waits))
+		return
 	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	schedtrace.Report(os.Stdout, name, s)
 }

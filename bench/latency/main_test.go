@@ -1,10 +1,6 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
-	"runtime/trace"
-	"slices"
 	"testing"
 	"time"
 )
@@ -45,46 +41,5 @@ func TestFlagsRefused(t *testing.T) {
 	}
 	if got, err := parseRates("100, 1000"); err != nil || len(got) != 2 || got[1] != 1000 {
 		t.Errorf("rates: %v, %v", got, err)
-	}
-}
-
-// schedWaits finds the hand-offs of a trace: goroutines woken through a
-// channel, 200 times each way.
-func TestSchedWaitsOfATrace(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "trace")
-	f, err := os.Create(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := trace.Start(f); err != nil {
-		t.Fatal(err)
-	}
-	ping, pong := make(chan int), make(chan int)
-	go func() {
-		for v := range ping {
-			pong <- v
-		}
-	}()
-	for i := range 200 {
-		ping <- i
-		<-pong
-	}
-	close(ping)
-	trace.Stop()
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	w, err := schedWaits(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(w) < 400 {
-		t.Errorf("%d waits, want at least 400 (200 wake-ups each way)", len(w))
-	}
-	if !slices.IsSorted(w) || w[0] < 0 {
-		t.Errorf("waits not sorted or negative: first %v, last %v", w[0], w[len(w)-1])
-	}
-	if _, err := schedWaits(filepath.Join(t.TempDir(), "missing")); err == nil {
-		t.Error("a missing trace gave no error")
 	}
 }

@@ -300,6 +300,17 @@ func TestCgroups(t *testing.T) {
 	if use[2] != (usage{}) {
 		t.Errorf("no cgroups used %+v", use[2])
 	}
+	// The process is found in the pod's cgroup by its executable.
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid, err := g.process(podDir, filepath.Base(exe)); err != nil || pid != cmd.Process.Pid {
+		t.Errorf("process %s in the pod: %d, %v; want %d", filepath.Base(exe), pid, err, cmd.Process.Pid)
+	}
+	if _, err := g.process(podDir, "nodeproxy"); err == nil {
+		t.Error("a process the pod does not run was found")
+	}
 	other := corev1.Pod{}
 	other.UID = "no-such-pod"
 	if _, err := g.dir(other, ""); err == nil {

@@ -13,6 +13,7 @@
 // the same three paths with the server on another node.
 //
 //	latencyk8s -kubeconfig FILE -kubectl PATH [-t 30s] [-rates 100,1000] [-rounds 3] [-c 64]
+//		[-uniform] [-trace-dir DIR]
 //
 // It installs the mesh (unless installed) and its namespaces and removes
 // what it installed. bench/latency-k8s.sh (make bench-k8s) brings up or
@@ -26,9 +27,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,6 +54,7 @@ func main() {
 
 type options struct {
 	kubeconfig, kubectl, repo, image, cgroupRoot string
+	traceDir                                     string
 	duration, after                              time.Duration
 	rates                                        []int
 	rounds, conns                                int
@@ -71,6 +75,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds (each runs every rate on every path); the figures are their medians")
 	fs.IntVar(&o.conns, "c", 64, "connections (fortio -c)")
 	fs.BoolVar(&o.uniform, "uniform", false, "spread each connection's requests over the interval (fortio -uniform) instead of sending them together")
+	fs.StringVar(&o.traceDir, "trace-dir", "", "write 3 s execution traces of the mesh's proxies during the first round's windows at the highest rate into this directory, and print what they show (scheduling delays, the collector's pauses)")
 	fs.BoolVar(&o.keep, "keep", false, "leave the mesh and the namespaces installed")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -446,12 +451,21 @@ func (r *run) windows(ctx context.Context) (map[key][]window, []float64, error) 
 					return nil, nil, err
 				}
 				l := load{qps: q, conns: r.o.conns, duration: r.o.duration, uniform: r.o.uniform}
+				var traces sync.WaitGroup
+				if r.o.traceDir != "" && round == 0 && q == slices.Max(r.o.rates) && p.mode != noMesh {
+					ps, err := r.proxies(p)
+					if err != nil {
+						return nil, nil, err
+					}
+					traces.Go(func() { traceProxies(ctx, r.o.traceDir, p.name(), ps, 3*time.Second) })
+				}
 				var res result
 				use, err := r.g.measure(comps, 500*time.Millisecond, func() error {
 					var err error
 					res, err = r.fortio(ctx, p, l)
 					return err
 				})
+				traces.Wait()
 				if err != nil {
 					return nil, nil, err
 				}
