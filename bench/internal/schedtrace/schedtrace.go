@@ -25,7 +25,7 @@ type Stats struct {
 	Waits []time.Duration
 	// GCs: garbage collection cycles begun in the trace.
 	GCs int
-	// Pauses: stop-the-world pauses, sorted.
+	// Pauses: stop-the-world pauses, sorted (the trace's own not counted).
 	Pauses []time.Duration
 	// Assist: time goroutines spent assisting the collector's marking
 	// (work a request's goroutine does before it may allocate).
@@ -101,7 +101,8 @@ func Read(file string) (Stats, error) {
 			delete(open, k)
 			d := ev.Time().Sub(t0)
 			switch {
-			case strings.HasPrefix(rg.Name, "stop-the-world"):
+			case strings.HasPrefix(rg.Name, "stop-the-world") && !strings.Contains(rg.Name, "trace"):
+				// (Not the pauses of starting and stopping the trace.)
 				s.Pauses = append(s.Pauses, d)
 			case rg.Name == "GC mark assist":
 				s.Assist += d
