@@ -72,6 +72,12 @@ func (e *resetError) Error() string {
 	return "hbone: stream reset: " + e.code.String()
 }
 
+// errStopSending: the server ended its side of the stream (END_STREAM) and
+// then reset it with NO_ERROR, which asks the client to stop sending
+// without an error (RFC 9113 §8.1): the exchange is complete; what the
+// client still had to send is dropped. A relay ends cleanly on it.
+var errStopSending = errors.New("hbone: peer ended the stream and asked to stop sending (NO_ERROR)")
+
 // refusedError is a stream the peer did not process (REFUSED_STREAM, or
 // above the last stream of a GOAWAY): the request can be retried elsewhere.
 type refusedError struct{ reason string }
@@ -412,8 +418,11 @@ func (c *h2conn) processRSTStream(f *http2.RSTStreamFrame) error {
 		return nil
 	}
 	var err error = &resetError{code: f.ErrCode, remote: true}
-	if f.ErrCode == http2.ErrCodeRefusedStream {
+	switch {
+	case f.ErrCode == http2.ErrCodeRefusedStream:
 		err = &refusedError{reason: "REFUSED_STREAM"}
+	case f.ErrCode == http2.ErrCodeNo && c.isClient && st.recvEOF:
+		err = errStopSending
 	}
 	st.failLocked(err)
 	return nil

@@ -190,6 +190,9 @@ func copyHalf(dst, src net.Conn, abort func(error), act *activity) int64 {
 			}
 			continue
 		}
+		if err == errStopSending {
+			return total // the server answered in full and wants no more
+		}
 		if err != nil {
 			abort(err)
 			return total
@@ -197,7 +200,7 @@ func copyHalf(dst, src net.Conn, abort func(error), act *activity) int64 {
 		break
 	}
 	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-		if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
+		if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) && err != errStopSending {
 			abort(err)
 		}
 	}

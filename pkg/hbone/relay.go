@@ -191,9 +191,13 @@ func (r *relay) fromPeer() {
 		}
 		go r.fromPeer() // wait on a small stack
 	case err == io.EOF:
-		if err := r.st.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
+		if err := r.st.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) && err != errStopSending {
 			r.abort(err)
 		}
+		r.directionDone()
+	case err == errStopSending:
+		// The server has answered in full and wants no more: the
+		// direction is done; what the socket still sends is dropped.
 		r.directionDone()
 	default:
 		r.abort(err)

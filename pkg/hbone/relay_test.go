@@ -251,3 +251,48 @@ func TestRelayFramesInPlaceUnderSmallWindow(t *testing.T) {
 		t.Fatalf("app read %d bytes (%v), want the %d sent through the tunnel, equal", len(got), err, len(msg))
 	}
 }
+
+// A server that sends its whole answer and ends the stream, then resets it
+// with NO_ERROR because the client is still sending (RFC 9113 §8.1: stop
+// sending, no error), ends the client's relay cleanly once the app is
+// done: no error reported, the app's socket gets the answer and a FIN,
+// then a close without a reset.
+func TestRelayEndsCleanlyOnServersNoErrorReset(t *testing.T) {
+	m := newMesh(t)
+	h := HandlerFunc(func(_ context.Context, r *Request) (Stream, error) {
+		return StreamFunc(func(_ context.Context, tunnel net.Conn) {
+			tunnel.Write([]byte("answer"))
+			// Serve returns: the server ends the stream (END_STREAM) and,
+			// the client not having ended its side, resets it (NO_ERROR).
+		}), nil
+	})
+	_, addr := startServer(t, m, h, nil)
+	p := newPool(t, m, nil)
+	tn := dialTunnel(t, p, m.target(addr, "127.0.0.1:80"))
+	a, app := tcpPair(t)
+	defer app.Close()
+	result := make(chan error, 1)
+	Relay(context.Background(), tn, a, 0, func(_, _ int64, err error) { result <- err })
+	app.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(app)
+	if err != nil || string(got) != "answer" {
+		t.Fatalf("app read %q, %v; want the answer and EOF", got, err)
+	}
+	// The app, answered, still sends (the server asked for no more of it),
+	// then closes its side.
+	if _, err := app.Write([]byte("more")); err != nil {
+		t.Fatal(err)
+	}
+	app.(*net.TCPConn).CloseWrite()
+	select {
+	case err := <-result:
+		if err != nil {
+			t.Fatalf("relay ended with %v, want a clean end", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay never ended")
+	}
+	if _, err := app.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("app socket after the relay: %v, want EOF (closed, not reset)", err)
+	}
+}
