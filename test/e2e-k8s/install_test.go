@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -385,6 +386,61 @@ func TestInstall(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), want) {
 			t.Fatalf("the node proxy's token for a workload on another node: %v, want PermissionDenied: %s", err, want)
 		}
+		if placed(waypointNode) == "" {
+			return
+		}
+		// On three nodes, with real pods and the node proxies' own bound
+		// tokens (as the kubelet makes them: audience causeway-ca, bound
+		// to the node proxy pod, so naming its node): the ratings pods
+		// run on the waypoint's node alone. That node's node proxy gets
+		// their certificate; this machine's is refused, saying why, in
+		// the error and in the control plane's log.
+		ratings, err := nodesOf(ctx, "shop", "ratings")
+		if err != nil || len(ratings) != 1 || !ratings[placed(waypointNode)] {
+			t.Fatalf("ratings pods on %v (%v), want %s alone", ratings, err, placed(waypointNode))
+		}
+		proxies := readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes))
+		for _, c := range []struct {
+			node    string
+			refused bool
+		}{{placed(waypointNode), false}, {nodeName, true}} {
+			np, err := nodeProxyOn(proxies, c.node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok, err := client.CoreV1().ServiceAccounts(systemNS).CreateToken(ctx, np.Spec.ServiceAccountName, &authv1.TokenRequest{
+				Spec: authv1.TokenRequestSpec{Audiences: []string{"causeway-ca"}, ExpirationSeconds: new(int64(600)),
+					BoundObjectRef: &authv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: np.Name, UID: np.UID}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ca, err := caClient(ctx, caclient.StaticToken(tok.Status.Token))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = fetch("shop", "ratings")
+			ca.Close()
+			want := "no workload with identity spiffe://cluster.local/ns/shop/sa/ratings on node " + c.node
+			switch {
+			case !c.refused && err != nil:
+				t.Fatalf("node %s's node proxy, for its own workload: %v", c.node, err)
+			case c.refused && (err == nil || !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), want)):
+				t.Fatalf("node %s's node proxy, for a workload on %s: %v, want PermissionDenied: %s", c.node, placed(waypointNode), err, want)
+			}
+		}
+		eventually(t, 30*time.Second, "the control plane's log of the refusal", func() error {
+			refused, err := certificateLog(ctx, "certificate refused")
+			if err != nil {
+				return err
+			}
+			for _, r := range refused["spiffe://cluster.local/ns/shop/sa/ratings"] {
+				if r.Node == nodeName && strings.Contains(r.Reason, "on node "+nodeName) {
+					return nil
+				}
+			}
+			return fmt.Errorf("no refusal of shop/ratings to node %s logged: %v", nodeName, refused["spiffe://cluster.local/ns/shop/sa/ratings"])
+		})
 	})
 
 	// Captured pods keep their rules while the node proxy pod is replaced;
