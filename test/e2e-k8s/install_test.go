@@ -364,7 +364,7 @@ func TestInstall(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		fetch := func(ns, sa string) error {
+		fetch := func(ca *caclient.Client, ns, sa string) error {
 			id, err := trust.NewIdentity(trustDom, ns, sa)
 			if err != nil {
 				return err
@@ -378,10 +378,10 @@ func TestInstall(t *testing.T) {
 			_, err = ca.Fetch(fctx, id, csr, time.Hour)
 			return err
 		}
-		if err := fetch("web", "frontend"); err != nil {
+		if err := fetch(ca, "web", "frontend"); err != nil {
 			t.Fatalf("the node proxy's own token for a workload on its node: %v", err)
 		}
-		err = fetch(ns, "away")
+		err = fetch(ca, ns, "away")
 		want := fmt.Sprintf("no workload with identity spiffe://cluster.local/ns/%s/sa/away on node %s", ns, nodeName)
 		if err == nil || !strings.Contains(err.Error(), "PermissionDenied") || !strings.Contains(err.Error(), want) {
 			t.Fatalf("the node proxy's token for a workload on another node: %v, want PermissionDenied: %s", err, want)
@@ -415,12 +415,12 @@ func TestInstall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ca, err := caClient(ctx, caclient.StaticToken(tok.Status.Token))
+			nodeCA, err := caClient(ctx, caclient.StaticToken(tok.Status.Token))
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = fetch("shop", "ratings")
-			ca.Close()
+			err = fetch(nodeCA, "shop", "ratings")
+			nodeCA.Close()
 			want := "no workload with identity spiffe://cluster.local/ns/shop/sa/ratings on node " + c.node
 			switch {
 			case !c.refused && err != nil:
