@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# node-start.sh I: extra node I, stopped by node-stop.sh, boots again: its
+# underlay link up, then its containerd, kubelet and kube-proxy as up.sh
+# started them; returns once the node is Ready. Its pods come back as after
+# a reboot without a drain: the kubelet makes every sandbox anew, in no
+# order of ours (docs/cluster.md "Losing a node").
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+need_root
+i=${1:-}
+[[ $i =~ ^[2-9]$ ]] || die "usage: node-start.sh I (an extra node, 2..$MAX_NODES; node 1 is the host)"
+name=$(node_name "$i")
+[ -f "$NODES_DIR/$name/kubelet.yaml" ] && [ -e "/run/netns/$name" ] || die "$name is not a node of the running cluster"
+t=$SECONDS
+ip link set "cw-n$i" up
+start_node_daemons "$i"
+step "$name: started in $((SECONDS - t))s"
