@@ -105,8 +105,8 @@ func (s *nodeScripts) stop(t *testing.T, node string) time.Time {
 }
 
 // start boots node again and waits until it is Ready and its node proxy
-// and its pods of the mesh (the waypoint's) are back; it returns when the
-// node's daemons were started.
+// and its waypoint replica run again, in containers started since; it
+// returns when the node's daemons were started.
 func (s *nodeScripts) start(t *testing.T, node string) time.Time {
 	t.Helper()
 	at := time.Now()
@@ -115,10 +115,39 @@ func (s *nodeScripts) start(t *testing.T, node string) time.Time {
 	}
 	s.down[node] = false
 	ready := time.Now()
-	readyPods(t, systemNS, "app.kubernetes.io/name="+nodeProxy, len(nodes))
-	readyPods(t, "shop", waypointPods, 2)
-	t.Logf("%s: Ready %.1fs after its daemons started, its node proxy and waypoint replica %.1fs", node, ready.Sub(at).Seconds(), time.Since(at).Seconds())
+	ctx := context.Background()
+	eventually(t, 2*time.Minute, "the node proxy and the waypoint replica of "+node+" back", func() error {
+		if err := backOn(ctx, systemNS, "app.kubernetes.io/name="+nodeProxy, node, at); err != nil {
+			return err
+		}
+		return backOn(ctx, "shop", waypointPods, node, at)
+	})
+	t.Logf("%s: Ready %.1fs after its daemons started, its node proxy and waypoint replica back after %.1fs", node, ready.Sub(at).Seconds(), time.Since(at).Seconds())
 	return at
+}
+
+// backOn: the pod of selector on node is ready, every container of it
+// started since then (the API's times are in whole seconds).
+func backOn(ctx context.Context, ns, selector, node string, since time.Time) error {
+	list, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return err
+	}
+	for _, p := range list.Items {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		if !podReady(p) {
+			return fmt.Errorf("%s not ready", p.Name)
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.State.Running == nil || c.State.Running.StartedAt.Time.Before(since.Truncate(time.Second)) {
+				return fmt.Errorf("%s: container %s not started again since %s", p.Name, c.Name, since.Format(time.RFC3339))
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("no pod %q on %s", selector, node)
 }
 
 // spreadWaypoint puts one replica of the shop's waypoint on each extra
@@ -446,6 +475,20 @@ func testNodeLoss(t *testing.T, nc *nodeScripts, frontend corev1.Pod, senders ma
 	if !lastFailed.IsZero() {
 		gap = lastFailed.Sub(stopped).Seconds()
 	}
+	// The longest wait for an answer from the loss on, and the slowest
+	// request begun after it (one the node proxy first sent to the lost
+	// replica waits for that to fail).
+	answered := stopped
+	var wait, slowest time.Duration
+	for _, o := range outcomes {
+		if o.Began.After(stopped) {
+			slowest = max(slowest, o.Ended.Sub(o.Began))
+		}
+		if o.Status == 200 && o.Ended.After(answered) {
+			wait = max(wait, o.Ended.Sub(answered))
+			answered = o.Ended
+		}
+	}
 	// The connections through the other replica never noticed.
 	for i, h := range holds {
 		if via[paths[i]] == lost {
@@ -457,8 +500,8 @@ func testNodeLoss(t *testing.T, nc *nodeScripts, frontend corev1.Pod, senders ma
 		default:
 		}
 	}
-	t.Logf("node %s lost: held connections through it ended after %s; its waypoint endpoint gone after %.1fs; requests %d, %d failed, the last failure ending %.1fs after the loss (no failure after: %v)",
-		lost, strings.Join(ended, ", "), gone.Sub(stopped).Seconds(), sum.Sent, len(refused), gap, lastFailed.IsZero())
+	t.Logf("node %s lost: held connections through it ended after %s; its waypoint endpoint gone after %.1fs; %d requests over %.1fs, %d failed, the last failure ending %.1fs after the loss; the longest wait for an answer after it %.1fs, the slowest request begun after it %.1fs",
+		lost, strings.Join(ended, ", "), gone.Sub(stopped).Seconds(), sum.Sent, sum.Last.Sub(sum.First).Seconds(), len(refused), gap, wait.Seconds(), slowest.Seconds())
 
 	booted := nc.start(t, lost)
 	expectNoPlainAfterBoot(t, senders[lost], "reviews-v2", booted)
