@@ -34,10 +34,12 @@ const (
 	waypointPods   = "gateway.networking.k8s.io/gateway-name=waypoint"
 	// inFlightBound: how long a request in flight through the lost node
 	// may take to end (with an error). Its connection's next hop no
-	// longer answers at all: the node proxy's HBONE keepalive (30s idle,
-	// 15s for the PING's answer) finds the tunnel's connection dead, with
-	// room for a loaded machine. Longer is a hang.
-	inFlightBound = 90 * time.Second
+	// longer answers at all, not even with a reset: the node proxy's HBONE
+	// connection ends once its bytes go unacknowledged for 15s (the PING
+	// timeout, as TCP_USER_TIMEOUT), with room for a loaded machine. The
+	// keepalive alone would take 45s (30s idle, then 15s for the PING's
+	// answer); longer is a hang.
+	inFlightBound = 30 * time.Second
 	// endpointsBound: how long the lost node's waypoint replica may stay a
 	// ready endpoint (the test cluster's node-monitor-grace-period, 20s,
 	// with room).
