@@ -181,6 +181,15 @@ node_cidr() {
   c=$(kubectl_admin get node "$1" -o 'jsonpath={.spec.podCIDR}') && [ -n "$c" ] && echo "$c"
 }
 
+# need_extra_node SCRIPT I: stops SCRIPT unless I names an extra node of
+# the running cluster (node-stop.sh, node-start.sh).
+need_extra_node() {
+  [[ $2 =~ ^[2-9]$ ]] || die "usage: $1 I (an extra node, 2..$MAX_NODES; node 1 is the host)"
+  local name
+  name=$(node_name "$2")
+  [ -f "$NODES_DIR/$name/kubelet.yaml" ] && [ -e "/run/netns/$name" ] || die "$name is not a node of the running cluster"
+}
+
 # start_node_daemons I [REGISTERED CMD...]: extra node I's containerd,
 # kubelet and kube-proxy, in its namespaces (up.sh add_node, node-start.sh),
 # each ready before the next; REGISTERED runs with the node's pod range

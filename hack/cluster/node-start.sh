@@ -11,9 +11,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 need_root
 i=${1:-}
-[[ $i =~ ^[2-9]$ ]] || die "usage: node-start.sh I (an extra node, 2..$MAX_NODES; node 1 is the host)"
+need_extra_node node-start.sh "$i"
 name=$(node_name "$i")
-[ -f "$NODES_DIR/$name/kubelet.yaml" ] && [ -e "/run/netns/$name" ] || die "$name is not a node of the running cluster"
 t=$SECONDS
 ip link set "cw-n$i" up
 start_node_daemons "$i"

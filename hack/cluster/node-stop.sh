@@ -14,9 +14,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 need_root
 i=${1:-}
-[[ $i =~ ^[2-9]$ ]] || die "usage: node-stop.sh I (an extra node, 2..$MAX_NODES; node 1 is the host)"
+need_extra_node node-stop.sh "$i"
 name=$(node_name "$i") run=$RUN_DIR/nodes/$name
-[ -d "$NODES_DIR/$name" ] && [ -e "/run/netns/$name" ] || die "$name is not a node of the running cluster"
 
 step "$name: lost (daemons and pods killed, pods' network namespaces gone, cw-n$i down)"
 # The link first: from now on nothing the node still sends arrives.
