@@ -7,22 +7,38 @@
 # nothing more from it, not even a reset. node-start.sh I brings it back
 # (docs/cluster.md "Losing a node"). Its files, its own network namespace
 # and its mount namespace stay, as a machine's disk does.
+#
+# node-stop.sh --daemons I kills only the node's containerd, kubelet and
+# kube-proxy (SIGKILL), as a crash of the runtime and the kubelet: the
+# pods, their sandboxes and the link stay.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 
 need_root
+daemons_only=false
+if [ "${1:-}" = --daemons ]; then daemons_only=true && shift; fi
 i=${1:-}
-need_extra_node node-stop.sh "$i"
+need_extra_node "node-stop.sh [--daemons]" "$i"
 name=$(node_name "$i") run=$RUN_DIR/nodes/$name
+
+kill_daemons() {
+  local d
+  for d in "${NODE_DAEMONS[@]}"; do
+    if pid_alive "$d@$name"; then kill -9 "$(cat "$CLUSTER_DIR/run/$d@$name.pid")"; fi
+  done
+}
+if $daemons_only; then
+  kill_daemons
+  step "$name: containerd, kubelet and kube-proxy killed (the pods run on)"
+  exit 0
+fi
 
 step "$name: lost (daemons and pods killed, pods' network namespaces gone, cw-n$i down)"
 # The link first: from now on nothing the node still sends arrives.
 ip link set "cw-n$i" down
-for d in "${NODE_DAEMONS[@]}"; do
-  if pid_alive "$d@$name"; then kill -9 "$(cat "$CLUSTER_DIR/run/$d@$name.pid")"; fi
-done
+kill_daemons
 # The containers' shims (by the node's containerd socket in their command
 # line), then whatever runs in the node's cgroups, until nothing does
 # (a process may fork while its siblings die).

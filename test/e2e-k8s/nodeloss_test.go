@@ -70,25 +70,25 @@ func nodeScriptsFor(t *testing.T) *nodeScripts {
 	return &nodeScripts{dir: dir, down: map[string]bool{}}
 }
 
-// run runs script (node-stop.sh, node-start.sh) for node and returns when
-// it is done.
-func (s *nodeScripts) run(script, node string) error {
+// run runs script (node-stop.sh, node-start.sh) for node, after flags,
+// and returns when it is done.
+func (s *nodeScripts) run(script, node string, flags ...string) error {
 	i := strings.TrimPrefix(node, nodeName+"-")
 	if i == node {
 		return fmt.Errorf("%s is not an extra node (%s-<i>)", node, nodeName)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, filepath.Join(s.dir, script), i).CombinedOutput()
+	out, err := exec.CommandContext(ctx, filepath.Join(s.dir, script), append(flags, i)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %v\n%s", script, i, err, out)
 	}
 	return nil
 }
 
-// stop cuts node off and returns when; the node is started again when
-// the test ends, if start did not.
-func (s *nodeScripts) stop(t *testing.T, node string) time.Time {
+// stop cuts node off (node-stop.sh with flags) and returns when; the node
+// is started again when the test ends, if start did not.
+func (s *nodeScripts) stop(t *testing.T, node string, flags ...string) time.Time {
 	t.Helper()
 	at := time.Now()
 	s.down[node] = true
@@ -100,9 +100,21 @@ func (s *nodeScripts) stop(t *testing.T, node string) time.Time {
 			s.down[node] = false
 		}
 	})
-	if err := s.run("node-stop.sh", node); err != nil {
+	if err := s.run("node-stop.sh", node, flags...); err != nil {
 		t.Fatal(err)
 	}
+	return at
+}
+
+// startDaemons starts node's containerd, kubelet and kube-proxy again and
+// returns when it began.
+func (s *nodeScripts) startDaemons(t *testing.T, node string) time.Time {
+	t.Helper()
+	at := time.Now()
+	if err := s.run("node-start.sh", node); err != nil {
+		t.Fatal(err)
+	}
+	s.down[node] = false
 	return at
 }
 
@@ -111,11 +123,7 @@ func (s *nodeScripts) stop(t *testing.T, node string) time.Time {
 // returns when the node's daemons were started.
 func (s *nodeScripts) start(t *testing.T, node string) time.Time {
 	t.Helper()
-	at := time.Now()
-	if err := s.run("node-start.sh", node); err != nil {
-		t.Fatal(err)
-	}
-	s.down[node] = false
+	at := s.startDaemons(t, node)
 	ready := time.Now()
 	ctx := context.Background()
 	eventually(t, 2*time.Minute, "the node proxy and the waypoint replica of "+node+" back", func() error {
@@ -511,13 +519,59 @@ func testNodeLoss(t *testing.T, nc *nodeScripts, frontend corev1.Pod, senders ma
 	return lost
 }
 
-// testRebootWithoutDrain: node is stopped and at once started again, as a
-// reboot without a drain: its pods come back with its node proxy, in no
-// order; the sender there never sends a byte past the mesh.
+// testRebootWithoutDrain: first node's containerd, kubelet and kube-proxy
+// crash and start again, its pods running on: the sender there is
+// untouched. Then node is stopped and at once started again, as a reboot
+// without a drain: its pods come back with its node proxy, in no order;
+// the sender there never sends a byte past the mesh.
 func testRebootWithoutDrain(t *testing.T, nc *nodeScripts, node string, s sender) {
+	ctx := context.Background()
+	np, err := client.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeProxy, FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(np.Items) != 1 {
+		t.Fatalf("the node proxy pod of %s: %v (%d)", node, err, len(np.Items))
+	}
+	crashed := nc.stop(t, node, "--daemons")
+	nc.startDaemons(t, node)
+	eventually(t, time.Minute, s.pod.Name+" sending on through the runtime's and the kubelet's restart", func() error {
+		return untouched(ctx, s, np.Items[0], crashed)
+	})
+	t.Logf("%s: containerd, kubelet and kube-proxy killed and started again: the pods, the sender's capture and its traffic untouched", node)
+
 	nc.stop(t, node)
 	booted := nc.start(t, node)
 	expectNoPlainAfterBoot(t, s, "reviews-v2", booted)
+}
+
+// untouched: since crashed, the sender's container and the node proxy's
+// ran on (not restarted), and the sender's requests, 2s worth after the
+// daemons' crash at least, all went through the waypoint, none refused.
+func untouched(ctx context.Context, s sender, proxy corev1.Pod, crashed time.Time) error {
+	for _, p := range []corev1.Pod{s.pod, proxy} {
+		cur, err := clientPod(ctx, p.Namespace, p.Name)
+		if err != nil {
+			return err
+		}
+		for _, c := range cur.Status.ContainerStatuses {
+			if c.State.Running == nil || !c.State.Running.StartedAt.Time.Before(crashed.Truncate(time.Second)) {
+				return fmt.Errorf("%s: container %s restarted: %+v", p.Name, c.Name, c.State)
+			}
+		}
+	}
+	outcomes, err := senderLog(ctx, s.pod, false)
+	if err != nil {
+		return err
+	}
+	since := slices.DeleteFunc(outcomes, func(o requestOutcome) bool { return o.Began.Before(crashed) })
+	refused, err := throughWaypoint(since, "reviews-v2", s.identity)
+	switch {
+	case err != nil:
+		return err
+	case len(refused) > 0:
+		return fmt.Errorf("%d of %d requests since the crash refused, the first %s", len(refused), len(since), refused[0].Error)
+	case len(since) < 40:
+		return fmt.Errorf("%d requests since the crash, want 40", len(since))
+	}
+	return nil
 }
 
 // senderURL is the address of reviews-v2 (bound to the shop's waypoint)
