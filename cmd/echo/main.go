@@ -23,6 +23,9 @@
 // -for 0, its standard input ends (kubectl exec -i: the caller closes it);
 // a line on stderr at the first answer (the traffic is flowing) and one per
 // failure, then a JSON summary on stdout; exit 1 if any request failed.
+// With -each, every request's outcome is a JSON line on stdout before the
+// summary (Outcome: when, the status, which pod answered and the caller's
+// identity it was told), so a test can judge each request on its own.
 package main
 
 import (
@@ -340,6 +343,53 @@ type LoadSummary struct {
 
 const maxLoadErrors = 20
 
+// Outcome is one request of `echo load -each`.
+type Outcome struct {
+	Began time.Time `json:"began"`
+	Ended time.Time `json:"ended"`
+	// Status is the answer's HTTP status; 0 when there was none.
+	Status int `json:"status,omitempty"`
+	// Pod answered, and was told Principal (the mesh's
+	// X-Causeway-Source-Principal); both empty unless the answer was an
+	// echo's.
+	Pod       string `json:"pod,omitempty"`
+	Principal string `json:"principal,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// principalHeader is the caller's identity as a waypoint tells the
+// destination (pkg/l7.SourcePrincipalHeader).
+const principalHeader = "X-Causeway-Source-Principal"
+
+// fetchOutcome GETs url and describes what came back.
+func fetchOutcome(client *http.Client, url string) (o Outcome) {
+	o.Began = time.Now()
+	defer func() { o.Ended = time.Now() }()
+	resp, err := client.Get(url)
+	if err != nil {
+		o.Error = err.Error()
+		return o
+	}
+	defer resp.Body.Close()
+	o.Status = resp.StatusCode
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		o.Error = err.Error()
+		return o
+	}
+	var e Echo
+	if json.Unmarshal(body, &e) == nil {
+		o.Pod = e.Pod
+		if p := e.Headers[principalHeader]; len(p) > 0 {
+			o.Principal = p[0]
+		}
+	}
+	if o.Status < 200 || o.Status > 299 {
+		o.Error = "status " + resp.Status
+	}
+	return o
+}
+
 // loadAnswered begins load's line at the first answer.
 const loadAnswered = "echo load: the first answer from "
 
@@ -352,11 +402,12 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	interval := fs.Duration("interval", 20*time.Millisecond, "time between one client's requests")
 	timeout := fs.Duration("timeout", 5*time.Second, "bound on each request, answer included")
 	total := fs.Duration("for", 0, "how long to send; 0: until standard input ends")
+	each := fs.Bool("each", false, "print every request's outcome as a JSON line on stdout")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 1 || *clients < 1 || *clients > 64 || *interval < 0 || *total < 0 {
-		fmt.Fprintln(stderr, "usage: echo load [-c 1-64] [-interval D] [-timeout D] [-for D] URL")
+		fmt.Fprintln(stderr, "usage: echo load [-c 1-64] [-interval D] [-timeout D] [-for D] [-each] URL")
 		return 2
 	}
 	u := fs.Arg(0)
@@ -378,6 +429,7 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// A connection per request, as fetch: each request is a new
 	// connection through the mesh, spread over the Service's endpoints.
 	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+	out := json.NewEncoder(stdout)
 	var mu sync.Mutex
 	var sum LoadSummary
 	answered := false
@@ -386,24 +438,25 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for ctx.Err() == nil {
-				began := time.Now()
-				err := fetch(client, u, io.Discard)
-				ended := time.Now()
+				o := fetchOutcome(client, u)
 				mu.Lock()
+				if *each {
+					_ = out.Encode(o)
+				}
 				sum.Sent++
-				if sum.First.IsZero() || began.Before(sum.First) {
-					sum.First = began
+				if sum.First.IsZero() || o.Began.Before(sum.First) {
+					sum.First = o.Began
 				}
-				if ended.After(sum.Last) {
-					sum.Last = ended
+				if o.Ended.After(sum.Last) {
+					sum.Last = o.Ended
 				}
-				if err == nil && !answered {
+				if o.Error == "" && !answered {
 					answered = true
 					fmt.Fprintf(stderr, "%s%s\n", loadAnswered, u)
 				}
-				if err != nil {
+				if o.Error != "" {
 					sum.Failed++
-					msg := fmt.Sprintf("%s (began %s) %v", ended.UTC().Format(time.RFC3339Nano), began.UTC().Format(time.RFC3339Nano), err)
+					msg := fmt.Sprintf("%s (began %s) %s", o.Ended.UTC().Format(time.RFC3339Nano), o.Began.UTC().Format(time.RFC3339Nano), o.Error)
 					fmt.Fprintf(stderr, "echo load %s: %s\n", u, msg)
 					if len(sum.Errors) < maxLoadErrors {
 						sum.Errors = append(sum.Errors, msg)
@@ -420,7 +473,7 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	for range *clients {
 		<-done
 	}
-	if err := json.NewEncoder(stdout).Encode(sum); err != nil {
+	if err := out.Encode(sum); err != nil {
 		fmt.Fprintf(stderr, "echo load: %v\n", err)
 		return 1
 	}

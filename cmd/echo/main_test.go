@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,5 +262,40 @@ func TestTLSServerName(t *testing.T) {
 	}
 	if e := decode(t, resp); e.TLSServerName != "" {
 		t.Fatalf("plaintext answer names server name %q", e.TLSServerName)
+	}
+}
+
+// load -each prints every request's outcome, the identity the destination
+// was told included, before the summary.
+func TestLoadEach(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1)%2 == 0 {
+			http.Error(w, "no", http.StatusForbidden)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(Echo{Pod: "dest-1", Headers: map[string][]string{principalHeader: {"spiffe://td/ns/a/sa/b"}}})
+	}))
+	defer srv.Close()
+	var out, errs strings.Builder
+	code := loadMain([]string{"-each", "-interval", "5ms", "-for", "100ms", srv.URL + "/x"}, nil, &out, &errs)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if code != 1 || len(lines) < 3 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and a line per request", code, out.String(), errs.String())
+	}
+	var sum LoadSummary
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil || sum.Sent != int64(len(lines)-1) {
+		t.Fatalf("summary %q (%v), want %d requests", lines[len(lines)-1], err, len(lines)-1)
+	}
+	for i, l := range lines[:len(lines)-1] {
+		var o Outcome
+		if err := json.Unmarshal([]byte(l), &o); err != nil {
+			t.Fatalf("line %d %q: %v", i, l, err)
+		}
+		ok := o.Status == 200 && o.Pod == "dest-1" && o.Principal == "spiffe://td/ns/a/sa/b" && o.Error == ""
+		denied := o.Status == 403 && o.Pod == "" && o.Principal == "" && strings.Contains(o.Error, "status 403")
+		if !(ok || denied) || o.Ended.Before(o.Began) {
+			t.Errorf("line %d: %+v, want an answer from dest-1 told its principal, or a 403", i, o)
+		}
 	}
 }

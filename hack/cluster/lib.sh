@@ -18,6 +18,7 @@ REGISTRY_BIN=$CACHE/distribution-$REGISTRY_VERSION/bin
 CLUSTER_DIR=${CAUSEWAY_CLUSTER_DIR:-/var/lib/causeway-cluster}
 RUN_DIR=/run/causeway-cluster
 KUBECONFIG_ADMIN=$CLUSTER_DIR/admin.kubeconfig
+LOG=$CLUSTER_DIR/log
 CONTAINERD_SOCK=$RUN_DIR/containerd.sock
 
 NODE_NAME=causeway-node
@@ -127,3 +128,87 @@ cluster_for_run() {
 TRACKED_DIRS=(/etc/cni/net.d /etc/cni /opt/cni/bin /opt/cni /var/lib/cni /run/containerd
   /var/log/containers /var/log/pods /var/lib/kubelet /var/lib/containerd /run/causeway)
 dir_key() { printf 'dir%s' "${1//\//_}"; }
+
+# start NAME CMD...: runs CMD detached (its own session, so no timeout or
+# make process group takes it down) unless NAME already runs.
+start() {
+  local name=$1; shift
+  if pid_alive "$name"; then
+    step "$name: already running (pid $(cat "$CLUSTER_DIR/run/$name.pid"))"
+    return
+  fi
+  step "$name: starting"
+  setsid nohup "$@" >>"$LOG/$name.log" 2>&1 </dev/null &
+  local pid=$!
+  echo "$pid" >"$CLUSTER_DIR/run/$name.pid"
+  # setsid, nohup (and nsenter) exec the daemon in turn; until then
+  # pid_alive would take it for gone.
+  for _ in $(seq 50); do
+    if pid_alive "$name" || ! kill -0 "$pid" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+}
+
+# ready NAME BOUND CHECK...: waits until CHECK succeeds; past BOUND seconds, or
+# when NAME's process is gone, stops with NAME and the end of its log.
+ready() {
+  local name=$1 bound=$2; shift 2
+  local daemon=${name%%/*} t=$SECONDS
+  until "$@" >/dev/null 2>&1; do
+    local why=""
+    if [ -f "$CLUSTER_DIR/run/$daemon.pid" ] && ! pid_alive "$daemon"; then
+      why="$daemon exited"
+    elif ((SECONDS - t >= bound)); then
+      why="$name not ready within ${bound}s"
+    fi
+    if [ -n "$why" ]; then
+      printf '[cluster %s] error: %s; last lines of %s:\n' "$(date +%H:%M:%S)" "$why" "$LOG/$daemon.log" >&2
+      tail -n 25 "$LOG/$daemon.log" >&2 2>/dev/null || echo "(no log)" >&2
+      echo "run 'make cluster-down' to clean up" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+  step "$name: ready ($((SECONDS - t))s)"
+}
+
+node_ready() {
+  [ "$(kubectl_admin get node "${1:-$NODE_NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
+}
+# node_cidr NODE: the pod range the controller-manager gave the node.
+node_cidr() {
+  local c
+  c=$(kubectl_admin get node "$1" -o 'jsonpath={.spec.podCIDR}') && [ -n "$c" ] && echo "$c"
+}
+
+# need_extra_node SCRIPT I: stops SCRIPT unless I names an extra node of
+# the running cluster (node-stop.sh, node-start.sh).
+need_extra_node() {
+  [[ $2 =~ ^[2-9]$ ]] || die "usage: $1 I (an extra node, 2..$MAX_NODES; node 1 is the host)"
+  local name
+  name=$(node_name "$2")
+  [ -f "$NODES_DIR/$name/kubelet.yaml" ] && [ -e "/run/netns/$name" ] || die "$name is not a node of the running cluster"
+}
+
+# start_node_daemons I [REGISTERED CMD...]: extra node I's containerd,
+# kubelet and kube-proxy, in its namespaces (up.sh add_node, node-start.sh),
+# each ready before the next; REGISTERED runs with the node's pod range
+# appended once the kubelet has registered (up.sh writes the node's CNI
+# configuration then).
+start_node_daemons() {
+  local i=$1 name dir run ip; shift
+  name=$(node_name "$i") ip=$(node_ip "$i")
+  dir=$NODES_DIR/$name run=$RUN_DIR/nodes/$name
+  local in_node=(nsenter --net="/run/netns/$name" --mount="$run/mnt" --uts="$run/uts")
+  start "containerd@$name" "${in_node[@]}" containerd --config "$dir/containerd.toml"
+  ready "containerd@$name" 30 ctr --address "$run/containerd.sock" version
+  start "kubelet@$name" "${in_node[@]}" "$K8S_BIN/kubelet" --config "$dir/kubelet.yaml" \
+    --kubeconfig "$CLUSTER_DIR/kubelet-$name.kubeconfig" --hostname-override "$name" --node-ip "$ip"
+  if (($# > 0)); then
+    ready "kubelet@$name/podCIDR" 60 node_cidr "$name"
+    "$@" "$(node_cidr "$name")"
+  fi
+  ready "kubelet@$name/node-Ready" 90 node_ready "$name"
+  start "kube-proxy@$name" "${in_node[@]}" "$K8S_BIN/kube-proxy" --config "$dir/kube-proxy.yaml"
+  ready "kube-proxy@$name" 60 nsenter --net="/run/netns/$name" curl -fsS --max-time 2 http://127.0.0.1:10256/healthz
+}

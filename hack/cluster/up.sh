@@ -14,7 +14,6 @@ if ! [[ $NODES =~ ^[1-9]$ ]] || ((NODES > MAX_NODES)); then die "NODES=$NODES: f
 T0=$SECONDS
 PKI=$CLUSTER_DIR/pki
 ETC=$CLUSTER_DIR/etc
-LOG=$CLUSTER_DIR/log
 
 # ensure_packages: containerd, runc, the CNI plugins, iptables and openssl
 # from Debian. Installing containerd starts no service here (policy-rc.d).
@@ -205,6 +204,11 @@ failSwapOn: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
+# A lost node is NotReady (its pods no longer ready endpoints) 20s after
+# its last lease renewal, not 50s: the controller manager's
+# --node-monitor-grace-period 20s, with a lease renewed every 5s (a
+# quarter of its duration) as the default 40s lease is every 10s.
+nodeLeaseDurationSeconds: 20
 CFG
   cat
 }
@@ -290,59 +294,8 @@ setup_cni() {
 CNI
 }
 
-# start NAME CMD...: runs CMD detached (its own session, so no timeout or
-# make process group takes it down) unless NAME already runs.
-start() {
-  local name=$1; shift
-  if pid_alive "$name"; then
-    step "$name: already running (pid $(cat "$CLUSTER_DIR/run/$name.pid"))"
-    return
-  fi
-  step "$name: starting"
-  setsid nohup "$@" >>"$LOG/$name.log" 2>&1 </dev/null &
-  local pid=$!
-  echo "$pid" >"$CLUSTER_DIR/run/$name.pid"
-  # setsid, nohup (and nsenter) exec the daemon in turn; until then
-  # pid_alive would take it for gone.
-  for _ in $(seq 50); do
-    if pid_alive "$name" || ! kill -0 "$pid" 2>/dev/null; then break; fi
-    sleep 0.1
-  done
-}
-
-# ready NAME BOUND CHECK...: waits until CHECK succeeds; past BOUND seconds, or
-# when NAME's process is gone, stops with NAME and the end of its log.
-ready() {
-  local name=$1 bound=$2; shift 2
-  local daemon=${name%%/*} t=$SECONDS
-  until "$@" >/dev/null 2>&1; do
-    local why=""
-    if [ -f "$CLUSTER_DIR/run/$daemon.pid" ] && ! pid_alive "$daemon"; then
-      why="$daemon exited"
-    elif ((SECONDS - t >= bound)); then
-      why="$name not ready within ${bound}s"
-    fi
-    if [ -n "$why" ]; then
-      printf '[cluster %s] error: %s; last lines of %s:\n' "$(date +%H:%M:%S)" "$why" "$LOG/$daemon.log" >&2
-      tail -n 25 "$LOG/$daemon.log" >&2 2>/dev/null || echo "(no log)" >&2
-      echo "run 'make cluster-down' to clean up" >&2
-      exit 1
-    fi
-    sleep 0.5
-  done
-  step "$name: ready ($((SECONDS - t))s)"
-}
-
 api_get() {
   curl -fsS --max-time 3 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$API_URL$1"
-}
-node_ready() {
-  [ "$(kubectl_admin get node "${1:-$NODE_NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
-}
-# node_cidr NODE: the pod range the controller-manager gave the node.
-node_cidr() {
-  local c
-  c=$(kubectl_admin get node "$1" -o 'jsonpath={.spec.podCIDR}') && [ -n "$c" ] && echo "$c"
 }
 
 # add_node I: extra node I (docs/cluster.md): a network namespace on the
@@ -396,18 +349,9 @@ cgroupRoot: /$name
 CFG
   kube_proxy_config "$name" "$ip" | put "$dir/kube-proxy.yaml"
 
-  local in_node=(nsenter --net="/run/netns/$name" --mount="$run/mnt" --uts="$run/uts")
-  start "containerd@$name" "${in_node[@]}" containerd --config "$dir/containerd.toml"
-  ready "containerd@$name" 30 ctr --address "$run/containerd.sock" version
-  start "kubelet@$name" "${in_node[@]}" "$K8S_BIN/kubelet" --config "$dir/kubelet.yaml" \
-    --kubeconfig "$CLUSTER_DIR/kubelet-$name.kubeconfig" --hostname-override "$name" --node-ip "$ip"
   # The CNI configuration needs the node's range, given once it registered.
-  ready "kubelet@$name/podCIDR" 60 node_cidr "$name"
+  start_node_daemons "$i" setup_cni "$root"
   cidr=$(node_cidr "$name")
-  setup_cni "$root" "$cidr"
-  ready "kubelet@$name/node-Ready" 90 node_ready "$name"
-  start "kube-proxy@$name" "${in_node[@]}" "$K8S_BIN/kube-proxy" --config "$dir/kube-proxy.yaml"
-  ready "kube-proxy@$name" 60 nsenter --net="/run/netns/$name" curl -fsS --max-time 2 http://127.0.0.1:10256/healthz
   step "$name: added in $((SECONDS - t))s (pods $cidr)"
 }
 
@@ -470,6 +414,7 @@ start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
   --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
   --bind-address 127.0.0.1 --leader-elect=false \
   --allocate-node-cidrs --cluster-cidr "$CLUSTER_CIDR" --node-cidr-mask-size 24 \
+  --node-monitor-period 2s --node-monitor-grace-period 20s \
   --service-cluster-ip-range "$SERVICE_CIDR" \
   --root-ca-file "$PKI/ca.crt" --service-account-private-key-file "$PKI/sa.key" \
   --use-service-account-credentials --profiling=false

@@ -16,7 +16,8 @@
 // {source identity, expected server identities, next hop}, at most
 // MaxStreamsPerConn (or the server's limit) tunnels per connection, one dial
 // at a time per key, and drops connections that went idle, received GOAWAY
-// or missed a PING.
+// or missed a PING, or whose bytes went unacknowledged as long (a peer
+// that vanished: TCP_USER_TIMEOUT, usertimeout_linux.go).
 //
 // Tunnels on both sides are net.Conns with CloseWrite: it sends END_STREAM
 // while the other direction keeps flowing, and Read returns io.EOF when the

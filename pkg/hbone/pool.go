@@ -262,6 +262,14 @@ func (p *Pool) connect(ctx context.Context, key poolKey, t Target) (*h2conn, err
 	if err != nil {
 		return nil, fmt.Errorf("hbone: dial %s: %w", t.Address, err)
 	}
+	// With the keepalive on, bytes unacknowledged for as long as a PING
+	// may go unanswered end the connection too.
+	if p.cfg.readIdleTimeout > 0 {
+		if err := setUserTimeout(raw, p.cfg.pingTimeout); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("hbone: connection to %s: TCP_USER_TIMEOUT: %w", t.Address, err)
+		}
+	}
 	var cert func() (*tls.Certificate, error)
 	if !t.Source.IsZero() {
 		cert = sourceCert(t.Source, t.Cert)

@@ -155,19 +155,22 @@ type hold struct {
 	what   string
 	count  atomic.Int64 // answers so far
 	last   atomic.Int64 // when the latest answer was read (Unix nanoseconds)
+	ended  time.Time    // when it ended, once done
 	done   chan struct{}
 	err    error         // once done
 	stderr *bytes.Buffer // once done
 }
 
 // startHold holds one connection from the pod to url open, a request every
-// 100ms, for at most two minutes; it is stopped when the test ends.
-func startHold(t *testing.T, ns, pod, url string) *hold {
+// 100ms, for at most two minutes (flags: more of echo hold's, which may
+// say otherwise); it is stopped when the test ends.
+func startHold(t *testing.T, ns, pod, url string, flags ...string) *hold {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &hold{what: ns + "/" + pod + " holding " + url, done: make(chan struct{}), stderr: &bytes.Buffer{}}
-	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "-n", ns, "exec", pod, "-c", "echo", "--",
-		"/usr/local/bin/echo", "hold", "-interval", "100ms", "-for", "2m", url)
+	argv := append([]string{"--kubeconfig", kubeconfig, "-n", ns, "exec", pod, "-c", "echo", "--",
+		"/usr/local/bin/echo", "hold", "-interval", "100ms", "-for", "2m"}, flags...)
+	cmd := exec.CommandContext(ctx, kubectl, append(argv, url)...)
 	cmd.Stderr = h.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -185,6 +188,7 @@ func startHold(t *testing.T, ns, pod, url string) *hold {
 			}
 		}
 		h.err = cmd.Wait()
+		h.ended = time.Now()
 		close(h.done)
 	}()
 	t.Cleanup(func() { cancel(); <-h.done })

@@ -522,6 +522,23 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	// Last before the uninstall, as they stop nodes (each node is back and
+	// Ready after): a node lost and back, then the other extra node
+	// rebooted without a drain (nodeloss_test.go).
+	t.Run("node loss and reboot", func(t *testing.T) {
+		nc := nodeScriptsFor(t)
+		senders := startSenders(t, newNamespace(t, "e2e-senders"), senderURL(t), nodes[1], nodes[2])
+		var lost string
+		if !t.Run("node lost and back", func(t *testing.T) { lost = testNodeLoss(t, nc, pods["frontend"], senders) }) {
+			return
+		}
+		other := nodes[1]
+		if lost == other {
+			other = nodes[2]
+		}
+		t.Run("node rebooted without drain", func(t *testing.T) { testRebootWithoutDrain(t, nc, other, senders[other]) })
+	})
+
 	// helm uninstall leaves the node without the plugin's configuration
 	// and binary (the container runtime would otherwise keep calling it).
 	step("uninstall", func(t *testing.T) {
