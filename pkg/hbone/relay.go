@@ -109,9 +109,8 @@ type relay struct {
 	state      atomic.Int32
 	token      uint64
 	registered bool
-	hotUntil   time.Time // carry's read deadline on the socket
-
-	iov net.Buffers // writeNow's, under c.mu
+	hotUntil   int64 // carry's read deadline on the socket, unix nanoseconds
+	lastSend   int64 // when the socket's data was last sent, unix nanoseconds
 }
 
 func (r *relay) touch() { r.last.Store(time.Now().UnixNano()) }
@@ -166,9 +165,15 @@ func (r *relay) directionDone() {
 
 // fromPeer carries the socket into the tunnel; at EOF it ends the
 // tunnel's direction (END_STREAM). It runs when the socket is readable (or
-// at the relay's start): it reads what is there, sends it, then carries
-// on this goroutine while more comes within hotWait, and parks in the idle
-// poller once the socket went quiet.
+// at the relay's start): it reads what is there and sends it; then, if
+// the socket had sent within hotWait before (requests on a kept
+// connection) or filled the buffer (bulk), it carries on this goroutine
+// while more comes within hotWait, and parks in the idle poller once the
+// socket went quiet. A socket that sends once and goes quiet (a
+// connection opened, used once and kept idle) parks at once: a hot wait
+// for each would hold a goroutine and its stack a second for every
+// connection opened, which a burst of connections opening pays in
+// memory (issue 36: memory per idle connection).
 func (r *relay) fromPeer() {
 	buf, n, err := readPooled(r.rc, false, false)
 	if err == errWouldBlock {
@@ -180,8 +185,13 @@ func (r *relay) fromPeer() {
 	if err == nil {
 		// A read that filled the small buffer brings a copy buffer next.
 		big := readFilled(buf, n)
+		again := r.lastSend != 0 && time.Duration(time.Now().UnixNano()-r.lastSend) < hotWait
 		if err = r.send(buf, n); err == nil {
-			err = r.carry(big)
+			if big || again {
+				err = r.carry(big)
+			} else {
+				err = errWouldBlock
+			}
 		}
 	}
 	switch {
@@ -208,7 +218,8 @@ func (r *relay) fromPeer() {
 // send sends the n bytes read into buf's frame slots into the tunnel, and
 // gives buf back.
 func (r *relay) send(buf *[]byte, n int) error {
-	r.touch()
+	r.lastSend = time.Now().UnixNano()
+	r.last.Store(r.lastSend)
 	r.st.wmu.Lock()
 	err := r.st.sendSlotted(*buf, n)
 	r.st.wmu.Unlock()
@@ -244,9 +255,9 @@ func (r *relay) carry(big bool) error {
 	)
 	rerr := r.rc.Read(func(fd uintptr) bool {
 		for {
-			if last := time.Unix(0, r.last.Load()); r.hotUntil.Sub(last) < hotWait/2 {
-				r.hotUntil = last.Add(hotWait)
-				if err = r.peer.SetReadDeadline(r.hotUntil); err != nil {
+			if last := r.last.Load(); time.Duration(r.hotUntil-last) < hotWait/2 {
+				r.hotUntil = last + int64(hotWait)
+				if err = r.peer.SetReadDeadline(time.Unix(0, r.hotUntil)); err != nil {
 					return true
 				}
 			}
@@ -269,7 +280,7 @@ func (r *relay) carry(big bool) error {
 		}
 	})
 	if errors.Is(rerr, os.ErrDeadlineExceeded) {
-		r.hotUntil = time.Time{}
+		r.hotUntil = 0
 		if rerr = r.peer.SetReadDeadline(time.Time{}); rerr == nil {
 			return errWouldBlock
 		}
@@ -297,10 +308,8 @@ func (r *relay) writeNow() bool {
 	if st.recvEOF || st.err != nil || st.released || st.recv.dead || st.recv.size <= 0 || st.recv.size > writeNowMax {
 		return false
 	}
-	bufs := st.recv.peek(r.iov[:0])
-	n, err := writeNoWait(r.rc, bufs)
-	clear(bufs)
-	r.iov = bufs[:0]
+	var iov [4][]byte // on the stack: writeNoWait keeps no reference
+	n, err := writeNoWait(r.rc, st.recv.peek(iov[:0]))
 	if n <= 0 {
 		return false
 	}
