@@ -3,7 +3,6 @@ package hbone
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -61,7 +60,7 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 		r.stopCtx = context.AfterFunc(ctx, func() { r.abort(ctx.Err()) })
 	}
 	if idle > 0 {
-		r.timer = time.AfterFunc(idle, r.checkIdle)
+		relayIdleClock.add(r, r.last.Load())
 	}
 	r.st.c.mu.Lock()
 	r.st.pump = r
@@ -92,7 +91,6 @@ type relay struct {
 	rc        syscall.RawConn
 	streamIsA bool
 	idle      time.Duration
-	timer     *time.Timer
 	stopCtx   func() bool
 	done      func(aToB, bToA int64, err error)
 
@@ -110,6 +108,10 @@ type relay struct {
 	token      uint64
 	registered bool
 	hotUntil   int64 // carry's read deadline on the socket, unix nanoseconds
+
+	// The relay's place in relayIdleClock (idleAt 0: none), under its mu.
+	idleAt             int64
+	idleNext, idlePrev *relay
 	lastSend   int64 // when the socket's data was last sent, unix nanoseconds
 }
 
@@ -130,15 +132,6 @@ func (r *relay) abort(cause error) {
 	}
 }
 
-func (r *relay) checkIdle() {
-	d := time.Duration(time.Now().UnixNano() - r.last.Load())
-	if d >= r.idle {
-		r.abort(fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond)))
-		return
-	}
-	r.timer.Reset(r.idle - d)
-}
-
 // directionDone is called once by each direction; the last one closes both
 // connections (if nothing failed) and reports.
 func (r *relay) directionDone() {
@@ -146,8 +139,8 @@ func (r *relay) directionDone() {
 		return
 	}
 	r.stopCtx()
-	if r.timer != nil {
-		r.timer.Stop()
+	if r.idle > 0 {
+		relayIdleClock.remove(r)
 	}
 	idlePollerFor().forget(r)
 	r.once.Do(func() {
