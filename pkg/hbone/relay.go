@@ -158,15 +158,11 @@ func (r *relay) directionDone() {
 
 // fromPeer carries the socket into the tunnel; at EOF it ends the
 // tunnel's direction (END_STREAM). It runs when the socket is readable (or
-// at the relay's start): it reads what is there and sends it; then, if
-// the socket had sent within hotWait before (requests on a kept
-// connection) or filled the buffer (bulk), it carries on this goroutine
-// while more comes within hotWait, and parks in the idle poller once the
-// socket went quiet. A socket that sends once and goes quiet (a
-// connection opened, used once and kept idle) parks at once: a hot wait
-// for each would hold a goroutine and its stack a second for every
-// connection opened, which a burst of connections opening pays in
-// memory (issue 36: memory per idle connection).
+// at the relay's start): it reads what is there, sends it, then carries
+// on this goroutine while more comes (carry), and parks in the idle
+// poller once the socket went quiet: hotWait if the socket had sent
+// within hotWait before (requests on a kept connection) or filled the
+// buffer (bulk), else firstHotWait.
 func (r *relay) fromPeer() {
 	buf, n, err := readPooled(r.rc, false, false)
 	if err == errWouldBlock {
@@ -180,11 +176,11 @@ func (r *relay) fromPeer() {
 		big := readFilled(buf, n)
 		again := r.lastSend != 0 && time.Duration(time.Now().UnixNano()-r.lastSend) < hotWait
 		if err = r.send(buf, n); err == nil {
+			wait := firstHotWait
 			if big || again {
-				err = r.carry(big)
-			} else {
-				err = errWouldBlock
+				wait = hotWait
 			}
+			err = r.carry(big, wait)
 		}
 	}
 	switch {
@@ -233,23 +229,32 @@ func (r *relay) send(buf *[]byte, n int) error {
 // (issue 36); one that went quiet gives its goroutine back.
 const hotWait = time.Second
 
+// firstHotWait is hotWait for a socket that had not sent within hotWait
+// before. Most such wait for an answer (a connection opened for one
+// exchange ends about a round trip later, and a park then costs its
+// close a hand-off), but a connection opened, used once and kept idle
+// sends nothing more: a full hotWait for each held a goroutine and its
+// stack a second for every connection opened, which a burst of
+// connections paid in memory (issue 36: 0.6 KiB per idle connection).
+const firstHotWait = hotWait / 10
+
 // carry reads the socket and sends what it reads while it keeps arriving
-// within hotWait; it returns errWouldBlock once the socket stayed quiet
-// that long, io.EOF at its end, else the failure. All its reads happen in
+// within wait (hotWait once it sent); it returns errWouldBlock once the
+// socket stayed quiet that long, io.EOF at its end, else the failure. All its reads happen in
 // one RawConn.Read: the runtime's poller remembers an arrival from the
 // start of that call on, so a short read (the socket emptied) is followed
 // by waiting, not by a read that would find nothing. The read deadline
 // that bounds the wait moves once half of it has passed, so a busy socket
 // seldom touches its timer.
-func (r *relay) carry(big bool) error {
+func (r *relay) carry(big bool, wait time.Duration) error {
 	var (
 		err     error
 		drained bool
 	)
 	rerr := r.rc.Read(func(fd uintptr) bool {
 		for {
-			if last := r.last.Load(); time.Duration(r.hotUntil-last) < hotWait/2 {
-				r.hotUntil = last + int64(hotWait)
+			if last := r.last.Load(); time.Duration(r.hotUntil-last) < wait/2 {
+				r.hotUntil = last + int64(wait)
 				if err = r.peer.SetReadDeadline(time.Unix(0, r.hotUntil)); err != nil {
 					return true
 				}
@@ -269,7 +274,7 @@ func (r *relay) carry(big bool) error {
 			if err = r.send(buf, n); err != nil {
 				return true
 			}
-			drained = !big
+			drained, wait = !big, hotWait // it sent again
 		}
 	})
 	if errors.Is(rerr, os.ErrDeadlineExceeded) {

@@ -70,18 +70,18 @@ func TestIdleRelaysHoldNoGoroutine(t *testing.T) {
 			}
 		}
 	}
-	// A relay that carried an answer for the first time parks at once.
-	// One that carried another within hotWait waits for the next on its
-	// own goroutine (carry), then parks again once it has been quiet
-	// hotWait. A few pairs first, so that all of them are still within
-	// hotWait when counted, however slow the machine.
+	// A relay that carried an answer for the first time parks once quiet
+	// for firstHotWait. One that carried another within hotWait waits for
+	// the next on its own goroutine (carry), then parks again once it has
+	// been quiet hotWait. A few pairs first, so that all of them are still
+	// within hotWait when counted, however slow the machine.
 	const hot = 10
 	all := make([]int, pairs)
 	for i := range all {
 		all[i] = i
 	}
 	pingPong(1, all[:hot])
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(firstHotWait + 300*time.Millisecond)
 	if grew := runtime.NumGoroutine() - before; grew > hot/5 {
 		t.Errorf("%d relays that carried one answer hold %d goroutines; want none", hot, grew)
 	}
