@@ -112,7 +112,7 @@ type relay struct {
 	// The relay's place in relayIdleClock (idleAt 0: none), under its mu.
 	idleAt             int64
 	idleNext, idlePrev *relay
-	lastSend   int64 // when the socket's data was last sent, unix nanoseconds
+	lastSend           int64 // when the socket's data was last sent, unix nanoseconds
 }
 
 func (r *relay) touch() { r.last.Store(time.Now().UnixNano()) }
