@@ -19,6 +19,16 @@ func (n noDone) Done() <-chan struct{} {
 	return n.Context.Done()
 }
 
+// waitDone fails t unless ctx ends within 5 s.
+func waitDone(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal(what)
+	}
+}
+
 func registrations(c *Context) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -31,11 +41,7 @@ func TestWithTimeout(t *testing.T) {
 		defer cancel()
 		ctx, stop := WithTimeout(noDone{parent, t}, 20*time.Millisecond)
 		defer stop()
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("not done after its timeout")
-		}
+		waitDone(t, ctx, "not done after its timeout")
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			t.Errorf("Err = %v, want DeadlineExceeded", ctx.Err())
 		}
@@ -51,11 +57,7 @@ func TestWithTimeout(t *testing.T) {
 			t.Errorf("Deadline = %v, %v; want an hour from now", d, ok)
 		}
 		cancel()
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("not done after its parent ended")
-		}
+		waitDone(t, ctx, "not done after its parent ended")
 		if !errors.Is(ctx.Err(), context.Canceled) {
 			t.Errorf("Err = %v, want Canceled", ctx.Err())
 		}
@@ -81,11 +83,7 @@ func TestWithTimeout(t *testing.T) {
 		cancel()
 		ctx, stop := WithTimeout(noDone{parent, t}, time.Hour)
 		defer stop()
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("not done under an ended parent")
-		}
+		waitDone(t, ctx, "not done under an ended parent")
 	})
 	t.Run("earlier parent deadline", func(t *testing.T) {
 		parent, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"testing"
 	"time"
 )
@@ -26,18 +25,7 @@ func TestIdleClockCutsQuietRelays(t *testing.T) {
 	h := HandlerFunc(func(ctx context.Context, r *Request) (Stream, error) {
 		a, b := tcpPair(t)
 		if r.Authority.Port() == 1 {
-			// Busy: the app sends for 4 idle periods, then ends.
-			go func() {
-				for end := time.Now().Add(4 * idle); time.Now().Before(end); {
-					if _, err := b.Write([]byte("tick")); err != nil {
-						return
-					}
-					time.Sleep(idle / 5)
-				}
-				b.(*net.TCPConn).CloseWrite()
-				io.Copy(io.Discard, b)
-				b.Close()
-			}()
+			go ticks(b, 4*idle, idle/5) // busy for 4 idle periods, then ends
 		} else {
 			go func() { io.Copy(io.Discard, b); b.Close() }()
 		}
