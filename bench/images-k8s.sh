@@ -14,20 +14,22 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 . "$REPO/hack/cluster/lib.sh"
 FORTIO_VERSION=${FORTIO_VERSION:-v1.68.2}
 [ $# -gt 0 ] || { echo "usage: $0 fortio|BENCH_PROGRAM..." >&2; exit 2; }
-args=()
+# Flags first: the packer's flag parsing stops at its first package.
+bins=()
+pkgs=()
 for name in "$@"; do
   case $name in
     fortio)
       dir=$REPO/bin/fortio@$FORTIO_VERSION
       [ -x "$dir/fortio" ] ||
         (cd /tmp && CGO_ENABLED=0 GOBIN=$dir go install -ldflags "-s -w" "fortio.org/fortio@$FORTIO_VERSION")
-      args+=(-binary "$dir/fortio") ;;
+      bins+=(-binary "$dir/fortio") ;;
     *)
       [ -d "$REPO/bench/$name" ] || { echo "$0: no program bench/$name" >&2; exit 2; }
-      args+=("./bench/$name") ;;
+      pkgs+=("./bench/$name") ;;
   esac
 done
 mkdir -p "$REPO/bin/cluster-images"
 (cd "$REPO" && go run ./hack/images push -registry "$REGISTRY_HOST/causeway" -platforms "linux/$(go env GOARCH)" \
-  -registry-ca "$CLUSTER_DIR/pki/ca.crt" -refs "$REPO/bin/cluster-images/bench.txt" "${args[@]}") >/dev/null
+  -registry-ca "$CLUSTER_DIR/pki/ca.crt" -refs "$REPO/bin/cluster-images/bench.txt" "${bins[@]}" "${pkgs[@]}") >/dev/null
 while read -r _ ref; do step "image $ref pushed"; done <"$REPO/bin/cluster-images/bench.txt"

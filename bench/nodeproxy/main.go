@@ -109,6 +109,7 @@ type options struct {
 	skipMemory    bool
 	dialParallel  int
 	settle        time.Duration
+	rest          time.Duration
 	afterLoad     time.Duration
 	bulkWriteSize int
 	peers         string
@@ -127,6 +128,7 @@ func main() {
 	flag.IntVar(&o.idleConns, "idle-conns", 10000, "idle connections held open for the memory measurement")
 	flag.IntVar(&o.dialParallel, "dial-parallel", 64, "concurrent dials while opening the idle connections")
 	flag.DurationVar(&o.settle, "settle", 2*time.Second, "wait before reading memory figures")
+	flag.DurationVar(&o.rest, "rest", 8*time.Second, "after the idle-connection readings, wait this long for the proxies to return idle memory and read again (0: not)")
 	flag.IntVar(&o.bulkWriteSize, "write-size", 256<<10, "bytes per write in the throughput measurement")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
@@ -438,6 +440,10 @@ func (b *bench) memory(ctx context.Context) error {
 	if err := errors.Join(errA, errB, errC, errD); err != nil {
 		return err
 	}
+	restBefore, err := b.atRest(ctx)
+	if err != nil {
+		return err
+	}
 
 	conns := make([]net.Conn, b.o.idleConns)
 	defer func() {
@@ -486,6 +492,10 @@ func (b *bench) memory(ctx context.Context) error {
 	if err := errors.Join(errA, errB, errC, errD); err != nil {
 		return err
 	}
+	restAfter, err := b.atRest(ctx)
+	if err != nil {
+		return err
+	}
 	if b.o.profileDir != "" {
 		for _, node := range []string{"node-a", "node-b"} {
 			for _, prof := range []string{"heap?gc=1", "goroutine"} { // the heap after a GC: what is live
@@ -528,7 +538,56 @@ func (b *bench) memory(ctx context.Context) error {
 		}
 		benchmesh.Report("nodeproxy_"+side.name+"_runtime_held_kib_per_conn", (held(side.after)-held(side.before))/n/1024, "KiB")
 	}
+	if restBefore == nil || restAfter == nil {
+		return nil
+	}
+	// The same at rest (atRest), without the garbage of opening the
+	// connections that the collector had not reached at the reading above.
+	for i, side := range []string{"a", "b"} {
+		before, after := restBefore[i], restAfter[i]
+		benchmesh.Report("nodeproxy_"+side+"_kib_per_conn_at_rest", kib(before.rss, after.rss), "KiB")
+		grow := func(metric string) float64 { return (after.rt[metric] - before.rt[metric]) / n / 1024 }
+		benchmesh.Report("nodeproxy_"+side+"_heap_kib_per_conn_at_rest", grow("go_memstats_heap_inuse_bytes"), "KiB")
+		free := func(m map[string]float64) float64 {
+			return m["go_memstats_heap_idle_bytes"] - m["go_memstats_heap_released_bytes"]
+		}
+		benchmesh.Report("nodeproxy_"+side+"_heap_free_mib_at_rest", free(after.rt)/(1<<20), "MiB")
+	}
+	benchmesh.Report("nodeproxy_pair_kib_per_conn_at_rest",
+		kib(restBefore[0].rss+restBefore[1].rss, restAfter[0].rss+restAfter[1].rss), "KiB")
 	return nil
+}
+
+// restReading is one proxy's RSS and runtime figures at rest.
+type restReading struct {
+	rss int64
+	rt  map[string]float64
+}
+
+// atRest waits -rest, then reads both proxies (nil, nil with -rest 0).
+// A proxy that allocated little for 5 s collects and returns its free
+// heap to the system (pkg/bootstrap's idle memory), so that by then an
+// idle connection holds only what it keeps. Nothing else may touch the
+// proxies meanwhile: a scrape of their metrics allocates enough to count
+// as load.
+func (b *bench) atRest(ctx context.Context) ([]restReading, error) {
+	if b.o.rest <= 0 {
+		return nil, nil
+	}
+	sleepCtx(ctx, b.o.rest)
+	var out []restReading
+	for _, p := range b.proxies() {
+		rss, err := benchmesh.RSS(p.pid)
+		if err != nil {
+			return nil, err
+		}
+		rt, err := b.runtimeFigures(p.node)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, restReading{rss, rt})
+	}
+	return out, ctx.Err()
 }
 
 // nodeProxy is one node proxy of the pair: its figures' prefix, node and

@@ -152,6 +152,31 @@ func TestTuneMemory(t *testing.T) {
 // inUse keeps the test's load reachable (and allocated) until it ends.
 var inUse [][]byte
 
+// While busy the GC target is --gc-percent of the live heap up to
+// busyHeadroom of garbage, in steps of 25, never below idleGCPercent nor
+// above --gc-percent.
+func TestBusyGCPercentBoundsTheHeadroom(t *testing.T) {
+	for _, tc := range []struct {
+		gcPercent int
+		live      uint64
+		want      int
+	}{
+		{400, 0, 400},
+		{400, 2 << 20, 400},
+		{400, 4 << 20, 400},
+		{400, 5 << 20, 300}, // 320 % is 16 MiB
+		{400, 10 << 20, 150},
+		{400, 16 << 20, 100},
+		{400, 1 << 30, 100},
+		{200, 4 << 20, 200},
+		{50, 1 << 30, 50},
+	} {
+		if got := busyGCPercent(tc.gcPercent, tc.live); got != tc.want {
+			t.Errorf("busyGCPercent(%d, %d MiB) = %d, want %d", tc.gcPercent, tc.live>>20, got, tc.want)
+		}
+	}
+}
+
 // A quiet spell after a busy one lowers the GC target and returns the
 // freed heap to the system, and what is freed later while idle goes back
 // within idleRelease; the next busy check restores the target. With GOGC
@@ -174,7 +199,7 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	quiet := func(checks int) {
 		for range checks {
 			allocated++
-			m.step(allocated)
+			m.step(allocated, 2<<20)
 		}
 	}
 	load := func(mib int) {
@@ -187,7 +212,7 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	// Load: 64 MiB in use while busy, garbage once it ends.
 	load(64)
 	allocated += idleAlloc
-	m.step(allocated)
+	m.step(allocated, 2<<20)
 	quiet(idleAfter - 1)
 	if m.idle || percent() != DefaultGCPercent {
 		t.Fatalf("%d quiet checks after a busy one: idle %v, GC percent %d", idleAfter-1, m.idle, percent())
@@ -218,7 +243,7 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	}
 
 	allocated += idleAlloc
-	m.step(allocated)
+	m.step(allocated, 2<<20)
 	if m.idle || percent() != DefaultGCPercent {
 		t.Fatalf("load again: idle %v, GC percent %d", m.idle, percent())
 	}
@@ -229,7 +254,7 @@ func TestIdleMemoryReturnsTheHeapAfterLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.step(allocated) // busy: all allocated so far is new to it
+	m.step(allocated, 2<<20) // busy: all allocated so far is new to it
 	quiet(idleAfter)
 	if !m.idle || percent() != 150 {
 		t.Fatalf("GOGC set, quiet spell: idle %v, GC percent %d", m.idle, percent())

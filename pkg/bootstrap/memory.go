@@ -22,7 +22,8 @@ import (
 // waypoint benchmark (bench/README.md).
 const DefaultGCPercent = 400
 
-// Idle memory. Under load the heap grows to gcPercent above the live heap,
+// Idle memory. Under load the heap grows to gcPercent above the live heap
+// (at most busyHeadroom above it),
 // and Go returns freed pages lazily (its scavenger keeps about the heap
 // goal), so a proxy would hold its peak long after the load ended. After
 // idleAfter checks in a row each finding less than idleAlloc allocated
@@ -30,8 +31,8 @@ const DefaultGCPercent = 400
 // to idleGCPercent and the freed heap goes back to the system at once, and
 // again every idleRelease while anything was allocated (what ends after
 // the load, such as pooled connections closing once idle, frees more). The
-// first busy check restores gcPercent, within idleCheck of the load's
-// return.
+// first busy check restores gcPercent (busyGCPercent), within idleCheck
+// of the load's return.
 const (
 	idleCheck     = time.Second
 	idleAfter     = 5
@@ -39,6 +40,26 @@ const (
 	idleRelease   = 30 * time.Second
 	idleGCPercent = 100
 )
+
+// busyHeadroom bounds the garbage the collector lets build up while the
+// process is busy: gcPercent of the live heap, but no more than this
+// (nor less than idleGCPercent). A small heap keeps the CPU 400 saves; a
+// large one does not hold four times itself in garbage: a node proxy
+// holding 10,000 connections (a ~20 MB live heap) let ~80 MB build up,
+// and the connections of a burst, opened among that garbage, kept about
+// 1 KiB of heap pages each in use after it was collected (issue 36:
+// memory per idle connection).
+const busyHeadroom = 16 << 20
+
+// busyGCPercent is the GC target while busy with a live heap of live
+// bytes, in steps of 25 so that it seldom changes.
+func busyGCPercent(gcPercent int, live uint64) int {
+	if live == 0 {
+		return gcPercent
+	}
+	p := int(min(busyHeadroom*100/live, uint64(gcPercent)))
+	return max(p/25*25, min(idleGCPercent, gcPercent))
+}
 
 // tuneMemory sets the garbage collector's target to gcPercent unless GOGC
 // is set, and, unless GOMEMLIMIT is set, a soft memory limit at 90 % of
@@ -51,7 +72,7 @@ func tuneMemory(gcPercent int, log *zap.Logger) (*idleMemory, error) {
 		return nil, fmt.Errorf("--gc-percent %d: want > 0", gcPercent)
 	}
 	gc := "GOGC " + os.Getenv("GOGC")
-	im := &idleMemory{busyPercent: gcPercent, log: log}
+	im := &idleMemory{busyPercent: gcPercent, percent: gcPercent, log: log}
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
 		gc = "--gc-percent " + strconv.Itoa(gcPercent)
@@ -74,6 +95,7 @@ func tuneMemory(gcPercent int, log *zap.Logger) (*idleMemory, error) {
 type idleMemory struct {
 	busyPercent int
 	adapt       bool // the GC target is ours to change (GOGC is not set)
+	percent     int  // the GC target set last
 	log         *zap.Logger
 
 	idle      bool
@@ -81,7 +103,7 @@ type idleMemory struct {
 	allocated uint64 // heap bytes allocated so far, at the last check
 	released  uint64 // and at the last release
 	sinceFree time.Duration
-	sample    [1]metrics.Sample
+	sample    [2]metrics.Sample
 }
 
 // run checks every idleCheck until ctx ends. The process starts busy
@@ -89,6 +111,7 @@ type idleMemory struct {
 // returns what start-up left behind.
 func (m *idleMemory) run(ctx context.Context) {
 	m.sample[0].Name = "/gc/heap/allocs:bytes"
+	m.sample[1].Name = "/gc/heap/live:bytes"
 	t := time.NewTicker(idleCheck)
 	defer t.Stop()
 	for {
@@ -97,21 +120,20 @@ func (m *idleMemory) run(ctx context.Context) {
 			return
 		case <-t.C:
 			metrics.Read(m.sample[:])
-			m.step(m.sample[0].Value.Uint64())
+			m.step(m.sample[0].Value.Uint64(), m.sample[1].Value.Uint64())
 		}
 	}
 }
 
-// step moves to busy or idle given the heap bytes allocated so far, one
-// idleCheck after the last step.
-func (m *idleMemory) step(allocated uint64) {
+// step moves to busy or idle given the heap bytes allocated so far and
+// the live heap (as of the last collection), one idleCheck after the last
+// step.
+func (m *idleMemory) step(allocated, live uint64) {
 	busy := allocated-m.allocated >= idleAlloc
 	m.allocated = allocated
 	m.sinceFree += idleCheck
 	if busy {
-		if m.idle && m.adapt {
-			debug.SetGCPercent(m.busyPercent)
-		}
+		m.setPercent(busyGCPercent(m.busyPercent, live))
 		m.idle, m.quiet = false, 0
 		return
 	}
@@ -119,12 +141,18 @@ func (m *idleMemory) step(allocated uint64) {
 	switch {
 	case !m.idle && m.quiet >= idleAfter:
 		m.idle = true
-		if m.adapt {
-			debug.SetGCPercent(idleGCPercent)
-		}
+		m.setPercent(idleGCPercent)
 		m.release()
 	case m.idle && m.sinceFree >= idleRelease && allocated != m.released:
 		m.release()
+	}
+}
+
+// setPercent sets the GC target, if it is ours to set.
+func (m *idleMemory) setPercent(p int) {
+	if m.adapt && p != m.percent {
+		debug.SetGCPercent(p)
+		m.percent = p
 	}
 }
 

@@ -27,24 +27,37 @@ type recordBatcher struct {
 	mu       sync.Mutex
 	batching bool
 	buf      []byte
+
+	// The state of a Read (one at a time: crypto/tls reads under its
+	// input lock) and of a write (mu held) for the functions their
+	// RawConn calls run, bound once: a closure per call was three objects
+	// of garbage per record read or batch written (issue 36).
+	readFD, writeFD func(fd uintptr) bool
+	rp              []byte
+	rn              int
+	rerr            error
+	wp              []byte
+	wn              int
+	werr            error
 }
 
 func newRecordBatcher(c net.Conn) *recordBatcher {
-	return &recordBatcher{Conn: c, rc: rawConnOf(c)}
+	b := &recordBatcher{Conn: c, rc: rawConnOf(c)}
+	if b.rc != nil {
+		b.readFD, b.writeFD = b.readRaw, b.writeRaw
+	}
+	return b
 }
 
 func (b *recordBatcher) Read(p []byte) (int, error) {
 	if b.rc == nil {
 		return b.Conn.Read(p)
 	}
-	var (
-		n   int
-		err error
-	)
-	if rerr := b.rc.Read(func(fd uintptr) bool {
-		n, err = rawRead(fd, p)
-		return err != syscall.EAGAIN
-	}); rerr != nil {
+	b.rp = p
+	rerr := b.rc.Read(b.readFD)
+	n, err := b.rn, b.rerr
+	b.rp, b.rn, b.rerr = nil, 0, nil
+	if rerr != nil {
 		return 0, rerr
 	}
 	switch {
@@ -71,30 +84,39 @@ func (b *recordBatcher) write(p []byte) (int, error) {
 	if b.rc == nil {
 		return b.Conn.Write(p)
 	}
-	var (
-		done int
-		err  error
-	)
-	if werr := b.rc.Write(func(fd uintptr) bool {
-		for done < len(p) {
-			n, e := rawWrite(fd, p[done:])
-			if e == syscall.EAGAIN {
-				return false // wait until writable
-			}
-			if e != nil {
-				err = e
-				return true
-			}
-			done += n
-		}
-		return true
-	}); werr != nil {
+	b.wp = p
+	werr := b.rc.Write(b.writeFD)
+	done, err := b.wn, b.werr
+	b.wp, b.wn, b.werr = nil, 0, nil
+	if werr != nil {
 		return done, werr
 	}
 	if err != nil {
 		return done, b.opError("write", err)
 	}
 	return done, nil
+}
+
+// readRaw is Read's one read, inside RawConn.Read.
+func (b *recordBatcher) readRaw(fd uintptr) bool {
+	b.rn, b.rerr = rawRead(fd, b.rp)
+	return b.rerr != syscall.EAGAIN
+}
+
+// writeRaw writes all of b.wp, inside RawConn.Write.
+func (b *recordBatcher) writeRaw(fd uintptr) bool {
+	for b.wn < len(b.wp) {
+		n, e := rawWrite(fd, b.wp[b.wn:])
+		if e == syscall.EAGAIN {
+			return false // wait until writable
+		}
+		if e != nil {
+			b.werr = e
+			return true
+		}
+		b.wn += n
+	}
+	return true
 }
 
 // opError is what net.Conn's Read and Write say of a failed system call.

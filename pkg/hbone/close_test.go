@@ -70,18 +70,7 @@ func TestJoinIdle(t *testing.T) {
 		a, b := tcpPair(t)
 		if r.Authority.Port() == 1 {
 			// Busy: the upstream streams to the client for 4 idle periods.
-			go func() {
-				deadline := time.Now().Add(4 * idle)
-				for time.Now().Before(deadline) {
-					if _, err := b.Write([]byte("tick")); err != nil {
-						return
-					}
-					time.Sleep(idle / 10)
-				}
-				b.(*net.TCPConn).CloseWrite()
-				io.Copy(io.Discard, b)
-				b.Close()
-			}()
+			go ticks(b, 4*idle, idle/10)
 		} else {
 			go func() { io.Copy(io.Discard, b); b.Close() }()
 		}
@@ -118,6 +107,21 @@ func TestJoinIdle(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("quiet pair never cut")
 	}
+}
+
+// ticks is an upstream busy in one direction: it writes to b every
+// period for total, then ends its direction, reads b to its end and
+// closes it.
+func ticks(b net.Conn, total, every time.Duration) {
+	for end := time.Now().Add(total); time.Now().Before(end); {
+		if _, err := b.Write([]byte("tick")); err != nil {
+			return
+		}
+		time.Sleep(every)
+	}
+	b.(*net.TCPConn).CloseWrite()
+	io.Copy(io.Discard, b)
+	b.Close()
 }
 
 // tcpPair returns two ends of a loopback TCP connection.

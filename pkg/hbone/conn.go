@@ -762,7 +762,7 @@ func (c *h2conn) processResponseHeaders(b *headerBlock) error {
 		}
 		return nil
 	}
-	st.status = status
+	st.status = int32(status)
 	if r, ok := b.value(ReasonHeader); ok {
 		st.reason = sanitizeReason(r)
 	}

@@ -297,7 +297,7 @@ func (c *h2conn) openStream(ctx context.Context, fields []hpack.HeaderField) (*s
 		return nil, 0, "", ctx.Err()
 	}
 	c.mu.Lock()
-	status, reason, err := st.status, st.reason, st.err
+	status, reason, err := int(st.status), st.reason, st.err
 	st.resp = nil // closed and read: a tunnel open for hours need not keep it
 	c.mu.Unlock()
 	if status == 0 {

@@ -129,16 +129,17 @@ func (op *readOp) read(fd uintptr) bool {
 
 // writeNoWait writes bufs to the socket with one writev, taking what its
 // send buffer has room for without waiting: n < the total (or
-// errWouldBlock) when it had too little.
+// errWouldBlock) when it had too little. It keeps no reference to bufs,
+// which may be on the caller's stack.
 func writeNoWait(rc syscall.RawConn, bufs [][]byte) (int, error) {
-	var (
-		n    int
-		werr error
-	)
-	if err := rc.Write(func(fd uintptr) bool {
-		n, werr = rawWritev(fd, bufs)
-		return true // never wait
-	}); err != nil {
+	op := writeOpPool.Get().(*writeOp)
+	op.bufs = append(op.bufs[:0], bufs...)
+	err := rc.Write(op.fn)
+	n, werr := op.n, op.err
+	clear(op.bufs)
+	op.bufs, op.n, op.err = op.bufs[:0], 0, nil
+	writeOpPool.Put(op)
+	if err != nil {
 		return 0, err
 	}
 	if werr == unix.EAGAIN {
@@ -148,4 +149,27 @@ func writeNoWait(rc syscall.RawConn, bufs [][]byte) (int, error) {
 		return 0, os.NewSyscallError("writev", werr)
 	}
 	return n, nil
+}
+
+// writeOp is one writeNoWait call's state, pooled with the function its
+// RawConn.Write calls and a copy of the buffers, as readOp is: a closure
+// and its escaping variables were three objects per write, and the
+// caller's buffers could not stay on its stack (a relay kept a slice of
+// its own for them; issue 36).
+type writeOp struct {
+	fn   func(fd uintptr) bool // op.write, bound once
+	bufs [][]byte
+	n    int
+	err  error
+}
+
+var writeOpPool = sync.Pool{New: func() any {
+	op := new(writeOp)
+	op.fn = op.write
+	return op
+}}
+
+func (op *writeOp) write(fd uintptr) bool {
+	op.n, op.err = rawWritev(fd, op.bufs)
+	return true // never wait
 }

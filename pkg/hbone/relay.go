@@ -3,7 +3,6 @@ package hbone
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -61,7 +60,7 @@ func relayPair(ctx context.Context, a, b net.Conn, idle time.Duration, done func
 		r.stopCtx = context.AfterFunc(ctx, func() { r.abort(ctx.Err()) })
 	}
 	if idle > 0 {
-		r.timer = time.AfterFunc(idle, r.checkIdle)
+		relayIdleClock.add(r, r.last.Load())
 	}
 	r.st.c.mu.Lock()
 	r.st.pump = r
@@ -92,7 +91,6 @@ type relay struct {
 	rc        syscall.RawConn
 	streamIsA bool
 	idle      time.Duration
-	timer     *time.Timer
 	stopCtx   func() bool
 	done      func(aToB, bToA int64, err error)
 
@@ -109,9 +107,12 @@ type relay struct {
 	state      atomic.Int32
 	token      uint64
 	registered bool
-	hotUntil   time.Time // carry's read deadline on the socket
+	hotUntil   int64 // carry's read deadline on the socket, unix nanoseconds
 
-	iov net.Buffers // writeNow's, under c.mu
+	// The relay's place in relayIdleClock (idleAt 0: none), under its mu.
+	idleAt             int64
+	idleNext, idlePrev *relay
+	lastSend           int64 // when the socket's data was last sent, unix nanoseconds
 }
 
 func (r *relay) touch() { r.last.Store(time.Now().UnixNano()) }
@@ -131,15 +132,6 @@ func (r *relay) abort(cause error) {
 	}
 }
 
-func (r *relay) checkIdle() {
-	d := time.Duration(time.Now().UnixNano() - r.last.Load())
-	if d >= r.idle {
-		r.abort(fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond)))
-		return
-	}
-	r.timer.Reset(r.idle - d)
-}
-
 // directionDone is called once by each direction; the last one closes both
 // connections (if nothing failed) and reports.
 func (r *relay) directionDone() {
@@ -147,8 +139,8 @@ func (r *relay) directionDone() {
 		return
 	}
 	r.stopCtx()
-	if r.timer != nil {
-		r.timer.Stop()
+	if r.idle > 0 {
+		relayIdleClock.remove(r)
 	}
 	idlePollerFor().forget(r)
 	r.once.Do(func() {
@@ -167,8 +159,10 @@ func (r *relay) directionDone() {
 // fromPeer carries the socket into the tunnel; at EOF it ends the
 // tunnel's direction (END_STREAM). It runs when the socket is readable (or
 // at the relay's start): it reads what is there, sends it, then carries
-// on this goroutine while more comes within hotWait, and parks in the idle
-// poller once the socket went quiet.
+// on this goroutine while more comes (carry), and parks in the idle
+// poller once the socket went quiet: hotWait if the socket had sent
+// within hotWait before (requests on a kept connection) or filled the
+// buffer (bulk), else firstHotWait.
 func (r *relay) fromPeer() {
 	buf, n, err := readPooled(r.rc, false, false)
 	if err == errWouldBlock {
@@ -180,8 +174,13 @@ func (r *relay) fromPeer() {
 	if err == nil {
 		// A read that filled the small buffer brings a copy buffer next.
 		big := readFilled(buf, n)
+		again := r.lastSend != 0 && time.Duration(time.Now().UnixNano()-r.lastSend) < hotWait
 		if err = r.send(buf, n); err == nil {
-			err = r.carry(big)
+			wait := firstHotWait
+			if big || again {
+				wait = hotWait
+			}
+			err = r.carry(big, wait)
 		}
 	}
 	switch {
@@ -208,7 +207,8 @@ func (r *relay) fromPeer() {
 // send sends the n bytes read into buf's frame slots into the tunnel, and
 // gives buf back.
 func (r *relay) send(buf *[]byte, n int) error {
-	r.touch()
+	r.lastSend = time.Now().UnixNano()
+	r.last.Store(r.lastSend)
 	r.st.wmu.Lock()
 	err := r.st.sendSlotted(*buf, n)
 	r.st.wmu.Unlock()
@@ -229,24 +229,33 @@ func (r *relay) send(buf *[]byte, n int) error {
 // (issue 36); one that went quiet gives its goroutine back.
 const hotWait = time.Second
 
+// firstHotWait is hotWait for a socket that had not sent within hotWait
+// before. Most such wait for an answer (a connection opened for one
+// exchange ends about a round trip later, and a park then costs its
+// close a hand-off), but a connection opened, used once and kept idle
+// sends nothing more: a full hotWait for each held a goroutine and its
+// stack a second for every connection opened, which a burst of
+// connections paid in memory (issue 36: 0.6 KiB per idle connection).
+const firstHotWait = hotWait / 10
+
 // carry reads the socket and sends what it reads while it keeps arriving
-// within hotWait; it returns errWouldBlock once the socket stayed quiet
-// that long, io.EOF at its end, else the failure. All its reads happen in
+// within wait (hotWait once it sent); it returns errWouldBlock once the
+// socket stayed quiet that long, io.EOF at its end, else the failure. All its reads happen in
 // one RawConn.Read: the runtime's poller remembers an arrival from the
 // start of that call on, so a short read (the socket emptied) is followed
 // by waiting, not by a read that would find nothing. The read deadline
 // that bounds the wait moves once half of it has passed, so a busy socket
 // seldom touches its timer.
-func (r *relay) carry(big bool) error {
+func (r *relay) carry(big bool, wait time.Duration) error {
 	var (
 		err     error
 		drained bool
 	)
 	rerr := r.rc.Read(func(fd uintptr) bool {
 		for {
-			if last := time.Unix(0, r.last.Load()); r.hotUntil.Sub(last) < hotWait/2 {
-				r.hotUntil = last.Add(hotWait)
-				if err = r.peer.SetReadDeadline(r.hotUntil); err != nil {
+			if last := r.last.Load(); time.Duration(r.hotUntil-last) < wait/2 {
+				r.hotUntil = last + int64(wait)
+				if err = r.peer.SetReadDeadline(time.Unix(0, r.hotUntil)); err != nil {
 					return true
 				}
 			}
@@ -265,11 +274,11 @@ func (r *relay) carry(big bool) error {
 			if err = r.send(buf, n); err != nil {
 				return true
 			}
-			drained = !big
+			drained, wait = !big, hotWait // it sent again
 		}
 	})
 	if errors.Is(rerr, os.ErrDeadlineExceeded) {
-		r.hotUntil = time.Time{}
+		r.hotUntil = 0
 		if rerr = r.peer.SetReadDeadline(time.Time{}); rerr == nil {
 			return errWouldBlock
 		}
@@ -297,10 +306,8 @@ func (r *relay) writeNow() bool {
 	if st.recvEOF || st.err != nil || st.released || st.recv.dead || st.recv.size <= 0 || st.recv.size > writeNowMax {
 		return false
 	}
-	bufs := st.recv.peek(r.iov[:0])
-	n, err := writeNoWait(r.rc, bufs)
-	clear(bufs)
-	r.iov = bufs[:0]
+	var iov [4][]byte // on the stack: writeNoWait keeps no reference
+	n, err := writeNoWait(r.rc, st.recv.peek(iov[:0]))
 	if n <= 0 {
 		return false
 	}

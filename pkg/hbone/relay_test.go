@@ -70,25 +70,31 @@ func TestIdleRelaysHoldNoGoroutine(t *testing.T) {
 			}
 		}
 	}
-	// Each relay that just carried an answer waits for the next on its own
-	// goroutine (carry), then parks again once it has been quiet hotWait.
-	// A few pairs first, so that all of them are still within hotWait when
-	// counted, however slow the machine.
+	// A relay that carried an answer for the first time parks once quiet
+	// for firstHotWait. One that carried another within hotWait waits for
+	// the next on its own goroutine (carry), then parks again once it has
+	// been quiet hotWait. A few pairs first, so that all of them are still
+	// within hotWait when counted, however slow the machine.
 	const hot = 10
 	all := make([]int, pairs)
 	for i := range all {
 		all[i] = i
 	}
 	pingPong(1, all[:hot])
+	time.Sleep(firstHotWait + 300*time.Millisecond)
+	if grew := runtime.NumGoroutine() - before; grew > hot/5 {
+		t.Errorf("%d relays that carried one answer hold %d goroutines; want none", hot, grew)
+	}
+	pingPong(2, all[:hot])
 	if grew := runtime.NumGoroutine() - before; grew < hot/2 {
-		t.Errorf("%d relays that just carried data hold %d goroutines; want one each", hot, grew)
+		t.Errorf("%d relays that carried a second answer hold %d goroutines; want one each", hot, grew)
 	}
 	pingPong(1, all[hot:])
 	time.Sleep(hotWait + 300*time.Millisecond)
 	if grew := runtime.NumGoroutine() - before; grew > pairs/5 {
 		t.Fatalf("%d relays quiet for %s added %d goroutines", pairs, hotWait, grew)
 	}
-	pingPong(2, all)
+	pingPong(3, all)
 }
 
 // A relay whose context ends while both sides idle ends at once: done

@@ -20,26 +20,36 @@ type stream struct {
 	c  *h2conn
 	id uint32
 
+	// The fields are ordered so that the small ones share words: the
+	// struct is allocated for every tunnel and stays for its life (issue
+	// 36: memory per idle connection).
+
 	// Guarded by c.mu.
-	recv        recvQueue
-	recvEOF     bool  // the peer sent END_STREAM
 	recvWindow  int32 // what the peer may still send
 	recvUnacked int32 // read but not yet returned with WINDOW_UPDATE
-	sendWindow  int64
-	sentEOF     bool  // we sent END_STREAM
-	waitingConn bool  // in c.sendWaiters
-	err         error // reset, or the connection failed
-	rstSent     bool  // we sent RST_STREAM (server: later frames are ignored)
+	// Client role: the response's status (0 until the final one arrived).
+	status      int32
+	recvEOF     bool // the peer sent END_STREAM
+	sentEOF     bool // we sent END_STREAM
+	waitingConn bool // in c.sendWaiters
+	rstSent     bool // we sent RST_STREAM (server: later frames are ignored)
+	released    bool // Close was called
+	pumping     bool
+	respClosed  bool
+
+	behindQueued atomic.Bool // bw is queued
+
+	recv       recvQueue
+	sendWindow int64
+	err        error // reset, or the connection failed
 	// expectBody is what the request's content-length still promises (-1:
 	// none; server role, requests other than CONNECT).
 	expectBody int64
-	released   bool // Close was called
 	// pump, when set (Relay), writes received data out in place of a
 	// blocked reader: wakeReaderLocked starts its drain on a goroutine of
 	// its own (pumping until it finds nothing to do), unless its writeNow
 	// wrote everything at once.
-	pump    *relay
-	pumping bool
+	pump *relay
 	// rsig and wsig wake a blocked reader and writer; each is made by the
 	// first one that waits (signalLocked), so that an idle relayed tunnel,
 	// whose reader is the pump and whose writer rarely waits for window,
@@ -50,18 +60,15 @@ type stream struct {
 	// Client role: the response. resp is closed when the final response
 	// headers arrived (status != 0) or the stream failed first, and
 	// dropped once openStream has read the answer.
-	resp       chan struct{}
-	respClosed bool
-	status     int
-	reason     string
+	resp   chan struct{}
+	reason string
 
 	// Server role: the state of its context (streamContext), made when
 	// first used.
 	ctx *ctxState
 
 	// peerDone (made on first use) ends once a Read would not block.
-	peerDone    context.Context
-	endPeerDone context.CancelFunc
+	peerDone *peerDoneCtx
 
 	// dl holds the read and write deadlines, made by the first
 	// SetDeadline (most tunnels never set one).
@@ -71,8 +78,7 @@ type stream struct {
 	dw  dataWrite  // that writer's frame in the connection's queue
 	// bw is the stream's one frame sent behind its writer's back, queued
 	// while behindQueued (the flush clears it).
-	bw           dataWrite
-	behindQueued atomic.Bool
+	bw dataWrite
 }
 
 var (
@@ -166,17 +172,25 @@ func (st *stream) PeerDone() context.Context {
 	st.c.mu.Lock()
 	defer st.c.mu.Unlock()
 	if st.peerDone == nil {
-		st.peerDone, st.endPeerDone = context.WithCancel(context.Background())
+		pd := new(peerDoneCtx)
+		pd.ctx, pd.end = context.WithCancel(context.Background())
+		st.peerDone = pd
 		st.checkPeerDoneLocked()
 	}
-	return st.peerDone
+	return st.peerDone.ctx
+}
+
+// peerDoneCtx is PeerDone's context and what ends it.
+type peerDoneCtx struct {
+	ctx context.Context
+	end context.CancelFunc
 }
 
 // checkPeerDoneLocked ends PeerDone's context when a Read would return at
 // once with io.EOF or an error.
 func (st *stream) checkPeerDoneLocked() {
-	if st.endPeerDone != nil && (st.released || st.err != nil || (st.recvEOF && st.recv.size == 0)) {
-		st.endPeerDone()
+	if st.peerDone != nil && (st.released || st.err != nil || (st.recvEOF && st.recv.size == 0)) {
+		st.peerDone.end()
 	}
 }
 
@@ -369,9 +383,6 @@ func (st *stream) awaitSend(max int) (int, error) {
 func (st *stream) waiting(head []byte, end bool) *dataWrite {
 	w := &st.dw
 	w.st, w.head, w.end, w.err, w.frames = st, head, end, nil, 0
-	if w.done == nil {
-		w.done = make(chan error, 1)
-	}
 	return w
 }
 
@@ -453,7 +464,7 @@ func (st *stream) sendFrames(p []byte) (int, error) {
 		rest = rest[m:]
 	}
 	w := st.waiting(b, false)
-	w.frames = frames
+	w.frames = int32(frames)
 	err = st.c.writeData(w)
 	copyBufPool.Put(buf)
 	if err != nil {
@@ -502,7 +513,7 @@ func (st *stream) sendSlotted(buf []byte, n int) error {
 			left -= k
 		}
 		w := st.waiting(buf[start:pos], false)
-		w.frames = frames
+		w.frames = int32(frames)
 		if err := st.c.writeData(w); err != nil {
 			return err
 		}

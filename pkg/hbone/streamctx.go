@@ -77,6 +77,9 @@ func (x streamContext) AfterFunc(f func()) (stop func() bool) {
 			return false
 		}
 		s.after = slices.Delete(s.after, i, i+1)
+		if len(s.after) == 0 && s.done == nil && st.ctx == s {
+			st.ctx = nil // nothing left to hold for the stream's life
+		}
 		return true
 	}
 }

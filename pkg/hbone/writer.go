@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -185,17 +186,24 @@ func (c *h2conn) writeOut(bs ...[]byte) error {
 type dataWrite struct {
 	st   *stream
 	head []byte
-	end  bool
 	err  error
-	done chan error // the flushing writer's answer, or errLead
+	// done carries the flushing writer's answer, or errLead, to a writer
+	// that queued behind a flush in progress; it is taken from donePool
+	// for that wait only, so that an idle stream holds none (issue 36:
+	// memory per idle connection).
+	done chan error
 	// behind: the writer did not wait; the frame owns buf (head's pooled
 	// buffer), which the flush returns.
-	behind bool
-	buf    *[]byte
+	buf *[]byte
 	// frames: head holds this many whole frames, headers written
 	// (sendFrames); 0: one frame whose header the flush writes.
-	frames int
+	frames int32
+	end    bool
+	behind bool
 }
+
+// donePool holds dataWrite.done channels, empty.
+var donePool = sync.Pool{New: func() any { return make(chan error, 1) }}
 
 // errLead tells a waiting writer that it now flushes the queue.
 var errLead = errors.New("hbone: flush the write queue")
@@ -243,8 +251,11 @@ const maxLeadRounds = 4
 // (flushBehind), so that a burst leaves in parts while the rest is handled.
 func (c *h2conn) writeData(w *dataWrite) error {
 	c.qmu.Lock()
-	c.dq = append(c.dq, w)
 	lead := !c.flushing
+	if !lead && !w.behind {
+		w.done = donePool.Get().(chan error)
+	}
+	c.dq = append(c.dq, w)
 	c.flushing = true
 	yield := lead && c.batchAvg > yieldBatchAvg
 	early := false
@@ -260,7 +271,10 @@ func (c *h2conn) writeData(w *dataWrite) error {
 			}
 			return nil
 		}
-		if err := <-w.done; err != errLead {
+		err := <-w.done
+		donePool.Put(w.done) // empty: one answer was sent, and taken
+		w.done = nil
+		if err != errLead {
 			return err
 		}
 	} else if yield {
@@ -392,7 +406,7 @@ func (c *h2conn) writeBatchLocked(batch []*dataWrite) {
 	run := 0 // where the run of copied bytes not yet in pieces starts
 	c.mu.Lock()
 	for _, w := range batch {
-		payload := len(w.head) - frameHeaderLen*max(w.frames, 1)
+		payload := len(w.head) - frameHeaderLen*int(max(w.frames, 1))
 		if w.st.err != nil || c.finishSent {
 			w.err = w.st.err
 			if w.err == nil {

@@ -438,7 +438,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 	start := time.Now()
 	r := p.reg.Load()
 	dst := c.Destination()
-	rec := connRecord{direction: "outbound", src: c.Source(), dst: dst.String(), srcIdentity: "unauthenticated"}
+	rec := connRecord{src: c.Source(), dst: dst, srcIdentity: "unauthenticated"}
 	src, ok := r.LocalWorkload(c.Source().Addr())
 	if pc, inPod := c.(podConn); inPod {
 		// The pod is known by its namespace, not by the address it used.
@@ -446,7 +446,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		if !ok {
 			c.Answer(capture.Refused)
 			c.Close()
-			p.finish(rec, start, fmt.Errorf("pod %s has no mesh workload with address %s on node %s", pc.PodUID(), c.Source().Addr(), p.opts.Node))
+			p.finish(&rec, start, 0, 0, fmt.Errorf("pod %s has no mesh workload with address %s on node %s", pc.PodUID(), c.Source().Addr(), p.opts.Node))
 			return false
 		}
 	}
@@ -455,7 +455,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 	} else if !p.opts.AllowPassthrough {
 		c.Answer(capture.Refused)
 		c.Close()
-		p.finish(rec, start, fmt.Errorf("source %s is not a mesh workload on node %s", c.Source().Addr(), p.opts.Node))
+		p.finish(&rec, start, 0, 0, fmt.Errorf("source %s is not a mesh workload on node %s", c.Source().Addr(), p.opts.Node))
 		return false
 	}
 	plan, err := r.planOutbound(dst, p.opts.HBONEPort, p.opts.AllowPassthrough)
@@ -477,7 +477,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 			c.Answer(capture.Unreachable)
 		}
 		c.Close()
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return false
 	}
 	rec.describePlan(plan)
@@ -485,23 +485,21 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 	if err != nil {
 		c.Answer(capture.Unreachable)
 		c.Close()
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return false
 	}
 	rec.describeHop(hop)
-	to := hop.Address
 	if err := c.Answer(capture.Connected); err != nil {
-		p.release(to)
+		p.release(hop.Address)
 		upstream.Close()
 		c.Close()
-		p.finish(rec, start, fmt.Errorf("answer client: %w", err))
+		p.finish(&rec, start, 0, 0, fmt.Errorf("answer client: %w", err))
 		return false
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
-		p.release(to)
-		rec.sent, rec.received = sent, received
-		p.finish(rec, start, err)
+		p.release(rec.hop)
+		p.finish(&rec, start, sent, received, err)
 		p.outbound.Done()
 	})
 	return true
@@ -649,10 +647,10 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 // openInbound admits an HBONE tunnel to a local pod and connects to its app.
 func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stream, error) {
 	start := time.Now()
-	rec := connRecord{direction: "inbound", src: req.Remote, dst: req.Authority.String(), srcIdentity: req.Peer.String()}
+	rec := connRecord{inbound: true, src: req.Remote, dst: capture.Destination{Addr: req.Authority}, srcIdentity: req.Peer.String()}
 	if !req.Authority.IsValid() {
 		err := hbone.BadRequest("authority must be ip:port")
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}
 	conn := &inboundConn{local: req.Local.Addr(), authority: req.Authority, peer: req.Peer, remote: req.Remote}
@@ -662,7 +660,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	}
 	if err != nil {
 		err = hbone.Deny(err.Error())
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}
 	rec.dstWorkload, rec.dstIdentity = adm.Workload.GetUid(), adm.Workload.GetIdentity()
@@ -674,15 +672,17 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	to, err := deliveryAddress(adm.Workload, req.Authority.Addr(), req.Authority.Port())
 	if err != nil {
 		err = hbone.Unavailable(err.Error())
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
+	// ctx is the stream's: registering with it (not asking for its done
+	// channel) leaves the open tunnel nothing of the connect to keep.
+	cctx, cancel := cancelgroup.WithTimeout(ctx, p.opts.ConnectTimeout)
 	defer cancel()
 	upstream, err := p.opts.Dial(cctx, p.podSource(req.Local.Addr()), to)
 	if err != nil {
 		err = hbone.Unavailable(fmt.Sprintf("connect %s: %v", to, err))
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
@@ -693,8 +693,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	var untrack func()
 	relay := hbone.RelayTo(upstream, p.idleTimeout(), func(sent, received int64, err error) {
 		untrack()
-		rec.sent, rec.received = sent, received
-		p.finish(rec, start, tracked.Result(err))
+		p.finish(&rec, start, sent, received, tracked.Result(err))
 	})
 	tracked, untrack = p.track(ctx, conn, func() { relay.Abort(connpolicy.ErrRevoked) })
 	return relay, nil
@@ -728,7 +727,7 @@ func (p *Proxy) servePlaintext(l net.Listener) {
 func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPort) {
 	start := time.Now()
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-	rec := connRecord{direction: "inbound", src: src, dst: dst.String(), srcIdentity: "unauthenticated"}
+	rec := connRecord{inbound: true, src: src, dst: capture.Destination{Addr: dst}, srcIdentity: "unauthenticated"}
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	w, hop, err := p.reg.Load().planPlaintextInbound(dst, p.opts.AllowPlaintext)
 	conn := &inboundConn{local: dst.Addr(), authority: dst, peer: trust.Unauthenticated(), remote: src, plaintext: true}
@@ -744,7 +743,7 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 	}
 	if err != nil {
 		abort(c)
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return
 	}
 	rec.dstWorkload, rec.dstIdentity = w.GetUid(), w.GetIdentity()
@@ -770,19 +769,19 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 	cancel()
 	if err != nil {
 		abort(c)
-		p.finish(rec, start, err)
+		p.finish(&rec, start, 0, 0, err)
 		return
 	}
 	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
 	if hop != nil {
-		rec.sent, rec.received, err = p.join(ctx, c, upstream)
-		p.finish(rec, start, err)
+		sent, received, err := p.join(ctx, c, upstream)
+		p.finish(&rec, start, sent, received, err)
 		return
 	}
 	tracked, untrack := p.track(ctx, conn, func() { abort(upstream); abort(c) })
-	rec.sent, rec.received, err = p.join(ctx, c, upstream)
+	sent, received, err := p.join(ctx, c, upstream)
 	untrack()
-	p.finish(rec, start, tracked.Result(err))
+	p.finish(&rec, start, sent, received, tracked.Result(err))
 }
 
 // ServeHBONE serves inbound HBONE on ln (a listener in-pod capture opened
@@ -847,15 +846,21 @@ func abort(c net.Conn) {
 // --- access log ---
 
 // connRecord is what the access log and metrics say about one connection.
+// A relayed connection keeps it until it ends, so it holds values, not
+// the strings the log line is made of (issue 36: memory per idle
+// connection).
 type connRecord struct {
-	direction                string
-	src                      netip.AddrPort
+	src netip.AddrPort
+	dst capture.Destination
+	// hop is the next hop taken (outbound, or a hairpin), of kind hopKind
+	// when hasHop.
+	hop                      netip.AddrPort
 	via                      string // waypoint that forwarded it (inbound)
-	dst                      string
 	srcWorkload, srcIdentity string
 	dstWorkload, dstIdentity string
-	service, waypoint, hop   string
-	sent, received           int64
+	service, waypoint        string
+	inbound, hasHop          bool
+	hopKind                  HopKind
 }
 
 func (r *connRecord) describePlan(p Plan) {
@@ -868,7 +873,7 @@ func (r *connRecord) describePlan(p Plan) {
 }
 
 func (r *connRecord) describeHop(h Hop) {
-	r.hop = h.Kind.String() + " " + h.Address.String()
+	r.hop, r.hopKind, r.hasHop = h.Address, h.Kind, true
 	if h.Workload != nil {
 		r.dstWorkload, r.dstIdentity = h.Workload.GetUid(), h.Workload.GetIdentity()
 	} else if !h.Expected.IsZero() {
@@ -876,8 +881,15 @@ func (r *connRecord) describeHop(h Hop) {
 	}
 }
 
+func (r *connRecord) direction() string {
+	if r.inbound {
+		return "inbound"
+	}
+	return "outbound"
+}
+
 func (r *connRecord) labels() []string {
-	return []string{r.direction, orUnknown(r.srcIdentity), orUnknown(r.dstIdentity), orUnknown(r.service)}
+	return []string{r.direction(), orUnknown(r.srcIdentity), orUnknown(r.dstIdentity), orUnknown(r.service)}
 }
 
 func orUnknown(s string) string {
@@ -887,21 +899,26 @@ func orUnknown(s string) string {
 	return s
 }
 
-// finish writes the access log line and the close metrics.
-func (p *Proxy) finish(r connRecord, start time.Time, err error) {
+// finish writes the access log line and the close metrics of a
+// connection that carried sent and received bytes.
+func (p *Proxy) finish(r *connRecord, start time.Time, sent, received int64, err error) {
 	reason := "ok"
 	if err != nil {
 		reason = err.Error()
 	}
+	hop := ""
+	if r.hasHop {
+		hop = r.hopKind.String() + " " + r.hop.String()
+	}
 	labels := r.labels()
 	p.metrics.closed.WithLabelValues(append(labels, closeReason(err))...).Inc()
-	p.metrics.sent.WithLabelValues(labels...).Add(float64(r.sent))
-	p.metrics.received.WithLabelValues(labels...).Add(float64(r.received))
+	p.metrics.sent.WithLabelValues(labels...).Add(float64(sent))
+	p.metrics.received.WithLabelValues(labels...).Add(float64(received))
 	fields := []zap.Field{
-		zap.String("direction", r.direction), zap.String("src", r.src.String()), zap.String("src_workload", r.srcWorkload),
-		zap.String("src_identity", r.srcIdentity), zap.String("dst", r.dst), zap.String("dst_workload", r.dstWorkload),
+		zap.String("direction", r.direction()), zap.String("src", r.src.String()), zap.String("src_workload", r.srcWorkload),
+		zap.String("src_identity", r.srcIdentity), zap.String("dst", r.dst.String()), zap.String("dst_workload", r.dstWorkload),
 		zap.String("dst_identity", r.dstIdentity), zap.String("service", r.service), zap.String("waypoint", r.waypoint),
-		zap.String("hop", r.hop), zap.Int64("bytes_sent", r.sent), zap.Int64("bytes_received", r.received),
+		zap.String("hop", hop), zap.Int64("bytes_sent", sent), zap.Int64("bytes_received", received),
 		zap.Duration("duration", time.Since(start)), zap.String("result", reason),
 	}
 	if r.via != "" {
