@@ -334,6 +334,8 @@ type LoadSummary struct {
 	// ended: the span the traffic covered.
 	First time.Time `json:"first"`
 	Last  time.Time `json:"last"`
+	// FirstAnswer is when the first successful answer arrived (zero: none).
+	FirstAnswer time.Time `json:"first_answer"`
 	// Errors holds the first failures' messages (at most maxLoadErrors).
 	Errors []string `json:"errors,omitempty"`
 }
@@ -399,6 +401,7 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				}
 				if err == nil && !answered {
 					answered = true
+					sum.FirstAnswer = ended
 					fmt.Fprintf(stderr, "%s%s\n", loadAnswered, u)
 				}
 				if err != nil {

@@ -263,6 +263,7 @@ func (p *Proxy) Update(r *Registry) {
 	for id := range p.identities {
 		if !ids[id] {
 			p.opts.Certificates.Forget(id)
+			p.log.Info("certificate dropped: no workload of its identity is left on this node", zap.Stringer("identity", id))
 		}
 	}
 	p.identities = ids

@@ -37,19 +37,77 @@ const (
 type loadSummary struct {
 	Sent, Failed int64
 	First, Last  time.Time
+	FirstAnswer  time.Time `json:"first_answer"`
 	Errors       []string
 }
 
-// rollTraffic is the traffic running across one roll of the node proxy.
-type rollTraffic struct {
-	url    string
-	load   *exec.Cmd
+// loadRun is `echo load` running in a pod until its standard input ends.
+type loadRun struct {
+	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stdout bytes.Buffer
 	stderr lockedBuffer  // read while the load runs
 	done   chan struct{} // the load ended
-	holds  []*hold
-	began  time.Time // every part of the traffic running
+}
+
+// startLoad starts `echo load [args] url` in the pod's echo container; it
+// ends when the test does, if end has not ended it before.
+func startLoad(t *testing.T, from corev1.Pod, url string, args ...string) *loadRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &loadRun{done: make(chan struct{})}
+	// -for 0: until its stdin ends.
+	argv := append(append([]string{"--kubeconfig", kubeconfig, "-n", from.Namespace, "exec", "-i", from.Name, "-c", "echo", "--",
+		"/usr/local/bin/echo", "load"}, args...), url)
+	l.cmd = exec.CommandContext(ctx, kubectl, argv...)
+	l.cmd.Stdout, l.cmd.Stderr = &l.stdout, &l.stderr
+	stdin, err := l.cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.stdin = stdin
+	if err := l.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = l.cmd.Wait(); close(l.done) }()
+	t.Cleanup(func() {
+		l.stdin.Close()
+		select {
+		case <-l.done:
+		case <-time.After(30 * time.Second):
+		}
+		cancel()
+		<-l.done
+	})
+	return l
+}
+
+// answered reports whether the load has had an answer.
+func (l *loadRun) answered() bool { return strings.Contains(l.stderr.String(), loadAnswered) }
+
+// end ends the load and returns its summary.
+func (l *loadRun) end(t *testing.T, what string) loadSummary {
+	t.Helper()
+	l.stdin.Close()
+	select {
+	case <-l.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: echo load did not end within 30s of its input's end", what)
+	}
+	var sum loadSummary
+	out := strings.TrimSpace(l.stdout.String())
+	if err := json.Unmarshal([]byte(lastLine(out)), &sum); err != nil {
+		t.Fatalf("%s: echo load's summary %q: %v; stderr %s", what, out, err, l.stderr.String())
+	}
+	return sum
+}
+
+// rollTraffic is the traffic running across one roll of the node proxy.
+type rollTraffic struct {
+	url   string
+	load  *loadRun
+	holds []*hold
+	began time.Time // every part of the traffic running
 
 	// The node proxy pod serving the traffic at its start, watched until
 	// it is gone.
@@ -70,30 +128,8 @@ type rollTraffic struct {
 // the running node proxy's, proxy).
 func startRollTraffic(t *testing.T, from, proxy corev1.Pod, url string) *rollTraffic {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &rollTraffic{url: url, proxy: proxy, done: make(chan struct{}), gone: make(chan struct{})}
-	// -for 0: until its stdin ends (stop closes it).
-	r.load = exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "-n", from.Namespace, "exec", "-i", from.Name, "-c", "echo", "--",
-		"/usr/local/bin/echo", "load", "-c", loadClients, "-interval", loadInterval, "-timeout", "5s", url+"/load")
-	r.load.Stdout, r.load.Stderr = &r.stdout, &r.stderr
-	stdin, err := r.load.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.stdin = stdin
-	if err := r.load.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = r.load.Wait(); close(r.done) }()
-	t.Cleanup(func() {
-		r.stdin.Close()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-		}
-		cancel()
-		<-r.done
-	})
+	r := &rollTraffic{url: url, proxy: proxy, gone: make(chan struct{})}
+	r.load = startLoad(t, from, url+"/load", "-c", loadClients, "-interval", loadInterval, "-timeout", "5s")
 	wctx, stopWatch := context.WithCancel(context.Background())
 	t.Cleanup(stopWatch)
 	go r.watchProxy(wctx)
@@ -107,12 +143,12 @@ func startRollTraffic(t *testing.T, from, proxy corev1.Pod, url string) *rollTra
 	// The roll starts only once the load has been answered: its requests
 	// then began before the roll did.
 	deadline := time.After(30 * time.Second)
-	for !strings.Contains(r.stderr.String(), loadAnswered) {
+	for !r.load.answered() {
 		select {
-		case <-r.done:
-			t.Fatalf("echo load ended before its first answer: %s", r.stderr.String())
+		case <-r.load.done:
+			t.Fatalf("echo load ended before its first answer: %s", r.load.stderr.String())
 		case <-deadline:
-			t.Fatalf("echo load had no answer within 30s: %s", r.stderr.String())
+			t.Fatalf("echo load had no answer within 30s: %s", r.load.stderr.String())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -217,17 +253,7 @@ func (r *rollTraffic) stop(t *testing.T, what string) {
 	// The requests go on a little past the old pod's end, so that they
 	// cover it.
 	time.Sleep(time.Second)
-	r.stdin.Close()
-	select {
-	case <-r.done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("%s: echo load did not end within 30s of its input's end", what)
-	}
-	var sum loadSummary
-	out := strings.TrimSpace(r.stdout.String())
-	if err := json.Unmarshal([]byte(lastLine(out)), &sum); err != nil {
-		t.Fatalf("%s: echo load's summary %q: %v; stderr %s", what, out, err, r.stderr.String())
-	}
+	sum := r.load.end(t, what)
 	if sum.Sent == 0 || sum.Failed != 0 {
 		t.Errorf("%s: %d of %d requests to %s failed during the roll: %v", what, sum.Failed, sum.Sent, r.url, sum.Errors)
 		r.explainFailures(t, what, sum.Errors)
