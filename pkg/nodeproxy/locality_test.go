@@ -17,8 +17,8 @@ import (
 // TestServiceTrafficDistribution: with real node proxies and sockets, a
 // Service's PreferSameNode sends every connection to the endpoint on the
 // client's node; once that endpoint is withdrawn (not ready) the others
-// serve; PreferClose keeps to the client's zone, past a zone-mate that
-// cannot be reached.
+// serve; PreferClose keeps to the client's zone, and leaves it when its
+// endpoints there cannot be reached.
 func TestServiceTrafficDistribution(t *testing.T) {
 	const podF = "127.0.71.6"
 	for pod, name := range map[string]string{podB: "B", podC: "C", podF: "F"} {
@@ -73,12 +73,24 @@ func TestServiceTrafficDistribution(t *testing.T) {
 		t.Fatalf("PreferSameNode with none on the node: connections per endpoint %v, want B and C", seen)
 	}
 
-	// Zones: the client's node and E's and B's share z1; C is in z2.
-	for uid, zone := range map[string]string{"a": "z1", "b": "z1", "e": "z1", "c": "z2"} {
-		byUID[uid].Locality = &meshv1.Locality{Region: "r1", Zone: zone}
+	// Zones: the client's node and E's share z1, B and C are in z2. E
+	// cannot be reached: the other zone serves.
+	zones := func(z map[string]string) {
+		for uid, zone := range z {
+			byUID[uid].Locality = &meshv1.Locality{Region: "r1", Zone: zone}
+		}
+		update()
 	}
 	svc.TrafficDistribution = meshv1.TrafficDistribution_PREFER_CLOSE
-	update()
+	zones(map[string]string{"a": "z1", "e": "z1", "b": "z2", "c": "z2"})
+	if seen := answers(20); seen["B"] == 0 || seen["C"] == 0 || seen["B"]+seen["C"] != 20 {
+		t.Fatalf("PreferClose, the zone's endpoint unreachable: connections per endpoint %v, want B and C", seen)
+	}
+	if dead := netip.MustParseAddrPort(podE + ":15008"); !m.proxies["node-a"].outliers.ejected(dead) {
+		t.Fatalf("the unreachable endpoint %s is not ejected", dead)
+	}
+	// B joins the client's zone: it takes every connection.
+	zones(map[string]string{"b": "z1"})
 	if seen := answers(20); seen["B"] != 20 {
 		t.Fatalf("PreferClose: connections per endpoint %v, want all 20 to B, the reachable one of the client's zone", seen)
 	}
