@@ -21,7 +21,7 @@ import (
 //
 // The nodes get zones for the test: the client's node and the waypoint's
 // share one, the destination node has its own. One echo pod per node
-// serves two Services (PreferSameNode, PreferClose) and one without a
+// serves two Services (PreferSameNode, PreferSameZone) and one without a
 // preference (the control: it must reach all three, which also shows that
 // the node proxy knows every endpoint before the others are checked). In
 // the waypoint's namespace, two pods (on the waypoint's node and the
@@ -64,7 +64,7 @@ func testLocality(t *testing.T, frontend corev1.Pod) {
 	}
 	for _, s := range []struct{ ns, name, app, distribution string }{
 		{ns, "same-node", "loc", corev1.ServiceTrafficDistributionPreferSameNode},
-		{ns, "close", "loc", corev1.ServiceTrafficDistributionPreferClose},
+		{ns, "close", "loc", corev1.ServiceTrafficDistributionPreferSameZone}, // PreferClose's newer name
 		{ns, "spread", "loc", ""},
 		{"shop", "loc-wp", "loc-wp", corev1.ServiceTrafficDistributionPreferSameNode},
 		{"shop", "loc-wp-spread", "loc-wp", ""},
@@ -72,7 +72,8 @@ func testLocality(t *testing.T, frontend corev1.Pod) {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: s.ns},
 			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": s.app},
-				Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}},
+				// HTTP: the shop's waypoint policy allows the frontend's GETs.
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), AppProtocol: new("http")}}},
 		}
 		if s.distribution != "" {
 			svc.Spec.TrafficDistribution = &s.distribution
@@ -125,7 +126,7 @@ func testLocality(t *testing.T, frontend corev1.Pod) {
 		eventually(t, 30*time.Second, what, answeredBy(name, ns, 20, false, want...))
 	}
 	expect("PreferSameNode: the client's node", "same-node", ns, at(clientNode))
-	expect("PreferClose: the client's zone", "close", ns, at(clientNode), at(waypointNode))
+	expect("PreferSameZone: the client's zone", "close", ns, at(clientNode), at(waypointNode))
 	expect("PreferSameNode through the waypoint: the waypoint's node", "loc-wp", "shop", near)
 
 	// Fallback: the closest endpoints go, the next tier takes over.
@@ -140,11 +141,11 @@ func testLocality(t *testing.T, frontend corev1.Pod) {
 	gone(ns, at(clientNode))
 	gone("shop", near)
 	expect("PreferSameNode, none left on the node: its zone", "same-node", ns, at(waypointNode))
-	expect("PreferClose, one left in the zone", "close", ns, at(waypointNode))
+	expect("PreferSameZone, one left in the zone", "close", ns, at(waypointNode))
 	expect("PreferSameNode through the waypoint, none left on its node: the other", "loc-wp", "shop", far)
 	gone(ns, at(waypointNode))
 	expect("PreferSameNode, none left in the zone: any", "same-node", ns, at(destinationNode))
-	expect("PreferClose, none left in the zone: any", "close", ns, at(destinationNode))
+	expect("PreferSameZone, none left in the zone: any", "close", ns, at(destinationNode))
 }
 
 // localityPod is an echo pod labelled app on the node of place.
