@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// Locality (docs/architecture.md, "Endpoint choice"): a Service's
+// Locality (docs/design.md §5, "Endpoint choice and locality"): a Service's
 // trafficDistribution is honoured by whoever chooses its endpoint, the
 // client's node proxy or the waypoint, relative to itself, and when no
 // close endpoint is left the traffic falls back to the next tier.
