@@ -337,6 +337,8 @@ type LoadSummary struct {
 	// ended: the span the traffic covered.
 	First time.Time `json:"first"`
 	Last  time.Time `json:"last"`
+	// FirstAnswer is when the first successful answer arrived (zero: none).
+	FirstAnswer time.Time `json:"first_answer"`
 	// Errors holds the first failures' messages (at most maxLoadErrors).
 	Errors []string `json:"errors,omitempty"`
 }
@@ -452,6 +454,7 @@ func loadMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				}
 				if o.Error == "" && !answered {
 					answered = true
+					sum.FirstAnswer = o.Ended
 					fmt.Fprintf(stderr, "%s%s\n", loadAnswered, u)
 				}
 				if o.Error != "" {

@@ -202,11 +202,11 @@ func TestLoadCountsFailures(t *testing.T) {
 		return code, sum, errs.String()
 	}
 	if code, sum, errs := run(nil, "-c", "2", "-interval", "5ms", "-for", "200ms", "http://"+addr+"/ok"); code != 0 || sum.Sent < 2 || sum.Failed != 0 || !sum.Last.After(sum.First) ||
-		strings.Count(errs, loadAnswered) != 1 {
+		sum.FirstAnswer.Before(sum.First) || sum.FirstAnswer.After(sum.Last) || strings.Count(errs, loadAnswered) != 1 {
 		t.Fatalf("to a server that answers: exit %d, %+v, stderr %q", code, sum, errs)
 	}
 	code, sum, errs := run(nil, "-interval", "5ms", "-for", "100ms", "http://"+addr+"/status/503")
-	if code != 1 || sum.Sent == 0 || sum.Failed != sum.Sent || !strings.Contains(sum.Errors[0], "status 503") || !strings.Contains(errs, "status 503") ||
+	if code != 1 || sum.Sent == 0 || sum.Failed != sum.Sent || !sum.FirstAnswer.IsZero() || !strings.Contains(sum.Errors[0], "status 503") || !strings.Contains(errs, "status 503") ||
 		strings.Contains(errs, loadAnswered) {
 		t.Fatalf("to a server that answers 503: exit %d, %+v, stderr %q", code, sum, errs)
 	}

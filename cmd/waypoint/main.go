@@ -40,6 +40,7 @@ type options struct {
 	decisionLog    string
 	// preflightFirst answers CORS preflights before the policy.
 	preflightFirst bool
+	pod            string
 	drain          time.Duration
 	idleTimeout    time.Duration
 }
@@ -50,6 +51,7 @@ func main() {
 	o.common.Register(fs)
 	fs.StringVar(&o.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "namespace of the waypoint's Gateway")
 	fs.StringVar(&o.name, "name", "", "name of the waypoint's Gateway")
+	fs.StringVar(&o.pod, "pod", os.Getenv("POD_NAME"), "name of this waypoint's own pod (in --namespace): Services' trafficDistribution prefers the endpoints closest to it")
 	fs.StringVar(&o.serviceAccount, "service-account", "", "service account of the waypoint's pods (default: the Gateway name)")
 	fs.StringVar(&o.listen, "listen", "0.0.0.0:15008", "HBONE listen address (the waypoint pod's IP and 15008)")
 	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (e.g. a git-sync checkout); this or --policy-git-url is required")
@@ -135,7 +137,7 @@ func run(o *options) error {
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
 		Certificates: certs, Policy: engine, ConnectionDecisionLog: decisions, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
 		// A policy's body limit is at most MaxBodyLimit.
-		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst}})
+		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst, Pod: l7.PodRef{Namespace: o.namespace, Name: o.pod}}})
 	if err != nil {
 		return err
 	}

@@ -281,12 +281,17 @@ func svcPortNamed(svc *corev1.Service, name string) *corev1.ServicePort {
 
 // Trim is an informer transform: it drops what the translation never
 // reads and what makes up much of an object's size in memory, managed
-// fields, and of a ConfigMap everything but the CA certificates a
+// fields, of a ConfigMap everything but the CA certificates a
 // BackendTLSPolicy may name (every ConfigMap of the cluster is watched,
-// and most hold other things).
+// and most hold other things), and of a Node everything but its metadata.
 func Trim(obj any) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
+	}
+	if n, ok := obj.(*corev1.Node); ok {
+		// Only the labels are read (nodeLocalities); a node's status and
+		// images are most of its size.
+		n.Annotations, n.Spec, n.Status = nil, corev1.NodeSpec{}, corev1.NodeStatus{}
 	}
 	if cm, ok := obj.(*corev1.ConfigMap); ok {
 		ca, has := cm.Data[CACertificateKey]

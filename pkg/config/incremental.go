@@ -20,11 +20,13 @@ import (
 // update) calls it on every burst of changes; a pod's change then costs its
 // namespace's translation, not the cluster's.
 //
-// A namespace is translated with every Namespace and Gateway (labels,
-// waypoints of other namespaces, admission) and its own Pods, Services,
+// A namespace is translated with every Namespace, Node (its pods'
+// locality) and Gateway (labels, waypoints of other namespaces, admission)
+// and its own Pods, Services,
 // EndpointSlices and ConnectionPolicies; routes are translated apart, with
-// every Service and ReferenceGrant. A changed Namespace or Gateway
-// translates every namespace again. What only the whole set can decide (an address or uid claimed in
+// every Service and ReferenceGrant. A changed Namespace, Node or Gateway
+// translates every namespace again (the Kubernetes source passes a Node
+// anew only when its topology labels change). What only the whole set can decide (an address or uid claimed in
 // two namespaces, an EndpointSlice naming a pod of another namespace, a set
 // that is not a configuration) sends the call to Translate, so the result
 // is always Translate's.
@@ -77,7 +79,7 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 			if _, ok := byNS[defaultNS(&v.Namespace)]; !ok {
 				byNS[v.Namespace] = nil
 			}
-		case *gwv1.GatewayClass:
+		case *gwv1.GatewayClass, *corev1.Node:
 			global = append(global, o)
 		case *corev1.Service:
 			byNS[defaultNS(&v.Namespace)] = append(byNS[v.Namespace], o)

@@ -49,6 +49,7 @@ func newTranslator(opts Options) *translator {
 		podsByNS:   map[string][]nsName{},
 		services:   map[nsName]*serviceInfo{},
 		slices:     map[nsName][]*sliceInfo{},
+		nodes:      map[string]*meshv1.Locality{},
 		gateways:   map[nsName]*gatewayInfo{},
 		grants:     map[string][]*gwv1.ReferenceGrant{},
 		configMaps: map[nsName]*corev1.ConfigMap{},
@@ -148,6 +149,7 @@ type translator struct {
 	services     map[nsName]*serviceInfo
 	svcOrder     []nsName
 	slices       map[nsName][]*sliceInfo // by the Service they belong to
+	nodes        map[string]*meshv1.Locality
 	gateways     map[nsName]*gatewayInfo
 	gwOrder      []nsName
 	httpRoutes   []routeInfo[*gwv1.HTTPRoute]
@@ -197,7 +199,7 @@ func (t *translator) collect(objs []Object) {
 	for _, o := range objs {
 		var namespaced bool
 		switch o.Obj.(type) {
-		case *corev1.Namespace, *gwv1.GatewayClass:
+		case *corev1.Namespace, *gwv1.GatewayClass, *corev1.Node:
 		case *corev1.Pod, *corev1.Service, *corev1.ServiceAccount, *discoveryv1.EndpointSlice,
 			*gwv1.Gateway, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *ConnectionPolicy,
 			*gwv1.BackendTLSPolicy, *corev1.ConfigMap:
@@ -239,6 +241,10 @@ func (t *translator) collect(objs []Object) {
 		switch v := o.Obj.(type) {
 		case *corev1.Namespace:
 			t.namespaces[name] = &namespaceInfo{origin: o.Origin, ns: v}
+		case *corev1.Node:
+			if l := nodeLocality(v); l != nil {
+				t.nodes[name] = l
+			}
 		case *corev1.Pod:
 			t.pods[id] = &podInfo{origin: o.Origin, obj: key, pod: v}
 			t.podOrder = append(t.podOrder, id)
@@ -328,6 +334,9 @@ func (t *translator) translateWaypoints() {
 			Namespace:   id.ns,
 			HbonePort:   port,
 			WaypointFor: waypointFor,
+			// Its own Service (the deployer's), the way to state how node
+			// proxies choose among its pods.
+			TrafficDistribution: trafficDistribution(t.services[id]),
 		}
 	}
 }
@@ -711,6 +720,7 @@ func (t *translator) translateServices() {
 			}
 			return out.Endpoints[i].WorkloadUid < out.Endpoints[j].WorkloadUid
 		})
+		out.TrafficDistribution = trafficDistribution(s)
 		var inherited string
 		out.Waypoint, inherited = t.bindWaypoint(s.svc.Labels, id.ns, meshv1.WaypointForService)
 		switch {
@@ -722,6 +732,31 @@ func (t *translator) translateServices() {
 		s.out = out
 		t.out.Services[id.String()] = out
 	}
+}
+
+// trafficDistribution is s's spec.trafficDistribution: PreferSameNode;
+// PreferClose or PreferSameZone (its newer name); any other value, as
+// kube-proxy does, states no preference. nil (no such Service) neither.
+func trafficDistribution(s *serviceInfo) meshv1.TrafficDistribution {
+	if s == nil || s.svc.Spec.TrafficDistribution == nil {
+		return meshv1.TrafficDistribution_ANY
+	}
+	switch *s.svc.Spec.TrafficDistribution {
+	case corev1.ServiceTrafficDistributionPreferSameNode:
+		return meshv1.TrafficDistribution_PREFER_SAME_NODE
+	case corev1.ServiceTrafficDistributionPreferClose, corev1.ServiceTrafficDistributionPreferSameZone:
+		return meshv1.TrafficDistribution_PREFER_CLOSE
+	}
+	return meshv1.TrafficDistribution_ANY
+}
+
+// nodeLocality is n's region and zone labels, or nil when it has neither.
+func nodeLocality(n *corev1.Node) *meshv1.Locality {
+	l := &meshv1.Locality{Region: n.Labels[corev1.LabelTopologyRegion], Zone: n.Labels[corev1.LabelTopologyZone]}
+	if l.Region == "" && l.Zone == "" {
+		return nil
+	}
+	return l
 }
 
 func numericPortName(s string) (uint32, bool) {
@@ -960,6 +995,7 @@ func (t *translator) translateWorkloads() {
 			Addresses:      p.ips,
 			Labels:         p.pod.Labels,
 			AppAddress:     p.appAddr,
+			Locality:       t.nodes[p.pod.Spec.NodeName],
 		}
 		if app, ok := p.pod.Annotations[AnnotationLocalApp]; ok {
 			t.out.LocalApps[p.uid] = app

@@ -239,6 +239,19 @@ func (c *Config) problem(format string, args ...any) {
 	c.problems = append(c.problems, fmt.Sprintf(format, args...))
 }
 
+// pod is the workload of pod p, or nil.
+func (c *Config) pod(p PodRef) *meshv1.Workload {
+	if p.Name == "" {
+		return nil
+	}
+	for _, w := range c.workloads {
+		if w.GetName() == p.Name && w.GetNamespace() == p.Namespace {
+			return w
+		}
+	}
+	return nil
+}
+
 func (c *Config) addService(s *meshv1.Service) {
 	ref := ServiceRef{s.GetNamespace(), s.GetName()}
 	if ref.Namespace == "" || ref.Name == "" {

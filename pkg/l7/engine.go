@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/http2"
 
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -59,6 +60,11 @@ type Options struct {
 	// credentials. Default off: every answer, preflights included, waits
 	// for the policy.
 	PreflightBeforePolicy bool
+	// Pod is the waypoint's own pod: a service's trafficDistribution
+	// prefers the endpoints closest to it (its node, zone, region; see
+	// pkg/locality). Unset, or not among the configuration's workloads:
+	// no endpoint is closer than another.
+	Pod PodRef
 	// MaxMirrorsInFlight bounds concurrent mirrored requests; more are
 	// dropped (default 64). MirrorTimeout bounds each (default 10 s).
 	MaxMirrorsInFlight int
@@ -120,7 +126,7 @@ type Engine struct {
 // snapshot is a Config bound to the engine's endpoint state.
 type snapshot struct {
 	cfg *Config
-	eps map[tableKey][]*endpoint
+	eps map[tableKey]endpointTiers
 }
 
 // Update installs a new configuration. Requests already routed finish on the
@@ -129,17 +135,26 @@ func (e *Engine) Update(cfg *Config) {
 	if cfg == nil {
 		cfg = Compile(nil, nil, nil, nil)
 	}
-	s := &snapshot{cfg: cfg, eps: make(map[tableKey][]*endpoint)}
+	s := &snapshot{cfg: cfg, eps: make(map[tableKey]endpointTiers)}
 	keep := make(map[endpointKey]bool)
+	self := locality.Of(cfg.pod(e.opts.Pod))
 	for ref, si := range cfg.services {
+		td := si.svc.GetTrafficDistribution()
 		for port, ts := range si.targets {
-			eps := make([]*endpoint, 0, len(ts))
+			var byTier [locality.TierAny + 1][]*endpoint
 			for _, t := range ts {
 				ep := e.pools.get(t)
 				keep[ep.key] = true
-				eps = append(eps, ep)
+				tier := locality.Rank(td, self, locality.Of(t.Workload))
+				byTier[tier] = append(byTier[tier], ep)
 			}
-			s.eps[tableKey{ref, port}] = eps
+			var tiers endpointTiers
+			for _, eps := range byTier {
+				if len(eps) > 0 {
+					tiers = append(tiers, eps)
+				}
+			}
+			s.eps[tableKey{ref, port}] = tiers
 		}
 	}
 	e.snap.Store(s)

@@ -37,7 +37,7 @@ type exchange struct {
 	// Routing (selectRule, chooseBackend) and the policy's question.
 	rule      *rule
 	backend   *backend
-	endpoints []*endpoint
+	endpoints endpointTiers
 	first     *endpoint
 	proto     upstreamProto
 	authz     AuthzRequest // what the Authorizer is asked

@@ -212,7 +212,7 @@ func (x *exchange) selectRule() *localAnswer {
 			x.backend.proto = upstreamAuto
 		}
 		x.rec.backend = t.Address.String()
-		x.endpoints = []*endpoint{x.e.pools.get(t)}
+		x.endpoints = endpointTiers{{x.e.pools.get(t)}}
 		return nil
 	}
 	table := x.snap.cfg.table(tableKey{x.info.Service, x.info.Port}, x.info.callerNS)

@@ -443,18 +443,18 @@ func TestLeastOutstandingPrefersIdle(t *testing.T) {
 	idle := &endpoint{}
 	busy.outstanding.Store(5)
 	for i := 0; i < 100; i++ {
-		if got := pickEndpoint([]*endpoint{busy, idle}, nil); got != idle {
+		if got := pickEndpoint(endpointTiers{{busy, idle}}, nil); got != idle {
 			t.Fatal("power of two choices over two endpoints must take the idle one")
 		}
 	}
 	ejected := &endpoint{}
 	ejected.ejectedTill.Store(time.Now().Add(time.Hour).UnixNano())
 	for i := 0; i < 100; i++ {
-		if got := pickEndpoint([]*endpoint{ejected, busy}, nil); got != busy {
+		if got := pickEndpoint(endpointTiers{{ejected, busy}}, nil); got != busy {
 			t.Fatal("an ejected endpoint is skipped while another is healthy")
 		}
 	}
-	if got := pickEndpoint([]*endpoint{ejected}, nil); got != ejected {
+	if got := pickEndpoint(endpointTiers{{ejected}}, nil); got != ejected {
 		t.Fatal("with every endpoint ejected, all are candidates again")
 	}
 	if got := pickEndpoint(nil, nil); got != nil {
@@ -467,7 +467,7 @@ func TestLeastOutstandingPrefersIdle(t *testing.T) {
 		eps[i].outstanding.Store(int64(i))
 	}
 	for i := 0; i < 1000; i++ {
-		if pickEndpoint(eps, nil) == eps[9] {
+		if pickEndpoint(endpointTiers{eps}, nil) == eps[9] {
 			t.Fatal("the most loaded endpoint can never win a pair")
 		}
 	}

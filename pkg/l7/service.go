@@ -19,6 +19,9 @@ func (s ServiceRef) String() string { return s.Namespace + "/" + s.Name }
 // IsZero reports whether s names no service.
 func (s ServiceRef) IsZero() bool { return s.Namespace == "" && s.Name == "" }
 
+// PodRef names a pod.
+type PodRef struct{ Namespace, Name string }
+
 // Protocol is how the waypoint parses a service port.
 type Protocol uint8
 

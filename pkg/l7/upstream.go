@@ -232,25 +232,41 @@ func (ep *endpoint) roundTripper(p upstreamProto, plain bool) http.RoundTripper 
 // so TLS endpoints go through net/http's Transport, whose reader sees them.
 func (ep *endpoint) inlinable() bool { return ep.key.tls == "" }
 
-// pickEndpoint chooses by least outstanding requests among two random
-// candidates (power of two choices). Ejected endpoints are skipped while
-// others are healthy; when none is, all are candidates again, so one blip
+// endpointTiers are a service port's endpoints grouped by how close they
+// are to the waypoint (locality.Rank, by the service's
+// trafficDistribution), closest first, no group empty; one group when the
+// service states no preference.
+type endpointTiers [][]*endpoint
+
+// pickEndpoint chooses from the closest tier with a healthy candidate, by
+// least outstanding requests among two random candidates (power of two
+// choices). Ejected endpoints are skipped while others are healthy; when
+// none is, all are candidates again, closest tier first, so one blip
 // cannot turn into an outage (Envoy's panic mode). skip excludes endpoints
 // (already tried, or a different identity than the one authorized).
-func pickEndpoint(eps []*endpoint, skip func(*endpoint) bool) *endpoint {
-	var buf [16]*endpoint
-	cands := buf[:0]
+func pickEndpoint(tiers endpointTiers, skip func(*endpoint) bool) *endpoint {
 	now := time.Now().UnixNano()
-	for _, ep := range eps {
-		if ep.healthy(now) && (skip == nil || !skip(ep)) {
-			cands = append(cands, ep)
+	for _, eps := range tiers {
+		if ep := pickFrom(eps, func(ep *endpoint) bool { return ep.healthy(now) && (skip == nil || !skip(ep)) }); ep != nil {
+			return ep
 		}
 	}
-	if len(cands) == 0 {
-		for _, ep := range eps {
-			if skip == nil || !skip(ep) {
-				cands = append(cands, ep)
-			}
+	for _, eps := range tiers {
+		if ep := pickFrom(eps, func(ep *endpoint) bool { return skip == nil || !skip(ep) }); ep != nil {
+			return ep
+		}
+	}
+	return nil
+}
+
+// pickFrom is the less loaded of two random endpoints of eps that ok
+// accepts, or nil when it accepts none.
+func pickFrom(eps []*endpoint, ok func(*endpoint) bool) *endpoint {
+	var buf [16]*endpoint
+	cands := buf[:0]
+	for _, ep := range eps {
+		if ok(ep) {
+			cands = append(cands, ep)
 		}
 	}
 	switch len(cands) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -80,11 +81,12 @@ func (r *Registry) planPlaintextInbound(dst netip.AddrPort, allowPlaintext bool)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s/%s: %w", w.GetNamespace(), w.GetName(), err)
 		}
-		hops, err := waypointHops(wp, dst)
+		hops, err := r.waypointHops(wp, locality.Of(w), dst)
 		if err != nil {
 			return nil, nil, err
 		}
-		return w, &hops[0], nil
+		hop := randomClosest(hops)
+		return w, &hop, nil
 	}
 	if !allowPlaintext {
 		return nil, nil, fmt.Errorf("plaintext inbound to %s/%s is not allowed", w.GetNamespace(), w.GetName())

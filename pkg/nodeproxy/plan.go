@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -41,6 +42,10 @@ type Hop struct {
 	Expected trust.Identity
 	// Workload is the destination workload when known.
 	Workload *meshv1.Workload
+	// Tier is how close the hop is to the client, as the service's (or
+	// the waypoint's) trafficDistribution ranks it (locality.Rank):
+	// closer tiers are tried first.
+	Tier int
 }
 
 // Plan is the decision for one outbound connection: hops in order of
@@ -61,9 +66,9 @@ var (
 // reservedPorts are the proxy's own ports: never valid destinations.
 var reservedPorts = map[uint16]bool{15001: true, 15006: true, 15008: true, 15080: true}
 
-// planOutbound decides where a connection to dst goes (docs/design.md §5).
-// hbonePort is the port HBONE listens on at pods.
-func (r *Registry) planOutbound(dst capture.Destination, hbonePort uint16, allowPassthrough bool) (Plan, error) {
+// planOutbound decides where a connection to dst goes (docs/design.md §5)
+// for a client at from. hbonePort is the port HBONE listens on at pods.
+func (r *Registry) planOutbound(dst capture.Destination, from locality.Place, hbonePort uint16, allowPassthrough bool) (Plan, error) {
 	port := dst.Addr.Port()
 	if dst.Host != "" {
 		port = dst.Port
@@ -80,14 +85,14 @@ func (r *Registry) planOutbound(dst capture.Destination, hbonePort uint16, allow
 			if !ok {
 				return Plan{}, fmt.Errorf("%w: %s is not a mesh service", errHostUnknown, dst.Host)
 			}
-			return r.planService(svc, port, hbonePort)
+			return r.planService(svc, from, port, hbonePort)
 		}
 	}
 	if svc, ok := r.ServiceByVIP(dst.Addr.Addr()); ok {
-		return r.planService(svc, port, hbonePort)
+		return r.planService(svc, from, port, hbonePort)
 	}
 	if w, ok := r.WorkloadByIP(dst.Addr.Addr()); ok {
-		hop, wp, err := r.workloadHop(w, dst.Addr, hbonePort)
+		hop, wp, err := r.workloadHop(w, from, dst.Addr, hbonePort)
 		if err != nil {
 			return Plan{}, err
 		}
@@ -99,7 +104,7 @@ func (r *Registry) planOutbound(dst capture.Destination, hbonePort uint16, allow
 	return Plan{Hops: []Hop{{Kind: Passthrough, Address: dst.Addr}}}, nil
 }
 
-func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Plan, error) {
+func (r *Registry) planService(svc *meshv1.Service, from locality.Place, port, hbonePort uint16) (Plan, error) {
 	var sp *meshv1.ServicePort
 	for _, p := range svc.GetPorts() {
 		if p.GetPort() == uint32(port) {
@@ -121,7 +126,7 @@ func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Pla
 		if err != nil {
 			return Plan{}, fmt.Errorf("service %s/%s has no VIP to address its waypoint with", svc.GetNamespace(), svc.GetName())
 		}
-		hops, err := waypointHops(wp, netip.AddrPortFrom(vip, port))
+		hops, err := r.waypointHops(wp, from, netip.AddrPortFrom(vip, port))
 		if err != nil {
 			return Plan{}, err
 		}
@@ -144,10 +149,13 @@ func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Pla
 		if target == 0 {
 			target = uint32(port)
 		}
-		hop, _, err := r.workloadHop(w, netip.AddrPortFrom(ip, uint16(target)), hbonePort)
+		hop, _, err := r.workloadHop(w, from, netip.AddrPortFrom(ip, uint16(target)), hbonePort)
 		if err != nil {
 			return Plan{}, err
 		}
+		// The endpoint's own place, not its waypoint's: the service's
+		// trafficDistribution is about its endpoints.
+		hop.Tier = locality.Rank(svc.GetTrafficDistribution(), from, locality.Of(w))
 		hops = append(hops, hop)
 	}
 	if len(hops) == 0 {
@@ -156,9 +164,10 @@ func (r *Registry) planService(svc *meshv1.Service, port, hbonePort uint16) (Pla
 	return Plan{Service: svc, Hops: hops}, nil
 }
 
-// workloadHop is how to reach workload w at addr: through its own waypoint,
-// over HBONE, or over plain TCP when it is not in the mesh.
-func (r *Registry) workloadHop(w *meshv1.Workload, addr netip.AddrPort, hbonePort uint16) (Hop, *meshv1.Waypoint, error) {
+// workloadHop is how to reach workload w at addr from a client at from:
+// through its own waypoint (one of its closest pods), over HBONE, or over
+// plain TCP when it is not in the mesh.
+func (r *Registry) workloadHop(w *meshv1.Workload, from locality.Place, addr netip.AddrPort, hbonePort uint16) (Hop, *meshv1.Waypoint, error) {
 	if err := refusedWorkload(w); err != nil {
 		return Hop{}, nil, err
 	}
@@ -167,11 +176,11 @@ func (r *Registry) workloadHop(w *meshv1.Workload, addr netip.AddrPort, hbonePor
 		if err != nil {
 			return Hop{}, nil, fmt.Errorf("workload %s/%s: %w", w.GetNamespace(), w.GetName(), err)
 		}
-		hops, err := waypointHops(wp, addr)
+		hops, err := r.waypointHops(wp, from, addr)
 		if err != nil {
 			return Hop{}, nil, err
 		}
-		return hops[rand.IntN(len(hops))], wp, nil
+		return randomClosest(hops), wp, nil
 	}
 	if !w.GetHbone() {
 		return Hop{Kind: PlainTCP, Address: addr, Workload: w}, nil, nil
@@ -183,7 +192,9 @@ func (r *Registry) workloadHop(w *meshv1.Workload, addr netip.AddrPort, hbonePor
 	return Hop{Kind: Direct, Address: netip.AddrPortFrom(addr.Addr(), hbonePort), Authority: addr, Expected: id, Workload: w}, nil, nil
 }
 
-func waypointHops(wp *meshv1.Waypoint, authority netip.AddrPort) ([]Hop, error) {
+// waypointHops are the ways to reach waypoint wp's pods, each ranked by
+// the waypoint's trafficDistribution for a client at from.
+func (r *Registry) waypointHops(wp *meshv1.Waypoint, from locality.Place, authority netip.AddrPort) ([]Hop, error) {
 	id, err := WaypointIdentity(wp)
 	if err != nil {
 		return nil, err
@@ -198,12 +209,29 @@ func waypointHops(wp *meshv1.Waypoint, authority netip.AddrPort) ([]Hop, error) 
 		if err != nil {
 			continue
 		}
-		hops = append(hops, Hop{Kind: ViaWaypoint, Address: netip.AddrPortFrom(ip.Unmap(), port), Authority: authority, Expected: id})
+		pod, _ := r.WorkloadByIP(ip) // nil (no place) when not described
+		tier := locality.Rank(wp.GetTrafficDistribution(), from, locality.Of(pod))
+		hops = append(hops, Hop{Kind: ViaWaypoint, Address: netip.AddrPortFrom(ip.Unmap(), port), Authority: authority, Expected: id, Tier: tier})
 	}
 	if len(hops) == 0 {
 		return nil, fmt.Errorf("waypoint %s/%s has no usable address", wp.GetNamespace(), wp.GetName())
 	}
 	return hops, nil
+}
+
+// randomClosest is a random one of the hops of the closest tier.
+func randomClosest(hops []Hop) Hop {
+	best := hops[0].Tier
+	for _, h := range hops {
+		best = min(best, h.Tier)
+	}
+	var closest []Hop
+	for _, h := range hops {
+		if h.Tier == best {
+			closest = append(closest, h)
+		}
+	}
+	return closest[rand.IntN(len(closest))]
 }
 
 func firstOr(s []string, d string) string {

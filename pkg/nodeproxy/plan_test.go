@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/causeway-mesh/causeway/pkg/capture"
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -61,7 +62,7 @@ func TestPlanOutbound(t *testing.T) {
 		{"unknown with passthrough", addr("127.0.99.1:443"), []hop{{Passthrough, "127.0.99.1:443", "", ""}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := r.planOutbound(tc.dst, 15008, true)
+			p, err := r.planOutbound(tc.dst, locality.Place{}, 15008, true)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +99,7 @@ func TestPlanOutboundRefusals(t *testing.T) {
 		{"no endpoints", addr("127.0.20.3:80"), true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := r.planOutbound(tc.dst, 15008, tc.passthrough)
+			_, err := r.planOutbound(tc.dst, locality.Place{}, 15008, tc.passthrough)
 			if err == nil {
 				t.Fatal("planned a route")
 			}

@@ -27,6 +27,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
@@ -262,6 +263,7 @@ func (p *Proxy) Update(r *Registry) {
 	for id := range p.identities {
 		if !ids[id] {
 			p.opts.Certificates.Forget(id)
+			p.log.Info("certificate dropped: no workload of its identity is left on this node", zap.Stringer("identity", id))
 		}
 	}
 	p.identities = ids
@@ -458,7 +460,11 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		p.finish(&rec, start, 0, 0, fmt.Errorf("source %s is not a mesh workload on node %s", c.Source().Addr(), p.opts.Node))
 		return false
 	}
-	plan, err := r.planOutbound(dst, p.opts.HBONEPort, p.opts.AllowPassthrough)
+	from := locality.Of(src)
+	if from.Node == "" {
+		from.Node = p.opts.Node // a source outside the mesh is still on this node
+	}
+	plan, err := r.planOutbound(dst, from, p.opts.HBONEPort, p.opts.AllowPassthrough)
 	if src != nil {
 		if rerr := refusedWorkload(src); rerr != nil {
 			err = rerr
@@ -565,13 +571,16 @@ func (p *Proxy) connect(ctx context.Context, src *meshv1.Workload, plan Plan, fr
 	return nil, Hop{}, errors.Join(errs...)
 }
 
-// order puts the hops in the order to try: the less loaded of two random
-// choices among those not ejected first (power of two choices, least
-// connections), then the rest of those in random order, then the ejected
-// ones. It counts the connection on each hop as it is tried.
+// order puts the hops in the order to try: those not ejected, closest tier
+// first (Hop.Tier), the less loaded of two random choices of the closest
+// tier leading (power of two choices, least connections), the rest of each
+// tier in random order; then the ejected ones, by tier. So a connection
+// leaves its tier only when no hop of it is left or none answers. It
+// counts the connection on each hop as it is tried.
 func (p *Proxy) order(hops []Hop) []Hop {
 	out := append([]Hop(nil), hops...)
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	slices.SortStableFunc(out, func(a, b Hop) int { return a.Tier - b.Tier })
 	healthy := make([]Hop, 0, len(out))
 	var ejected []Hop
 	for _, h := range out {
@@ -583,7 +592,7 @@ func (p *Proxy) order(hops []Hop) []Hop {
 	}
 	p.activeMu.Lock()
 	defer p.activeMu.Unlock()
-	if len(healthy) > 1 && p.active[healthy[1].Address] < p.active[healthy[0].Address] {
+	if len(healthy) > 1 && healthy[1].Tier == healthy[0].Tier && p.active[healthy[1].Address] < p.active[healthy[0].Address] {
 		healthy[0], healthy[1] = healthy[1], healthy[0]
 	}
 	return append(healthy, ejected...)

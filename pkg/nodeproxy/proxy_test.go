@@ -78,6 +78,7 @@ func startApp(t *testing.T, addr, name string) {
 type testMesh struct {
 	ca      *trusttest.CA
 	caSrv   *trusttest.CAServer
+	index   *caIndex // what the CA knows of the nodes' workloads
 	proxies map[string]*Proxy
 	socks   map[string]string
 	logs    map[string]*observer.ObservedLogs
@@ -96,12 +97,8 @@ func startMeshWith(t testing.TB, mutate func(*Options), nodes ...string) *testMe
 	t.Helper()
 	ca := trusttest.NewCA(t, td)
 	ws, ss, wps := meshResources()
-	var index trust.WorkloadList
-	for _, w := range ws {
-		if w.GetHbone() {
-			index = append(index, trust.Workload{Node: w.GetNode(), Identity: trusttest.Identity(t, w.GetIdentity())})
-		}
-	}
+	index := &caIndex{}
+	index.set(t, ws)
 	dir := t.TempDir()
 	var lines []string
 	for _, n := range nodes {
@@ -119,7 +116,7 @@ func startMeshWith(t testing.TB, mutate func(*Options), nodes ...string) *testMe
 		TrustedNodeAccounts: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/causeway-system/sa/nodeproxy")}})
 
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &testMesh{ca: ca, caSrv: caSrv, proxies: map[string]*Proxy{}, socks: map[string]string{}, logs: map[string]*observer.ObservedLogs{}, cancel: cancel}
+	m := &testMesh{ca: ca, caSrv: caSrv, index: index, proxies: map[string]*Proxy{}, socks: map[string]string{}, logs: map[string]*observer.ObservedLogs{}, cancel: cancel}
 	t.Cleanup(m.stop)
 	for _, n := range nodes {
 		client, err := caclient.New(caclient.Options{Address: caSrv.Addr, Bundle: ca.Bundle, ServerIdentity: caSrv.Identity,
@@ -167,6 +164,37 @@ func startMeshWith(t testing.TB, mutate func(*Options), nodes ...string) *testMe
 		}
 	}
 	return m
+}
+
+// caIndex is the CA's view of which identities run on which node, set
+// from workloads as the control plane's snapshot would say.
+type caIndex struct {
+	mu   sync.Mutex
+	list trust.WorkloadList
+}
+
+func (x *caIndex) set(t testing.TB, ws []*meshv1.Workload) {
+	var list trust.WorkloadList
+	for _, w := range ws {
+		if w.GetHbone() {
+			list = append(list, trust.Workload{Node: w.GetNode(), Identity: trusttest.Identity(t, w.GetIdentity())})
+		}
+	}
+	x.mu.Lock()
+	x.list = list
+	x.mu.Unlock()
+}
+
+func (x *caIndex) HasWorkload(node string, id trust.Identity) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.list.HasWorkload(node, id)
+}
+
+func (x *caIndex) IsWaypoint(id trust.Identity) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.list.IsWaypoint(id)
 }
 
 func (m *testMesh) stop() {

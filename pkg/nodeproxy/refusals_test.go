@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -55,7 +56,7 @@ func TestTranslationRefusalsFailClosed(t *testing.T) {
 		t.Errorf("refused %v, want exactly the four bad objects", s.Rejected)
 	}
 
-	good, err := r.planOutbound(addr("127.0.31.1:80"), 15008, true)
+	good, err := r.planOutbound(addr("127.0.31.1:80"), locality.Place{}, 15008, true)
 	if err != nil || len(good.Hops) != 1 || good.Hops[0].Kind != ViaWaypoint || good.Hops[0].Address.String() != "127.0.30.2:15008" {
 		t.Fatalf("the good Service: %+v, %v; want its waypoint", good, err)
 	}
@@ -70,7 +71,7 @@ func TestTranslationRefusalsFailClosed(t *testing.T) {
 		{"the impostor is no mesh destination", "127.0.30.14:8080", "not a mesh destination"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := r.planOutbound(addr(c.dst), 15008, false)
+			p, err := r.planOutbound(addr(c.dst), locality.Place{}, 15008, false)
 			if !errors.Is(err, errRefused) || !strings.Contains(err.Error(), c.why) {
 				t.Fatalf("plan to %s: %+v, %v; want refused: %s", c.dst, p, err, c.why)
 			}

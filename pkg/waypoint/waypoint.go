@@ -27,6 +27,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/connpolicy"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/l7"
+	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
@@ -109,6 +110,9 @@ type view struct {
 	// tlsKeys: each service port's backendtls.Key, made once per view
 	// rather than per endpoint of every connection.
 	tlsKeys map[*meshv1.BackendTLS]string
+	// self is where the waypoint's own pod runs (Options.L7.Pod): TCP
+	// connections go to the closest endpoints first, as requests do.
+	self locality.Place
 }
 
 // New builds a waypoint; Serve runs it.
@@ -147,7 +151,7 @@ func New(o Options) (*Waypoint, error) {
 		return nil, fmt.Errorf("waypoint metrics: %w", err)
 	}
 	o.Certificates.Prefetch(o.Identity)
-	w.view.Store(newView(&xds.State{}, nil))
+	w.view.Store(newView(&xds.State{}, nil, o.L7.Pod))
 
 	po := o.Pool
 	po.Bundle, po.Logger = o.Bundle, o.Logger.Named("hbone-client")
@@ -198,7 +202,7 @@ func New(o Options) (*Waypoint, error) {
 
 // Update installs a new configuration from the control plane.
 func (w *Waypoint) Update(s *xds.State) {
-	v := newView(s, w.view.Load().tls)
+	v := newView(s, w.view.Load().tls, w.opts.L7.Pod)
 	// Policies first: a destination that arrives with its policy is never
 	// served without it.
 	w.policies.Update(context.Background(), values(s.ConnectionPolicies))
@@ -208,9 +212,10 @@ func (w *Waypoint) Update(s *xds.State) {
 	w.synced.Store(true)
 }
 
-// newView indexes s; prevTLS are the previous view's compiled
-// BackendTLSPolicies, reused where their settings did not change.
-func newView(s *xds.State, prevTLS map[string]*backendtls.Policy) *view {
+// newView indexes s for the waypoint whose pod is self; prevTLS are the
+// previous view's compiled BackendTLSPolicies, reused where their settings
+// did not change.
+func newView(s *xds.State, prevTLS map[string]*backendtls.Policy, self l7.PodRef) *view {
 	v := &view{state: s, byVIP: map[netip.Addr]*meshv1.Service{}, byIP: map[netip.Addr]*meshv1.Workload{}, bound: map[string][]*meshv1.Ref{},
 		tls: map[string]*backendtls.Policy{}, tlsKeys: map[*meshv1.BackendTLS]string{}}
 	for _, wl := range s.Workloads {
@@ -221,6 +226,9 @@ func newView(s *xds.State, prevTLS map[string]*backendtls.Policy) *view {
 		}
 		if wl.GetWaypoint() != nil {
 			v.bound[wl.GetUid()] = append(v.bound[wl.GetUid()], wl.GetWaypoint())
+		}
+		if self.Name != "" && wl.GetName() == self.Name && wl.GetNamespace() == self.Namespace {
+			v.self = locality.Of(wl)
 		}
 	}
 	for _, svc := range s.Services {
@@ -390,11 +398,11 @@ func (w *Waypoint) authorizeTunnel(ctx context.Context, v *view, t *connpolicy.T
 	return w.policies.Authorize(ctx, selected, in)
 }
 
-// openTCP authorizes a TCP destination as a whole and connects to one of
-// its endpoints before the tunnel is accepted.
+// openTCP authorizes a TCP destination as a whole and connects to the
+// first of its endpoints (in order) that answers before the tunnel is
+// accepted.
 func (w *Waypoint) openTCP(ctx context.Context, req *hbone.Request, info l7.ConnInfo, targets []l7.Target) (hbone.Stream, error) {
 	start := time.Now()
-	rand.Shuffle(len(targets), func(i, j int) { targets[i], targets[j] = targets[j], targets[i] })
 	// The policy first: a caller it refuses does not learn whether the
 	// destination has endpoints.
 	var dest trust.Identity
@@ -445,7 +453,9 @@ func servicePort(svc *meshv1.Service, port uint32) *meshv1.ServicePort {
 	return nil
 }
 
-// serviceTargets lists the endpoints serving a service port.
+// serviceTargets lists the endpoints serving a service port in the order
+// to try them: the closest to the waypoint first (the Service's
+// trafficDistribution, pkg/locality), in random order within a tier.
 func (v *view) serviceTargets(svc *meshv1.Service, sp *meshv1.ServicePort) []l7.Target {
 	var out []l7.Target
 	bt := sp.GetBackendTls()
@@ -470,6 +480,12 @@ func (v *view) serviceTargets(svc *meshv1.Service, sp *meshv1.ServicePort) []l7.
 		t.Service = l7.ServiceRef{Namespace: svc.GetNamespace(), Name: svc.GetName()}
 		t.TLS, t.TLSKey = bt, tlsKey
 		out = append(out, t)
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	if td := svc.GetTrafficDistribution(); td != meshv1.TrafficDistribution_ANY {
+		slices.SortStableFunc(out, func(a, b l7.Target) int {
+			return locality.Rank(td, v.self, locality.Of(a.Workload)) - locality.Rank(td, v.self, locality.Of(b.Workload))
+		})
 	}
 	return out
 }

@@ -2,6 +2,7 @@ package e2ek8s
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -309,6 +310,18 @@ func TestInstall(t *testing.T) {
 		if err != nil || p.UID != client.UID || p.Status.ContainerStatuses[0].RestartCount != 0 {
 			t.Errorf("the pod was restarted or replaced: %v", err)
 		}
+	})
+
+	// Service trafficDistribution, at the node proxy and at the waypoint,
+	// and its fallback (locality_test.go).
+	t.Run("locality", func(t *testing.T) {
+		testLocality(t, pods["frontend"])
+	})
+
+	// A pod recreated on another node: its certificate follows it
+	// (locality_test.go).
+	t.Run("pod moved to another node", func(t *testing.T) {
+		testPodMoves(t, pods["frontend"])
 	})
 
 	t.Run("connection policy at workloads without a waypoint", func(t *testing.T) {
@@ -737,8 +750,8 @@ func startEcho(ctx context.Context, ns, node string) (*corev1.Pod, error) {
 	return ready[0], nil
 }
 
-// startPods creates the pods in ns and waits until all are ready; it
-// returns them as they are then.
+// startPods creates the pods in ns (those that name no namespace of their
+// own) and waits until all are ready; it returns them as they are then.
 func startPods(ctx context.Context, ns string, pods ...*corev1.Pod) ([]*corev1.Pod, error) {
 	ready := make([]*corev1.Pod, len(pods))
 	created := make([]bool, len(pods))
@@ -746,14 +759,15 @@ func startPods(ctx context.Context, ns string, pods ...*corev1.Pod) ([]*corev1.P
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		waiting := 0
 		for i, p := range pods {
+			pns := cmp.Or(p.Namespace, ns)
 			switch {
 			case !created[i]:
 				// Refused until the pod's ServiceAccount exists.
-				_, err = client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+				_, err = client.CoreV1().Pods(pns).Create(ctx, p, metav1.CreateOptions{})
 				created[i] = err == nil
 				waiting++
 			case ready[i] == nil:
-				if cur, err := clientPod(ctx, ns, p.Name); err == nil && podReady(*cur) {
+				if cur, err := clientPod(ctx, pns, p.Name); err == nil && podReady(*cur) {
 					ready[i] = cur
 				} else {
 					waiting++
@@ -816,21 +830,29 @@ func eachLogLine(ctx context.Context, ns, selector, container string, f func(map
 		return err
 	}
 	for _, p := range list.Items {
-		rc, err := client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: container}).Stream(ctx)
-		if err != nil {
-			return fmt.Errorf("logs of %s: %w", p.Name, err)
+		if err := podLogLines(ctx, p, &corev1.PodLogOptions{Container: container}, f); err != nil {
+			return err
 		}
-		sc := bufio.NewScanner(rc)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil {
-				f(line)
-			}
-		}
-		rc.Close()
 	}
 	return nil
+}
+
+// podLogLines calls f with every JSON line of a pod's log as opts select it.
+func podLogLines(ctx context.Context, p corev1.Pod, opts *corev1.PodLogOptions, f func(map[string]any)) error {
+	rc, err := client.CoreV1().Pods(p.Namespace).GetLogs(p.Name, opts).Stream(ctx)
+	if err != nil {
+		return fmt.Errorf("logs of %s: %w", p.Name, err)
+	}
+	defer rc.Close()
+	sc := bufio.NewScanner(rc)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var line map[string]any
+		if json.Unmarshal(sc.Bytes(), &line) == nil {
+			f(line)
+		}
+	}
+	return sc.Err()
 }
 
 // caClient dials a control plane replica's CA at its pod IP (inside the

@@ -37,6 +37,7 @@ const (
 type loadSummary struct {
 	Sent, Failed int64
 	First, Last  time.Time
+	FirstAnswer  time.Time `json:"first_answer"`
 	Errors       []string
 }
 

@@ -1,6 +1,7 @@
 // Package kubesource is the control plane's configuration source in a
 // Kubernetes cluster: shared informers (resync off) on Namespaces, Pods,
-// Services, EndpointSlices, ConfigMaps (their ca.crt only), the Gateway
+// Services, EndpointSlices, ConfigMaps (their ca.crt only), Nodes (their
+// topology labels only: see nodeLocalities), the Gateway
 // API Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants and
 // BackendTLSPolicies, and Causeway's ConnectionPolicies (a dynamic
 // informer, while the cluster serves the kind: see ConnectionPolicies).
@@ -102,6 +103,7 @@ type Source struct {
 	grants      gwlisters.ReferenceGrantLister
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
+	nodes       nodeLocalities
 	policies    *ConnectionPolicies
 
 	changed    chan time.Time // a change was seen, and when; capacity 1
@@ -184,6 +186,11 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 		}
 		s.synced = append(s.synced, inf.HasSynced)
 	}
+	nodeInformer := core.Nodes().Informer()
+	if _, err := nodeInformer.AddEventHandler(s.nodes.handler(s.notify)); err != nil {
+		return nil, err
+	}
+	s.synced = append(s.synced, nodeInformer.HasSynced)
 	s.namespaces, s.pods, s.services = core.Namespaces().Lister(), core.Pods().Lister(), core.Services().Lister()
 	s.slices = disc.EndpointSlices().Lister()
 	s.gateways, s.httpRoutes, s.grpcRoutes, s.grants = gwi.Gateways().Lister(), gwi.HTTPRoutes().Lister(), gwi.GRPCRoutes().Lister(), gwi.ReferenceGrants().Lister()
@@ -379,6 +386,7 @@ func (s *Source) objects() ([]config.Object, error) {
 		}
 	}
 	list(listed(s.namespaces.List(all)))
+	list(s.nodes.list(), nil)
 	list(listed(s.pods.List(all)))
 	list(listed(s.services.List(all)))
 	list(listed(servicesSlices(s.slices.List(all))))

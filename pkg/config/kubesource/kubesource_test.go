@@ -315,3 +315,43 @@ func TestBurstIsOnePush(t *testing.T) {
 	case <-time.After(4 * time.Second):
 	}
 }
+
+// A pod's workload carries its node's zone and region, read by the
+// control plane's own (shipped) RBAC; a relabelled node's pods follow.
+func TestNodeLocality(t *testing.T) {
+	env := kubetest.Shared(t)
+	const ns = "locality"
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "locality-node",
+		Labels: map[string]string{corev1.LabelTopologyRegion: "r1", corev1.LabelTopologyZone: "z1"}}}
+	env.Create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		node,
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
+			Spec:   corev1.PodSpec{NodeName: node.Name, Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.9.1"}},
+	)
+	t.Cleanup(func() {
+		_ = env.Clientset(t).CoreV1().Nodes().Delete(context.Background(), node.Name, metav1.DeleteOptions{})
+	})
+	zone := func(s *config.Snapshot) string {
+		for _, w := range s.Workloads {
+			if w.GetNamespace() == ns && w.GetName() == "p" {
+				return w.GetLocality().GetRegion() + "/" + w.GetLocality().GetZone()
+			}
+		}
+		return ""
+	}
+	r := startSource(t, env, 50*time.Millisecond)
+	r.next(t, "the pod in its node's zone", func(s *config.Snapshot) bool { return zone(s) == "r1/z1" })
+	nodes := env.Clientset(t).CoreV1().Nodes()
+	ctx := context.Background()
+	cur, err := nodes.Get(ctx, node.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Labels[corev1.LabelTopologyZone] = "z2"
+	if _, err := nodes.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.next(t, "the pod in its node's new zone", func(s *config.Snapshot) bool { return zone(s) == "r1/z2" })
+}

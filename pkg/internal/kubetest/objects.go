@@ -62,7 +62,7 @@ func createConnectionPolicy(ctx context.Context, dyn dynamic.Interface, p *confi
 // without: a created Namespace gets its "default" ServiceAccount, a Pod's
 // service account is created if missing, and a Pod's status (which the
 // apiserver ignores on create) is written through the status subresource.
-// Kinds: Namespace, ServiceAccount, Pod, Service, ConfigMap, EndpointSlice,
+// Kinds: Namespace, Node, ServiceAccount, Pod, Service, ConfigMap, EndpointSlice,
 // Gateway, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy,
 // ConnectionPolicy.
 func (e *Env) Create(t testing.TB, objs ...runtime.Object) []runtime.Object {
@@ -89,6 +89,8 @@ func create(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interfac
 			return nil, err
 		}
 		return ns, ensureServiceAccount(ctx, kube, ns.Name, "default")
+	case *corev1.Node:
+		return kube.CoreV1().Nodes().Create(ctx, v, c)
 	case *corev1.ServiceAccount:
 		return kube.CoreV1().ServiceAccounts(v.Namespace).Create(ctx, v, c)
 	case *corev1.Pod:

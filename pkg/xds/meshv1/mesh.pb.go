@@ -31,6 +31,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TrafficDistribution is a Service's spec.trafficDistribution: which of its
+// endpoints the node proxy and the waypoint prefer. Closer endpoints are
+// preferred while any of them is usable; the others take the traffic when
+// none is (never refused for want of a close endpoint).
+type TrafficDistribution int32
+
+const (
+	// Unset or a value this mesh does not know: all endpoints alike.
+	TrafficDistribution_ANY TrafficDistribution = 0
+	// PreferClose (and PreferSameZone): the chooser's zone first, then its
+	// region, then any.
+	TrafficDistribution_PREFER_CLOSE TrafficDistribution = 1
+	// PreferSameNode: the chooser's node first, then as PREFER_CLOSE.
+	TrafficDistribution_PREFER_SAME_NODE TrafficDistribution = 2
+)
+
+// Enum value maps for TrafficDistribution.
+var (
+	TrafficDistribution_name = map[int32]string{
+		0: "ANY",
+		1: "PREFER_CLOSE",
+		2: "PREFER_SAME_NODE",
+	}
+	TrafficDistribution_value = map[string]int32{
+		"ANY":              0,
+		"PREFER_CLOSE":     1,
+		"PREFER_SAME_NODE": 2,
+	}
+)
+
+func (x TrafficDistribution) Enum() *TrafficDistribution {
+	p := new(TrafficDistribution)
+	*p = x
+	return p
+}
+
+func (x TrafficDistribution) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TrafficDistribution) Descriptor() protoreflect.EnumDescriptor {
+	return file_mesh_proto_enumTypes[0].Descriptor()
+}
+
+func (TrafficDistribution) Type() protoreflect.EnumType {
+	return &file_mesh_proto_enumTypes[0]
+}
+
+func (x TrafficDistribution) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TrafficDistribution.Descriptor instead.
+func (TrafficDistribution) EnumDescriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{0}
+}
+
 type SubjectAltName_Type int32
 
 const (
@@ -61,11 +118,11 @@ func (x SubjectAltName_Type) String() string {
 }
 
 func (SubjectAltName_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[0].Descriptor()
+	return file_mesh_proto_enumTypes[1].Descriptor()
 }
 
 func (SubjectAltName_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[0]
+	return &file_mesh_proto_enumTypes[1]
 }
 
 func (x SubjectAltName_Type) Number() protoreflect.EnumNumber {
@@ -74,7 +131,7 @@ func (x SubjectAltName_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SubjectAltName_Type.Descriptor instead.
 func (SubjectAltName_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{3, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{4, 0}
 }
 
 type PathMatch_Type int32
@@ -110,11 +167,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[1].Descriptor()
+	return file_mesh_proto_enumTypes[2].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[1]
+	return &file_mesh_proto_enumTypes[2]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -123,7 +180,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{9, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{10, 0}
 }
 
 type StringMatch_Type int32
@@ -156,11 +213,11 @@ func (x StringMatch_Type) String() string {
 }
 
 func (StringMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[2].Descriptor()
+	return file_mesh_proto_enumTypes[3].Descriptor()
 }
 
 func (StringMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[2]
+	return &file_mesh_proto_enumTypes[3]
 }
 
 func (x StringMatch_Type) Number() protoreflect.EnumNumber {
@@ -169,7 +226,7 @@ func (x StringMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StringMatch_Type.Descriptor instead.
 func (StringMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{10, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type PathModifier_Type int32
@@ -202,11 +259,11 @@ func (x PathModifier_Type) String() string {
 }
 
 func (PathModifier_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[3].Descriptor()
+	return file_mesh_proto_enumTypes[4].Descriptor()
 }
 
 func (PathModifier_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[3]
+	return &file_mesh_proto_enumTypes[4]
 }
 
 func (x PathModifier_Type) Number() protoreflect.EnumNumber {
@@ -215,7 +272,7 @@ func (x PathModifier_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathModifier_Type.Descriptor instead.
 func (PathModifier_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{14, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{15, 0}
 }
 
 type GRPCMethodMatch_Type int32
@@ -248,11 +305,11 @@ func (x GRPCMethodMatch_Type) String() string {
 }
 
 func (GRPCMethodMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[4].Descriptor()
+	return file_mesh_proto_enumTypes[5].Descriptor()
 }
 
 func (GRPCMethodMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[4]
+	return &file_mesh_proto_enumTypes[5]
 }
 
 func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
@@ -261,7 +318,7 @@ func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GRPCMethodMatch_Type.Descriptor instead.
 func (GRPCMethodMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{25, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{26, 0}
 }
 
 // Ref names a namespaced object (a Service, a waypoint Gateway).
@@ -347,6 +404,8 @@ type Workload struct {
 	// waypoint binding does not resolve): node proxies refuse traffic to and
 	// from it, with this reason, rather than carry it without its waypoint.
 	InvalidReason string `protobuf:"bytes,14,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
+	// Where its node is (the node's topology labels); node is field 6.
+	Locality      *Locality `protobuf:"bytes,15,opt,name=locality,proto3" json:"locality,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -479,6 +538,68 @@ func (x *Workload) GetInvalidReason() string {
 	return ""
 }
 
+func (x *Workload) GetLocality() *Locality {
+	if x != nil {
+		return x.Locality
+	}
+	return nil
+}
+
+// Locality is a node's region and zone (its labels
+// topology.kubernetes.io/region and topology.kubernetes.io/zone); empty
+// when the node has none or is unknown.
+type Locality struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Zone          string                 `protobuf:"bytes,2,opt,name=zone,proto3" json:"zone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Locality) Reset() {
+	*x = Locality{}
+	mi := &file_mesh_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Locality) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Locality) ProtoMessage() {}
+
+func (x *Locality) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Locality.ProtoReflect.Descriptor instead.
+func (*Locality) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Locality) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Locality) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
 type ServicePort struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -496,7 +617,7 @@ type ServicePort struct {
 
 func (x *ServicePort) Reset() {
 	*x = ServicePort{}
-	mi := &file_mesh_proto_msgTypes[2]
+	mi := &file_mesh_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +629,7 @@ func (x *ServicePort) String() string {
 func (*ServicePort) ProtoMessage() {}
 
 func (x *ServicePort) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[2]
+	mi := &file_mesh_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +642,7 @@ func (x *ServicePort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServicePort.ProtoReflect.Descriptor instead.
 func (*ServicePort) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{2}
+	return file_mesh_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ServicePort) GetName() string {
@@ -570,7 +691,7 @@ type SubjectAltName struct {
 
 func (x *SubjectAltName) Reset() {
 	*x = SubjectAltName{}
-	mi := &file_mesh_proto_msgTypes[3]
+	mi := &file_mesh_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +703,7 @@ func (x *SubjectAltName) String() string {
 func (*SubjectAltName) ProtoMessage() {}
 
 func (x *SubjectAltName) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[3]
+	mi := &file_mesh_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +716,7 @@ func (x *SubjectAltName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubjectAltName.ProtoReflect.Descriptor instead.
 func (*SubjectAltName) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{3}
+	return file_mesh_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SubjectAltName) GetType() SubjectAltName_Type {
@@ -642,7 +763,7 @@ type BackendTLS struct {
 
 func (x *BackendTLS) Reset() {
 	*x = BackendTLS{}
-	mi := &file_mesh_proto_msgTypes[4]
+	mi := &file_mesh_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -654,7 +775,7 @@ func (x *BackendTLS) String() string {
 func (*BackendTLS) ProtoMessage() {}
 
 func (x *BackendTLS) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[4]
+	mi := &file_mesh_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -667,7 +788,7 @@ func (x *BackendTLS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendTLS.ProtoReflect.Descriptor instead.
 func (*BackendTLS) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{4}
+	return file_mesh_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BackendTLS) GetPolicy() *Ref {
@@ -729,7 +850,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_mesh_proto_msgTypes[5]
+	mi := &file_mesh_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +862,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[5]
+	mi := &file_mesh_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +875,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{5}
+	return file_mesh_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Endpoint) GetWorkloadUid() string {
@@ -802,13 +923,17 @@ type Service struct {
 	// proxies refuse traffic addressed to it, with this reason, rather than
 	// send it direct and skip its waypoint.
 	InvalidReason string `protobuf:"bytes,8,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Applied by whoever chooses among the endpoints: the client's node
+	// proxy (relative to the client), or the waypoint (relative to itself)
+	// when the service is bound to one.
+	TrafficDistribution TrafficDistribution `protobuf:"varint,9,opt,name=traffic_distribution,json=trafficDistribution,proto3,enum=causeway.mesh.v1.TrafficDistribution" json:"traffic_distribution,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_mesh_proto_msgTypes[6]
+	mi := &file_mesh_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -820,7 +945,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[6]
+	mi := &file_mesh_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -833,7 +958,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{6}
+	return file_mesh_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Service) GetName() string {
@@ -892,6 +1017,13 @@ func (x *Service) GetInvalidReason() string {
 	return ""
 }
 
+func (x *Service) GetTrafficDistribution() TrafficDistribution {
+	if x != nil {
+		return x.TrafficDistribution
+	}
+	return TrafficDistribution_ANY
+}
+
 // Waypoint is a Gateway of class causeway-waypoint. Resource name: <namespace>/<name>.
 type Waypoint struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -903,14 +1035,17 @@ type Waypoint struct {
 	Addresses []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	HbonePort uint32   `protobuf:"varint,5,opt,name=hbone_port,json=hbonePort,proto3" json:"hbone_port,omitempty"`
 	// service, workload or all.
-	WaypointFor   string `protobuf:"bytes,6,opt,name=waypoint_for,json=waypointFor,proto3" json:"waypoint_for,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	WaypointFor string `protobuf:"bytes,6,opt,name=waypoint_for,json=waypointFor,proto3" json:"waypoint_for,omitempty"`
+	// The trafficDistribution of the waypoint's own Service (the one named
+	// like the Gateway): how node proxies choose among its pods.
+	TrafficDistribution TrafficDistribution `protobuf:"varint,7,opt,name=traffic_distribution,json=trafficDistribution,proto3,enum=causeway.mesh.v1.TrafficDistribution" json:"traffic_distribution,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Waypoint) Reset() {
 	*x = Waypoint{}
-	mi := &file_mesh_proto_msgTypes[7]
+	mi := &file_mesh_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +1057,7 @@ func (x *Waypoint) String() string {
 func (*Waypoint) ProtoMessage() {}
 
 func (x *Waypoint) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[7]
+	mi := &file_mesh_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1070,7 @@ func (x *Waypoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Waypoint.ProtoReflect.Descriptor instead.
 func (*Waypoint) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{7}
+	return file_mesh_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Waypoint) GetName() string {
@@ -980,6 +1115,13 @@ func (x *Waypoint) GetWaypointFor() string {
 	return ""
 }
 
+func (x *Waypoint) GetTrafficDistribution() TrafficDistribution {
+	if x != nil {
+		return x.TrafficDistribution
+	}
+	return TrafficDistribution_ANY
+}
+
 // ParentRef attaches a route to a Service (GAMMA). port 0: all ports.
 type ParentRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -992,7 +1134,7 @@ type ParentRef struct {
 
 func (x *ParentRef) Reset() {
 	*x = ParentRef{}
-	mi := &file_mesh_proto_msgTypes[8]
+	mi := &file_mesh_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1146,7 @@ func (x *ParentRef) String() string {
 func (*ParentRef) ProtoMessage() {}
 
 func (x *ParentRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[8]
+	mi := &file_mesh_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1159,7 @@ func (x *ParentRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParentRef.ProtoReflect.Descriptor instead.
 func (*ParentRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{8}
+	return file_mesh_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ParentRef) GetNamespace() string {
@@ -1051,7 +1193,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_mesh_proto_msgTypes[9]
+	mi := &file_mesh_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1205,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[9]
+	mi := &file_mesh_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1218,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{9}
+	return file_mesh_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -1105,7 +1247,7 @@ type StringMatch struct {
 
 func (x *StringMatch) Reset() {
 	*x = StringMatch{}
-	mi := &file_mesh_proto_msgTypes[10]
+	mi := &file_mesh_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1259,7 @@ func (x *StringMatch) String() string {
 func (*StringMatch) ProtoMessage() {}
 
 func (x *StringMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[10]
+	mi := &file_mesh_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1272,7 @@ func (x *StringMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringMatch.ProtoReflect.Descriptor instead.
 func (*StringMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{10}
+	return file_mesh_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StringMatch) GetType() StringMatch_Type {
@@ -1168,7 +1310,7 @@ type HTTPRouteMatch struct {
 
 func (x *HTTPRouteMatch) Reset() {
 	*x = HTTPRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[11]
+	mi := &file_mesh_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1322,7 @@ func (x *HTTPRouteMatch) String() string {
 func (*HTTPRouteMatch) ProtoMessage() {}
 
 func (x *HTTPRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[11]
+	mi := &file_mesh_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1335,7 @@ func (x *HTTPRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteMatch.ProtoReflect.Descriptor instead.
 func (*HTTPRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{11}
+	return file_mesh_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HTTPRouteMatch) GetPath() *PathMatch {
@@ -1234,7 +1376,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_mesh_proto_msgTypes[12]
+	mi := &file_mesh_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1388,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[12]
+	mi := &file_mesh_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1401,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{12}
+	return file_mesh_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Header) GetName() string {
@@ -1287,7 +1429,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_mesh_proto_msgTypes[13]
+	mi := &file_mesh_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1441,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[13]
+	mi := &file_mesh_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1454,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{13}
+	return file_mesh_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeaderModifier) GetSet() []*Header {
@@ -1346,7 +1488,7 @@ type PathModifier struct {
 
 func (x *PathModifier) Reset() {
 	*x = PathModifier{}
-	mi := &file_mesh_proto_msgTypes[14]
+	mi := &file_mesh_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1500,7 @@ func (x *PathModifier) String() string {
 func (*PathModifier) ProtoMessage() {}
 
 func (x *PathModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[14]
+	mi := &file_mesh_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1513,7 @@ func (x *PathModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathModifier.ProtoReflect.Descriptor instead.
 func (*PathModifier) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{14}
+	return file_mesh_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PathModifier) GetType() PathModifier_Type {
@@ -1402,7 +1544,7 @@ type RequestRedirect struct {
 
 func (x *RequestRedirect) Reset() {
 	*x = RequestRedirect{}
-	mi := &file_mesh_proto_msgTypes[15]
+	mi := &file_mesh_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1556,7 @@ func (x *RequestRedirect) String() string {
 func (*RequestRedirect) ProtoMessage() {}
 
 func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[15]
+	mi := &file_mesh_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1569,7 @@ func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRedirect.ProtoReflect.Descriptor instead.
 func (*RequestRedirect) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{15}
+	return file_mesh_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RequestRedirect) GetScheme() string {
@@ -1475,7 +1617,7 @@ type URLRewrite struct {
 
 func (x *URLRewrite) Reset() {
 	*x = URLRewrite{}
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1629,7 @@ func (x *URLRewrite) String() string {
 func (*URLRewrite) ProtoMessage() {}
 
 func (x *URLRewrite) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1642,7 @@ func (x *URLRewrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use URLRewrite.ProtoReflect.Descriptor instead.
 func (*URLRewrite) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{16}
+	return file_mesh_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *URLRewrite) GetHostname() string {
@@ -1528,7 +1670,7 @@ type RequestMirror struct {
 
 func (x *RequestMirror) Reset() {
 	*x = RequestMirror{}
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1682,7 @@ func (x *RequestMirror) String() string {
 func (*RequestMirror) ProtoMessage() {}
 
 func (x *RequestMirror) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1695,7 @@ func (x *RequestMirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestMirror.ProtoReflect.Descriptor instead.
 func (*RequestMirror) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{17}
+	return file_mesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RequestMirror) GetBackend() *BackendRef {
@@ -1587,7 +1729,7 @@ type CORS struct {
 
 func (x *CORS) Reset() {
 	*x = CORS{}
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1741,7 @@ func (x *CORS) String() string {
 func (*CORS) ProtoMessage() {}
 
 func (x *CORS) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1754,7 @@ func (x *CORS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CORS.ProtoReflect.Descriptor instead.
 func (*CORS) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{18}
+	return file_mesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CORS) GetAllowOrigins() []string {
@@ -1674,7 +1816,7 @@ type HTTPRouteFilter struct {
 
 func (x *HTTPRouteFilter) Reset() {
 	*x = HTTPRouteFilter{}
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1828,7 @@ func (x *HTTPRouteFilter) String() string {
 func (*HTTPRouteFilter) ProtoMessage() {}
 
 func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1841,7 @@ func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteFilter.ProtoReflect.Descriptor instead.
 func (*HTTPRouteFilter) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{19}
+	return file_mesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HTTPRouteFilter) GetFilter() isHTTPRouteFilter_Filter {
@@ -1818,7 +1960,7 @@ type BackendRef struct {
 
 func (x *BackendRef) Reset() {
 	*x = BackendRef{}
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1972,7 @@ func (x *BackendRef) String() string {
 func (*BackendRef) ProtoMessage() {}
 
 func (x *BackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1985,7 @@ func (x *BackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendRef.ProtoReflect.Descriptor instead.
 func (*BackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{20}
+	return file_mesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BackendRef) GetNamespace() string {
@@ -1886,7 +2028,7 @@ type HTTPBackendRef struct {
 
 func (x *HTTPBackendRef) Reset() {
 	*x = HTTPBackendRef{}
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +2040,7 @@ func (x *HTTPBackendRef) String() string {
 func (*HTTPBackendRef) ProtoMessage() {}
 
 func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +2053,7 @@ func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPBackendRef.ProtoReflect.Descriptor instead.
 func (*HTTPBackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{21}
+	return file_mesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HTTPBackendRef) GetBackend() *BackendRef {
@@ -1948,7 +2090,7 @@ type HTTPRouteRetry struct {
 
 func (x *HTTPRouteRetry) Reset() {
 	*x = HTTPRouteRetry{}
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2102,7 @@ func (x *HTTPRouteRetry) String() string {
 func (*HTTPRouteRetry) ProtoMessage() {}
 
 func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2115,7 @@ func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRetry.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRetry) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{22}
+	return file_mesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HTTPRouteRetry) GetCodes() []uint32 {
@@ -2017,7 +2159,7 @@ type HTTPRouteRule struct {
 
 func (x *HTTPRouteRule) Reset() {
 	*x = HTTPRouteRule{}
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2171,7 @@ func (x *HTTPRouteRule) String() string {
 func (*HTTPRouteRule) ProtoMessage() {}
 
 func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2184,7 @@ func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRule.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{23}
+	return file_mesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HTTPRouteRule) GetName() string {
@@ -2117,7 +2259,7 @@ type HTTPRoute struct {
 
 func (x *HTTPRoute) Reset() {
 	*x = HTTPRoute{}
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2271,7 @@ func (x *HTTPRoute) String() string {
 func (*HTTPRoute) ProtoMessage() {}
 
 func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2284,7 @@ func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRoute.ProtoReflect.Descriptor instead.
 func (*HTTPRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{24}
+	return file_mesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HTTPRoute) GetName() string {
@@ -2200,7 +2342,7 @@ type GRPCMethodMatch struct {
 
 func (x *GRPCMethodMatch) Reset() {
 	*x = GRPCMethodMatch{}
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2354,7 @@ func (x *GRPCMethodMatch) String() string {
 func (*GRPCMethodMatch) ProtoMessage() {}
 
 func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2367,7 @@ func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCMethodMatch.ProtoReflect.Descriptor instead.
 func (*GRPCMethodMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{25}
+	return file_mesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GRPCMethodMatch) GetType() GRPCMethodMatch_Type {
@@ -2259,7 +2401,7 @@ type GRPCRouteMatch struct {
 
 func (x *GRPCRouteMatch) Reset() {
 	*x = GRPCRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[26]
+	mi := &file_mesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2413,7 @@ func (x *GRPCRouteMatch) String() string {
 func (*GRPCRouteMatch) ProtoMessage() {}
 
 func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[26]
+	mi := &file_mesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2426,7 @@ func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteMatch.ProtoReflect.Descriptor instead.
 func (*GRPCRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{26}
+	return file_mesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GRPCRouteMatch) GetMethod() *GRPCMethodMatch {
@@ -2316,7 +2458,7 @@ type GRPCRouteRule struct {
 
 func (x *GRPCRouteRule) Reset() {
 	*x = GRPCRouteRule{}
-	mi := &file_mesh_proto_msgTypes[27]
+	mi := &file_mesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2470,7 @@ func (x *GRPCRouteRule) String() string {
 func (*GRPCRouteRule) ProtoMessage() {}
 
 func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[27]
+	mi := &file_mesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2483,7 @@ func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteRule.ProtoReflect.Descriptor instead.
 func (*GRPCRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{27}
+	return file_mesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GRPCRouteRule) GetName() string {
@@ -2394,7 +2536,7 @@ type GRPCRoute struct {
 
 func (x *GRPCRoute) Reset() {
 	*x = GRPCRoute{}
-	mi := &file_mesh_proto_msgTypes[28]
+	mi := &file_mesh_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2548,7 @@ func (x *GRPCRoute) String() string {
 func (*GRPCRoute) ProtoMessage() {}
 
 func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[28]
+	mi := &file_mesh_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2561,7 @@ func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRoute.ProtoReflect.Descriptor instead.
 func (*GRPCRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{28}
+	return file_mesh_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GRPCRoute) GetName() string {
@@ -2476,7 +2618,7 @@ type PolicyFile struct {
 
 func (x *PolicyFile) Reset() {
 	*x = PolicyFile{}
-	mi := &file_mesh_proto_msgTypes[29]
+	mi := &file_mesh_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2630,7 @@ func (x *PolicyFile) String() string {
 func (*PolicyFile) ProtoMessage() {}
 
 func (x *PolicyFile) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[29]
+	mi := &file_mesh_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2643,7 @@ func (x *PolicyFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyFile.ProtoReflect.Descriptor instead.
 func (*PolicyFile) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{29}
+	return file_mesh_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PolicyFile) GetPath() string {
@@ -2532,7 +2674,7 @@ type PolicySource struct {
 
 func (x *PolicySource) Reset() {
 	*x = PolicySource{}
-	mi := &file_mesh_proto_msgTypes[30]
+	mi := &file_mesh_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2544,7 +2686,7 @@ func (x *PolicySource) String() string {
 func (*PolicySource) ProtoMessage() {}
 
 func (x *PolicySource) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[30]
+	mi := &file_mesh_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2557,7 +2699,7 @@ func (x *PolicySource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicySource.ProtoReflect.Descriptor instead.
 func (*PolicySource) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{30}
+	return file_mesh_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PolicySource) GetName() string {
@@ -2618,7 +2760,7 @@ type ConnectionPolicy struct {
 
 func (x *ConnectionPolicy) Reset() {
 	*x = ConnectionPolicy{}
-	mi := &file_mesh_proto_msgTypes[31]
+	mi := &file_mesh_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2630,7 +2772,7 @@ func (x *ConnectionPolicy) String() string {
 func (*ConnectionPolicy) ProtoMessage() {}
 
 func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[31]
+	mi := &file_mesh_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2643,7 +2785,7 @@ func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionPolicy.ProtoReflect.Descriptor instead.
 func (*ConnectionPolicy) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{31}
+	return file_mesh_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ConnectionPolicy) GetName() string {
@@ -2710,7 +2852,7 @@ const file_mesh_proto_rawDesc = "" +
 	"mesh.proto\x12\x10causeway.mesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
 	"\x03Ref\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xbf\x04\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xf7\x04\n" +
 	"\bWorkload\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
@@ -2727,10 +2869,14 @@ const file_mesh_proto_rawDesc = "" +
 	"appAddress\x12#\n" +
 	"\rserving_ports\x18\f \x03(\rR\fservingPorts\x12G\n" +
 	"\x14waypoint_for_gateway\x18\r \x01(\v2\x15.causeway.mesh.v1.RefR\x12waypointForGateway\x12%\n" +
-	"\x0einvalid_reason\x18\x0e \x01(\tR\rinvalidReason\x1a9\n" +
+	"\x0einvalid_reason\x18\x0e \x01(\tR\rinvalidReason\x126\n" +
+	"\blocality\x18\x0f \x01(\v2\x1a.causeway.mesh.v1.LocalityR\blocality\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
+	"\bLocality\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x12\n" +
+	"\x04zone\x18\x02 \x01(\tR\x04zone\"\xb8\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1f\n" +
@@ -2761,7 +2907,7 @@ const file_mesh_proto_rawDesc = "" +
 	"\n" +
 	"PortsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xb4\x02\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x8e\x03\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -2770,7 +2916,8 @@ const file_mesh_proto_rawDesc = "" +
 	"\x05ports\x18\x05 \x03(\v2\x1d.causeway.mesh.v1.ServicePortR\x05ports\x128\n" +
 	"\tendpoints\x18\x06 \x03(\v2\x1a.causeway.mesh.v1.EndpointR\tendpoints\x121\n" +
 	"\bwaypoint\x18\a \x01(\v2\x15.causeway.mesh.v1.RefR\bwaypoint\x12%\n" +
-	"\x0einvalid_reason\x18\b \x01(\tR\rinvalidReason\"\xb8\x01\n" +
+	"\x0einvalid_reason\x18\b \x01(\tR\rinvalidReason\x12X\n" +
+	"\x14traffic_distribution\x18\t \x01(\x0e2%.causeway.mesh.v1.TrafficDistributionR\x13trafficDistribution\"\x92\x02\n" +
 	"\bWaypoint\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
@@ -2778,7 +2925,8 @@ const file_mesh_proto_rawDesc = "" +
 	"\taddresses\x18\x04 \x03(\tR\taddresses\x12\x1d\n" +
 	"\n" +
 	"hbone_port\x18\x05 \x01(\rR\thbonePort\x12!\n" +
-	"\fwaypoint_for\x18\x06 \x01(\tR\vwaypointFor\"Q\n" +
+	"\fwaypoint_for\x18\x06 \x01(\tR\vwaypointFor\x12X\n" +
+	"\x14traffic_distribution\x18\a \x01(\x0e2%.causeway.mesh.v1.TrafficDistributionR\x13trafficDistribution\"Q\n" +
 	"\tParentRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -2920,7 +3068,11 @@ const file_mesh_proto_rawDesc = "" +
 	"\x0einvalid_reason\x18\b \x01(\tR\rinvalidReason\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B9Z7github.com/causeway-mesh/causeway/pkg/xds/meshv1;meshv1b\x06proto3"
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*F\n" +
+	"\x13TrafficDistribution\x12\a\n" +
+	"\x03ANY\x10\x00\x12\x10\n" +
+	"\fPREFER_CLOSE\x10\x01\x12\x14\n" +
+	"\x10PREFER_SAME_NODE\x10\x02B9Z7github.com/causeway-mesh/causeway/pkg/xds/meshv1;meshv1b\x06proto3"
 
 var (
 	file_mesh_proto_rawDescOnce sync.Once
@@ -2934,110 +3086,115 @@ func file_mesh_proto_rawDescGZIP() []byte {
 	return file_mesh_proto_rawDescData
 }
 
-var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_mesh_proto_goTypes = []any{
-	(SubjectAltName_Type)(0),      // 0: causeway.mesh.v1.SubjectAltName.Type
-	(PathMatch_Type)(0),           // 1: causeway.mesh.v1.PathMatch.Type
-	(StringMatch_Type)(0),         // 2: causeway.mesh.v1.StringMatch.Type
-	(PathModifier_Type)(0),        // 3: causeway.mesh.v1.PathModifier.Type
-	(GRPCMethodMatch_Type)(0),     // 4: causeway.mesh.v1.GRPCMethodMatch.Type
-	(*Ref)(nil),                   // 5: causeway.mesh.v1.Ref
-	(*Workload)(nil),              // 6: causeway.mesh.v1.Workload
-	(*ServicePort)(nil),           // 7: causeway.mesh.v1.ServicePort
-	(*SubjectAltName)(nil),        // 8: causeway.mesh.v1.SubjectAltName
-	(*BackendTLS)(nil),            // 9: causeway.mesh.v1.BackendTLS
-	(*Endpoint)(nil),              // 10: causeway.mesh.v1.Endpoint
-	(*Service)(nil),               // 11: causeway.mesh.v1.Service
-	(*Waypoint)(nil),              // 12: causeway.mesh.v1.Waypoint
-	(*ParentRef)(nil),             // 13: causeway.mesh.v1.ParentRef
-	(*PathMatch)(nil),             // 14: causeway.mesh.v1.PathMatch
-	(*StringMatch)(nil),           // 15: causeway.mesh.v1.StringMatch
-	(*HTTPRouteMatch)(nil),        // 16: causeway.mesh.v1.HTTPRouteMatch
-	(*Header)(nil),                // 17: causeway.mesh.v1.Header
-	(*HeaderModifier)(nil),        // 18: causeway.mesh.v1.HeaderModifier
-	(*PathModifier)(nil),          // 19: causeway.mesh.v1.PathModifier
-	(*RequestRedirect)(nil),       // 20: causeway.mesh.v1.RequestRedirect
-	(*URLRewrite)(nil),            // 21: causeway.mesh.v1.URLRewrite
-	(*RequestMirror)(nil),         // 22: causeway.mesh.v1.RequestMirror
-	(*CORS)(nil),                  // 23: causeway.mesh.v1.CORS
-	(*HTTPRouteFilter)(nil),       // 24: causeway.mesh.v1.HTTPRouteFilter
-	(*BackendRef)(nil),            // 25: causeway.mesh.v1.BackendRef
-	(*HTTPBackendRef)(nil),        // 26: causeway.mesh.v1.HTTPBackendRef
-	(*HTTPRouteRetry)(nil),        // 27: causeway.mesh.v1.HTTPRouteRetry
-	(*HTTPRouteRule)(nil),         // 28: causeway.mesh.v1.HTTPRouteRule
-	(*HTTPRoute)(nil),             // 29: causeway.mesh.v1.HTTPRoute
-	(*GRPCMethodMatch)(nil),       // 30: causeway.mesh.v1.GRPCMethodMatch
-	(*GRPCRouteMatch)(nil),        // 31: causeway.mesh.v1.GRPCRouteMatch
-	(*GRPCRouteRule)(nil),         // 32: causeway.mesh.v1.GRPCRouteRule
-	(*GRPCRoute)(nil),             // 33: causeway.mesh.v1.GRPCRoute
-	(*PolicyFile)(nil),            // 34: causeway.mesh.v1.PolicyFile
-	(*PolicySource)(nil),          // 35: causeway.mesh.v1.PolicySource
-	(*ConnectionPolicy)(nil),      // 36: causeway.mesh.v1.ConnectionPolicy
-	nil,                           // 37: causeway.mesh.v1.Workload.LabelsEntry
-	nil,                           // 38: causeway.mesh.v1.Endpoint.PortsEntry
-	nil,                           // 39: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
-	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(TrafficDistribution)(0),      // 0: causeway.mesh.v1.TrafficDistribution
+	(SubjectAltName_Type)(0),      // 1: causeway.mesh.v1.SubjectAltName.Type
+	(PathMatch_Type)(0),           // 2: causeway.mesh.v1.PathMatch.Type
+	(StringMatch_Type)(0),         // 3: causeway.mesh.v1.StringMatch.Type
+	(PathModifier_Type)(0),        // 4: causeway.mesh.v1.PathModifier.Type
+	(GRPCMethodMatch_Type)(0),     // 5: causeway.mesh.v1.GRPCMethodMatch.Type
+	(*Ref)(nil),                   // 6: causeway.mesh.v1.Ref
+	(*Workload)(nil),              // 7: causeway.mesh.v1.Workload
+	(*Locality)(nil),              // 8: causeway.mesh.v1.Locality
+	(*ServicePort)(nil),           // 9: causeway.mesh.v1.ServicePort
+	(*SubjectAltName)(nil),        // 10: causeway.mesh.v1.SubjectAltName
+	(*BackendTLS)(nil),            // 11: causeway.mesh.v1.BackendTLS
+	(*Endpoint)(nil),              // 12: causeway.mesh.v1.Endpoint
+	(*Service)(nil),               // 13: causeway.mesh.v1.Service
+	(*Waypoint)(nil),              // 14: causeway.mesh.v1.Waypoint
+	(*ParentRef)(nil),             // 15: causeway.mesh.v1.ParentRef
+	(*PathMatch)(nil),             // 16: causeway.mesh.v1.PathMatch
+	(*StringMatch)(nil),           // 17: causeway.mesh.v1.StringMatch
+	(*HTTPRouteMatch)(nil),        // 18: causeway.mesh.v1.HTTPRouteMatch
+	(*Header)(nil),                // 19: causeway.mesh.v1.Header
+	(*HeaderModifier)(nil),        // 20: causeway.mesh.v1.HeaderModifier
+	(*PathModifier)(nil),          // 21: causeway.mesh.v1.PathModifier
+	(*RequestRedirect)(nil),       // 22: causeway.mesh.v1.RequestRedirect
+	(*URLRewrite)(nil),            // 23: causeway.mesh.v1.URLRewrite
+	(*RequestMirror)(nil),         // 24: causeway.mesh.v1.RequestMirror
+	(*CORS)(nil),                  // 25: causeway.mesh.v1.CORS
+	(*HTTPRouteFilter)(nil),       // 26: causeway.mesh.v1.HTTPRouteFilter
+	(*BackendRef)(nil),            // 27: causeway.mesh.v1.BackendRef
+	(*HTTPBackendRef)(nil),        // 28: causeway.mesh.v1.HTTPBackendRef
+	(*HTTPRouteRetry)(nil),        // 29: causeway.mesh.v1.HTTPRouteRetry
+	(*HTTPRouteRule)(nil),         // 30: causeway.mesh.v1.HTTPRouteRule
+	(*HTTPRoute)(nil),             // 31: causeway.mesh.v1.HTTPRoute
+	(*GRPCMethodMatch)(nil),       // 32: causeway.mesh.v1.GRPCMethodMatch
+	(*GRPCRouteMatch)(nil),        // 33: causeway.mesh.v1.GRPCRouteMatch
+	(*GRPCRouteRule)(nil),         // 34: causeway.mesh.v1.GRPCRouteRule
+	(*GRPCRoute)(nil),             // 35: causeway.mesh.v1.GRPCRoute
+	(*PolicyFile)(nil),            // 36: causeway.mesh.v1.PolicyFile
+	(*PolicySource)(nil),          // 37: causeway.mesh.v1.PolicySource
+	(*ConnectionPolicy)(nil),      // 38: causeway.mesh.v1.ConnectionPolicy
+	nil,                           // 39: causeway.mesh.v1.Workload.LabelsEntry
+	nil,                           // 40: causeway.mesh.v1.Endpoint.PortsEntry
+	nil,                           // 41: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
 }
 var file_mesh_proto_depIdxs = []int32{
-	5,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
-	37, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
-	5,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
-	9,  // 3: causeway.mesh.v1.ServicePort.backend_tls:type_name -> causeway.mesh.v1.BackendTLS
-	0,  // 4: causeway.mesh.v1.SubjectAltName.type:type_name -> causeway.mesh.v1.SubjectAltName.Type
-	5,  // 5: causeway.mesh.v1.BackendTLS.policy:type_name -> causeway.mesh.v1.Ref
-	8,  // 6: causeway.mesh.v1.BackendTLS.subject_alt_names:type_name -> causeway.mesh.v1.SubjectAltName
-	38, // 7: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
-	7,  // 8: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
-	10, // 9: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
-	5,  // 10: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
-	1,  // 11: causeway.mesh.v1.PathMatch.type:type_name -> causeway.mesh.v1.PathMatch.Type
-	2,  // 12: causeway.mesh.v1.StringMatch.type:type_name -> causeway.mesh.v1.StringMatch.Type
-	14, // 13: causeway.mesh.v1.HTTPRouteMatch.path:type_name -> causeway.mesh.v1.PathMatch
-	15, // 14: causeway.mesh.v1.HTTPRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	15, // 15: causeway.mesh.v1.HTTPRouteMatch.query_params:type_name -> causeway.mesh.v1.StringMatch
-	17, // 16: causeway.mesh.v1.HeaderModifier.set:type_name -> causeway.mesh.v1.Header
-	17, // 17: causeway.mesh.v1.HeaderModifier.add:type_name -> causeway.mesh.v1.Header
-	3,  // 18: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
-	19, // 19: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
-	19, // 20: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
-	25, // 21: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
-	18, // 22: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
-	18, // 23: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
-	20, // 24: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
-	21, // 25: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
-	22, // 26: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
-	23, // 27: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
-	25, // 28: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
-	24, // 29: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	40, // 30: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
-	16, // 31: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
-	24, // 32: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	26, // 33: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	40, // 34: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
-	40, // 35: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
-	27, // 36: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
-	41, // 37: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
-	13, // 38: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	28, // 39: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
-	4,  // 40: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
-	30, // 41: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
-	15, // 42: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	31, // 43: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
-	24, // 44: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	26, // 45: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	41, // 46: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
-	13, // 47: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	32, // 48: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
-	34, // 49: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
-	39, // 50: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
-	35, // 51: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
-	52, // [52:52] is the sub-list for method output_type
-	52, // [52:52] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	6,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
+	39, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
+	6,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
+	8,  // 3: causeway.mesh.v1.Workload.locality:type_name -> causeway.mesh.v1.Locality
+	11, // 4: causeway.mesh.v1.ServicePort.backend_tls:type_name -> causeway.mesh.v1.BackendTLS
+	1,  // 5: causeway.mesh.v1.SubjectAltName.type:type_name -> causeway.mesh.v1.SubjectAltName.Type
+	6,  // 6: causeway.mesh.v1.BackendTLS.policy:type_name -> causeway.mesh.v1.Ref
+	10, // 7: causeway.mesh.v1.BackendTLS.subject_alt_names:type_name -> causeway.mesh.v1.SubjectAltName
+	40, // 8: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
+	9,  // 9: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
+	12, // 10: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
+	6,  // 11: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
+	0,  // 12: causeway.mesh.v1.Service.traffic_distribution:type_name -> causeway.mesh.v1.TrafficDistribution
+	0,  // 13: causeway.mesh.v1.Waypoint.traffic_distribution:type_name -> causeway.mesh.v1.TrafficDistribution
+	2,  // 14: causeway.mesh.v1.PathMatch.type:type_name -> causeway.mesh.v1.PathMatch.Type
+	3,  // 15: causeway.mesh.v1.StringMatch.type:type_name -> causeway.mesh.v1.StringMatch.Type
+	16, // 16: causeway.mesh.v1.HTTPRouteMatch.path:type_name -> causeway.mesh.v1.PathMatch
+	17, // 17: causeway.mesh.v1.HTTPRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	17, // 18: causeway.mesh.v1.HTTPRouteMatch.query_params:type_name -> causeway.mesh.v1.StringMatch
+	19, // 19: causeway.mesh.v1.HeaderModifier.set:type_name -> causeway.mesh.v1.Header
+	19, // 20: causeway.mesh.v1.HeaderModifier.add:type_name -> causeway.mesh.v1.Header
+	4,  // 21: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
+	21, // 22: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
+	21, // 23: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
+	27, // 24: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
+	20, // 25: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
+	20, // 26: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
+	22, // 27: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
+	23, // 28: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
+	24, // 29: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
+	25, // 30: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
+	27, // 31: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
+	26, // 32: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	42, // 33: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
+	18, // 34: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
+	26, // 35: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	28, // 36: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	42, // 37: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
+	42, // 38: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
+	29, // 39: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
+	43, // 40: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
+	15, // 41: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	30, // 42: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
+	5,  // 43: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
+	32, // 44: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
+	17, // 45: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	33, // 46: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
+	26, // 47: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	28, // 48: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	43, // 49: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
+	15, // 50: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	34, // 51: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
+	36, // 52: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
+	41, // 53: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	37, // 54: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
+	55, // [55:55] is the sub-list for method output_type
+	55, // [55:55] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_mesh_proto_init() }
@@ -3045,8 +3202,8 @@ func file_mesh_proto_init() {
 	if File_mesh_proto != nil {
 		return
 	}
-	file_mesh_proto_msgTypes[17].OneofWrappers = []any{}
-	file_mesh_proto_msgTypes[19].OneofWrappers = []any{
+	file_mesh_proto_msgTypes[18].OneofWrappers = []any{}
+	file_mesh_proto_msgTypes[20].OneofWrappers = []any{
 		(*HTTPRouteFilter_RequestHeaderModifier)(nil),
 		(*HTTPRouteFilter_ResponseHeaderModifier)(nil),
 		(*HTTPRouteFilter_RequestRedirect)(nil),
@@ -3059,8 +3216,8 @@ func file_mesh_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_proto_rawDesc), len(file_mesh_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   35,
+			NumEnums:      6,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
