@@ -2,7 +2,6 @@ package nodeproxy
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
-	"github.com/causeway-mesh/causeway/pkg/trust"
-	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
 // A waypoint that answers in full and ends the tunnel while the client has
@@ -32,34 +29,21 @@ func TestWaypointEndingTheTunnelIsOkAndResettingItIsNot(t *testing.T) {
 		}
 	}, "node-a", "node-b")
 	reset := make(chan bool, 1)
-	wpCert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/waypoint"), 0)
-	srv, err := hbone.NewServer(hbone.ServerOptions{
-		TLS: trust.ServerConfig(m.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return wpCert, nil }, trust.VerifyIfGiven),
-		Handler: hbone.HandlerFunc(func(ctx context.Context, r *hbone.Request) (hbone.Stream, error) {
-			if !<-reset {
-				return hbone.StreamFunc(func(_ context.Context, tunnel net.Conn) {
-					tunnel.Write([]byte("answer")) // and return: the server ends the stream
-				}), nil
-			}
-			a, b := net.Pipe()
-			rs := hbone.RelayTo(a, 0, func(int64, int64, error) {})
-			go func() {
-				b.Write([]byte("part"))
-				time.Sleep(100 * time.Millisecond)
-				rs.Abort(errors.New("upstream failed"))
-			}()
-			return rs, nil
-		}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", podWaypoint+":15008")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Close()
+	startWaypoint(t, m, hbone.HandlerFunc(func(ctx context.Context, r *hbone.Request) (hbone.Stream, error) {
+		if !<-reset {
+			return hbone.StreamFunc(func(_ context.Context, tunnel net.Conn) {
+				tunnel.Write([]byte("answer")) // and return: the server ends the stream
+			}), nil
+		}
+		a, b := net.Pipe()
+		rs := hbone.RelayTo(a, 0, func(int64, int64, error) {})
+		go func() {
+			b.Write([]byte("part"))
+			time.Sleep(100 * time.Millisecond)
+			rs.Abort(errors.New("upstream failed"))
+		}()
+		return rs, nil
+	}))
 
 	closed := func(reason string) float64 {
 		v, _ := metricstest.Value(t, reg, "tcp_connections_closed_total", map[string]string{"direction": "outbound", "reason": reason})

@@ -370,29 +370,16 @@ func TestHairpinIsUnauthenticated(t *testing.T) {
 	m.proxies["node-b"].UpdateConnectionPolicies(context.Background(),
 		[]*meshv1.ConnectionPolicy{connectionPolicy(t, "deny", "package envoy.authz\n\ndefault allow := false\n", nil)})
 	peers := make(chan *hbone.Request, 1)
-	wpCert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/waypoint"), 0)
-	srv, err := hbone.NewServer(hbone.ServerOptions{
-		TLS: trust.ServerConfig(m.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return wpCert, nil }, trust.VerifyIfGiven),
-		Handler: hbone.HandlerFunc(func(ctx context.Context, r *hbone.Request) (hbone.Stream, error) {
-			peers <- r
-			return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
-				data, _ := io.ReadAll(tunnel)
-				tunnel.Write(append([]byte("waypoint:"), data...))
-				tunnel.(interface{ CloseWrite() error }).CloseWrite()
-				io.Copy(io.Discard, tunnel)
-				tunnel.Close()
-			}), nil
-		}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", podWaypoint+":15008")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Close()
+	startWaypoint(t, m, hbone.HandlerFunc(func(ctx context.Context, r *hbone.Request) (hbone.Stream, error) {
+		peers <- r
+		return hbone.StreamFunc(func(ctx context.Context, tunnel net.Conn) {
+			data, _ := io.ReadAll(tunnel)
+			tunnel.Write(append([]byte("waypoint:"), data...))
+			tunnel.(interface{ CloseWrite() error }).CloseWrite()
+			io.Copy(io.Discard, tunnel)
+			tunnel.Close()
+		}), nil
+	}))
 
 	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podOutsider)}}).Dial("tcp", podD+":8080")
 	if err != nil {
@@ -535,4 +522,25 @@ func TestOutboundDrainsOnShutdown(t *testing.T) {
 	if err != nil || string(out) != "B:before after" {
 		t.Fatalf("read while draining: %q, %v", out, err)
 	}
+}
+
+// startWaypoint serves HBONE as the waypoint does, on its pod's address
+// with its identity's certificate, handing tunnels to h, until the test
+// ends.
+func startWaypoint(t *testing.T, m *testMesh, h hbone.Handler) {
+	t.Helper()
+	wpCert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/waypoint"), 0)
+	srv, err := hbone.NewServer(hbone.ServerOptions{
+		TLS:     trust.ServerConfig(m.ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return wpCert, nil }, trust.VerifyIfGiven),
+		Handler: h,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", podWaypoint+":15008")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
 }
