@@ -38,7 +38,7 @@ func TestCertificateFollowsWorkloadToAnotherNode(t *testing.T) {
 			w.Node = "node-a"
 		}
 	}
-	m.index.set(t, ws) // the CA's view follows the pod
+	m.index.Set(caWorkloads(t, ws)...) // the CA's view follows the pod
 	// The old node first: here both nodes' pods share the loopback, so the
 	// new node can serve the pod's address only once the old one let go.
 	for _, n := range []string{"node-b", "node-a"} {

@@ -78,7 +78,7 @@ func startApp(t *testing.T, addr, name string) {
 type testMesh struct {
 	ca      *trusttest.CA
 	caSrv   *trusttest.CAServer
-	index   *caIndex // what the CA knows of the nodes' workloads
+	index   *trusttest.WorkloadIndex // what the CA knows of the nodes' workloads
 	proxies map[string]*Proxy
 	socks   map[string]string
 	logs    map[string]*observer.ObservedLogs
@@ -97,8 +97,7 @@ func startMeshWith(t testing.TB, mutate func(*Options), nodes ...string) *testMe
 	t.Helper()
 	ca := trusttest.NewCA(t, td)
 	ws, ss, wps := meshResources()
-	index := &caIndex{}
-	index.set(t, ws)
+	index := trusttest.NewWorkloadIndex(caWorkloads(t, ws)...)
 	dir := t.TempDir()
 	var lines []string
 	for _, n := range nodes {
@@ -166,35 +165,16 @@ func startMeshWith(t testing.TB, mutate func(*Options), nodes ...string) *testMe
 	return m
 }
 
-// caIndex is the CA's view of which identities run on which node, set
-// from workloads as the control plane's snapshot would say.
-type caIndex struct {
-	mu   sync.Mutex
-	list trust.WorkloadList
-}
-
-func (x *caIndex) set(t testing.TB, ws []*meshv1.Workload) {
-	var list trust.WorkloadList
+// caWorkloads are the CA's view of ws: the mesh workloads' identities and
+// nodes, as the control plane's snapshot would say.
+func caWorkloads(t testing.TB, ws []*meshv1.Workload) []trust.Workload {
+	var out []trust.Workload
 	for _, w := range ws {
 		if w.GetHbone() {
-			list = append(list, trust.Workload{Node: w.GetNode(), Identity: trusttest.Identity(t, w.GetIdentity())})
+			out = append(out, trust.Workload{Node: w.GetNode(), Identity: trusttest.Identity(t, w.GetIdentity())})
 		}
 	}
-	x.mu.Lock()
-	x.list = list
-	x.mu.Unlock()
-}
-
-func (x *caIndex) HasWorkload(node string, id trust.Identity) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.list.HasWorkload(node, id)
-}
-
-func (x *caIndex) IsWaypoint(id trust.Identity) bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.list.IsWaypoint(id)
+	return out
 }
 
 func (m *testMesh) stop() {

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -373,54 +372,18 @@ func TestNewValidatesOptions(t *testing.T) {
 	}
 }
 
-// changingIndex is a workload index that changes and says so
-// (trust.WorkloadChanges), as the Kubernetes source does at each snapshot.
-type changingIndex struct {
-	mu      sync.Mutex
-	list    trust.WorkloadList
-	changed chan struct{}
-}
-
-func newChangingIndex() *changingIndex { return &changingIndex{changed: make(chan struct{})} }
-
-func (c *changingIndex) HasWorkload(node string, id trust.Identity) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.list.HasWorkload(node, id)
-}
-
-func (c *changingIndex) IsWaypoint(id trust.Identity) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.list.IsWaypoint(id)
-}
-
-func (c *changingIndex) Changed() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.changed
-}
-
-func (c *changingIndex) add(ws ...trust.Workload) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.list = append(c.list, ws...)
-	close(c.changed)
-	c.changed = make(chan struct{})
-}
-
 // A node proxy's request for a pod the configuration does not hold yet
 // waits for it (a pod's first request, before the snapshot that serves
 // it), across changes that do not bring it, and is refused, saying how
 // long it waited, when it does not come within WorkloadWait.
 func TestWaitsForAWorkloadToAppear(t *testing.T) {
-	idx := newChangingIndex()
+	idx := trusttest.NewWorkloadIndex()
 	e := setupWith(t, idx, 3*time.Second)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		idx.add(trust.Workload{Node: "node-b", Identity: trusttest.Identity(t, db)}) // not it
+		idx.Add(trust.Workload{Node: "node-b", Identity: trusttest.Identity(t, db)}) // not it
 		time.Sleep(200 * time.Millisecond)
-		idx.add(trust.Workload{Node: "node-a", Identity: trusttest.Identity(t, api)})
+		idx.Add(trust.Workload{Node: "node-a", Identity: trusttest.Identity(t, api)})
 	}()
 	start := time.Now()
 	resp, err := e.call(t, nil, request{token: tokNodeA, impersonate: api, csr: csrPEM(t, api)})
@@ -430,7 +393,7 @@ func TestWaitsForAWorkloadToAppear(t *testing.T) {
 	}
 
 	// Never on node-a: refused once the wait is over.
-	e = setupWith(t, newChangingIndex(), 300*time.Millisecond)
+	e = setupWith(t, trusttest.NewWorkloadIndex(), 300*time.Millisecond)
 	start = time.Now()
 	_, err = e.call(t, nil, request{token: tokNodeA, impersonate: db, csr: csrPEM(t, db)})
 	wantStatus(t, err, codes.PermissionDenied, "no workload with identity "+db+" on node node-a (none appeared in ")
