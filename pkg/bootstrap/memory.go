@@ -23,8 +23,7 @@ import (
 const DefaultGCPercent = 400
 
 // Idle memory. Under load the heap grows to gcPercent above the live heap
-// (at most busyHeadroom above it),
-// and Go returns freed pages lazily (its scavenger keeps about the heap
+// (at most busyHeadroom above it), and Go returns freed pages lazily (its scavenger keeps about the heap
 // goal), so a proxy would hold its peak long after the load ended. After
 // idleAfter checks in a row each finding less than idleAlloc allocated
 // since the one before, the process is idle: the collector's target drops

@@ -2,7 +2,6 @@ package hbone
 
 import (
 	"container/heap"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -111,8 +110,7 @@ func (k *idleClock) fire() {
 	}
 	k.mu.Unlock()
 	for _, r := range idle {
-		d := time.Duration(now - r.last.Load())
-		r.abort(fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond)))
+		r.abort(idleError(time.Duration(now - r.last.Load())))
 	}
 }
 

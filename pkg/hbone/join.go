@@ -91,6 +91,11 @@ func Join(ctx context.Context, a, b net.Conn) (aToB, bToA int64, err error) {
 // ErrIdle aborts a joined pair on which nothing moved for the idle timeout.
 var ErrIdle = errors.New("idle timeout")
 
+// idleError is why a pair idle for d was cut.
+func idleError(d time.Duration) error {
+	return fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond))
+}
+
 // JoinIdle is Join that also aborts the pair (with an error wrapping
 // ErrIdle) once no byte has moved in either direction for idle (0: never).
 // A tunnel joined with a socket (see Relay) is cut when idle has passed
@@ -185,7 +190,7 @@ func copyHalf(dst, src net.Conn, abort func(error), act *activity) int64 {
 		}
 		if act != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			if d := act.idleFor(); d >= act.idle {
-				abort(fmt.Errorf("%w: nothing sent either way for %s", ErrIdle, d.Round(time.Millisecond)))
+				abort(idleError(d))
 				return total
 			}
 			continue
