@@ -51,7 +51,7 @@ import (
 type config struct {
 	node, kubeconfig           string
 	cniSocket, handoffSocket   string
-	netnsDir                   string
+	netnsDir, procDir          string
 	confDir, binDir, confName  string
 	daemonSet, namespace       string
 	pluginTimeout              time.Duration
@@ -67,6 +67,7 @@ func main() {
 	fs.StringVar(&c.cniSocket, "cni-socket", cni.DefaultAgentSocket, "socket the CNI plugin calls (a path on the node: the plugin runs there)")
 	fs.StringVar(&c.handoffSocket, "handoff-socket", "/var/run/causeway/handoff.sock", "socket the node proxy connects to (nodeproxy --inpod-handoff)")
 	fs.StringVar(&c.netnsDir, "netns-dir", kubepods.DefaultNetnsDir, "where the container runtime names pod network namespaces (mounted from the node at the same path)")
+	fs.StringVar(&c.procDir, "proc-dir", kubepods.DefaultProcDir, "the node's /proc as mounted here (read-only): which processes are whose pods'")
 	fs.StringVar(&c.confDir, "cni-conf-dir", "", "the node's CNI configuration directory as mounted here (empty: do not install the configuration)")
 	fs.StringVar(&c.binDir, "cni-bin-dir", "", "the node's CNI binary directory as mounted here (where the init container put causeway-cni)")
 	fs.StringVar(&c.confName, "cni-conf-name", cniinstall.DefaultConfName, "file name of the chained configuration; it must sort before the primary's")
@@ -123,7 +124,7 @@ func run(c config) error {
 	// The informers outlive ctx: the shutdown decision reads the DaemonSet's.
 	infCtx, stopInformers := context.WithCancel(context.Background())
 	defer stopInformers()
-	cluster, err := kubepods.New(kubepods.Options{Client: client, Node: c.node, NetnsDir: c.netnsDir, Logger: log.Named("kubepods")})
+	cluster, err := kubepods.New(kubepods.Options{Client: client, Node: c.node, NetnsDir: c.netnsDir, ProcDir: c.procDir, Logger: log.Named("kubepods")})
 	if err != nil {
 		return err
 	}

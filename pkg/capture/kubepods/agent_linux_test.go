@@ -65,7 +65,7 @@ func (n *node) start(t *testing.T) (stop func() string) {
 	t.Helper()
 	cmd := exec.Command(n.bin, "--node=agent-node", "--kubeconfig="+n.kubeconfig, "--namespace=causeway-system",
 		"--cni-socket="+filepath.Join(n.run, "cni.sock"), "--handoff-socket="+filepath.Join(n.run, "handoff.sock"),
-		"--netns-dir="+n.netnsDir, "--cni-conf-dir="+n.confDir, "--cni-bin-dir="+n.binDir, "--log-format=console")
+		"--netns-dir="+n.netnsDir, "--proc-dir=/proc", "--cni-conf-dir="+n.confDir, "--cni-bin-dir="+n.binDir, "--log-format=console")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -141,6 +141,8 @@ func TestAgentOnANode(t *testing.T) {
 	}, metav1.CreateOptions{}))
 	earlyUID := runningPod(t, c, "agent-enrolled", "early", early.IP4.String())
 	lateUID := runningPod(t, c, "agent-later", "late", late.IP4.String())
+	early.RunAsPod(t, earlyUID)
+	late.RunAsPod(t, lateUID)
 
 	proxy := &handofftest.Proxy{}
 	var snapshots sync.WaitGroup

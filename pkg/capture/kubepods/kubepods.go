@@ -10,7 +10,10 @@
 // namespaces the container runtime names under /var/run/netns (Index):
 // a pod IP is unique on its node, the path is the one the CNI plugin is
 // given at ADD, and it needs neither the runtime's socket (root on the
-// node) nor the host's process table (hostPID and CAP_SYS_PTRACE).
+// node) nor entering the host's processes (hostPID and CAP_SYS_PTRACE).
+// The IP comes from the pod's status, which can be stale (after a reboot
+// another pod may hold it already), so the node's /proc, mounted
+// read-only, first confirms the address is the pod's own (Owners).
 package kubepods
 
 import (
@@ -43,6 +46,9 @@ import (
 // network namespaces.
 const DefaultNetnsDir = "/var/run/netns"
 
+// DefaultProcDir is where the DaemonSet mounts the node's /proc.
+const DefaultProcDir = "/host/proc"
+
 // maxRetryDelay caps the backoff of a failed capture: the usual failure
 // is a node proxy not connected yet, and the pod's rules are already in
 // place (its traffic fails closed) until a retry hands it over.
@@ -55,6 +61,8 @@ type Options struct {
 	Node string
 	// NetnsDir holds the pod sandboxes' namespaces (default DefaultNetnsDir).
 	NetnsDir string
+	// ProcDir is the node's /proc (default DefaultProcDir).
+	ProcDir string
 	// ExcludeNamespaces are never captured by the watch (default the CNI
 	// plugin's: cni.DefaultExcludeNamespaces).
 	ExcludeNamespaces []string
@@ -92,6 +100,9 @@ func New(o Options) (*Cluster, error) {
 	}
 	if o.NetnsDir == "" {
 		o.NetnsDir = DefaultNetnsDir
+	}
+	if o.ProcDir == "" {
+		o.ProcDir = DefaultProcDir
 	}
 	if o.ExcludeNamespaces == nil {
 		o.ExcludeNamespaces = cni.DefaultExcludeNamespaces
@@ -147,8 +158,12 @@ func stripManagedFields(obj any) (any, error) {
 }
 
 // Start runs the informers until ctx ends and waits, bounded, for their
-// first listing.
+// first listing. Without the node's /proc it refuses to start: the agent
+// fails closed rather than capture by an address alone.
 func (c *Cluster) Start(ctx context.Context) error {
+	if err := podns.CheckProc(c.o.ProcDir); err != nil {
+		return fmt.Errorf("kubepods: running pods cannot be told apart by their addresses: %w", err)
+	}
 	sctx, cancel := context.WithTimeout(ctx, c.o.SyncTimeout)
 	defer cancel()
 	for _, f := range c.factories {
@@ -195,19 +210,19 @@ func (c *Cluster) Running(context.Context) ([]agent.RunningPod, error) {
 	if err != nil {
 		return nil, err
 	}
-	var idx podns.Index
+	var nodeView *view
 	var out []agent.RunningPod
 	for _, p := range pods {
 		ap, ok, _ := c.candidate(p)
 		if enrolled, _ := agent.Enrolled(ap); !ok || !enrolled || len(p.Status.PodIPs) == 0 {
 			continue
 		}
-		if idx == nil {
-			if idx, err = podns.Scan(c.o.NetnsDir); err != nil {
-				return nil, fmt.Errorf("kubepods: %w", err)
+		if nodeView == nil {
+			if nodeView, err = c.scan(); err != nil {
+				return nil, err
 			}
 		}
-		r, err := running(ap, p, idx)
+		r, err := nodeView.running(ap, p)
 		if err != nil {
 			c.log.Warn("running pod left for later", zap.String("pod", p.Namespace+"/"+p.Name), zap.Error(err))
 			continue
@@ -235,14 +250,41 @@ func (c *Cluster) candidate(p *corev1.Pod) (ap agent.Pod, ok, known bool) {
 	return agentPod(p, ns), true, true
 }
 
-func running(ap agent.Pod, p *corev1.Pod, idx podns.Index) (agent.RunningPod, error) {
+// view is one scan of the node: its named network namespaces and which
+// processes are whose pods'.
+type view struct {
+	idx    podns.Index
+	owners *podns.Owners
+}
+
+func (c *Cluster) scan() (*view, error) {
+	idx, err := podns.Scan(c.o.NetnsDir)
+	if err != nil {
+		return nil, fmt.Errorf("kubepods: %w", err)
+	}
+	owners, err := podns.ScanOwners(c.o.ProcDir)
+	if err != nil {
+		return nil, fmt.Errorf("kubepods: running pods cannot be told apart by their addresses: %w", err)
+	}
+	return &view{idx, owners}, nil
+}
+
+// running finds the pod's network namespace by the IPs of its status,
+// once its own processes confirm them.
+func (v *view) running(ap agent.Pod, p *corev1.Pod) (agent.RunningPod, error) {
 	var ips []netip.Addr
 	for _, s := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(s.IP); err == nil {
 			ips = append(ips, a)
 		}
 	}
-	path, err := idx.Lookup(ips...)
+	if len(ips) == 0 {
+		return agent.RunningPod{}, fmt.Errorf("no valid address in the status (%v)", p.Status.PodIPs)
+	}
+	if err := v.owners.Confirm(string(p.UID), ips); err != nil {
+		return agent.RunningPod{}, err
+	}
+	path, err := v.idx.Lookup(ips...)
 	if err != nil {
 		return agent.RunningPod{}, err
 	}

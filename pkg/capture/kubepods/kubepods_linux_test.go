@@ -7,10 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -57,9 +60,13 @@ func pod(t *testing.T, c kubernetes.Interface, ns, name, node string, ip netip.A
 	return p
 }
 
-func start(t *testing.T, c kubernetes.Interface, netnsDir string) *kubepods.Cluster {
+func start(t *testing.T, c kubernetes.Interface, netnsDir string, log ...*zap.Logger) *kubepods.Cluster {
 	t.Helper()
-	cl, err := kubepods.New(kubepods.Options{Client: c, Node: "node-a", NetnsDir: netnsDir})
+	o := kubepods.Options{Client: c, Node: "node-a", NetnsDir: netnsDir, ProcDir: "/proc"}
+	if len(log) > 0 {
+		o.Logger = log[0]
+	}
+	cl, err := kubepods.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +183,8 @@ func TestRunningAndWatch(t *testing.T) {
 	pod(t, c, "enrolled", "remote", "node-b", late.IP4, nil)
 	pod(t, c, "enrolled", "hostnet", "node-a", early.IP4, nil, func(s *corev1.PodSpec) { s.HostNetwork = true })
 	pLate := pod(t, c, "later", "late", "node-a", late.IP4, nil)
+	early.RunAsPod(t, string(pEarly.UID))
+	late.RunAsPod(t, string(pLate.UID))
 
 	cl := start(t, c, dir)
 	running, err := cl.Running(context.Background())
@@ -266,5 +275,77 @@ func TestRunningAndWatch(t *testing.T) {
 	}
 	if len(capt.captured) != 2 {
 		t.Errorf("captured %v", capt.captured)
+	}
+}
+
+// TestStaleAddress: after a node reboots, a pod's status can still name
+// the address it had before, which the runtime may have given another
+// pod. Found by that address alone, the other pod's namespace would be
+// captured under this pod's identity: the agent refuses, says why, and
+// captures the pod once its status names its own address.
+func TestStaleAddress(t *testing.T) {
+	netnstest.Require(t)
+	env := kubetest.Shared(t)
+	c := env.Clientset(t)
+	n := netnstest.NewNet(t)
+	own, others := n.AddPod(t, "own"), n.AddPod(t, "other")
+	dir, paths := sandboxDir(t, own, others)
+
+	namespace(t, c, "rebooted", mesh)
+	namespace(t, c, "unmeshed", nil)
+	pMoved := pod(t, c, "rebooted", "moved", "node-a", others.IP4, nil) // the address it had before
+	pOther := pod(t, c, "unmeshed", "other", "node-a", others.IP4, nil)
+	own.RunAsPod(t, string(pMoved.UID))
+	others.RunAsPod(t, string(pOther.UID))
+
+	core, logs := observer.New(zap.InfoLevel)
+	cl := start(t, c, dir, zap.New(core))
+	running, err := cl.Running(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(running) != 0 {
+		t.Fatalf("Running = %+v: a stale address named another pod's namespace", running)
+	}
+	if logs.FilterMessage("running pod left for later").FilterField(zap.String("pod", "rebooted/moved")).FilterFieldKey("error").Len() != 1 {
+		t.Errorf("no log of the pod left out: %v", logs.All())
+	}
+
+	capt := &capturer{captured: map[string]agent.RunningPod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go cl.Watch(ctx, capt)
+	waitFor(t, "the watch refuses the stale address, saying why", func() bool {
+		for _, e := range logs.FilterField(zap.String("pod", "rebooted/moved")).All() {
+			if err, _ := e.ContextMap()["error"].(string); strings.Contains(err, "stale") {
+				return true
+			}
+		}
+		return false
+	})
+	if capt.Captured(string(pMoved.UID)) {
+		t.Fatal("the pod was captured by a stale address")
+	}
+
+	pMoved.Status.PodIP, pMoved.Status.PodIPs = own.IP4.String(), []corev1.PodIP{{IP: own.IP4.String()}}
+	if _, err := c.CoreV1().Pods("rebooted").UpdateStatus(ctx, pMoved, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pod is captured once its status names its own address", func() bool { return capt.Captured(string(pMoved.UID)) })
+	if r, _ := capt.get(string(pMoved.UID)); r.Netns != paths[0] {
+		t.Errorf("captured with netns %s, want %s", r.Netns, paths[0])
+	}
+}
+
+// Without the node's /proc the agent does not start: it would have to
+// trust a status address alone.
+func TestNoProcNoStart(t *testing.T) {
+	env := kubetest.Shared(t)
+	cl, err := kubepods.New(kubepods.Options{Client: env.Clientset(t), Node: "node-a", ProcDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "not a proc file system") {
+		t.Errorf("Start without /proc: %v", err)
 	}
 }

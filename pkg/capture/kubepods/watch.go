@@ -10,7 +10,6 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/causeway-mesh/causeway/pkg/capture/agent"
-	"github.com/causeway-mesh/causeway/pkg/capture/podns"
 )
 
 func (c *Cluster) enqueuePod(obj any) {
@@ -85,11 +84,11 @@ func (c *Cluster) reconcile(ref podRef, to Capturer) error {
 		if len(p.Status.PodIPs) == 0 {
 			return nil // its status update with the IPs enqueues it again
 		}
-		idx, err := podns.Scan(c.o.NetnsDir)
+		v, err := c.scan()
 		if err != nil {
 			return err
 		}
-		r, err := running(ap, p, idx)
+		r, err := v.running(ap, p)
 		if err != nil {
 			return err
 		}

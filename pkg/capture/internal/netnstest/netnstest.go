@@ -145,3 +145,42 @@ func run(t testing.TB, name string, args ...string) {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 }
+
+// RunAsPod starts a process inside the namespace, in a cgroup named as the
+// kubelet names a pod's (pod<UID>, cgroupfs driver): how the node agent
+// tells which pod a namespace is. The process and the cgroup are removed
+// at cleanup.
+func (n *NS) RunAsPod(t testing.TB, uid string) {
+	t.Helper()
+	root := ""
+	// cgroup v2, the v2 hierarchy of a hybrid host, or v1's pids hierarchy.
+	for _, dir := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids"} {
+		if _, err := os.Stat(dir + "/cgroup.procs"); err == nil {
+			root = dir
+			break
+		}
+	}
+	if root == "" {
+		t.Skip("no cgroup hierarchy to place a pod's process in")
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	parent := root + "/causeway-test-" + hex.EncodeToString(b[:])
+	dir := parent + "/pod" + uid
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := n.Cmd("sleep", "infinity") // ip netns exec execs sleep: one pid
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.Remove(dir)
+		os.Remove(parent)
+	})
+	if err := os.WriteFile(dir+"/cgroup.procs", []byte(fmt.Sprint(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+}
