@@ -92,7 +92,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	opts, err := parseFlags([]string{
 		"--config-dir", h.dir, "--ca-dir", filepath.Join(base, "ca"), "--tokens-file", tokens,
-		"--listen", "127.0.0.1:0", "--readiness", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+		"--listen", "127.0.0.1:0", "--readiness", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--admin", "127.0.0.1:0",
 		"--config-debounce", "50ms", "--shutdown-grace", "2s",
 	})
 	if err != nil {

@@ -90,7 +90,7 @@ type streamInfo struct {
 	// stamped: a request of the stream carried the reader to the cache.
 	stamped bool
 	// sync: each type's exchange, by type URL.
-	sync map[string]*TypeSync
+	sync map[string]*xds.TypeSync
 }
 
 type callerKey struct{}
@@ -205,7 +205,7 @@ func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) erro
 	s.mu.Lock()
 	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now(),
 		reader: reader{stream: id, trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()},
-		sync:   map[string]*TypeSync{}}
+		sync:   map[string]*xds.TypeSync{}}
 	s.mu.Unlock()
 	s.metrics.clients.Inc()
 	s.log.Info("xDS client connected", zap.Int64("stream", id), zap.Stringer("caller", caller), zap.String("remote", remoteAddr(ctx)))
@@ -349,16 +349,17 @@ func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequ
 	}
 }
 
-// Clients lists the connected clients (for the control plane's debug endpoint).
-func (s *Server) Clients() []ClientInfo {
+// Clients returns the connected clients and, per type each asked for,
+// where its exchange stands.
+func (s *Server) Clients() []xds.ClientSync {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]ClientInfo, 0, len(s.streams))
+	out := make([]xds.ClientSync, 0, len(s.streams))
 	for _, i := range s.streams {
-		c := ClientInfo{NodeID: i.nodeID, Caller: i.caller.String(), Pod: i.caller.Pod, Remote: i.remote, Since: i.opened}
+		c := xds.ClientSync{NodeID: i.nodeID, Caller: i.caller.String(), Pod: i.caller.Pod, Remote: i.remote, Since: i.opened}
 		for _, t := range meshv1.TypeURLs {
 			if ts := i.sync[t]; ts != nil {
-				c.Types = append(c.Types, ts.snapshot())
+				c.Types = append(c.Types, snapshot(ts))
 			}
 		}
 		out = append(out, c)
@@ -370,17 +371,6 @@ func (s *Server) Clients() []ClientInfo {
 // system_version_info of the responses it sends now ("0" before the first
 // Update).
 func (s *Server) Version() string { return s.cache.currentVersion() }
-
-// ClientInfo describes one connected client and, per type it asked for,
-// where its exchange stands (what istiod's syncz says of its proxies).
-type ClientInfo struct {
-	NodeID string     `json:"node_id"`
-	Caller string     `json:"caller"`
-	Pod    string     `json:"pod,omitempty"` // "<namespace>/<name>" when the credential names it
-	Remote string     `json:"remote"`
-	Since  time.Time  `json:"connected_since"`
-	Types  []TypeSync `json:"types,omitempty"`
-}
 
 // GRPCServerOptions are the options the xDS server needs from its gRPC
 // server: keepalive so that dead clients are noticed, and a policy that

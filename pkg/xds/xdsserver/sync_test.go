@@ -11,17 +11,17 @@ import (
 )
 
 // workloadSync is the workload type's exchange with the one client of cp.
-func workloadSync(cp *testCP) (TypeSync, error) {
+func workloadSync(cp *testCP) (xds.TypeSync, error) {
 	clients := cp.server.Clients()
 	if len(clients) != 1 {
-		return TypeSync{}, fmt.Errorf("%d clients, want 1", len(clients))
+		return xds.TypeSync{}, fmt.Errorf("%d clients, want 1", len(clients))
 	}
 	for _, ts := range clients[0].Types {
 		if ts.Type == "workload" {
 			return ts, nil
 		}
 	}
-	return TypeSync{}, fmt.Errorf("client %s reports no workload exchange: %+v", clients[0].NodeID, clients[0].Types)
+	return xds.TypeSync{}, fmt.Errorf("client %s reports no workload exchange: %+v", clients[0].NodeID, clients[0].Types)
 }
 
 // The server reports, per client and type, the version it sent and the
@@ -40,7 +40,7 @@ func TestClientsReportSyncState(t *testing.T) {
 	synced := func(version string) func() bool {
 		return func() bool {
 			ts, err := workloadSync(cp)
-			return err == nil && ts.Status == SyncSynced && ts.AckedVersion == version && ts.SentVersion == version && ts.NACK == nil
+			return err == nil && ts.Status == xds.SyncSynced && ts.AckedVersion == version && ts.SentVersion == version && ts.NACK == nil
 		}
 	}
 	v1 := cp.server.Version()
@@ -57,7 +57,7 @@ func TestClientsReportSyncState(t *testing.T) {
 	v2 := cp.server.Version()
 	eventually(t, "the rejection of version "+v2, func() bool {
 		ts, err := workloadSync(cp)
-		return err == nil && ts.Status == SyncNACKed && ts.SentVersion == v2 && ts.AckedVersion == v1 &&
+		return err == nil && ts.Status == xds.SyncNACKed && ts.SentVersion == v2 && ts.AckedVersion == v1 &&
 			ts.NACK != nil && ts.NACK.Version == v2 && strings.Contains(ts.NACK.Message, "not-a-workload")
 	})
 
