@@ -111,6 +111,11 @@ func (c *cluster) logLevel(ctx context.Context, p *corev1.Pod, level string) (st
 		return "", err
 	}
 	defer a.Close()
+	return a.logLevel(ctx, level)
+}
+
+// logLevel reads, or sets and reads, the level of a's pod.
+func (a *adminClient) logLevel(ctx context.Context, level string) (string, error) {
 	method, body := http.MethodGet, []byte(nil)
 	if level != "" {
 		method = http.MethodPut
