@@ -58,7 +58,8 @@ func nodeProxyDump(t *testing.T) (*admin.ConfigDump, certmanager.CertificateStat
 	id := trusttest.Identity(t, "spiffe://cluster.local/ns/web/sa/frontend")
 	cert := ca.Certificate(t, id, time.Hour)
 	cs := statusOf(id.String(), cert.Leaf, ca.Bundle.Roots()[0])
-	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{}, Certificates: []certmanager.CertificateStatus{cs}}
+	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{}, Certificates: []certmanager.CertificateStatus{cs},
+		Connections: []map[string]any{{"src": "10.244.0.5:40000", "src_identity": id.String(), "dst": "10.244.1.7:8080"}}}
 	for _, w := range []*meshv1.Workload{
 		{Uid: "web/frontend-1", Name: "frontend-1", Namespace: "web", Addresses: []string{"10.244.0.5", "fd00::5"}, Node: "node-a", Hbone: true, Identity: id.String()},
 		{Uid: "shop/reviews-1", Name: "reviews-1", Namespace: "shop", Addresses: []string{"10.244.1.7"}, Node: "node-b", Hbone: true,
@@ -106,7 +107,7 @@ func TestProxyConfigViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"WORKLOADS (by_addr)", "frontend-1", "10.244.0.5,fd00::5", "shop/waypoint", "SERVICES (by_vip)", "10.96.0.20", "80/http",
-		"CERTIFICATES", cs.Identity, "Leaf", "Root"} {
+		"CERTIFICATES", cs.Identity, "Leaf", "Root", "CONNECTIONS (inbound)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("all: no %q in\n%s", want, out)
 		}
@@ -143,6 +144,15 @@ func TestProxyConfigViews(t *testing.T) {
 	out, err = view("certificates", "table")
 	if err != nil || !strings.Contains(out, "CERTIFICATE NAME") || !strings.Contains(out, cs.Identity) {
 		t.Errorf("certificates: %v\n%s", err, out)
+	}
+	out, err = view("connections", "table")
+	if err != nil || !strings.Contains(out, "10.244.0.5:40000") || !strings.Contains(out, "10.244.1.7:8080  shop/reviews-1") {
+		t.Errorf("connections: %v\n%s", err, out)
+	}
+	noConns := *parsed
+	noConns.Connections = nil // a waypoint's dump
+	if err := writeProxyConfig(new(bytes.Buffer), "table", "connections", "waypoint", "shop/wp-1", raw, &noConns, time.Now()); err == nil || !strings.Contains(err.Error(), "lists no connections") {
+		t.Errorf("connections of a waypoint: %v", err)
 	}
 	// A node proxy has no waypoint policy: said so, not an empty table.
 	if _, err := view("policy", "table"); err == nil || !strings.Contains(err.Error(), "holds no waypoint policy") {

@@ -37,6 +37,9 @@ type dump struct {
 	ByVIP        map[string]json.RawMessage      `json:"by_vip"`
 	Certificates []certmanager.CertificateStatus `json:"certificates"`
 	Policies     *policy.Status                  `json:"policies"` // waypoints
+	// Connections are a node proxy's open inbound connections, each as
+	// its log names it (src, src_identity, dst); nil when not listed.
+	Connections *[]map[string]any `json:"connections"`
 }
 
 // loadDump reads a config dump from a proxy's admin address or a file.

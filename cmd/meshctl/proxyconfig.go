@@ -18,11 +18,11 @@ import (
 )
 
 func init() {
-	register("proxy-config", "what a node proxy or waypoint pod of a cluster holds: proxy-config workloads|services|certificates|policy|all POD [-n NS] [-o table|json|yaml]", runProxyConfig)
+	register("proxy-config", "what a node proxy or waypoint pod of a cluster holds: proxy-config workloads|services|certificates|connections|policy|all POD [-n NS] [-o table|json|yaml]", runProxyConfig)
 }
 
 // proxyConfigKinds are the views of a proxy's /config_dump.
-var proxyConfigKinds = []string{"workloads", "services", "certificates", "policy", "all"}
+var proxyConfigKinds = []string{"workloads", "services", "certificates", "connections", "policy", "all"}
 
 // parseInterspersed parses fs's flags wherever they stand among the
 // positional arguments (kubectl's habit: `proxy-config all POD -n NS`),
@@ -97,6 +97,11 @@ func writeProxyConfig(w io.Writer, format, kind, podKind, pod string, raw []byte
 		return render(w, format, ss, func(w io.Writer) error { return writeServices(w, d) })
 	case "certificates":
 		return render(w, format, d.Certificates, func(w io.Writer) error { return writeCertificates(w, d.Certificates, now) })
+	case "connections":
+		if d.Connections == nil {
+			return fmt.Errorf("%s %s lists no connections (node proxies list the inbound connections they hold to their pods)", podKind, pod)
+		}
+		return render(w, format, *d.Connections, func(w io.Writer) error { return writeConnections(w, d) })
 	case "policy":
 		if d.Policies == nil {
 			return fmt.Errorf("%s %s holds no waypoint policy (only waypoints enforce Rego policies; ConnectionPolicies are Kubernetes objects: kubectl get connectionpolicy -A)", podKind, pod)
@@ -112,6 +117,12 @@ func writeProxyConfig(w io.Writer, format, kind, podKind, pod string, raw []byte
 			{"WORKLOADS (by_addr)", func(w io.Writer) error { return writeWorkloads(w, d) }},
 			{"SERVICES (by_vip)", func(w io.Writer) error { return writeServices(w, d) }},
 			{"CERTIFICATES", func(w io.Writer) error { return writeCertificates(w, d.Certificates, now) }},
+		}
+		if d.Connections != nil {
+			sections = append(sections, struct {
+				title string
+				write func(io.Writer) error
+			}{"CONNECTIONS (inbound)", func(w io.Writer) error { return writeConnections(w, d) }})
 		}
 		if d.Policies != nil {
 			sections = append(sections, struct {
@@ -144,6 +155,36 @@ func protoList[M proto.Message](ms []M, err error) ([]json.RawMessage, error) {
 		out = append(out, b)
 	}
 	return out, nil
+}
+
+// writeConnections prints a node proxy's open inbound connections, each
+// with the workload it reaches, by destination.
+func writeConnections(w io.Writer, d *dump) error {
+	workloads := map[string]string{}
+	for addr, raw := range d.ByAddr {
+		var wl struct{ Name, Namespace string }
+		if json.Unmarshal(raw, &wl) == nil {
+			workloads[addr] = wl.Namespace + "/" + wl.Name
+		}
+	}
+	type row struct{ src, id, dst, workload string }
+	var rows []row
+	for _, c := range *d.Connections {
+		r := row{src: fmt.Sprint(c["src"]), id: fmt.Sprint(c["src_identity"]), dst: fmt.Sprint(c["dst"])}
+		host := r.dst
+		if i := strings.LastIndexByte(host, ':'); i >= 0 {
+			host = strings.Trim(host[:i], "[]")
+		}
+		r.workload = orNA(workloads[host])
+		rows = append(rows, r)
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].dst+rows[i].src < rows[j].dst+rows[j].src })
+	tw := newTable(w)
+	fmt.Fprintln(tw, "SOURCE\tSOURCE IDENTITY\tDESTINATION\tDESTINATION WORKLOAD")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.src, r.id, r.dst, r.workload)
+	}
+	return tw.Flush()
 }
 
 // writePolicy prints a waypoint's policy status.
