@@ -279,12 +279,14 @@ func sameParent(got, ref gwv1.ParentReference, routeNS string) bool {
 // causeway.dev/use-waypoint) to a waypoint that does not exist, and the
 // Services the status writer says are not bound.
 func (a *analyzer) bindings(ctx context.Context) error {
-	check := func(kind, ns, name string, labels map[string]string) {
+	// check: the object kind/ns/name (ns "" for a Namespace) in
+	// namespace home, where its waypoint is unless it names another.
+	check := func(kind, ns, name, home string, labels map[string]string) {
 		wp := labels[config.LabelUseWaypoint]
 		if wp == "" || wp == config.UseWaypointNone {
 			return
 		}
-		wns := ns
+		wns := home
 		if v := labels[config.LabelUseWaypointNamespace]; v != "" {
 			wns = v
 		}
@@ -303,7 +305,7 @@ func (a *analyzer) bindings(ctx context.Context) error {
 	}
 	for _, n := range nss.Items {
 		if a.inScope(n.Name) {
-			check("Namespace", "", n.Name, n.Labels)
+			check("Namespace", "", n.Name, n.Name, n.Labels)
 		}
 	}
 	svcs, err := a.c.client.CoreV1().Services(a.ns).List(ctx, metav1.ListOptions{})
@@ -311,7 +313,7 @@ func (a *analyzer) bindings(ctx context.Context) error {
 		return fmt.Errorf("list services: %w", err)
 	}
 	for _, s := range svcs.Items {
-		check("Service", s.Namespace, s.Name, s.Labels)
+		check("Service", s.Namespace, s.Name, s.Namespace, s.Labels)
 		if c := findCondition(s.Status.Conditions, gwstatus.ConditionWaypointBound); c != nil && c.Status != metav1.ConditionTrue {
 			a.add(levelError, "Service", s.Namespace, s.Name, c.Reason, "%s is %s: %s", c.Type, c.Status, c.Message)
 		}
@@ -322,7 +324,7 @@ func (a *analyzer) bindings(ctx context.Context) error {
 	}
 	for _, p := range pods.Items {
 		if p.Status.Phase == corev1.PodRunning || p.Status.Phase == corev1.PodPending {
-			check("Pod", p.Namespace, p.Name, p.Labels)
+			check("Pod", p.Namespace, p.Name, p.Namespace, p.Labels)
 		}
 	}
 	return nil

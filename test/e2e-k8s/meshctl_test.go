@@ -247,7 +247,9 @@ func testMeshctl(t *testing.T, m *meshctl, frontend corev1.Pod) {
 				Pod       string `json:"pod"`
 				Connected bool   `json:"connected"`
 				Types     []struct {
-					Type, Status, AckedVersion string
+					Type         string `json:"type"`
+					Status       string `json:"status"`
+					AckedVersion string `json:"acked_version"`
 				} `json:"types"`
 			}
 			if err := json.Unmarshal([]byte(out), &st); err != nil {
@@ -283,7 +285,12 @@ func testMeshctl(t *testing.T, m *meshctl, frontend corev1.Pod) {
 			t.Fatal(err)
 		}
 		kc(t, time.Minute, "apply", "-f", file)
-		defer kc(t, time.Minute, "delete", "-f", file, "--ignore-not-found")
+		deleted := false
+		defer func() {
+			if !deleted {
+				kc(t, time.Minute, "delete", "-f", file, "--ignore-not-found")
+			}
+		}()
 		eventually(t, time.Minute, "analyze reports the route", func() error {
 			out, errOut, code := m.run(t, "analyze", "-n", "shop", "-o", "json")
 			var fs []struct{ Level, Kind, Object, Reason, Message string }
@@ -302,6 +309,16 @@ func testMeshctl(t *testing.T, m *meshctl, frontend corev1.Pod) {
 		})
 		out, _, _ := m.run(t, "analyze", "-n", "shop")
 		t.Logf("meshctl analyze -n shop:\n%s", out)
+		// Without it the sample has nothing that will not work.
+		kc(t, time.Minute, "delete", "-f", file, "--wait=true")
+		deleted = true
+		eventually(t, time.Minute, "analyze finds nothing in the sample", func() error {
+			out, errOut, code := m.run(t, "analyze", "-A")
+			if code != 0 || strings.Contains(out, "Error") {
+				return fmt.Errorf("exit %d:\n%s%s", code, out, errOut)
+			}
+			return nil
+		})
 	})
 
 	t.Run("log-level", func(t *testing.T) {
