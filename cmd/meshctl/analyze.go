@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
-	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/gwstatus"
@@ -42,7 +40,6 @@ type finding struct {
 
 type analyzer struct {
 	c        *cluster
-	gw       gwclient.Interface
 	dyn      dynamic.Interface
 	ns       string // "" for every namespace
 	findings []finding
@@ -61,21 +58,13 @@ func (a *analyzer) add(level, kind, ns, name, reason, format string, args ...any
 
 func runAnalyze(args []string) error {
 	fs := flag.NewFlagSet("analyze", flag.ContinueOnError)
-	kf := addKubeFlags(fs, true)
 	all := fs.Bool("A", false, "every namespace")
 	fs.BoolVar(all, "all-namespaces", false, "same as -A")
-	pos, err := parseInterspersed(fs, args)
+	kf, _, err := parseArgs(fs, args, true, 0, "meshctl analyze [-n NAMESPACE | -A] [-o table|json|yaml]")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		return fmt.Errorf("usage: meshctl analyze [-n NAMESPACE | -A] [-o table|json|yaml] (no arguments; got %q)", strings.Join(pos, " "))
 	}
 	c, err := kf.connect()
-	if err != nil {
-		return err
-	}
-	gw, err := gwclient.NewForConfig(c.cfg)
 	if err != nil {
 		return err
 	}
@@ -83,7 +72,7 @@ func runAnalyze(args []string) error {
 	if err != nil {
 		return err
 	}
-	a := &analyzer{c: c, gw: gw, dyn: dyn, ns: c.namespace}
+	a := &analyzer{c: c, dyn: dyn, ns: c.namespace}
 	if *all {
 		a.ns = ""
 	} else if _, err := c.client.CoreV1().Namespaces().Get(context.Background(), a.ns, metav1.GetOptions{}); apierrors.IsNotFound(err) {
@@ -144,7 +133,7 @@ func (a *analyzer) run(ctx context.Context) error {
 }
 
 func (a *analyzer) gatewayClass(ctx context.Context) error {
-	gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{})
+	gc, err := a.c.gateway.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		a.add(levelError, "GatewayClass", "", config.WaypointClass, "NotFound", "no waypoint can be deployed: the control plane's leader creates this class (is the mesh installed?)")
 		return nil
@@ -173,7 +162,7 @@ func (a *analyzer) conditions(kind, ns, name string, generation int64, conds []m
 }
 
 func (a *analyzer) gateways(ctx context.Context) error {
-	list, err := a.gw.GatewayV1().Gateways("").List(ctx, metav1.ListOptions{})
+	list, err := a.c.gateway.GatewayV1().Gateways("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list Gateways: %w", err)
 	}
@@ -196,14 +185,14 @@ func (a *analyzer) inScope(ns string) bool { return a.ns == "" || a.ns == ns }
 // not accept, or whose backends or waypoint do not work, as the status
 // writer explains it.
 func (a *analyzer) routes(ctx context.Context) error {
-	https, err := a.gw.GatewayV1().HTTPRoutes(a.ns).List(ctx, metav1.ListOptions{})
+	https, err := a.c.gateway.GatewayV1().HTTPRoutes(a.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list HTTPRoutes: %w", err)
 	}
 	for _, r := range https.Items {
 		a.route("HTTPRoute", r.Namespace, r.Name, r.Generation, r.Spec.ParentRefs, r.Status.Parents)
 	}
-	grpcs, err := a.gw.GatewayV1().GRPCRoutes(a.ns).List(ctx, metav1.ListOptions{})
+	grpcs, err := a.c.gateway.GatewayV1().GRPCRoutes(a.ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list GRPCRoutes: %w", err)
 	}

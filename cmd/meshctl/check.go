@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
-	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
@@ -71,7 +70,6 @@ type checkResult struct {
 
 type checker struct {
 	c       *cluster
-	gw      gwclient.Interface
 	now     time.Time
 	results []checkResult
 }
@@ -82,26 +80,18 @@ func (k *checker) add(check, status, format string, args ...any) {
 
 func runCheck(args []string) error {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
-	kf := addKubeFlags(fs, false)
 	pre := fs.Bool("pre-install", false, "check only what an install needs: the cluster's version, its nodes, the Gateway API CRDs if present, and your permission to install")
-	pos, err := parseInterspersed(fs, args)
+	kf, _, err := parseArgs(fs, args, false, 0, "meshctl check [--pre-install] [-o table|json|yaml]")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		return fmt.Errorf("usage: meshctl check [--pre-install] [-o table|json|yaml] (no arguments; got %q)", strings.Join(pos, " "))
 	}
 	c, err := kf.connect()
 	if err != nil {
 		return err
 	}
-	gw, err := gwclient.NewForConfig(c.cfg)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*kubeTimeout)
 	defer cancel()
-	k := &checker{c: c, gw: gw, now: time.Now()}
+	k := &checker{c: c, now: time.Now()}
 	k.kubernetesVersion()
 	k.nodes(ctx)
 	k.gatewayAPI(*pre)
@@ -304,7 +294,7 @@ func (k *checker) installed(ctx context.Context) {
 	} else {
 		k.add("ConnectionPolicy CRD", checkPass, "%s is served", config.CausewayGroupVersion)
 	}
-	if gc, err := k.gw.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{}); err != nil {
+	if gc, err := k.c.gateway.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{}); err != nil {
 		k.add("GatewayClass", checkFail, "%s: %v (the control plane's leader creates it)", config.WaypointClass, reason(err))
 	} else if c := findCondition(gc.Status.Conditions, string(gwv1.GatewayClassConditionStatusAccepted)); c == nil || c.Status != metav1.ConditionTrue {
 		k.add("GatewayClass", checkFail, "%s is not Accepted%s", config.WaypointClass, conditionDetail(c))
@@ -430,7 +420,7 @@ func certProblem(notBefore, notAfter, now time.Time, root bool) string {
 
 // waypoints checks every waypoint Gateway is programmed.
 func (k *checker) waypoints(ctx context.Context) {
-	gws, err := k.gw.GatewayV1().Gateways("").List(ctx, metav1.ListOptions{})
+	gws, err := k.c.gateway.GatewayV1().Gateways("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		k.add("waypoints", checkFail, "list Gateways: %v", err)
 		return

@@ -268,11 +268,12 @@ func TestProxyKind(t *testing.T) {
 }
 
 func TestParseInterspersed(t *testing.T) {
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	kf := addKubeFlags(fs, true)
-	pos, err := parseInterspersed(fs, []string{"all", "np-1", "-n", "causeway-system", "-o", "json", "--", "-x"})
+	kf, pos, err := parseArgs(flag.NewFlagSet("t", flag.ContinueOnError), []string{"all", "np-1", "-n", "causeway-system", "-o", "json", "--", "-x"}, true, 3, "t")
 	if err != nil || strings.Join(pos, " ") != "all np-1 -x" || kf.namespace != "causeway-system" || kf.output != "json" {
 		t.Errorf("got %q, %v, namespace %q, output %q", pos, err, kf.namespace, kf.output)
+	}
+	if _, _, err := parseArgs(flag.NewFlagSet("t", flag.ContinueOnError), []string{"-o", "json", "stray"}, false, 0, "meshctl t"); err == nil || !strings.Contains(err.Error(), `unexpected "stray"`) {
+		t.Errorf("a stray argument: %v", err)
 	}
 }
 

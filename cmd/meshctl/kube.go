@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -69,10 +70,46 @@ func addKubeFlags(fs *flag.FlagSet, withNamespace bool) *kubeFlags {
 	return k
 }
 
+// parseInterspersed parses fs's flags wherever they stand among the
+// positional arguments (kubectl's habit: `proxy-config all POD -n NS`),
+// and returns the positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// parseArgs parses a cluster command's flags, fs's own and those
+// addKubeFlags adds, and returns the positional arguments, at most max.
+func parseArgs(fs *flag.FlagSet, args []string, withNamespace bool, max int, usage string) (*kubeFlags, []string, error) {
+	kf := addKubeFlags(fs, withNamespace)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(pos) > max {
+		return nil, nil, fmt.Errorf("usage: %s (unexpected %q)", usage, strings.Join(pos[max:], " "))
+	}
+	return kf, pos, nil
+}
+
 // cluster is a connection to the API server.
 type cluster struct {
 	cfg       *rest.Config
 	client    kubernetes.Interface
+	gateway   gwclient.Interface
 	namespace string // from the flags or the kubeconfig context
 }
 
@@ -103,7 +140,11 @@ func (k *kubeFlags) connect() (*cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}
-	return &cluster{cfg: cfg, client: cs, namespace: ns}, nil
+	gw, err := gwclient.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return &cluster{cfg: cfg, client: cs, gateway: gw, namespace: ns}, nil
 }
 
 // proxyKind says which mesh component a pod is: "node proxy",
@@ -133,7 +174,7 @@ func hasContainer(p *corev1.Pod, name string) bool {
 // waypoint (control plane too when allowControlPlane).
 func (c *cluster) proxyPod(ctx context.Context, name string, allowControlPlane bool) (*corev1.Pod, string, error) {
 	if ns, n, ok := strings.Cut(name, "/"); ok { // also NAMESPACE/POD
-		c = &cluster{cfg: c.cfg, client: c.client, namespace: ns}
+		c = &cluster{cfg: c.cfg, client: c.client, gateway: c.gateway, namespace: ns}
 		name = n
 	}
 	if name == "" {

@@ -27,9 +27,8 @@ type podLevel struct {
 }
 
 func runLogLevel(args []string) error {
-	fs := flag.NewFlagSet("log-level", flag.ContinueOnError)
-	kf := addKubeFlags(fs, true)
-	pos, err := parseInterspersed(fs, args)
+	const usage = "meshctl log-level [POD] [LEVEL] [-n NAMESPACE] [-o table|json|yaml]"
+	kf, pos, err := parseArgs(flag.NewFlagSet("log-level", flag.ContinueOnError), args, true, 2, usage)
 	if err != nil {
 		return err
 	}
@@ -45,8 +44,6 @@ func runLogLevel(args []string) error {
 		}
 	case 2:
 		podName, level = pos[0], pos[1]
-	default:
-		return fmt.Errorf("usage: meshctl log-level [POD] [LEVEL] [-n NAMESPACE]")
 	}
 	if level != "" && !isLevel(level) {
 		return fmt.Errorf("log level %q: want debug, info, warn or error", level)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,36 +25,14 @@ func init() {
 // proxyConfigKinds are the views of a proxy's /config_dump.
 var proxyConfigKinds = []string{"workloads", "services", "certificates", "connections", "policy", "all"}
 
-// parseInterspersed parses fs's flags wherever they stand among the
-// positional arguments (kubectl's habit: `proxy-config all POD -n NS`),
-// and returns the positional ones.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return positional, nil
-		}
-		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
-			return append(positional, rest...), nil
-		}
-		positional = append(positional, rest[0])
-		args = rest[1:]
-	}
-}
-
 func runProxyConfig(args []string) error {
-	fs := flag.NewFlagSet("proxy-config", flag.ContinueOnError)
-	kf := addKubeFlags(fs, true)
-	pos, err := parseInterspersed(fs, args)
+	usage := "meshctl proxy-config " + strings.Join(proxyConfigKinds, "|") + " POD [-n NAMESPACE] [-o table|json|yaml]"
+	kf, pos, err := parseArgs(flag.NewFlagSet("proxy-config", flag.ContinueOnError), args, true, 2, usage)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 2 {
-		return fmt.Errorf("usage: meshctl proxy-config %s POD [-n NAMESPACE] [-o table|json|yaml]", strings.Join(proxyConfigKinds, "|"))
+		return errors.New("usage: " + usage)
 	}
 	kind, podName := pos[0], pos[1]
 	if !contains(proxyConfigKinds, kind) {

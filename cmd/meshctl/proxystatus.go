@@ -38,14 +38,9 @@ type proxyStatus struct {
 }
 
 func runProxyStatus(args []string) error {
-	fs := flag.NewFlagSet("proxy-status", flag.ContinueOnError)
-	kf := addKubeFlags(fs, false)
-	pos, err := parseInterspersed(fs, args)
+	kf, _, err := parseArgs(flag.NewFlagSet("proxy-status", flag.ContinueOnError), args, false, 0, "meshctl proxy-status [-o table|json|yaml]")
 	if err != nil {
 		return err
-	}
-	if len(pos) != 0 {
-		return fmt.Errorf("usage: meshctl proxy-status [-o table|json|yaml] (no arguments; got %q)", strings.Join(pos, " "))
 	}
 	c, err := kf.connect()
 	if err != nil {
