@@ -17,6 +17,7 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/version"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -296,7 +297,7 @@ func (k *checker) installed(ctx context.Context) {
 	}
 	if gc, err := k.c.gateway.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{}); err != nil {
 		k.add("GatewayClass", checkFail, "%s: %v (the control plane's leader creates it)", config.WaypointClass, reason(err))
-	} else if c := findCondition(gc.Status.Conditions, string(gwv1.GatewayClassConditionStatusAccepted)); c == nil || c.Status != metav1.ConditionTrue {
+	} else if c := meta.FindStatusCondition(gc.Status.Conditions, string(gwv1.GatewayClassConditionStatusAccepted)); c == nil || c.Status != metav1.ConditionTrue {
 		k.add("GatewayClass", checkFail, "%s is not Accepted%s", config.WaypointClass, conditionDetail(c))
 	} else {
 		k.add("GatewayClass", checkPass, "%s Accepted", config.WaypointClass)
@@ -431,7 +432,7 @@ func (k *checker) waypoints(ctx context.Context) {
 			continue
 		}
 		n++
-		if c := findCondition(g.Status.Conditions, string(gwv1.GatewayConditionProgrammed)); c == nil || c.Status != metav1.ConditionTrue {
+		if c := meta.FindStatusCondition(g.Status.Conditions, string(gwv1.GatewayConditionProgrammed)); c == nil || c.Status != metav1.ConditionTrue {
 			k.add("waypoint "+g.Namespace+"/"+g.Name, checkFail, "not Programmed%s", conditionDetail(c))
 			continue
 		}
@@ -503,15 +504,6 @@ func chainRole(i int) string {
 		return "leaf"
 	}
 	return "chain element " + strconv.Itoa(i)
-}
-
-func findCondition(conds []metav1.Condition, t string) *metav1.Condition {
-	for i := range conds {
-		if conds[i].Type == t {
-			return &conds[i]
-		}
-	}
-	return nil
 }
 
 // conditionDetail is ": REASON: MESSAGE" of a condition, or " (no status yet)".
