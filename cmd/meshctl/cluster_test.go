@@ -42,12 +42,7 @@ func serveAdmin(t *testing.T, o admin.Options) *adminClient {
 
 // statusOf is a certificate manager's view of a chain.
 func statusOf(id string, chain ...*x509.Certificate) certmanager.CertificateStatus {
-	c := certmanager.CertificateStatus{Identity: id, State: certmanager.StateAvailable}
-	for _, x := range chain {
-		c.CertChain = append(c.CertChain, certmanager.CertificateInfo{PEM: pemOf(x), SerialNumber: x.SerialNumber.Text(16),
-			ValidFrom: x.NotBefore.UTC().Format(time.RFC3339), ExpirationTime: x.NotAfter.UTC().Format(time.RFC3339)})
-	}
-	return c
+	return certmanager.CertificateStatus{Identity: id, State: certmanager.StateAvailable, CertChain: certmanager.ChainInfo(chain)}
 }
 
 // nodeProxyDump is a node proxy's dump of two workloads (one with two
@@ -274,31 +269,5 @@ func TestParseInterspersed(t *testing.T) {
 	}
 	if _, _, err := parseArgs(flag.NewFlagSet("t", flag.ContinueOnError), []string{"-o", "json", "stray"}, false, 0, "meshctl t"); err == nil || !strings.Contains(err.Error(), `unexpected "stray"`) {
 		t.Errorf("a stray argument: %v", err)
-	}
-}
-
-// check's certificate rules: valid, renewed in time, Available.
-func TestCertificateProblems(t *testing.T) {
-	ca := trusttest.NewCA(t, "cluster.local")
-	id := trusttest.Identity(t, "spiffe://cluster.local/ns/web/sa/frontend")
-	cert := ca.Certificate(t, id, time.Hour)
-	good := statusOf(id.String(), cert.Leaf) // the test CA's root lives two days: see the root's rule below
-	life := cert.Leaf.NotAfter.Sub(cert.Leaf.NotBefore)
-	if p := certificateProblems([]certmanager.CertificateStatus{good}, cert.Leaf.NotBefore.Add(life/2)); len(p) != 0 {
-		t.Errorf("half way through its life: %v", p)
-	}
-	if p := certificateProblems([]certmanager.CertificateStatus{good}, cert.Leaf.NotBefore.Add(life*8/10)); len(p) != 1 || !strings.Contains(p[0], "not being renewed") {
-		t.Errorf("past three quarters of its life: %v", p)
-	}
-	if p := certificateProblems([]certmanager.CertificateStatus{good}, cert.Leaf.NotAfter.Add(time.Second)); len(p) != 1 || !strings.Contains(p[0], "expired") {
-		t.Errorf("expired: %v", p)
-	}
-	down := certmanager.CertificateStatus{Identity: "spiffe://cluster.local/ns/shop/sa/x", State: "Unavailable: CA says no"}
-	if p := certificateProblems([]certmanager.CertificateStatus{down}, time.Now()); len(p) != 1 || !strings.Contains(p[0], "CA says no") {
-		t.Errorf("unavailable: %v", p)
-	}
-	root := ca.Bundle.Roots()[0]
-	if p := certProblem(root.NotBefore, root.NotAfter, root.NotAfter.Add(-24*time.Hour), true); !strings.Contains(p, "within 30 days") {
-		t.Errorf("a root a day from expiry: %q", p)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
+	"github.com/causeway-mesh/causeway/pkg/clustercheck"
 	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
@@ -32,11 +33,11 @@ import (
 // and the waypoint template's labels, docs/design.md §10).
 const (
 	systemNamespace      = trust.SystemNamespace
-	controlPlaneSelector = "app.kubernetes.io/name=causeway-controlplane"
-	nodeProxySelector    = "app.kubernetes.io/name=causeway-nodeproxy"
-	nodeProxyLabel       = "app.kubernetes.io/name"
-	nodeProxyLabelValue  = "causeway-nodeproxy"
-	controlPlaneValue    = "causeway-controlplane"
+	nodeProxyLabel       = "app.kubernetes.io/name" // the chart's components' name label
+	nodeProxyLabelValue  = clustercheck.NodeProxyName
+	controlPlaneValue    = clustercheck.ControlPlaneName
+	controlPlaneSelector = nodeProxyLabel + "=" + controlPlaneValue
+	nodeProxySelector    = nodeProxyLabel + "=" + nodeProxyLabelValue
 	waypointLabel        = "gateway.networking.k8s.io/gateway-name"
 	// adminPort is where every component serves its admin endpoints, on
 	// localhost in its pod (docs/design.md §2): reached only by
