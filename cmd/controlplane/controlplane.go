@@ -35,6 +35,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust/authn/tokenreview"
 	"github.com/causeway-mesh/causeway/pkg/trust/caserver"
 	"github.com/causeway-mesh/causeway/pkg/trust/kubeca"
+	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 	"github.com/causeway-mesh/causeway/pkg/xds/xdsserver"
 )
@@ -475,13 +476,19 @@ func (cp *controlPlane) startHTTP(xdsServer *xdsserver.Server) ([]*http.Server, 
 	if a := cp.opts.metricsAddr; a != "" {
 		m := mux(a)
 		m.Handle("/metrics", promhttp.HandlerFor(cp.registry, promhttp.HandlerOpts{}))
+	}
+	// The admin endpoints change the log level and show the whole
+	// configuration and every client: localhost only (the chart leaves the
+	// default), reached by port-forward.
+	if a := cp.opts.adminAddr; a != "" {
+		m := mux(a)
 		m.Handle("/logging", cp.log.Handler())
-		m.HandleFunc("/debug/config", cp.serveConfigDump)
-		m.HandleFunc("/debug/clients", func(w http.ResponseWriter, _ *http.Request) {
+		m.HandleFunc("GET /debug/config", cp.serveConfigDump)
+		m.HandleFunc("GET /debug/syncz", func(w http.ResponseWriter, _ *http.Request) {
 			clients := xdsServer.Clients()
 			sort.Slice(clients, func(i, j int) bool { return clients[i].Since.Before(clients[j].Since) })
 			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(clients)
+			_ = json.NewEncoder(w).Encode(xds.Syncz{Version: xdsServer.Version(), Clients: clients})
 		})
 	}
 	var servers []*http.Server

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -92,7 +93,7 @@ func newHarness(t *testing.T) *harness {
 	}
 	opts, err := parseFlags([]string{
 		"--config-dir", h.dir, "--ca-dir", filepath.Join(base, "ca"), "--tokens-file", tokens,
-		"--listen", "127.0.0.1:0", "--readiness", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+		"--listen", "127.0.0.1:0", "--readiness", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--admin", "127.0.0.1:0",
 		"--config-debounce", "50ms", "--shutdown-grace", "2s",
 	})
 	if err != nil {
@@ -140,7 +141,7 @@ func (h *harness) start(listen string) {
 	}
 	h.cp = cp
 	h.grpcAddr = cp.grpcAddr.Load().(string)
-	v, _ := cp.httpAddrs.Load("127.0.0.1:0")
+	v, _ := cp.httpAddrs.Load(o.metricsAddr)
 	h.httpAddr = v.(string)
 	h.bundle = cp.bundle
 	stopped := false
@@ -484,4 +485,33 @@ func grepLines(s, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// The admin endpoints live on --admin alone, not on the metrics port a
+// Service exposes; /debug/syncz reports each client's exchange.
+func TestAdminEndpointsOnTheAdminAddressOnly(t *testing.T) {
+	h := newHarness(t)
+	const metricsAddr, adminAddr = "127.0.0.1:23011", "127.0.0.1:23012"
+	h.opts.metricsAddr, h.opts.readinessAddr, h.opts.adminAddr = metricsAddr, metricsAddr, adminAddr
+	h.start("")
+	eventually(t, "readiness", func() bool { code, _ := h.get("/healthz/ready"); return code == http.StatusOK })
+	h.client(nodeAToken, "nodeproxy~node-a", xds.Subscription{TypeURL: meshv1.WorkloadTypeURL})
+	for _, path := range []string{"/logging", "/debug/config", "/debug/syncz"} {
+		if code, _ := h.get(path); code != http.StatusNotFound {
+			t.Errorf("metrics port serves %s: %d", path, code)
+		}
+	}
+	h.httpAddr = adminAddr
+	if code, body := h.get("/logging"); code != http.StatusOK || !strings.Contains(body, `"level"`) {
+		t.Errorf("admin /logging: %d %s", code, body)
+	}
+	eventually(t, "node-a synced in /debug/syncz", func() bool {
+		code, body := h.get("/debug/syncz")
+		var s xds.Syncz
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &s) != nil || len(s.Clients) != 1 {
+			return false
+		}
+		cl := s.Clients[0]
+		return cl.NodeID == "nodeproxy~node-a" && len(cl.Types) == 1 && cl.Types[0].Status == xds.SyncSynced && cl.Types[0].AckedVersion == s.Version
+	})
 }

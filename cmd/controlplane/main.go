@@ -77,6 +77,7 @@ type options struct {
 	trustedNodeAccounts []trust.Identity
 	readinessAddr       string
 	metricsAddr         string
+	adminAddr           string
 	logFormat           string
 	logLevel            string
 	certTTL             time.Duration
@@ -107,7 +108,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.tokensFile, "tokens-file", "", "bearer tokens file: <token> <namespace>/<serviceaccount> [<node>] per line (without it, only mesh client certificates authenticate)")
 	fs.StringVar(&trusted, "trusted-node-accounts", "causeway-system/nodeproxy", "comma-separated accounts (<namespace>/<serviceaccount> or SPIFFE IDs) that may ask for the identities of workloads on their node")
 	fs.StringVar(&o.readinessAddr, "readiness", "127.0.0.1:15014", "address serving /healthz/ready (ready after the first good configuration); empty: off")
-	fs.StringVar(&o.metricsAddr, "metrics", "127.0.0.1:15014", "address serving Prometheus /metrics and /debug/ endpoints; empty: off (may equal --readiness)")
+	fs.StringVar(&o.metricsAddr, "metrics", "127.0.0.1:15014", "address serving Prometheus /metrics; empty: off (may equal --readiness)")
+	fs.StringVar(&o.adminAddr, "admin", "127.0.0.1:15000", "admin address (/logging, /debug/config, /debug/syncz; meshctl reaches it by port-forward); keep it on localhost; empty: off")
 	fs.StringVar(&o.logFormat, "log-format", "json", "log format: json or console")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.DurationVar(&o.certTTL, "cert-ttl", trust.DefaultCertTTL, "longest lifetime of issued certificates")

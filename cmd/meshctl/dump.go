@@ -12,7 +12,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -38,6 +37,9 @@ type dump struct {
 	ByVIP        map[string]json.RawMessage      `json:"by_vip"`
 	Certificates []certmanager.CertificateStatus `json:"certificates"`
 	Policies     *policy.Status                  `json:"policies"` // waypoints
+	// Connections are a node proxy's open inbound connections, each as
+	// its log names it (src, src_identity, dst); nil when not listed.
+	Connections *[]map[string]any `json:"connections"`
 }
 
 // loadDump reads a config dump from a proxy's admin address or a file.
@@ -80,6 +82,11 @@ func loadDump(name string, args []string) (*dump, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config dump: %w", err)
 	}
+	return parseDump(data)
+}
+
+// parseDump reads a /config_dump document.
+func parseDump(data []byte) (*dump, error) {
 	var d dump
 	if err := json.Unmarshal(data, &d); err != nil {
 		return nil, fmt.Errorf("parse config dump: %w", err)
@@ -97,22 +104,11 @@ func runWorkloads(args []string) error {
 
 // writeWorkloads prints the workloads of a dump as a table.
 func writeWorkloads(out io.Writer, d *dump) error {
-	seen := map[string]*meshv1.Workload{}
-	for addr, raw := range d.ByAddr {
-		w := new(meshv1.Workload)
-		if err := protojson.Unmarshal(raw, w); err != nil {
-			return fmt.Errorf("workload at %s: %w", addr, err)
-		}
-		seen[w.GetUid()] = w
+	rows, err := d.workloads()
+	if err != nil {
+		return err
 	}
-	rows := make([]*meshv1.Workload, 0, len(seen))
-	for _, w := range seen {
-		rows = append(rows, w)
-	}
-	sort.Slice(rows, func(i, j int) bool {
-		return rows[i].GetNamespace()+"/"+rows[i].GetName() < rows[j].GetNamespace()+"/"+rows[j].GetName()
-	})
-	tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
+	tw := newTable(out)
 	fmt.Fprintln(tw, "NAMESPACE\tPOD NAME\tADDRESS\tNODE\tWAYPOINT\tPROTOCOL\tIDENTITY")
 	for _, w := range rows {
 		proto := "TCP"
@@ -125,28 +121,44 @@ func writeWorkloads(out io.Writer, d *dump) error {
 	return tw.Flush()
 }
 
+// workloads are the dump's workloads, each once (a workload is listed
+// under each of its addresses), by namespace and name.
+func (d *dump) workloads() ([]*meshv1.Workload, error) {
+	seen := map[string]*meshv1.Workload{}
+	for addr, raw := range d.ByAddr {
+		w := new(meshv1.Workload)
+		if err := protojson.Unmarshal(raw, w); err != nil {
+			return nil, fmt.Errorf("workload at %s: %w", addr, err)
+		}
+		seen[w.GetUid()] = w
+	}
+	rows := make([]*meshv1.Workload, 0, len(seen))
+	for _, w := range seen {
+		rows = append(rows, w)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		return rows[i].GetNamespace()+"/"+rows[i].GetName() < rows[j].GetNamespace()+"/"+rows[j].GetName()
+	})
+	return rows, nil
+}
+
 func runServices(args []string) error {
 	d, err := loadDump("services", args)
 	if err != nil {
 		return err
 	}
-	seen := map[string]*meshv1.Service{}
-	for vip, raw := range d.ByVIP {
-		s := new(meshv1.Service)
-		if err := protojson.Unmarshal(raw, s); err != nil {
-			return fmt.Errorf("service at %s: %w", vip, err)
-		}
-		seen[s.GetNamespace()+"/"+s.GetName()] = s
+	return writeServices(os.Stdout, d)
+}
+
+// writeServices prints the services of a dump as a table.
+func writeServices(out io.Writer, d *dump) error {
+	services, err := d.services()
+	if err != nil {
+		return err
 	}
-	keys := make([]string, 0, len(seen))
-	for k := range seen {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
+	tw := newTable(out)
 	fmt.Fprintln(tw, "NAMESPACE\tSERVICE NAME\tSERVICE VIP\tPORTS\tWAYPOINT\tENDPOINTS")
-	for _, k := range keys {
-		s := seen[k]
+	for _, s := range services {
 		var ports []string
 		for _, p := range s.GetPorts() {
 			ports = append(ports, fmt.Sprintf("%d/%s", p.GetPort(), orDefault(p.GetAppProtocol(), "tcp")))
@@ -155,6 +167,26 @@ func runServices(args []string) error {
 			orNA(strings.Join(ports, ",")), refOrNone(s.GetWaypoint()), len(s.GetEndpoints()))
 	}
 	return tw.Flush()
+}
+
+// services are the dump's services, each once, by namespace and name.
+func (d *dump) services() ([]*meshv1.Service, error) {
+	seen := map[string]*meshv1.Service{}
+	for vip, raw := range d.ByVIP {
+		s := new(meshv1.Service)
+		if err := protojson.Unmarshal(raw, s); err != nil {
+			return nil, fmt.Errorf("service at %s: %w", vip, err)
+		}
+		seen[s.GetNamespace()+"/"+s.GetName()] = s
+	}
+	out := make([]*meshv1.Service, 0, len(seen))
+	for _, s := range seen {
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].GetNamespace()+"/"+out[i].GetName() < out[j].GetNamespace()+"/"+out[j].GetName()
+	})
+	return out, nil
 }
 
 func runCertificates(args []string) error {
@@ -168,7 +200,7 @@ func runCertificates(args []string) error {
 // writeCertificates prints the table of docs/design.md §8.
 func writeCertificates(w io.Writer, certs []certmanager.CertificateStatus, now time.Time) error {
 	sort.Slice(certs, func(i, j int) bool { return certs[i].Identity < certs[j].Identity })
-	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, "CERTIFICATE NAME\tTYPE\tSTATUS\tVALID CERT\tSERIAL NUMBER\tNOT AFTER\tNOT BEFORE")
 	for _, c := range certs {
 		status := c.State

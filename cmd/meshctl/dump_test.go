@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"crypto/x509"
-	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,10 +13,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
 
-func pemOf(c *x509.Certificate) string {
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
-}
-
 func TestCertificatesTable(t *testing.T) {
 	ca := trusttest.NewCA(t, "cluster.local")
 	id := trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/reviews")
@@ -27,11 +22,7 @@ func TestCertificatesTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := ca.Bundle.Roots()[0]
-	c := certmanager.CertificateStatus{Identity: id.String(), State: certmanager.StateAvailable}
-	for _, x := range []*x509.Certificate{cert.Leaf, inter, root} {
-		c.CertChain = append(c.CertChain, certmanager.CertificateInfo{PEM: pemOf(x), SerialNumber: x.SerialNumber.Text(16),
-			ValidFrom: x.NotBefore.Format(time.RFC3339), ExpirationTime: x.NotAfter.Format(time.RFC3339)})
-	}
+	c := statusOf(id.String(), cert.Leaf, inter, root)
 	broken := certmanager.CertificateStatus{Identity: "spiffe://cluster.local/ns/shop/sa/ratings", State: "Unavailable: no workload with identity X on node node-a"}
 
 	var out bytes.Buffer

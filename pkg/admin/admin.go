@@ -20,13 +20,16 @@ import (
 
 // ConfigDump is the /config_dump document (docs/design.md §8). Workloads and
 // services are the proxy's current view; Certificates its certificate
-// manager's snapshot; Policies and Routes what a waypoint enforces.
+// manager's snapshot; Policies and Routes what a waypoint enforces;
+// Connections the inbound connections a node proxy holds to its pods.
 type ConfigDump struct {
 	ByAddr       map[string]json.RawMessage `json:"by_addr"`
 	ByVIP        map[string]json.RawMessage `json:"by_vip"`
 	Certificates any                        `json:"certificates"`
 	Policies     any                        `json:"policies,omitempty"`
 	Routes       any                        `json:"routes,omitempty"`
+	// Connections are the open connections a node proxy tracks.
+	Connections any `json:"connections,omitempty"`
 }
 
 // Options are what the admin handler exposes.

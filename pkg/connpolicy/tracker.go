@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/causeway-mesh/causeway/pkg/shrinkmap"
 )
@@ -64,6 +65,24 @@ func (t *Tracker) Track(ctx context.Context, check func(context.Context) (Verdic
 		t.conns.Delete(o)
 		t.mu.Unlock()
 	}
+}
+
+// Describe lists the open connections, each as the fields that name it
+// in the log (the node proxy's /config_dump "connections"), at most max
+// of them.
+func (t *Tracker) Describe(max int) []map[string]any {
+	t.mu.Lock()
+	list := slices.AppendSeq(make([]*Open, 0, min(t.conns.Len(), max)), t.conns.Keys())
+	t.mu.Unlock()
+	out := make([]map[string]any, 0, min(len(list), max))
+	for _, o := range list[:min(len(list), max)] {
+		enc := zapcore.NewMapObjectEncoder()
+		for _, f := range o.describe() {
+			f.AddTo(enc)
+		}
+		out = append(out, enc.Fields)
+	}
+	return out
 }
 
 // Result is err, or why a re-check closed the connection.

@@ -128,7 +128,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 
 	cp := plan.ControlPlane
 	if err := launch([]job{{name: "controlplane", bin: filepath.Join(o.BinDir, "controlplane"), ready: "http://" + cp.Status + "/healthz/ready",
-		args: append([]string{"--listen", cp.GRPC, "--readiness", cp.Status, "--metrics", cp.Status, "--config-dir", o.ConfigDir, "--ca-dir", caDir,
+		args: append([]string{"--listen", cp.GRPC, "--readiness", cp.Status, "--metrics", cp.Status, "--admin", cp.Status, "--config-dir", o.ConfigDir, "--ca-dir", caDir,
 			"--tokens-file", tokens, "--trusted-node-accounts", NodeAccount}, append(common, o.ControlPlaneArgs...)...)}}); err != nil {
 		return nil, err
 	}

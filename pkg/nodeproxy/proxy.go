@@ -391,11 +391,14 @@ func (p *Proxy) Ready() error {
 	return nil
 }
 
+// maxDumpConnections bounds the connections /config_dump lists.
+const maxDumpConnections = 10000
+
 // Dump builds the /config_dump document (docs/design.md §8).
 func (p *Proxy) Dump() (*admin.ConfigDump, error) {
 	r := p.reg.Load()
 	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{},
-		Certificates: p.opts.Certificates.Snapshot()}
+		Certificates: p.opts.Certificates.Snapshot(), Connections: p.open.Describe(maxDumpConnections)}
 	if err := dumpBy(d.ByAddr, maps.Values(r.AllWorkloads()), (*meshv1.Workload).GetAddresses); err != nil {
 		return nil, err
 	}

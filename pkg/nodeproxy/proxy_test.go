@@ -524,3 +524,45 @@ func startWaypoint(t *testing.T, m *testMesh, h hbone.Handler) {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 }
+
+// The destination's node proxy lists an open inbound connection in its
+// /config_dump (meshctl proxy-config connections) while it lasts.
+func TestDumpListsOpenConnections(t *testing.T) {
+	startApp(t, app(podB)+":8080", "B")
+	m := startMesh(t, "node-a", "node-b")
+	c, err := m.dial(t, "node-a", podA, podB+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "held"); err != nil {
+		t.Fatal(err)
+	}
+	conns := func() ([]map[string]any, error) {
+		d, err := m.proxies["node-b"].Dump()
+		if err != nil {
+			return nil, err
+		}
+		list, _ := d.Connections.([]map[string]any)
+		return list, nil
+	}
+	waitFor(t, "node-b lists the connection", func() error {
+		list, err := conns()
+		if err != nil {
+			return err
+		}
+		for _, f := range list {
+			if f["dst"] == podB+":8080" && f["src_identity"] == "spiffe://cluster.local/ns/t/sa/a" {
+				return nil
+			}
+		}
+		return fmt.Errorf("connections %v", list)
+	})
+	c.Close()
+	waitFor(t, "node-b no longer lists it", func() error {
+		if list, err := conns(); err != nil || len(list) != 0 {
+			return fmt.Errorf("connections %v, %v", list, err)
+		}
+		return nil
+	})
+}

@@ -100,6 +100,11 @@ func TestInstall(t *testing.T) {
 		runKubectl(ctx, "delete", "crd", "connectionpolicies.causeway.dev", "--ignore-not-found", "--wait=true")
 	})
 
+	// meshctl against the cluster: before the install its check fails,
+	// saying the mesh is not there (as the administrator who installs it).
+	mc := buildMeshctl(t, t.TempDir())
+	step("meshctl check before the install", func(t *testing.T) { testCheckBeforeInstall(t, mc) })
+
 	step("install", func(t *testing.T) {
 		began := time.Now()
 		defer expectQuietLogs(t, "install", began)
@@ -227,6 +232,10 @@ func TestInstall(t *testing.T) {
 			t.Errorf("%s refused before the CA checks began: %v", id, r)
 		}
 	})
+
+	// meshctl as a mesh operator (the chart's ClusterRole) on the
+	// installed mesh and the sample.
+	t.Run("meshctl", func(t *testing.T) { testMeshctl(t, mc, pods["frontend"]) })
 
 	t.Run("traffic through the waypoint", func(t *testing.T) {
 		path := "/e2e-" + randomHex()

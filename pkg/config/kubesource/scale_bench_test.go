@@ -243,7 +243,7 @@ func startControlPlane(b *testing.B, bin, kubeconfig string) *controlPlaneProc {
 	dir := b.TempDir()
 	grpcAddr, statusAddr := freeAddr(b), freeAddr(b)
 	cmd := exec.Command(bin, "--source", "kubernetes", "--kubeconfig", kubeconfig, "--ca-dir", filepath.Join(dir, "ca"),
-		"--listen", grpcAddr, "--readiness", statusAddr, "--metrics", statusAddr, "--webhook-listen", "", "--log-level", "warn")
+		"--listen", grpcAddr, "--readiness", statusAddr, "--metrics", statusAddr, "--admin", "", "--webhook-listen", "", "--log-level", "warn")
 	logf, err := os.Create(filepath.Join(dir, "controlplane.log"))
 	if err != nil {
 		b.Fatal(err)

@@ -552,6 +552,20 @@ type CertificateInfo struct {
 	ExpirationTime string `json:"expiration_time"` // RFC 3339
 }
 
+// ChainInfo describes a chain as Snapshot does.
+func ChainInfo(chain []*x509.Certificate) []CertificateInfo {
+	out := make([]CertificateInfo, 0, len(chain))
+	for _, c := range chain {
+		out = append(out, CertificateInfo{
+			PEM:            string(pemEncode(c.Raw)),
+			SerialNumber:   c.SerialNumber.Text(16),
+			ValidFrom:      c.NotBefore.UTC().Format(time.RFC3339),
+			ExpirationTime: c.NotAfter.UTC().Format(time.RFC3339),
+		})
+	}
+	return out
+}
+
 // Snapshot returns every identity's state and chain, sorted by identity.
 func (m *Manager) Snapshot() []CertificateStatus {
 	m.mu.Lock()
@@ -562,14 +576,7 @@ func (m *Manager) Snapshot() []CertificateStatus {
 		if e.lastErr != nil && s.State == StateAvailable {
 			s.RefreshError = e.lastErr.Error()
 		}
-		for _, c := range e.chain {
-			s.CertChain = append(s.CertChain, CertificateInfo{
-				PEM:            string(pemEncode(c.Raw)),
-				SerialNumber:   c.SerialNumber.Text(16),
-				ValidFrom:      c.NotBefore.UTC().Format(time.RFC3339),
-				ExpirationTime: c.NotAfter.UTC().Format(time.RFC3339),
-			})
-		}
+		s.CertChain = append(s.CertChain, ChainInfo(e.chain)...)
 		out = append(out, s)
 	}
 	slices.SortFunc(out, func(a, b CertificateStatus) int {

@@ -424,6 +424,13 @@ func knownType(typeURL string) bool {
 	return err == nil
 }
 
+// currentVersion is the version responses are sent with now.
+func (c *deltaCache) currentVersion() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strconv.FormatUint(c.version, 10)
+}
+
 // resourceCounts returns the number of resources per type.
 func (c *deltaCache) resourceCounts() map[string]int {
 	c.mu.Lock()

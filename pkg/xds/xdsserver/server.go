@@ -89,6 +89,8 @@ type streamInfo struct {
 	opened time.Time
 	// stamped: a request of the stream carried the reader to the cache.
 	stamped bool
+	// sync: each type's exchange, by type URL.
+	sync map[string]*xds.TypeSync
 }
 
 type callerKey struct{}
@@ -202,7 +204,8 @@ func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) erro
 	caller, _ := ctx.Value(callerKey{}).(authn.Caller)
 	s.mu.Lock()
 	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now(),
-		reader: reader{stream: id, trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()}}
+		reader: reader{stream: id, trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()},
+		sync:   map[string]*xds.TypeSync{}}
 	s.mu.Unlock()
 	s.metrics.clients.Inc()
 	s.log.Info("xDS client connected", zap.Int64("stream", id), zap.Stringer("caller", caller), zap.String("remote", remoteAddr(ctx)))
@@ -250,6 +253,9 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 			zap.String("node_id", info.nodeID), zap.String("type", xds.TypeName(req.GetTypeUrl())), zap.Error(err))
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
+	s.mu.Lock()
+	info.answered(req, time.Now())
+	s.mu.Unlock()
 	if ed := req.GetErrorDetail(); ed != nil {
 		s.metrics.nacks.WithLabelValues(xds.TypeName(req.GetTypeUrl())).Inc()
 		fields := []zap.Field{
@@ -329,6 +335,11 @@ func readerOf(req *discovery.DeltaDiscoveryRequest) reader {
 
 // OnStreamDeltaResponse implements delta.Callbacks.
 func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	s.mu.Lock()
+	if info := s.streams[id]; info != nil {
+		info.sent(resp, time.Now())
+	}
+	s.mu.Unlock()
 	s.metrics.pushes.WithLabelValues(xds.TypeName(resp.GetTypeUrl())).Inc()
 	s.metrics.pushResources.WithLabelValues(xds.TypeName(resp.GetTypeUrl())).Observe(float64(len(resp.GetResources()) + len(resp.GetRemovedResources())))
 	if ce := s.log.Check(zap.DebugLevel, "xDS push"); ce != nil {
@@ -338,24 +349,28 @@ func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequ
 	}
 }
 
-// Clients lists the connected clients (for the control plane's debug endpoint).
-func (s *Server) Clients() []ClientInfo {
+// Clients returns the connected clients and, per type each asked for,
+// where its exchange stands.
+func (s *Server) Clients() []xds.ClientSync {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]ClientInfo, 0, len(s.streams))
+	out := make([]xds.ClientSync, 0, len(s.streams))
 	for _, i := range s.streams {
-		out = append(out, ClientInfo{NodeID: i.nodeID, Caller: i.caller.String(), Remote: i.remote, Since: i.opened})
+		c := xds.ClientSync{NodeID: i.nodeID, Caller: i.caller.String(), Pod: i.caller.Pod, Remote: i.remote, Since: i.opened}
+		for _, t := range meshv1.TypeURLs {
+			if ts := i.sync[t]; ts != nil {
+				c.Types = append(c.Types, snapshot(ts))
+			}
+		}
+		out = append(out, c)
 	}
 	return out
 }
 
-// ClientInfo describes one connected client.
-type ClientInfo struct {
-	NodeID string    `json:"node_id"`
-	Caller string    `json:"caller"`
-	Remote string    `json:"remote"`
-	Since  time.Time `json:"connected_since"`
-}
+// Version is the configuration version the server holds: the
+// system_version_info of the responses it sends now ("0" before the first
+// Update).
+func (s *Server) Version() string { return s.cache.currentVersion() }
 
 // GRPCServerOptions are the options the xDS server needs from its gRPC
 // server: keepalive so that dead clients are noticed, and a policy that
