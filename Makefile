@@ -26,7 +26,7 @@ LDFLAGS  := -X github.com/causeway-mesh/causeway/pkg/version.version=$(VERSION) 
 TEST_NODES ?= 3
 REGISTRY_TOOL = $(shell bash -c '. hack/cluster/lib.sh && echo $$REGISTRY_BIN/registry')
 
-.PHONY: all build test lint proto demo bench fuzz bench-k8s faults faults-k8s clean cluster cluster-down images e2e-k8s push release release-version chart manifests chart-release
+.PHONY: all build test lint proto demo bench fuzz bench-k8s faults faults-k8s clean cluster cluster-down images e2e-k8s conformance push release release-version chart manifests chart-release
 
 all: build
 
@@ -138,6 +138,13 @@ images:
 # Against the running cluster, or one brought up and removed for the run.
 e2e-k8s:
 	hack/cluster/e2e.sh
+
+# The official Gateway API conformance suite (go.mod's version, unmodified)
+# against manifests/ on the test cluster, as e2e-k8s brings it up; writes
+# the ConformanceReport to REPORT (default bin/conformance/report.yaml).
+# conformance/reports/ holds the published ones (its README says how).
+conformance:
+	hack/cluster/conformance.sh
 
 # Faults under load (bench/README.md "Faults"): every row, about 5 minutes.
 # FAULTS_FLAGS: e.g. -row 30s -rate 50 -only policy -keep.

@@ -14,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/causeway-mesh/causeway/bench/internal/faultload"
-	"github.com/causeway-mesh/causeway/bench/internal/testcluster"
+	"github.com/causeway-mesh/causeway/internal/testcluster"
 )
 
 func noFailures(_ []faultload.Result, fresh, existing faultload.Summary, _ outcome) string {

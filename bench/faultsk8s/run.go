@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/bench/internal/faultload"
-	"github.com/causeway-mesh/causeway/bench/internal/testcluster"
+	"github.com/causeway-mesh/causeway/internal/testcluster"
 )
 
 type options struct {

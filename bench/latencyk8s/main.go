@@ -37,7 +37,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/causeway-mesh/causeway/bench/internal/testcluster"
+	"github.com/causeway-mesh/causeway/internal/testcluster"
 )
 
 var logf = testcluster.Logger("latencyk8s")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make e2e-k8s: pushes the images to the cluster's registry and runs test/e2e-k8s against the running
 # test cluster, or brings one up for the run and removes it afterwards (also
-# when something fails). Without root there is no cluster: it says so and
-# skips.
+# when something fails); a whole run then runs the official Gateway API
+# conformance suite on it (conformance.sh). Without root there is no
+# cluster: it says so and skips.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -31,3 +32,9 @@ CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl 
   CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_NODES_DIR=$NODES_DIR CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \
   CAUSEWAY_E2E_NODE_SCRIPTS=$HERE \
   go test -count=1 -timeout 20m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...
+# A whole run (E2E_K8S_FLAGS without -run) ends with the official Gateway
+# API conformance suite on the same cluster (make conformance).
+case " ${E2E_K8S_FLAGS:-} " in
+  *" -run"*) step "e2e-k8s: a part (-run): the conformance suite left out" ;;
+  *) CAUSEWAY_IMAGES_PUSHED=1 "$HERE/conformance.sh" ;;
+esac

@@ -250,6 +250,17 @@ server = "https://$REGISTRY_HOST"
   capabilities = ["pull", "resolve"]
   ca = "$PKI/ca.crt"
 CFG
+  # The Gateway API conformance suite's images (registry.k8s.io/gateway-api/...,
+  # make conformance) come from the cluster's registry under the same
+  # paths: nothing is pulled from outside the machine.
+  mkdir -p "$ETC/certs.d/registry.k8s.io"
+  put "$ETC/certs.d/registry.k8s.io/hosts.toml" <<CFG
+server = "https://$REGISTRY_HOST"
+
+[host."https://$REGISTRY_HOST"]
+  capabilities = ["pull", "resolve"]
+  ca = "$PKI/ca.crt"
+CFG
   put "$ETC/registry.yml" <<CFG
 version: 0.1
 log: {level: warn, accesslog: {disabled: true}}

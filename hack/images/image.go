@@ -99,9 +99,61 @@ func binaryLayer(name string, content []byte) (v1.Layer, error) {
 	})
 }
 
+// extraFile is a file added to an image: src's content at dest.
+type extraFile struct{ dest, src string }
+
+// filesLayer holds files for platform arch, each at its destination with
+// its parent directories; a file is executable (0755) if its source is,
+// else 0644, and an ELF executable must be static and built for arch.
+func filesLayer(files []extraFile, arch string) (v1.Layer, error) {
+	contents := make([][]byte, len(files))
+	modes := make([]int64, len(files))
+	for i, f := range files {
+		st, err := os.Stat(f.src)
+		if err != nil {
+			return nil, fmt.Errorf("-file %s: %w", f.dest, err)
+		}
+		if !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("-file %s: %s is not a regular file", f.dest, f.src)
+		}
+		if contents[i], err = os.ReadFile(f.src); err != nil {
+			return nil, fmt.Errorf("-file %s: %w", f.dest, err)
+		}
+		modes[i] = 0o644
+		if st.Mode()&0o111 != 0 {
+			modes[i] = 0o755
+		}
+		if bytes.HasPrefix(contents[i], []byte(elf.ELFMAG)) {
+			if got, err := elfPlatform(contents[i]); err != nil {
+				return nil, fmt.Errorf("-file %s: %s: %w", f.dest, f.src, err)
+			} else if got != arch {
+				return nil, fmt.Errorf("-file %s: %s is built for %s, not %s", f.dest, f.src, got, arch)
+			}
+		}
+	}
+	return layer(func(w *layerWriter) {
+		made := map[string]bool{}
+		for i, f := range files {
+			rel := strings.TrimPrefix(f.dest, "/")
+			var parent string
+			for _, d := range strings.Split(path.Dir(rel), "/") {
+				if d == "." {
+					break
+				}
+				parent = path.Join(parent, d)
+				if !made[parent] {
+					made[parent] = true
+					w.dir(parent, 0o755, 0)
+				}
+			}
+			w.file(rel, modes[i], contents[i])
+		}
+	})
+}
+
 // binaryImage is the image running the static executable at bin as
-// nonroot, for platform p.
-func binaryImage(name, bin string, p v1.Platform, m meta) (v1.Image, error) {
+// nonroot, for platform p, with files added.
+func binaryImage(name, bin string, p v1.Platform, m meta, files []extraFile) (v1.Image, error) {
 	content, err := os.ReadFile(bin)
 	if err != nil {
 		return nil, err
@@ -119,9 +171,17 @@ func binaryImage(name, bin string, p v1.Platform, m meta) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	layers := []v1.Layer{base, app}
+	if len(files) > 0 {
+		extra, err := filesLayer(files, p.Architecture)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, extra)
+	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	if img, err = mutate.AppendLayers(img, base, app); err != nil {
+	if img, err = mutate.AppendLayers(img, layers...); err != nil {
 		return nil, err
 	}
 	cfg, err := img.ConfigFile()

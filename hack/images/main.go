@@ -4,7 +4,7 @@
 //
 //	images push -registry HOST[:PORT][/PATH] [-tag TAG] [-platforms linux/amd64,linux/arm64]
 //	       [-version V] [-revision SHA] [-source URL] [-created RFC3339]
-//	       [-refs FILE] [-registry-ca PEM] [-binary PATH]... [PACKAGE...]
+//	       [-refs FILE] [-registry-ca PEM] [-binary PATH]... [-file DEST=SRC]... [PACKAGE...]
 //	images verify -tag TAG [-registry-ca PEM] FILE...
 //
 // push builds every Go PACKAGE for every platform (CGO_ENABLED=0, -trimpath,
@@ -13,7 +13,9 @@
 // Mozilla's CA bundle and /tmp, and a layer with the binary at
 // /usr/local/bin/NAME (NAME: the package's last path element), its
 // entrypoint; it runs as nonroot (65532). A -binary is a static executable
-// built elsewhere: an index of the one platform it was built for. Each index
+// built elsewhere: an index of the one platform it was built for. -file adds
+// a file to every image, in a layer of its own (the conformance suite's echo
+// image: a server, the client its tests exec, a certificate). Each index
 // is pushed as REGISTRY/NAME:TAG (credentials from the docker config file,
 // as `docker login` writes it) and printed as REGISTRY/NAME:TAG@DIGEST; -refs
 // writes the same lines, "NAME REF@DIGEST", for the release step. Nothing

@@ -142,6 +142,64 @@ func imageFiles(t *testing.T, img v1.Image) map[string][]byte {
 	return files
 }
 
+// TestExtraFiles: -file puts each file at its path in every image, with
+// its parent directories, executable when its source is; an ELF
+// executable must be built for the image's platform.
+func TestExtraFiles(t *testing.T) {
+	dir := t.TempDir()
+	cert, client := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "arm64", "pause")
+	if err := os.WriteFile(cert, []byte("not secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	arm := v1.Platform{OS: "linux", Architecture: "arm64"}
+	if err := goBuild(context.Background(), filepath.Dir(client), arm, testMeta, []string{"./pause"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parsePush([]string{"-registry", "r.example", "-platforms", "linux/arm64",
+		"-file", "/cert.crt=" + cert, "-file", "/opt/echo/bin/client=" + client, "./pause"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.meta = testMeta
+	idx, err := buildIndexes(context.Background(), o, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkIndex(t, idx[0], "pause", []v1.Platform{arm})
+	im, _ := idx[0].IndexManifest()
+	img, err := idx[0].Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, _ := img.Layers()
+	rc, err := layers[len(layers)-1].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got := map[string]int64{}
+	tr := tar.NewReader(rc)
+	for h, err := tr.Next(); err != io.EOF; h, err = tr.Next() {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[h.Name] = h.Mode
+	}
+	want := map[string]int64{"cert.crt": 0o644, "opt/": 0o755, "opt/echo/": 0o755, "opt/echo/bin/": 0o755, "opt/echo/bin/client": 0o755}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the files' layer holds %v, want %v (modes in decimal)", got, want)
+	}
+	if files := imageFiles(t, img); string(files["cert.crt"]) != "not secret\n" {
+		t.Fatalf("/cert.crt holds %q", files["cert.crt"])
+	}
+
+	// The arm64 executable in an amd64 image.
+	o.platforms = []v1.Platform{{OS: "linux", Architecture: "amd64"}}
+	if _, err := buildIndexes(context.Background(), o, t.TempDir()); err == nil || !strings.Contains(err.Error(), "built for arm64, not amd64") {
+		t.Fatalf("an arm64 -file in an amd64 image: %v", err)
+	}
+}
+
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "run.sh")
@@ -159,6 +217,10 @@ func TestBadInput(t *testing.T) {
 		{[]string{"-registry", "r.example", "-created", "yesterday", "./pause"}, "-created"},
 		{[]string{"-registry", "r.example"}, "nothing to build"},
 		{[]string{"-registry", "r.example", "./pause", "-binary", "x/pause"}, "two images"},
+		{[]string{"-registry", "r.example", "-file", "cert.pem", "./pause"}, "DEST=SRC"},
+		{[]string{"-registry", "r.example", "-file", "cert.crt=cert.pem", "./pause"}, "absolute"},
+		{[]string{"-registry", "r.example", "-file", "/a/../cert.crt=cert.pem", "./pause"}, "clean"},
+		{[]string{"-registry", "r.example", "-file", "/cert.crt=", "./pause"}, "DEST=SRC"},
 	} {
 		if _, err := parsePush(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("push %q: %v, want an error mentioning %q", tc.args, err, tc.want)
@@ -167,6 +229,10 @@ func TestBadInput(t *testing.T) {
 	o := pushOptions{platforms: bothPlatforms, meta: testMeta, binaries: []string{script}}
 	if _, err := buildIndexes(context.Background(), o, t.TempDir()); err == nil || !strings.Contains(err.Error(), "not an ELF") {
 		t.Errorf("a shell script as -binary: %v", err)
+	}
+	o = pushOptions{platforms: bothPlatforms, meta: testMeta, packages: []string{"./pause"}, files: []extraFile{{"/cert.crt", filepath.Join(dir, "absent")}}}
+	if _, err := buildIndexes(context.Background(), o, t.TempDir()); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("a -file that does not exist: %v", err)
 	}
 }
 

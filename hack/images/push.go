@@ -27,12 +27,14 @@ type pushOptions struct {
 	platforms                       []v1.Platform
 	meta                            meta
 	packages, binaries              []string
+	// files are added to every image (-file DEST=SRC).
+	files []extraFile
 }
 
 func parsePush(args []string) (pushOptions, error) {
 	var o pushOptions
 	var platforms, created string
-	var binaries stringList
+	var binaries, files stringList
 	fs := flag.NewFlagSet("images push", flag.ContinueOnError)
 	fs.StringVar(&o.registry, "registry", "", "registry and optional path the images are pushed under: HOST[:PORT][/PATH] (required)")
 	fs.StringVar(&o.tag, "tag", "dev", "tag of every image")
@@ -44,6 +46,7 @@ func parsePush(args []string) (pushOptions, error) {
 	fs.StringVar(&o.refsFile, "refs", "", "file the pushed references are written to, one \"NAME REF@DIGEST\" per line")
 	fs.StringVar(&o.caFile, "registry-ca", "", "PEM certificates trusted for the registry besides the system's")
 	fs.Var(&binaries, "binary", "a static executable built elsewhere, pushed as an image of its own platform (repeatable)")
+	fs.Var(&files, "file", "DEST=SRC: the file SRC added to every image at the absolute path DEST, executable if SRC is (e.g. a second program the image's users exec, or a certificate it reads); an ELF executable must be static and built for each platform (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return o, err
@@ -62,6 +65,13 @@ func parsePush(args []string) (pushOptions, error) {
 	}
 	if _, err := name.NewTag(o.registry+"/x:"+o.tag, name.StrictValidation); err != nil {
 		return o, usageError(fmt.Sprintf("-tag %q: %v", o.tag, err))
+	}
+	for _, f := range files {
+		dest, src, ok := strings.Cut(f, "=")
+		if !ok || !path.IsAbs(dest) || path.Clean(dest) != dest || dest == "/" || src == "" {
+			return o, usageError(fmt.Sprintf("-file %q: want DEST=SRC with DEST a clean absolute path", f))
+		}
+		o.files = append(o.files, extraFile{dest: dest, src: src})
 	}
 	t, err := time.Parse(time.RFC3339, created)
 	if err != nil {
@@ -148,7 +158,7 @@ func buildIndexes(ctx context.Context, o pushOptions, work string) ([]v1.ImageIn
 			var imgs []v1.Image
 			for _, pkg := range o.packages {
 				n := path.Base(pkg)
-				img, err := binaryImage(n, filepath.Join(dir, n), p, o.meta)
+				img, err := binaryImage(n, filepath.Join(dir, n), p, o.meta, o.files)
 				if err != nil {
 					return nil, fmt.Errorf("%s for %s: %w", pkg, p, err)
 				}
@@ -174,7 +184,7 @@ func buildIndexes(ctx context.Context, o pushOptions, work string) ([]v1.ImageIn
 			return nil, fmt.Errorf("-binary %s: %w", b, err)
 		}
 		p := v1.Platform{OS: "linux", Architecture: arch}
-		img, err := binaryImage(filepath.Base(b), b, p, o.meta)
+		img, err := binaryImage(filepath.Base(b), b, p, o.meta, o.files)
 		if err != nil {
 			return nil, err
 		}
