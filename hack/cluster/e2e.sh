@@ -26,6 +26,9 @@ cd "$HERE/../.."
 # The install is `helm install` of charts/causeway (Helm built once, cached)
 # with the pushed images by digest (images.sh writes the values).
 HELM=$(hack/chart/helm.sh)
+# Jaeger (built once, cached) receives the waypoint's traces (traces_test.go).
+CAUSEWAY_E2E_JAEGER=$(hack/tracing/jaeger.sh)
+export CAUSEWAY_E2E_JAEGER
 CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl CAUSEWAY_E2E_HELM=$HELM \
   CAUSEWAY_E2E_IMAGES=$IMAGES/images.txt CAUSEWAY_E2E_VALUES=$IMAGES/values.yaml \
   CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_NODES_DIR=$NODES_DIR CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \
