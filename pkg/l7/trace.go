@@ -114,11 +114,7 @@ func (x *exchange) endSpans(status int, rw *responseRecorder) {
 		s.server.End()
 		return
 	}
-	host, port := x.info.service, strconv.Itoa(int(x.info.Port))
-	if h := x.serviceHost(); h != "" {
-		host = h
-	}
-	s.server.SetName(host + ":" + port + "/*")
+	s.server.SetName(x.operationName())
 	attrs := []attribute.KeyValue{
 		attribute.String("component", "proxy"),
 		attribute.String("http.method", x.orig.Method),
@@ -148,10 +144,25 @@ func (x *exchange) endSpans(status int, rw *responseRecorder) {
 	s.server.End()
 }
 
-// serviceHost is the destination service's host name, "" for a
-// workload-addressed destination or one the configuration does not know.
-func (x *exchange) serviceHost() string {
-	return x.snap.serviceHost(x.info.Service)
+// operationName is the server span's name, Envoy's in an Istio
+// waypoint: "{service host}:{port}/*", or "{ip}:{port}/*" for a
+// workload-addressed destination.
+func (x *exchange) operationName() string {
+	if x.info.Service.IsZero() {
+		return x.info.service + "/*"
+	}
+	return x.serviceHost(x.info.Service) + ":" + strconv.Itoa(int(x.info.Port)) + "/*"
+}
+
+// serviceHost is a service's host name from the configuration, or
+// "{name}.{namespace}" when the configuration does not know it.
+func (x *exchange) serviceHost(ref ServiceRef) string {
+	if x.snap != nil {
+		if si := x.snap.cfg.services[ref]; si != nil && si.svc.GetHostname() != "" {
+			return si.svc.GetHostname()
+		}
+	}
+	return ref.Name + "." + ref.Namespace
 }
 
 // upstreamCluster is Istio's name for the backend's cluster,
@@ -162,21 +173,7 @@ func (x *exchange) upstreamCluster() string {
 	if b == nil || b.svc.IsZero() {
 		return x.rec.backend
 	}
-	host := x.snap.serviceHost(b.svc)
-	if host == "" {
-		host = b.svc.Name + "." + b.svc.Namespace
-	}
-	return "outbound|" + strconv.Itoa(int(b.port)) + "||" + host
-}
-
-func (s *snapshot) serviceHost(ref ServiceRef) string {
-	if s == nil || ref.IsZero() {
-		return ""
-	}
-	if si := s.cfg.services[ref]; si != nil {
-		return si.svc.GetHostname()
-	}
-	return ""
+	return "outbound|" + strconv.Itoa(int(b.port)) + "||" + x.serviceHost(b.svc)
 }
 
 // fieldsCarrier carries a trace context in upstream fields.

@@ -252,3 +252,25 @@ func TestTraceStalledReceiver(t *testing.T) {
 		t.Errorf("dropped %v of 100 spans, want all but the queue's and the batches'", dropped)
 	}
 }
+
+// A workload-addressed request is named by its address, as Envoy names it.
+func TestTraceWorkloadAddressed(t *testing.T) {
+	h, rcv, flush := tracedHarness(t, 100)
+	b := h.backend("pod", "http", false)
+	h.update(nil, nil)
+	info := ConnInfo{Peer: trust.Unauthenticated(), Source: callerAddr, Destination: b.addr, Protocol: ProtocolHTTP}
+	if res := get(t, h1Client(h.front(info)), "/direct", nil); res.status != 200 || res.echo.Backend != "pod" {
+		t.Fatalf("workload-addressed: %d %q", res.status, res.body)
+	}
+	flush()
+	servers, clients := spansOfKind(rcv.Spans(), "SPAN_KIND_SERVER"), spansOfKind(rcv.Spans(), "SPAN_KIND_CLIENT")
+	if len(servers) != 1 || len(clients) != 1 {
+		t.Fatalf("spans: %d server, %d client; want one of each", len(servers), len(clients))
+	}
+	if got, want := servers[0].GetName(), b.addr.String()+"/*"; got != want {
+		t.Errorf("server span %q, want %q", got, want)
+	}
+	if got, want := clients[0].Attr("upstream_cluster"), b.addr.String(); got != want {
+		t.Errorf("client span upstream_cluster %q, want the workload's address %q", got, want)
+	}
+}
