@@ -2,7 +2,6 @@ package l7
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -198,22 +197,9 @@ func TestTraceNotSampled(t *testing.T) {
 // A receiver that never answers costs requests nothing: they complete
 // while its export hangs, and the spans it does not take are counted.
 func TestTraceStalledReceiver(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	stalled := otlptest.StartStalled(t)
 	reg := prometheus.NewRegistry()
-	p, err := tracing.New(tracing.Options{Settings: tracing.Settings{Endpoint: ln.Addr().String(), Protocol: tracing.GRPC, Sampling: 100},
+	p, err := tracing.New(tracing.Options{Settings: tracing.Settings{Endpoint: stalled, Protocol: tracing.GRPC, Sampling: 100},
 		Registerer: reg, QueueSize: 8, BatchSize: 4, BatchTimeout: time.Millisecond, ExportTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package tracing
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -99,22 +98,9 @@ func TestExportsToReceiver(t *testing.T) {
 // ending spans meanwhile never waits: a full queue drops them, and the
 // held batch is dropped when its export times out. Both are counted.
 func TestStalledReceiverDropsAndCounts(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, never answered
-		}
-	}()
+	stalled := otlptest.StartStalled(t)
 	reg := prometheus.NewRegistry()
-	p, err := New(Options{Settings: Settings{Endpoint: ln.Addr().String(), Protocol: HTTP, Sampling: 100}, Registerer: reg,
+	p, err := New(Options{Settings: Settings{Endpoint: stalled, Protocol: HTTP, Sampling: 100}, Registerer: reg,
 		QueueSize: 4, BatchSize: 2, BatchTimeout: time.Millisecond, ExportTimeout: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,8 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 )
 
 // Span is a received span with its resource's attributes.
@@ -73,6 +75,16 @@ func Start(t testing.TB) *Receiver {
 		_ = hs.Close()
 	})
 	return r
+}
+
+// StartStalled starts a receiver that is not one: it accepts connections
+// on loopback, reads what it is sent and never answers, as a collector
+// that hangs does. It returns its address.
+func StartStalled(t testing.TB) string {
+	t.Helper()
+	ln := testnet.Listen(t, "127.0.0.1:0")
+	testnet.Serve(t, ln, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	return ln.Addr().String()
 }
 
 // Export is the gRPC service's method.
