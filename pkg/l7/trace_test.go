@@ -173,19 +173,29 @@ func TestTraceRetriesAreClientSpans(t *testing.T) {
 
 // Sampling 0 with no caller context: nothing is exported, but the
 // upstream still gets a (not sampled) context, so it does not sample
-// either; the inline HTTP/1.1 transport and net/http's (a body too large
-// to buffer) both carry it.
+// either; the inline HTTP/1.1 transport, net/http's (a body too large to
+// buffer) and HTTP/2's all carry it.
 func TestTraceNotSampled(t *testing.T) {
 	h, rcv, flush := tracedHarness(t, 0)
 	h.addService("web", "http")
 	h.backend("reviews", "http", false)
-	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("reviews", prefixM("/")))}, nil)
-	c := h1Client(h.front(webInfo(trust.Unauthenticated())))
-	for _, body := range [][]byte{nil, []byte(strings.Repeat("x", 100<<10))} {
-		res := do(t, c, "POST", "/", body, nil)
+	h.backend("reviews2", "http2", true)
+	h.update([]*meshv1.HTTPRoute{httpRoute("r", epoch, to("reviews2", prefixM("/h2")), to("reviews", prefixM("/")))}, nil)
+	front := h.front(webInfo(trust.Unauthenticated()))
+	for _, c := range []struct {
+		client *http.Client
+		path   string
+		body   []byte
+		proto  string
+	}{
+		{h1Client(front), "/", nil, "HTTP/1.1"},
+		{h1Client(front), "/", []byte(strings.Repeat("x", 100<<10)), "HTTP/1.1"},
+		{h1Client(front), "/h2", nil, "HTTP/2.0"},
+	} {
+		res := do(t, c.client, "POST", c.path, c.body, nil)
 		tp := res.echo.Header.Get("Traceparent")
-		if res.status != 200 || len(tp) != 55 || !strings.HasSuffix(tp, "-00") {
-			t.Errorf("body %d bytes: %d, upstream traceparent %q, want a context not sampled", len(body), res.status, tp)
+		if res.status != 200 || res.echo.Proto != c.proto || len(tp) != 55 || !strings.HasSuffix(tp, "-00") {
+			t.Errorf("%s, body %d bytes: %d upstream %s, traceparent %q; want a context not sampled", c.proto, len(c.body), res.status, res.echo.Proto, tp)
 		}
 	}
 	flush()
