@@ -2,6 +2,8 @@ package e2ek8s
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -139,6 +141,13 @@ func startJaeger(t *testing.T) *jaeger {
 		return j.get("/api/services", &services)
 	})
 	return j
+}
+
+// w3cID is a random trace (16 bytes) or span (8 bytes) ID in hex.
+func w3cID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // freePort is a port on ip that nothing listens on now.
@@ -285,7 +294,7 @@ func testTraces(t *testing.T, frontend corev1.Pod) {
 		onNode[p.Name] = p.Spec.NodeName
 	}
 
-	traceID, callerSpan := randomHex()+randomHex(), randomHex()
+	traceID, callerSpan := w3cID(16), w3cID(8)
 	out, err := kubectlExec("web", frontend.Name, "echo", "/usr/local/bin/echo", "fetch", "-timeout", "3s",
 		"-H", "Traceparent: 00-"+traceID+"-"+callerSpan+"-01", "http://reviews.shop/e2e-"+randomHex())
 	if err != nil {
