@@ -37,11 +37,18 @@ type spans struct {
 	client trace.Span // the attempt in progress, or the last one
 }
 
+// The spans' start options, made once (each option is an allocation).
+var (
+	serverSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
 // startServerSpan starts the request's span, continuing the caller's trace
-// when its headers carry one.
+// when its headers carry one. Spans are named when they end, and only
+// those sampled: most are not, and their names would be made for nothing.
 func (x *exchange) startServerSpan(t trace.Tracer) {
 	parent := traceContext.Extract(context.Background(), propagation.HeaderCarrier(x.orig.Header))
-	_, x.spans.server = t.Start(parent, x.info.service, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.start))
+	_, x.spans.server = t.Start(parent, "request", serverSpan...)
 }
 
 // startClientSpan starts an attempt's span (ending the previous attempt's)
@@ -51,9 +58,10 @@ func (x *exchange) startClientSpan(areq *http.Request, ep *endpoint) h1.Fields {
 	s := &x.spans
 	s.endClient()
 	ctx := trace.ContextWithSpan(context.Background(), s.server)
-	cluster := x.upstreamCluster()
-	ctx, s.client = x.e.opts.Tracer.Start(ctx, "router "+cluster+" egress", trace.WithSpanKind(trace.SpanKindClient))
+	ctx, s.client = x.e.opts.Tracer.Start(ctx, "attempt", clientSpan...)
 	if s.client.IsRecording() {
+		cluster := x.upstreamCluster()
+		s.client.SetName("router " + cluster + " egress")
 		attrs := []attribute.KeyValue{
 			attribute.String("component", "proxy"),
 			attribute.String("http.method", areq.Method),
