@@ -47,19 +47,46 @@ var (
 // when its headers carry one. Spans are named when they end, and only
 // those sampled: most are not, and their names would be made for nothing.
 func (x *exchange) startServerSpan(t trace.Tracer) {
-	parent := traceContext.Extract(context.Background(), propagation.HeaderCarrier(x.orig.Header))
+	parent := traceContext.Extract(context.Background(), requestCarrier(x.orig.Header))
 	_, x.spans.server = t.Start(parent, "request", serverSpan...)
 }
 
+// requestCarrier reads the trace context from a request's (canonical)
+// header without canonicalizing the propagator's lower-case names per
+// request.
+type requestCarrier http.Header
+
+func (c requestCarrier) Get(k string) string {
+	switch k {
+	case "traceparent":
+		k = "Traceparent"
+	case "tracestate":
+		k = "Tracestate"
+	default:
+		k = http.CanonicalHeaderKey(k)
+	}
+	if vs := c[k]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+func (requestCarrier) Set(string, string) {} // read only
+
+func (c requestCarrier) Keys() []string { return propagation.HeaderCarrier(c).Keys() }
+
 // startClientSpan starts an attempt's span (ending the previous attempt's)
 // and sends its context upstream: in the fields it returns for the inline
-// transport, or in areq's header, which it replaces, for the others.
+// transport, or in areq's header, which it replaces, for the others. A
+// request that is not sampled gets no span per attempt (nothing of its
+// trace is recorded): the upstream is told the request span's context,
+// not sampled, so that it does not sample either.
 func (x *exchange) startClientSpan(areq *http.Request, ep *endpoint) h1.Fields {
 	s := &x.spans
 	s.endClient()
 	ctx := trace.ContextWithSpan(context.Background(), s.server)
-	ctx, s.client = x.e.opts.Tracer.Start(ctx, "attempt", clientSpan...)
-	if s.client.IsRecording() {
+	if s.server.IsRecording() {
+		ctx, s.client = x.e.opts.Tracer.Start(ctx, "attempt", clientSpan...)
 		cluster := x.upstreamCluster()
 		s.client.SetName("router " + cluster + " egress")
 		attrs := []attribute.KeyValue{
