@@ -10,17 +10,20 @@
 #   bench/waypoint-ab.sh REV_A [REV_B] [PAIRS]   (REV_B defaults to the work tree)
 #
 # WAYPOINT_FLAGS adds flags to every run (default: 6 s windows, no direct
-# or L4 reference runs).
+# or L4 reference runs); WAYPOINT_FLAGS_B adds more to B's alone (e.g.
+# -waypoint-args "--tracing-endpoint=..." to compare one revision with a
+# setting on and off: bench/README.md "Tracing").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-	sed -n '2,13p' "$0" >&2
+	sed -n '2,16p' "$0" >&2
 	exit 2
 fi
 revA=$1
 revB=${2:-}
 pairs=${3:-8}
 flags=${WAYPOINT_FLAGS:--rounds 1 -duration 6s -skip-direct -skip-l4 -policy-decisions 500}
+flagsB=${WAYPOINT_FLAGS_B:-}
 
 dir=$(mktemp -d)
 cleanup() {
@@ -46,8 +49,12 @@ go build -o "$dir/" ./bench/waypoint || exit 1
 echo "# run A=${revA} B=${revB:-work tree}: rps_ratio cpu_per_req_ratio waypoint_us nginx_us"
 for _ in $(seq "$pairs"); do
 	for v in a b; do
+		extra=()
+		if [ "$v" = b ] && [ -n "$flagsB" ]; then
+			eval "extra=($flagsB)" # quoted words, as the caller wrote them
+		fi
 		# shellcheck disable=SC2086
-		"$dir/waypoint" -bin "$dir/$v" $flags 2>&1 | awk -v v="$v" '
+		"$dir/waypoint" -bin "$dir/$v" $flags "${extra[@]}" 2>&1 | awk -v v="$v" '
 			$2 == "waypoint_rps_ratio" { r = $3 }
 			$2 == "waypoint_cpu_per_req_ratio" { c = $3 }
 			$2 == "waypoint_cpu_us_per_req" { w = $3 }

@@ -33,6 +33,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -242,6 +243,7 @@ type options struct {
 	profile             string
 	rigProfile          string
 	afterLoad           time.Duration
+	waypointArgs        string
 }
 
 func main() {
@@ -262,6 +264,7 @@ func main() {
 	flag.DurationVar(&o.afterLoad, "after-load", time.Minute, "how long after the last load the waypoint's RSS is read again (0: not read)")
 	flag.StringVar(&o.profile, "waypoint-profile", "", "write a CPU profile of the waypoint during its first measured window to this file (go tool pprof bin/waypoint FILE)")
 	flag.StringVar(&o.rigProfile, "rig-profile", "", "write a CPU profile of this program (the HBONE load generator and backend) during the waypoint's first measured window to this file")
+	flag.StringVar(&o.waypointArgs, "waypoint-args", "", "extra flags for the waypoint, space-separated (e.g. \"--tracing-endpoint=127.0.0.1:4317 --tracing-sampling=1\")")
 	flag.Parse()
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "waypoint bench:", err)
@@ -310,7 +313,8 @@ func run(o options) error {
 	}
 
 	mesh, err := benchmesh.Start(ctx, benchmesh.Setup{BinDir: o.bin, WorkDir: work, Mesh: meshYAML, BasePort: o.basePort,
-		Policies: map[string]string{"authz.rego": benchPolicy, "authz_test.rego": benchPolicyTest},
+		Policies:     map[string]string{"authz.rego": benchPolicy, "authz_test.rego": benchPolicyTest},
+		WaypointArgs: strings.Fields(o.waypointArgs),
 		Edit: func(p *localmesh.Plan) error {
 			// The backend's HBONE and app (it asks for no local app) are
 			// this program's; node-b has nothing else, so it gets no node proxy.

@@ -230,18 +230,29 @@ func fetchMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("echo fetch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	timeout := fs.Duration("timeout", 5*time.Second, "bound on each request, answer included")
+	var headers stringList
+	fs.Var(&headers, "H", `request header "Name: value" (repeatable), e.g. a traceparent`)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "usage: echo fetch [-timeout D] URL...")
+		fmt.Fprintln(stderr, "usage: echo fetch [-timeout D] [-H 'Name: value']... URL...")
 		return 2
+	}
+	hdr := http.Header{}
+	for _, h := range headers {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			fmt.Fprintf(stderr, "echo fetch: header %q: want \"Name: value\"\n", h)
+			return 2
+		}
+		hdr.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
 	// A connection per URL, so requests to a Service spread over its
 	// endpoints the way separate clients' would.
 	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{DisableKeepAlives: true}}
 	for _, u := range fs.Args() {
-		if err := fetch(client, u, stdout); err != nil {
+		if err := fetch(client, u, hdr, stdout); err != nil {
 			fmt.Fprintf(stderr, "echo fetch %s: %v\n", u, err)
 			return 1
 		}
@@ -249,8 +260,13 @@ func fetchMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func fetch(client *http.Client, url string, w io.Writer) error {
-	resp, err := client.Get(url)
+func fetch(client *http.Client, url string, hdr http.Header, w io.Writer) error {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header = hdr.Clone()
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,7 @@ func TestGRPC(t *testing.T) {
 func TestFetchPrintsAnswers(t *testing.T) {
 	addr := startEcho(t)
 	var out, errs strings.Builder
-	code := fetchMain([]string{"-timeout", "3s", "http://" + addr + "/a", "http://" + addr + "/b"}, &out, &errs)
+	code := fetchMain([]string{"-timeout", "3s", "-H", "Traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "http://" + addr + "/a", "http://" + addr + "/b"}, &out, &errs)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %q", code, errs.String())
 	}
@@ -115,6 +115,9 @@ func TestFetchPrintsAnswers(t *testing.T) {
 		}
 		if e.Path != want || e.Pod != "echo-1" || e.Method != http.MethodGet {
 			t.Fatalf("answer %+v, want GET %s from echo-1", e, want)
+		}
+		if tp := e.Headers["Traceparent"]; len(tp) != 1 || tp[0] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
+			t.Fatalf("answer for %s: traceparent %q, want the -H header's", want, tp)
 		}
 	}
 }
@@ -131,6 +134,7 @@ func TestFetchFailsOnErrorStatusAndBadInput(t *testing.T) {
 		{[]string{"-timeout", "1s", "http://127.0.0.1:1/"}, 1, "connection refused"},
 		{nil, 2, "usage"},
 		{[]string{"-timeout", "soon", "http://" + addr}, 2, "invalid value"},
+		{[]string{"-H", "no colon", "http://" + addr}, 2, `want "Name: value"`},
 	} {
 		var out, errs strings.Builder
 		if code := fetchMain(tc.args, &out, &errs); code != tc.code || !strings.Contains(errs.String(), tc.err) {

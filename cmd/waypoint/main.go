@@ -19,6 +19,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/l7"
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
+	"github.com/causeway-mesh/causeway/pkg/tracing"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/version"
 	"github.com/causeway-mesh/causeway/pkg/waypoint"
@@ -43,6 +44,9 @@ type options struct {
 	pod            string
 	drain          time.Duration
 	idleTimeout    time.Duration
+	// tracing: the --tracing-* flags, checked by tracing.Parse.
+	tracingEndpoint, tracingProtocol, tracingSampling string
+	node                                              string
 }
 
 func main() {
@@ -74,6 +78,10 @@ func main() {
 	fs.BoolVar(&o.preflightFirst, "cors-preflight-before-policy", false, "answer CORS preflights of a route's CORS filter before the policy runs (browsers send them without credentials); by default every answer, redirects, 404s, 503s and preflights included, waits for the policy's allow")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
+	fs.StringVar(&o.tracingEndpoint, "tracing-endpoint", "", "host:port of an OTLP trace receiver (e.g. a Jaeger or OpenTelemetry Collector); unset: tracing off")
+	fs.StringVar(&o.tracingProtocol, "tracing-protocol", string(tracing.GRPC), "OTLP protocol to the receiver: grpc or http")
+	fs.StringVar(&o.tracingSampling, "tracing-sampling", fmt.Sprint(tracing.DefaultSampling), "percentage (0 to 100) of the traces the waypoint starts that are sampled; requests with a trace context keep their caller's decision")
+	fs.StringVar(&o.node, "node", os.Getenv("NODE_NAME"), "name of the node this waypoint runs on, for the spans' k8s.node.name")
 	version.RegisterFlag(fs, "waypoint")
 	fs.Parse(os.Args[1:])
 	if o.namespace == "" || o.name == "" {
@@ -85,12 +93,16 @@ func main() {
 	if o.serviceAccount == "" {
 		o.serviceAccount = o.name
 	}
-	if err := run(&o); err != nil {
+	traces, err := tracing.Parse(o.tracingEndpoint, o.tracingProtocol, o.tracingSampling)
+	if err != nil {
+		bootstrap.Fatal("waypoint", err)
+	}
+	if err := run(&o, traces); err != nil {
 		bootstrap.Fatal("waypoint", err)
 	}
 }
 
-func run(o *options) error {
+func run(o *options, traces tracing.Settings) error {
 	env, err := o.common.Setup()
 	if err != nil {
 		return err
@@ -130,14 +142,31 @@ func run(o *options) error {
 		return err
 	}
 	defer closeCA()
+	// A policy's body limit is at most MaxBodyLimit.
+	lo := l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst, Pod: l7.PodRef{Namespace: o.namespace, Name: o.pod}}
+	if traces.Enabled() {
+		tp, err := tracing.New(tracing.Options{Settings: traces, ServiceName: o.name + "." + o.namespace,
+			Pod: o.pod, Namespace: o.namespace, Node: o.node, Registerer: env.Metrics, Logger: log})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			// What is queued goes out within a moment; an absent receiver
+			// does not hold the exit.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = tp.Shutdown(sctx)
+		}()
+		lo.Tracer = tp.Tracer()
+		log.Info("tracing", zap.String("endpoint", traces.Endpoint), zap.String("protocol", string(traces.Protocol)), zap.Float64("sampling_percent", traces.Sampling))
+	}
 	tcpIdle := o.idleTimeout
 	if tcpIdle == 0 {
 		tcpIdle = -1 // the option's "never"
 	}
 	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
 		Certificates: certs, Policy: engine, ConnectionDecisionLog: decisions, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
-		// A policy's body limit is at most MaxBodyLimit.
-		L7: l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst, Pod: l7.PodRef{Namespace: o.namespace, Name: o.pod}}})
+		L7: lo})
 	if err != nil {
 		return err
 	}

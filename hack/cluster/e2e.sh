@@ -13,6 +13,11 @@ if [ "$(id -u)" != 0 ]; then
   echo "e2e-k8s: SKIPPED: the test cluster needs root (bridges, iptables, cgroups, mounts); run as root to include it"
   exit 0
 fi
+# Jaeger (built once, cached; traces_test.go) builds while the cluster
+# comes up: cold, it takes minutes, mostly fetching modules.
+jaeger_path=$(mktemp)
+"$HERE/../tracing/jaeger.sh" >"$jaeger_path" &
+jaeger_build=$!
 cluster_for_run e2e-k8s
 "$HERE/images.sh" all
 IMAGES=$HERE/../../bin/cluster-images
@@ -27,6 +32,10 @@ cd "$HERE/../.."
 # The install is `helm install` of charts/causeway (Helm built once, cached)
 # with the pushed images by digest (images.sh writes the values).
 HELM=$(hack/chart/helm.sh)
+wait "$jaeger_build" || { echo "e2e-k8s: building Jaeger failed" >&2; exit 1; }
+CAUSEWAY_E2E_JAEGER=$(cat "$jaeger_path")
+rm -f "$jaeger_path"
+export CAUSEWAY_E2E_JAEGER
 CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl CAUSEWAY_E2E_HELM=$HELM \
   CAUSEWAY_E2E_IMAGES=$IMAGES/images.txt CAUSEWAY_E2E_VALUES=$IMAGES/values.yaml \
   CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_NODES_DIR=$NODES_DIR CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/tracing"
 )
 
 //go:embed waypoint.yaml
@@ -49,6 +50,7 @@ type templateData struct {
 	Name, Namespace string
 	HBONEPort       int32
 	Policy          PolicySource
+	Tracing         tracing.Settings
 }
 
 // Annotations of a waypoint Gateway naming its policy source.
@@ -65,6 +67,32 @@ const (
 	AnnotationPolicyGitDir    = "causeway.dev/policy-git-dir"
 	AnnotationPolicyGitSecret = "causeway.dev/policy-git-secret"
 )
+
+// Annotations of a waypoint Gateway turning tracing on (docs/tracing.md):
+// the OTLP receiver's host:port, the protocol (grpc, the default, or
+// http) and the percentage of new traces sampled (default 1).
+const (
+	AnnotationTracingEndpoint = "causeway.dev/tracing-endpoint"
+	AnnotationTracingProtocol = "causeway.dev/tracing-protocol"
+	AnnotationTracingSampling = "causeway.dev/tracing-sampling"
+)
+
+// tracingSettings reads a Gateway's tracing annotations.
+func tracingSettings(gw *gwv1.Gateway) (tracing.Settings, error) {
+	a := gw.Annotations
+	if a[AnnotationTracingEndpoint] == "" {
+		for _, k := range []string{AnnotationTracingProtocol, AnnotationTracingSampling} {
+			if _, ok := a[k]; ok {
+				return tracing.Settings{}, fmt.Errorf("annotation %s needs %s", k, AnnotationTracingEndpoint)
+			}
+		}
+	}
+	s, err := tracing.Parse(a[AnnotationTracingEndpoint], a[AnnotationTracingProtocol], a[AnnotationTracingSampling])
+	if err != nil {
+		return s, fmt.Errorf("tracing annotations: %w", err)
+	}
+	return s, nil
+}
 
 // PolicySource is where a waypoint's policies come from: a ConfigMap, or
 // a Git repository when GitURL is set. Either way the waypoint denies every
@@ -208,6 +236,10 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
 	}
+	traces, err := tracingSettings(gw)
+	if err != nil {
+		return nil, fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+	}
 	if v.ImagePullPolicy == "" {
 		v.ImagePullPolicy = "IfNotPresent"
 	}
@@ -215,7 +247,7 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 		v.Replicas = 2
 	}
 	var out bytes.Buffer
-	if err := t.tmpl.Execute(&out, templateData{Values: v, Name: gw.Name, Namespace: gw.Namespace, HBONEPort: port, Policy: policy}); err != nil {
+	if err := t.tmpl.Execute(&out, templateData{Values: v, Name: gw.Name, Namespace: gw.Namespace, HBONEPort: port, Policy: policy, Tracing: traces}); err != nil {
 		return nil, fmt.Errorf("waypoint template: %w", err)
 	}
 	owner := metav1ac.OwnerReference().

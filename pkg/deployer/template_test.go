@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -111,6 +112,49 @@ func TestTemplatePolicySource(t *testing.T) {
 		{map[string]string{AnnotationPolicyGitURL: "/srv/policies"}, "not an https:// URL"},
 		{map[string]string{AnnotationPolicyConfigMap: "Not_A_Name"}, "not a ConfigMap name"},
 		{map[string]string{AnnotationPolicyGitURL: "https://git.example/p.git", AnnotationPolicyGitSecret: "a b"}, "not a Secret name"},
+	} {
+		gw.Annotations = c.annotations
+		if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("annotations %v: got %v, want an error mentioning %q", c.annotations, err, c.want)
+		}
+	}
+}
+
+// Tracing annotations become the waypoint's tracing flags; bad ones are
+// refused (the deployer reports them on the Gateway as InvalidWaypoint).
+func TestTemplateTracing(t *testing.T) {
+	gw := testGateway()
+	args := func() []string {
+		children, err := DefaultTemplate().Render(gw, testValues())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return children[len(children)-1].Apply.(*appsv1ac.DeploymentApplyConfiguration).Spec.Template.Spec.Containers[0].Args
+	}
+	for _, a := range args() {
+		if strings.HasPrefix(a, "--tracing") {
+			t.Errorf("no tracing annotations: flag %s", a)
+		}
+	}
+	gw.Annotations = map[string]string{AnnotationTracingEndpoint: "jaeger.tracing:4318", AnnotationTracingProtocol: "http", AnnotationTracingSampling: "0.5"}
+	want := []string{"--tracing-endpoint=jaeger.tracing:4318", "--tracing-protocol=http", "--tracing-sampling=0.5"}
+	if got := args(); !slices.Equal(got[len(got)-3:], want) {
+		t.Errorf("tracing flags %q, want %q", got[len(got)-3:], want)
+	}
+	gw.Annotations = map[string]string{AnnotationTracingEndpoint: "jaeger.tracing:4317"}
+	want = []string{"--tracing-endpoint=jaeger.tracing:4317", "--tracing-protocol=grpc", "--tracing-sampling=1"}
+	if got := args(); !slices.Equal(got[len(got)-3:], want) {
+		t.Errorf("tracing flags %q, want the defaults %q", got[len(got)-3:], want)
+	}
+	for _, c := range []struct {
+		annotations map[string]string
+		want        string
+	}{
+		{map[string]string{AnnotationTracingEndpoint: "http://jaeger:4318"}, "want host:port"},
+		{map[string]string{AnnotationTracingEndpoint: "jaeger:4317", AnnotationTracingSampling: "often"}, `tracing sampling "often"`},
+		{map[string]string{AnnotationTracingEndpoint: "jaeger:4317", AnnotationTracingSampling: "101"}, "from 0 to 100"},
+		{map[string]string{AnnotationTracingEndpoint: "jaeger:4317", AnnotationTracingProtocol: "thrift"}, "want grpc or http"},
+		{map[string]string{AnnotationTracingSampling: "5"}, "needs " + AnnotationTracingEndpoint},
 	} {
 		gw.Annotations = c.annotations
 		if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -156,6 +156,10 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 	default:
 		areq.Body, areq.GetBody = x.stream, nil
 	}
+	up := x.up
+	if x.spans.server != nil {
+		up = x.startClientSpan(areq, ep)
+	}
 	ep.outstanding.Add(1)
 	var resp *http.Response
 	var err error
@@ -168,12 +172,15 @@ func (x *exchange) attempt(req *http.Request, ep *endpoint) (*http.Response, err
 		if x.wantRaw {
 			raw = &x.raw
 		}
-		resp, err = ep.inlineH1(true).RoundTripFields(areq, x.up, raw, &x.interimState)
+		resp, err = ep.inlineH1(true).RoundTripFields(areq, up, raw, &x.interimState)
 	} else {
 		if x.interimTo != nil && x.trace.Got1xxResponse == nil {
 			x.trace.Got1xxResponse = x.interimState.Got1xx
 		}
 		resp, err = ep.roundTripper(x.proto, false).RoundTrip(areq.WithContext(httptrace.WithClientTrace(ctx, &x.trace)))
+	}
+	if x.spans.client != nil {
+		x.spans.attemptDone(resp, err)
 	}
 	if err != nil {
 		ep.outstanding.Add(-1)

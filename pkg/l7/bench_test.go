@@ -1,6 +1,7 @@
 package l7
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/tracing"
+	"github.com/causeway-mesh/causeway/pkg/tracing/otlptest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -38,8 +41,22 @@ func BenchmarkRouteMatch(b *testing.B) {
 // BenchmarkProxyH1 measures requests through the engine (HTTP/1.1 in and
 // out, one route, allow-all) and, as the baseline in the same run, directly
 // to the backend; it reports proxied/direct as proxy_cost_ratio.
-func BenchmarkProxyH1(b *testing.B) {
-	h := newHarness(b)
+func BenchmarkProxyH1(b *testing.B) { benchProxyH1(b) }
+
+// BenchmarkProxyH1Traced is BenchmarkProxyH1 with tracing on at 1 %
+// sampling, exporting to a real OTLP receiver on loopback.
+func BenchmarkProxyH1Traced(b *testing.B) {
+	rcv := otlptest.Start(b)
+	p, err := tracing.New(tracing.Options{Settings: tracing.Settings{Endpoint: rcv.GRPCAddr, Protocol: tracing.GRPC, Sampling: 1}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = p.Shutdown(context.Background()) })
+	benchProxyH1(b, func(o *Options) { o.Tracer = p.Tracer() })
+}
+
+func benchProxyH1(b *testing.B, opts ...harnessOpt) {
+	h := newHarness(b, opts...)
 	be := h.backend("v1", "http", false)
 	be.setBehave(func(_ int64, w http.ResponseWriter, _ *http.Request) bool {
 		_, _ = io.WriteString(w, "ok")

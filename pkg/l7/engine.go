@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"golang.org/x/net/http2"
 
@@ -69,6 +70,9 @@ type Options struct {
 	// dropped (default 64). MirrorTimeout bounds each (default 10 s).
 	MaxMirrorsInFlight int
 	MirrorTimeout      time.Duration
+	// Tracer, when set, traces every request (trace.go): a server span and
+	// a client span per upstream attempt. Nil: tracing off, at no cost.
+	Tracer trace.Tracer
 }
 
 func (o *Options) defaults() {

@@ -77,8 +77,9 @@ type exchange struct {
 	}
 	interimState
 
-	rw  responseRecorder // the caller's writer
-	rec record
+	rw    responseRecorder // the caller's writer
+	rec   record
+	spans spans // with Options.Tracer
 }
 
 func (x *exchange) bytesIn() int64 {

@@ -38,7 +38,9 @@ func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
 	return l
 }
 
-func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
+// observe logs and counts a finished request; it returns the status it
+// counted.
+func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) int {
 	d := time.Since(x.start)
 	status := rw.status
 	if x.rec.localCode != 0 {
@@ -95,6 +97,7 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 		*fp = fields[:0]
 		accessFields.Put(fp)
 	}
+	return status
 }
 
 // accessFields recycles the access log's field slices (one per request): a

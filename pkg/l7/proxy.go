@@ -21,11 +21,17 @@ func (e *Engine) serveHTTP(w http.ResponseWriter, r *http.Request, info *tunnel)
 	x := &exchange{e: e, info: info, start: time.Now(), ctx: r.Context(), orig: r, rec: record{grpcCode: -1}}
 	x.rw.ResponseWriter = w
 	rw := &x.rw
+	if e.opts.Tracer != nil {
+		x.startServerSpan(e.opts.Tracer)
+	}
 	completed := false
 	defer func() {
 		// A response that fails midway is aborted with http.ErrAbortHandler
 		// (the client sees a reset); it is still logged and counted.
-		e.observe(x, rw, !completed)
+		status := e.observe(x, rw, !completed)
+		if x.spans.server != nil {
+			x.endSpans(status, rw)
+		}
 	}()
 	e.handle(x, rw)
 	completed = true

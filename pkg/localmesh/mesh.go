@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,6 +39,9 @@ type Options struct {
 	ControlPlaneArgs []string
 	// NodeProxyArgs are extra flags for the node proxy of each node named.
 	NodeProxyArgs map[string][]string
+	// WaypointArgs are extra flags for every waypoint (for example
+	// --tracing-endpoint).
+	WaypointArgs []string
 }
 
 // Mesh is a running local mesh.
@@ -144,7 +148,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 			broken: policyRejected(w.Admin),
 			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
 				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root,
-				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, append(policyArgs, common...)...)})
+				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, slices.Concat(policyArgs, common, o.WaypointArgs)...)})
 	}
 	if err := launch(proxies); err != nil {
 		return nil, err

@@ -269,6 +269,8 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	t.Run("traces in Jaeger", func(t *testing.T) { testTraces(t, pods["frontend"]) })
+
 	t.Run("backend TLS to a server outside the mesh", func(t *testing.T) {
 		testBackendTLS(t, pods["frontend"], func(args ...string) { kc(t, time.Minute, args...) })
 	})

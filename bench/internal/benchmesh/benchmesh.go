@@ -38,10 +38,12 @@ type Setup struct {
 	// Edit, if set, may change the plan before anything starts, for
 	// example to drop a node proxy whose part the benchmark plays itself.
 	Edit func(*localmesh.Plan) error
-	// ControlPlaneArgs are extra flags for the control plane, and
-	// NodeProxyArgs for the node proxy of each node named.
+	// ControlPlaneArgs are extra flags for the control plane,
+	// NodeProxyArgs for the node proxy of each node named, WaypointArgs
+	// for every waypoint.
 	ControlPlaneArgs []string
 	NodeProxyArgs    map[string][]string
+	WaypointArgs     []string
 }
 
 // Start writes the configuration and starts the mesh; Stop it when done.
@@ -85,7 +87,7 @@ func Start(ctx context.Context, s Setup) (*localmesh.Mesh, error) {
 	}
 	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: pol,
 		StateDir: filepath.Join(s.WorkDir, "state"), ReadyTimeout: 60 * time.Second, ControlPlaneArgs: s.ControlPlaneArgs,
-		NodeProxyArgs: s.NodeProxyArgs})
+		NodeProxyArgs: s.NodeProxyArgs, WaypointArgs: s.WaypointArgs})
 }
 
 // WorkDir returns dir, or when it is empty a new temporary directory for
