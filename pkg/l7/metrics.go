@@ -8,12 +8,14 @@ import (
 )
 
 // The engine's metric vectors (requests_total, request_duration_seconds,
-// request_mirrors_total) and their registration.
+// request_mirrors_total, and Istio's standard ones: standard.go) and their
+// registration.
 
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	mirrors  *prometheus.CounterVec
+	std      *standardMetrics
 }
 
 var requestLabels = []string{"response_code", "source_principal", "destination_service", "route"}
@@ -33,6 +35,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "request_mirrors_total",
 			Help: "Mirrored requests by outcome (sent, failed, dropped: concurrency limit, skipped: body not buffered).",
 		}, []string{"outcome"}),
+		std: newStandardMetrics(),
 	}
 	if reg == nil {
 		return m, nil
@@ -47,21 +50,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.mirrors, err = register(reg, m.mirrors); err != nil {
 		return nil, err
 	}
+	if err := m.std.register(reg); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
-// labelled are requests_total and request_duration_seconds for one label
-// set.
+// labelled are requests_total and request_duration_seconds, and the
+// standard metrics, for one label set.
 type labelled struct {
 	requests prometheus.Counter
 	duration prometheus.Observer
+	std      standardSeries
 }
 
 // metricsKey is what varies between a tunnel's requests among the labels
-// (source_principal and destination_service are the tunnel's).
+// (source_principal and destination_service are the tunnel's; std holds
+// the response code).
 type metricsKey struct {
-	code  int
 	route string
+	std   standardKey
 }
 
 // register registers c, or returns the collector already registered under

@@ -10,10 +10,10 @@ import (
 )
 
 // requestMetrics returns the metrics for a request on t, looking the label
-// set up in the vectors (hashing four labels, twice) only the first time
-// the tunnel sees it.
-func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
-	k := metricsKey{code, route}
+// sets up in the vectors (hashing them) only the first time the tunnel
+// sees them.
+func (t *tunnel) requestMetrics(m *metrics, route string, std standardKey) labelled {
+	k := metricsKey{route, std}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// A tunnel's requests mostly repeat the previous one's labels: that
@@ -25,10 +25,11 @@ func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
 		t.last, t.lastSet = k, l
 		return l
 	}
-	c := strconv.Itoa(code)
+	c := strconv.Itoa(std.code)
 	l := labelled{
 		requests: m.requests.WithLabelValues(c, t.principal, t.service, route),
 		duration: m.duration.WithLabelValues(c, t.principal, t.service, route),
+		std:      t.standardSeries(m.std, std),
 	}
 	if t.metrics == nil {
 		t.metrics = make(map[metricsKey]labelled)
@@ -59,9 +60,13 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) {
 	default:
 		route = "none"
 	}
-	m := x.info.requestMetrics(e.metrics, status, route)
+	m := x.info.requestMetrics(e.metrics, route, x.standardKey(status, aborted))
 	m.requests.Inc()
 	m.duration.Observe(d.Seconds())
+	m.std.requests.Inc()
+	m.std.duration.Observe(float64(d.Microseconds()) / 1000)
+	m.std.reqBytes.Observe(float64(x.bytesIn()))
+	m.std.respBytes.Observe(float64(rw.bytes))
 
 	if ce := x.info.accessLog.Check(zap.InfoLevel, "request"); ce != nil {
 		fp := accessFields.Get().(*[]zap.Field)
