@@ -3,23 +3,21 @@ package waypoint
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"maps"
 	"net"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
@@ -104,42 +102,6 @@ func (f *fixture) tunnelFrom(t *testing.T, from, source, authority string) net.C
 	return c
 }
 
-// standardSeries are the label sets of name's series in reg, each with its
-// value (a counter's, or a histogram's sample count).
-func standardSeries(t *testing.T, reg *prometheus.Registry, name string) map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			out[labelString(m.GetLabel())] = m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	return out
-}
-
-func labelString(ls []*dto.LabelPair) string {
-	m := map[string]string{}
-	for _, l := range ls {
-		m[l.GetName()] = l.GetValue()
-	}
-	return labelsOf(m)
-}
-
-func labelsOf(m map[string]string) string {
-	var parts []string
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, fmt.Sprintf("%s=%q", k, m[k]))
-	}
-	return "{" + strings.Join(parts, ",") + "}"
-}
-
 // standardLabels is the full label set of a request to shop/reviews
 // answered by reviews-v2, with the source's and the varying labels
 // changed.
@@ -209,18 +171,18 @@ func TestStandardMetricsLabels(t *testing.T) {
 	}
 
 	want := map[string]float64{
-		labelsOf(standardLabels(frontendSource, nil)): 1,
-		labelsOf(standardLabels(unknownSource(), nil)): 1,
+		metricstest.Labels(standardLabels(frontendSource, nil)):  1,
+		metricstest.Labels(standardLabels(unknownSource(), nil)): 1,
 		// Denied before any endpoint was chosen: the destination workload
 		// is unknown, the service known.
-		labelsOf(standardLabels(unknownSource(), map[string]string{
+		metricstest.Labels(standardLabels(unknownSource(), map[string]string{
 			"destination_workload": "unknown", "destination_workload_namespace": "unknown", "destination_principal": "unknown",
 			"destination_app": "unknown", "destination_version": "unknown", "destination_canonical_service": "unknown",
 			"destination_canonical_revision": "unknown", "destination_cluster": "unknown",
 			"response_code": "403", "response_flags": "UAEX", "connection_security_policy": "none"})): 1,
 	}
 	for _, name := range []string{"istio_requests_total", "istio_request_duration_milliseconds", "istio_request_bytes", "istio_response_bytes"} {
-		got := standardSeries(t, reg, name)
+		got := metricstest.All(t, reg, name)
 		if !maps.Equal(got, want) {
 			t.Errorf("%s:\n got %v\nwant %v", name, got, want)
 		}
@@ -252,8 +214,8 @@ func TestStandardMetricsGRPCStatus(t *testing.T) {
 	rpc := map[string]string{"request_protocol": "grpc", "destination_service": "rpc.shop.svc.cluster.local", "destination_service_name": "rpc"}
 	ok, notFound := standardLabels(frontendSource, rpc), standardLabels(frontendSource, rpc)
 	ok["grpc_response_status"], notFound["grpc_response_status"] = "0", "5"
-	want := map[string]float64{labelsOf(ok): 1, labelsOf(notFound): 1}
-	if got := standardSeries(t, reg, "istio_requests_total"); !maps.Equal(got, want) {
+	want := map[string]float64{metricstest.Labels(ok): 1, metricstest.Labels(notFound): 1}
+	if got := metricstest.All(t, reg, "istio_requests_total"); !maps.Equal(got, want) {
 		t.Errorf("istio_requests_total:\n got %v\nwant %v", got, want)
 	}
 }
