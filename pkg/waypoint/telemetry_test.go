@@ -2,7 +2,6 @@ package waypoint
 
 import (
 	"context"
-	"crypto/tls"
 	"maps"
 	"net"
 	"net/netip"
@@ -19,8 +18,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
-	"github.com/causeway-mesh/causeway/pkg/trust"
-	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -78,7 +75,8 @@ func telemetryFixture(t *testing.T) (*fixture, *prometheus.Registry) {
 }
 
 // tunnelFrom opens a tunnel to authority from the address from, as
-// identity source (empty: TLS-only).
+// identity source (empty: TLS-only), on a pool of its own (a pooled
+// connection from another address is not reused).
 func (f *fixture) tunnelFrom(t *testing.T, from, source, authority string) net.Conn {
 	t.Helper()
 	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: f.ca.Bundle})
@@ -86,13 +84,8 @@ func (f *fixture) tunnelFrom(t *testing.T, from, source, authority string) net.C
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	target := hbone.Target{Address: f.addr, Authority: authority, LocalAddr: netip.MustParseAddr(from),
-		Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/wp")}}
-	if source != "" {
-		id := trusttest.Identity(t, source)
-		cert := f.ca.Certificate(t, id, 0)
-		target.Source, target.Cert = id, func() (*tls.Certificate, error) { return cert, nil }
-	}
+	target := f.target(t, source, authority)
+	target.LocalAddr = netip.MustParseAddr(from)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := pool.Dial(ctx, target)

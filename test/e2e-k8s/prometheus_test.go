@@ -170,7 +170,7 @@ func startPrometheus(t *testing.T) *promServer {
 			t.Fatalf("prometheus exited: %s", out.String())
 		default:
 		}
-		resp, err := http.Get(p.url + "/-/ready")
+		resp, err := promClient.Get(p.url + "/-/ready")
 		if err != nil {
 			return err
 		}
@@ -190,10 +190,12 @@ func writeFile(t *testing.T, name string, data []byte) {
 	}
 }
 
+var promClient = &http.Client{Timeout: 30 * time.Second}
+
 // query runs an instant query; an expression that does not parse or
 // evaluate is an error (Prometheus answers 400 or 422).
 func (p *promServer) query(expr string) ([]promSample, error) {
-	resp, err := http.PostForm(p.url+"/api/v1/query", url.Values{"query": {expr}})
+	resp, err := promClient.PostForm(p.url+"/api/v1/query", url.Values{"query": {expr}})
 	if err != nil {
 		return nil, err
 	}
