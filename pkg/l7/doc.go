@@ -41,6 +41,7 @@ package l7
 //	authz.go     the Authorizer's interface
 //	upstream.go  endpoints, their connection pools, health and balancing
 //	metrics.go   the metric vectors
+//	standard.go  Istio's standard request metrics and their labels
 //	tunnel.go    a served tunnel and what its requests share
 //	headers.go   identity and forwarding header rules; response changes
 //	body.go      request and response bodies as the exchange wraps them
