@@ -262,10 +262,16 @@ func (p *promServer) expectEdges(t *testing.T, expr string, edges ...edge) {
 		if err != nil {
 			return err
 		}
+		var found []promSample
 		for _, e := range edges {
-			if !slices.ContainsFunc(samples, e.matches) {
+			i := slices.IndexFunc(samples, e.matches)
+			if i < 0 {
 				return fmt.Errorf("no series %v above zero among %v", e, samples)
 			}
+			found = append(found, samples[i])
+		}
+		for _, s := range found {
+			t.Logf("%v %.3g", s.Metric, s.Value)
 		}
 		return nil
 	})
@@ -311,7 +317,7 @@ func testStandardMetrics(t *testing.T, pods map[string]corev1.Pod) {
 			frontendToReviews, outsiderToReviews)
 	})
 	t.Run("Kiali graph: TCP reported by node proxies", func(t *testing.T) {
-		prom.expectEdges(t, `sum(rate(istio_tcp_sent_bytes_total{reporter="source"}[1m])) by (source_cluster,source_workload_namespace,source_workload,source_canonical_service,source_canonical_revision,source_principal,destination_cluster,destination_service_namespace,destination_service,destination_service_name,destination_workload_namespace,destination_workload,destination_canonical_service,destination_canonical_revision,response_flags,connection_security_policy) > 0`,
+		prom.expectEdges(t, `sum(rate(istio_tcp_sent_bytes_total{reporter="source"}[1m])) by (source_cluster,source_workload_namespace,source_workload,source_canonical_service,source_canonical_revision,source_principal,destination_cluster,destination_service_namespace,destination_service,destination_service_name,destination_workload_namespace,destination_workload,destination_canonical_service,destination_canonical_revision,destination_principal,response_flags,connection_security_policy) > 0`,
 			edge{"source_workload_namespace": "web", "source_workload": "frontend", "source_canonical_service": "frontend", "source_principal": frontendPrincipal,
 				"destination_service_namespace": "shop", "destination_service_name": "reviews", "connection_security_policy": "mutual_tls"},
 			edge{"source_workload": "frontend", "destination_workload_namespace": "web", "destination_workload": "admin",
