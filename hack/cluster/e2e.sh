@@ -32,6 +32,8 @@ cd "$HERE/../.."
 # The install is `helm install` of charts/causeway (Helm built once, cached)
 # with the pushed images by digest (images.sh writes the values).
 HELM=$(hack/chart/helm.sh)
+# Prometheus (built once, cached) reads the standard metrics back (prometheus_test.go).
+PROMETHEUS=$(hack/prometheus/prometheus.sh)
 wait "$jaeger_build" || { echo "e2e-k8s: building Jaeger failed" >&2; exit 1; }
 CAUSEWAY_E2E_JAEGER=$(cat "$jaeger_path")
 rm -f "$jaeger_path"
@@ -39,7 +41,7 @@ export CAUSEWAY_E2E_JAEGER
 CAUSEWAY_E2E_KUBECONFIG=$KUBECONFIG_ADMIN CAUSEWAY_E2E_KUBECTL=$K8S_BIN/kubectl CAUSEWAY_E2E_HELM=$HELM \
   CAUSEWAY_E2E_IMAGES=$IMAGES/images.txt CAUSEWAY_E2E_VALUES=$IMAGES/values.yaml \
   CAUSEWAY_E2E_KUBELET_DIR=$CLUSTER_DIR/kubelet CAUSEWAY_E2E_NODES_DIR=$NODES_DIR CAUSEWAY_E2E_UPGRADE_IMAGE=$UPGRADE_IMAGE \
-  CAUSEWAY_E2E_NODE_SCRIPTS=$HERE \
+  CAUSEWAY_E2E_NODE_SCRIPTS=$HERE CAUSEWAY_E2E_PROMETHEUS=$PROMETHEUS \
   go test -count=1 -timeout 20m ${E2E_K8S_FLAGS:-} ./test/e2e-k8s/...
 # A whole run (E2E_K8S_FLAGS without -run) ends with the official Gateway
 # API conformance suite on the same cluster (make conformance).

@@ -997,6 +997,7 @@ func (t *translator) translateWorkloads() {
 			AppAddress:     p.appAddr,
 			Locality:       t.nodes[p.pod.Spec.NodeName],
 		}
+		nameWorkload(w, p.pod)
 		if app, ok := p.pod.Annotations[AnnotationLocalApp]; ok {
 			t.out.LocalApps[p.uid] = app
 		}

@@ -31,7 +31,7 @@ func (x *exchange) roundTrip(req *http.Request) (*http.Response, error) {
 		}
 		tried = append(tried, ep)
 		x.rec.attempts++
-		x.rec.endpoint = ep.addr
+		x.rec.endpoint, x.rec.ep = ep.addr, ep
 		resp, err := x.attempt(req, ep)
 		last := attempt >= pol.retries
 		backoff := pol.backoffFor(attempt + 1)

@@ -40,14 +40,14 @@ package l7
 //	dump.go      the compiled configuration as JSON
 //	authz.go     the Authorizer's interface
 //	upstream.go  endpoints, their connection pools, health and balancing
-//	metrics.go   the metric vectors
+//	metrics.go   the metric vectors, Istio's standard ones too
 //	tunnel.go    a served tunnel and what its requests share
 //	headers.go   identity and forwarding header rules; response changes
 //	body.go      request and response bodies as the exchange wraps them
 //	record.go    what the access log and metrics are made of; the caller's writer
 //	engine.go    Options, Engine, configuration updates
 //	exchange.go  one request's state
-//	observe.go   a request's metrics and access-log line
+//	observe.go   a request's metrics (their labels) and access-log line
 //	reply.go     what the waypoint answers itself
 //	attempt.go   upstream attempts, retries and their timeouts
 //	forward.go   the upstream request's head; the response copied back

@@ -27,8 +27,10 @@ type Options struct {
 	// Logger receives the access log (info level, message "request") and
 	// errors. Default: no logging.
 	Logger *zap.Logger
-	// Registerer receives requests_total, request_duration_seconds and
-	// request_mirrors_total. Default: metrics are kept but not exported.
+	// Registerer receives requests_total, request_duration_seconds,
+	// request_mirrors_total and Istio's standard istio_requests_total,
+	// istio_request_duration_milliseconds, istio_request_bytes and
+	// istio_response_bytes. Default: metrics are kept but not exported.
 	Registerer prometheus.Registerer
 
 	// MaxBufferedBody bounds the request body buffered for authorization and

@@ -63,6 +63,7 @@ func (x *exchange) forward(w *responseRecorder) {
 		panic(http.ErrAbortHandler)
 	}
 	resp.Body.Close() // now: reading to the end filled resp.Trailer
+	x.noteGRPCStatus(resp)
 	if len(resp.Trailer) == 0 {
 		return
 	}

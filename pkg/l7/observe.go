@@ -7,13 +7,16 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // requestMetrics returns the metrics for a request on t, looking the label
-// set up in the vectors (hashing four labels, twice) only the first time
-// the tunnel sees it.
-func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
-	k := metricsKey{code, route}
+// sets up in the vectors (hashing them) only the first time the tunnel
+// sees them.
+func (t *tunnel) requestMetrics(m *metrics, route string, std standardKey) labelled {
+	k := metricsKey{route, std}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// A tunnel's requests mostly repeat the previous one's labels: that
@@ -25,10 +28,11 @@ func (t *tunnel) requestMetrics(m *metrics, code int, route string) labelled {
 		t.last, t.lastSet = k, l
 		return l
 	}
-	c := strconv.Itoa(code)
+	c := strconv.Itoa(std.code)
 	l := labelled{
 		requests: m.requests.WithLabelValues(c, t.principal, t.service, route),
 		duration: m.duration.WithLabelValues(c, t.principal, t.service, route),
+		std:      t.standardSeries(m.std, std),
 	}
 	if t.metrics == nil {
 		t.metrics = make(map[metricsKey]labelled)
@@ -61,9 +65,13 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) int {
 	default:
 		route = "none"
 	}
-	m := x.info.requestMetrics(e.metrics, status, route)
+	m := x.info.requestMetrics(e.metrics, route, x.standardKey(status, aborted))
 	m.requests.Inc()
 	m.duration.Observe(d.Seconds())
+	m.std.requests.Inc()
+	m.std.duration.Observe(float64(d.Microseconds()) / 1000)
+	m.std.reqBytes.Observe(float64(x.bytesIn()))
+	m.std.respBytes.Observe(float64(rw.bytes))
 
 	if ce := x.info.accessLog.Check(zap.InfoLevel, "request"); ce != nil {
 		fp := accessFields.Get().(*[]zap.Field)
@@ -107,3 +115,75 @@ var accessFields = sync.Pool{New: func() any {
 	s := make([]zap.Field, 0, 17)
 	return &s
 }}
+
+// identify sets what t's requests say of the caller and the service, from
+// cfg: the caller is who the tunnel authenticated (telemetry.Caller: the
+// workload at its address only when it holds that identity).
+func (t *tunnel) identify(cfg *Config) {
+	var src *meshv1.Workload
+	var svc *meshv1.Service
+	if cfg != nil {
+		src = cfg.byAddress[t.Source.Addr().Unmap()]
+		if si := cfg.services[t.Service]; si != nil {
+			svc = si.svc
+		}
+	}
+	t.std = telemetry.Connection{
+		Reporter:       telemetry.ReporterWaypoint,
+		Source:         telemetry.Caller(t.Peer, src),
+		Service:        telemetry.UnknownService,
+		SecurityPolicy: telemetry.SecurityPolicy(t.Peer),
+	}
+	if !t.Service.IsZero() {
+		t.std.Service = telemetry.ServiceOf(svc)
+		if svc == nil {
+			t.std.Service.Name, t.std.Service.Namespace = t.Service.Name, t.Service.Namespace
+		}
+	}
+}
+
+// standardKeyOf is x's standard labels that vary per request.
+func (x *exchange) standardKey(code int, aborted bool) standardKey {
+	k := standardKey{code: code, grpc: x.view != nil && x.view.grpc, flags: "-"}
+	if x.rec.ep != nil {
+		k.destination = x.rec.ep.target.Load().Workload
+	}
+	if k.grpc && x.rec.grpcCode >= 0 {
+		k.grpcStatus = strconv.Itoa(x.rec.grpcCode)
+	}
+	switch {
+	case x.rec.decision == "deny":
+		k.flags = "UAEX" // Envoy's flag for a request the external authorizer denied
+	case x.rule == nil && code == http.StatusNotFound:
+		k.flags = "NR" // no route
+	case aborted:
+		k.flags = "DC" // the response broke off
+	}
+	return k
+}
+
+func (t *tunnel) standardSeries(m *standardMetrics, k standardKey) standardSeries {
+	c := t.std
+	c.Destination = telemetry.Of(k.destination)
+	c.Flags = k.flags
+	c.Protocol = "http"
+	if k.grpc {
+		c.Protocol = "grpc"
+	}
+	return m.series(&c, k.code, k.grpcStatus)
+}
+
+// noteGRPCStatus records the grpc-status of a gRPC request's upstream
+// response: in its trailers, or its header (a trailers-only response).
+func (x *exchange) noteGRPCStatus(resp *http.Response) {
+	if x.view == nil || !x.view.grpc {
+		return
+	}
+	s := resp.Trailer.Get("Grpc-Status")
+	if s == "" {
+		s = resp.Header.Get("Grpc-Status")
+	}
+	if code, err := strconv.Atoi(s); err == nil && code >= 0 && code <= 16 {
+		x.rec.grpcCode = code
+	}
+}

@@ -136,7 +136,7 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+" has no endpoints", nil)
 		return
 	}
-	x.rec.endpoint = x.first.addr
+	x.rec.endpoint, x.rec.ep = x.first.addr, x.first
 	x.fireMirrors()
 	if upgradeRequested(x.out.Header) {
 		e.proxy.ServeHTTP(w, x.out.WithContext(context.WithValue(x.out.Context(), exchangeKey{}, x)))

@@ -16,11 +16,12 @@ type record struct {
 	rule      string
 	backend   string
 	endpoint  string
-	decision  string // allow, deny, or "" when no decision was needed
+	ep        *endpoint // the endpoint of endpoint, nil when none was chosen
+	decision  string    // allow, deny, or "" when no decision was needed
 	reason    string
 	decID     string
 	attempts  int
-	grpcCode  int // gRPC status of a local reply to a gRPC request, -1 otherwise
+	grpcCode  int // gRPC status of a gRPC request's reply (local or upstream), -1 when none
 	localCode int // status the engine chose for a local reply (a gRPC one is sent as 200)
 }
 

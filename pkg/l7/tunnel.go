@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -50,6 +51,10 @@ type tunnel struct {
 	// callerNS is the namespace of the authenticated caller's identity
 	// ("" when unauthenticated): it selects consumer routes.
 	callerNS string
+
+	// std is what the standard metrics say of the tunnel's caller and
+	// service (identify).
+	std telemetry.Connection
 
 	// accessLog is the engine's access logger with the tunnel's fields
 	// (source, identity, destination, service) encoded once, not per

@@ -1,6 +1,10 @@
 package nodeproxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
+)
 
 // metrics are the node proxy's connection metrics, with Istio's names.
 type metrics struct {
@@ -8,6 +12,7 @@ type metrics struct {
 	closed   *prometheus.CounterVec
 	sent     *prometheus.CounterVec
 	received *prometheus.CounterVec
+	std      *telemetry.TCP // Istio's standard metrics (istio_tcp_*)
 }
 
 // connection labels: direction (inbound/outbound), the peers' identities
@@ -26,6 +31,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tcp_received_bytes_total",
 			Help: "Bytes received from the destination."}, connLabels),
 	}
-	reg.MustRegister(m.opened, m.closed, m.sent, m.received)
+	m.std = telemetry.NewTCP()
+	reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.std.Opened, m.std.Closed, m.std.Sent, m.std.Received)
 	return m
 }

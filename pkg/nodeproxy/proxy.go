@@ -29,6 +29,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -443,7 +444,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 	start := time.Now()
 	r := p.reg.Load()
 	dst := c.Destination()
-	rec := connRecord{src: c.Source(), dst: dst, srcIdentity: "unauthenticated"}
+	rec := newConnRecord(telemetry.ReporterSource, c.Source(), dst)
 	src, ok := r.LocalWorkload(c.Source().Addr())
 	if pc, inPod := c.(podConn); inPod {
 		// The pod is known by its namespace, not by the address it used.
@@ -456,7 +457,10 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		}
 	}
 	if ok {
+		// The node proxy's own pod: known by its address on this node, or
+		// by the network namespace it was captured in.
 		rec.srcWorkload, rec.srcIdentity = src.GetUid(), src.GetIdentity()
+		rec.std.Source = telemetry.Of(src)
 	} else if !p.opts.AllowPassthrough {
 		c.Answer(capture.Refused)
 		c.Close()
@@ -498,6 +502,9 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		return false
 	}
 	rec.describeHop(hop)
+	if hop.Kind == ViaWaypoint || hop.Kind == Direct {
+		rec.std.SecurityPolicy = telemetry.MutualTLS
+	}
 	if err := c.Answer(capture.Connected); err != nil {
 		p.release(hop.Address)
 		upstream.Close()
@@ -505,7 +512,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		p.finish(&rec, start, 0, 0, fmt.Errorf("answer client: %w", err))
 		return false
 	}
-	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	p.opened(&rec)
 	hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
 		p.release(rec.hop)
 		p.finish(&rec, start, sent, received, err)
@@ -659,7 +666,14 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 // openInbound admits an HBONE tunnel to a local pod and connects to its app.
 func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stream, error) {
 	start := time.Now()
-	rec := connRecord{inbound: true, src: req.Remote, dst: capture.Destination{Addr: req.Authority}, srcIdentity: req.Peer.String()}
+	rec := newConnRecord(telemetry.ReporterDestination, req.Remote, capture.Destination{Addr: req.Authority})
+	rec.srcIdentity = req.Peer.String()
+	reg := p.reg.Load()
+	// The caller is who the tunnel authenticated; the workload at its
+	// address names it only when it holds that identity.
+	caller, _ := reg.WorkloadByIP(req.Remote.Addr())
+	rec.std.Source = telemetry.Caller(req.Peer, caller)
+	rec.std.SecurityPolicy = telemetry.SecurityPolicy(req.Peer)
 	if !req.Authority.IsValid() {
 		err := hbone.BadRequest("authority must be ip:port")
 		p.finish(&rec, start, 0, 0, err)
@@ -676,6 +690,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		return nil, err
 	}
 	rec.dstWorkload, rec.dstIdentity = adm.Workload.GetUid(), adm.Workload.GetIdentity()
+	rec.describeDestination(reg, adm.Workload, req.Authority.Port())
 	if adm.FromWaypoint && req.Forwarded.IsValid() {
 		// Only the destination's own authenticated waypoint may say who
 		// the original client was; it is for logs and metrics only.
@@ -697,7 +712,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}
-	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	p.opened(&rec)
 	// Tracked before the relay starts (which is after this returns): a
 	// re-check that denies it aborts the relay, resetting the tunnel and
 	// the upstream connection.
@@ -739,9 +754,10 @@ func (p *Proxy) servePlaintext(l net.Listener) {
 func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPort) {
 	start := time.Now()
 	src, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-	rec := connRecord{inbound: true, src: src, dst: capture.Destination{Addr: dst}, srcIdentity: "unauthenticated"}
+	rec := newConnRecord(telemetry.ReporterDestination, src, capture.Destination{Addr: dst})
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-	w, hop, err := p.reg.Load().planPlaintextInbound(dst, p.opts.AllowPlaintext)
+	reg := p.reg.Load()
+	w, hop, err := reg.planPlaintextInbound(dst, p.opts.AllowPlaintext)
 	conn := &inboundConn{local: dst.Addr(), authority: dst, peer: trust.Unauthenticated(), remote: src, plaintext: true}
 	if err == nil && hop == nil {
 		// Delivered directly: the policies see a caller without identity.
@@ -759,12 +775,15 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 		return
 	}
 	rec.dstWorkload, rec.dstIdentity = w.GetUid(), w.GetIdentity()
+	rec.describeDestination(reg, w, dst.Port())
 	var upstream net.Conn
 	cctx, cancel := context.WithTimeout(ctx, p.opts.ConnectTimeout)
 	if hop != nil {
 		// Hairpin: the proxy cannot vouch for this caller, so the tunnel to
-		// the waypoint is TLS-only and carries no identity.
+		// the waypoint is TLS-only and carries no identity. The standard
+		// metrics report the local destination, not the hop.
 		rec.describeHop(*hop)
+		rec.std.Destination = telemetry.Of(w)
 		upstream, err = p.pool.Dial(cctx, hbone.Target{
 			Address: hop.Address, Authority: hbone.FormatAuthority(hop.Authority),
 			Expected: []trust.Identity{hop.Expected}, Forwarded: src,
@@ -784,7 +803,7 @@ func (p *Proxy) HandleInbound(ctx context.Context, c net.Conn, dst netip.AddrPor
 		p.finish(&rec, start, 0, 0, err)
 		return
 	}
-	p.metrics.opened.WithLabelValues(rec.labels()...).Inc()
+	p.opened(&rec)
 	if hop != nil {
 		sent, received, err := p.join(ctx, c, upstream)
 		p.finish(&rec, start, sent, received, err)
@@ -873,11 +892,25 @@ type connRecord struct {
 	service, waypoint        string
 	inbound, hasHop          bool
 	hopKind                  HopKind
+	// std is what Istio's standard metrics say of it; opened: they counted
+	// it opened (refused and failed connections they do not count).
+	std    telemetry.Connection
+	opened bool
+}
+
+// newConnRecord starts the record of a connection the node proxy reports
+// as reporter (telemetry.ReporterSource or ReporterDestination), with src
+// its source address, nothing known of either side yet.
+func newConnRecord(reporter string, src netip.AddrPort, dst capture.Destination) connRecord {
+	return connRecord{src: src, dst: dst, srcIdentity: "unauthenticated", inbound: reporter == telemetry.ReporterDestination,
+		std: telemetry.Connection{Reporter: reporter, Source: telemetry.UnknownPeer, Destination: telemetry.UnknownPeer,
+			Service: telemetry.UnknownService, Protocol: "tcp", SecurityPolicy: telemetry.None}}
 }
 
 func (r *connRecord) describePlan(p Plan) {
 	if p.Service != nil {
 		r.service = p.Service.GetNamespace() + "/" + p.Service.GetName()
+		r.std.Service = telemetry.ServiceOf(p.Service)
 	}
 	if p.Waypoint != nil {
 		r.waypoint = p.Waypoint.GetNamespace() + "/" + p.Waypoint.GetName()
@@ -888,9 +921,27 @@ func (r *connRecord) describeHop(h Hop) {
 	r.hop, r.hopKind, r.hasHop = h.Address, h.Kind, true
 	if h.Workload != nil {
 		r.dstWorkload, r.dstIdentity = h.Workload.GetUid(), h.Workload.GetIdentity()
+		r.std.Destination = telemetry.Of(h.Workload)
 	} else if !h.Expected.IsZero() {
 		r.dstIdentity = h.Expected.String()
+		r.std.Destination.Principal = r.dstIdentity
 	}
+}
+
+// describeDestination notes w, a local workload, as the destination, and
+// the service its port tells.
+func (r *connRecord) describeDestination(reg *Registry, w *meshv1.Workload, port uint16) {
+	r.std.Destination = telemetry.Of(w)
+	if s := reg.InboundService(w.GetUid(), port); s != nil {
+		r.std.Service = telemetry.ServiceOf(s)
+	}
+}
+
+// opened counts r's connection opened.
+func (p *Proxy) opened(r *connRecord) {
+	p.metrics.opened.WithLabelValues(r.labels()...).Inc()
+	p.metrics.std.Opened.WithLabelValues(r.std.Values(make([]string, 0, len(telemetry.Labels)))...).Inc()
+	r.opened = true
 }
 
 func (r *connRecord) direction() string {
@@ -926,6 +977,14 @@ func (p *Proxy) finish(r *connRecord, start time.Time, sent, received int64, err
 	p.metrics.closed.WithLabelValues(append(labels, closeReason(err))...).Inc()
 	p.metrics.sent.WithLabelValues(labels...).Add(float64(sent))
 	p.metrics.received.WithLabelValues(labels...).Add(float64(received))
+	if r.opened {
+		std := r.std.Values(make([]string, 0, len(telemetry.Labels)))
+		p.metrics.std.Closed.WithLabelValues(std...).Inc()
+		// Istio's received bytes are the request's: what went toward the
+		// destination.
+		p.metrics.std.Received.WithLabelValues(std...).Add(float64(sent))
+		p.metrics.std.Sent.WithLabelValues(std...).Add(float64(received))
+	}
 	fields := []zap.Field{
 		zap.String("direction", r.direction()), zap.String("src", r.src.String()), zap.String("src_workload", r.srcWorkload),
 		zap.String("src_identity", r.srcIdentity), zap.String("dst", r.dst.String()), zap.String("dst_workload", r.dstWorkload),

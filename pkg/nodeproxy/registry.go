@@ -168,31 +168,60 @@ func (r *Registry) Waypoint(ref *meshv1.Ref) (*meshv1.Waypoint, error) {
 func (r *Registry) IngressWaypoints(uid string) []*meshv1.Ref { return r.ingressWPs[uid] }
 
 // ServiceHostnames lists the hostnames of the services whose port maps to
-// port on the workload uid (an endpoint's own mapping, else the target
-// port, else the port itself), sorted.
+// port on the workload uid (servicesServing), sorted.
 func (r *Registry) ServiceHostnames(uid string, port uint16) []string {
 	var out []string
-	for _, s := range r.servesFor[uid] {
-		for _, ep := range s.GetEndpoints() {
-			if ep.GetWorkloadUid() != uid {
-				continue
-			}
-			for _, sp := range s.GetPorts() {
-				target := ep.GetPorts()[sp.GetPort()]
-				if target == 0 {
-					target = sp.GetTargetPort()
-				}
-				if target == 0 {
-					target = sp.GetPort()
-				}
-				if target == uint32(port) && !slices.Contains(out, s.GetHostname()) {
-					out = append(out, s.GetHostname())
-				}
-			}
+	for _, s := range r.servicesServing(uid, port) {
+		if !slices.Contains(out, s.GetHostname()) {
+			out = append(out, s.GetHostname())
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// InboundService is the service a connection to port on the workload uid
+// was for, as far as the port tells: the one service whose port maps
+// there, nil when none or several do.
+func (r *Registry) InboundService(uid string, port uint16) *meshv1.Service {
+	if ss := r.servicesServing(uid, port); len(ss) == 1 {
+		return ss[0]
+	}
+	return nil
+}
+
+// servicesServing lists the services whose port maps to port on the
+// workload uid (an endpoint's own mapping, else the target port, else the
+// port itself).
+func (r *Registry) servicesServing(uid string, port uint16) []*meshv1.Service {
+	var out []*meshv1.Service
+	for _, s := range r.servesFor[uid] {
+		if servesPort(s, uid, port) && !slices.Contains(out, s) { // a dual-stack pod is two endpoints
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func servesPort(s *meshv1.Service, uid string, port uint16) bool {
+	for _, ep := range s.GetEndpoints() {
+		if ep.GetWorkloadUid() != uid {
+			continue
+		}
+		for _, sp := range s.GetPorts() {
+			target := ep.GetPorts()[sp.GetPort()]
+			if target == 0 {
+				target = sp.GetTargetPort()
+			}
+			if target == 0 {
+				target = sp.GetPort()
+			}
+			if target == uint32(port) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Services lists every service.

@@ -188,15 +188,22 @@ func serveTCP(t *testing.T, addr string) netip.AddrPort {
 // tunnel opens a tunnel as source (zero: TLS-only) to authority.
 func (f *fixture) tunnel(t *testing.T, source string, authority string) (net.Conn, error) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return f.pool.Dial(ctx, f.target(t, source, authority))
+}
+
+// target is the waypoint as a tunnel's target, the tunnel opened as
+// source (zero: TLS-only) to authority.
+func (f *fixture) target(t *testing.T, source string, authority string) hbone.Target {
+	t.Helper()
 	target := hbone.Target{Address: f.addr, Authority: authority, Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/shop/sa/wp")}}
 	if source != "" {
 		id := trusttest.Identity(t, source)
 		cert := f.ca.Certificate(t, id, 0)
 		target.Source, target.Cert = id, func() (*tls.Certificate, error) { return cert, nil }
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return f.pool.Dial(ctx, target)
+	return target
 }
 
 // webTunnel is a tunnel as the frontend to web.shop, closed at the end of

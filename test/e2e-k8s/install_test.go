@@ -299,6 +299,8 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	t.Run("standard metrics in Prometheus", func(t *testing.T) { testStandardMetrics(t, pods) })
+
 	// A namespace labelled after its pod started: the running pod is
 	// captured without a restart and speaks with its own identity (which
 	// the policy does not allow: an authenticated denial).

@@ -3,6 +3,10 @@
 package metricstest
 
 import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,4 +69,28 @@ func matches(m *dto.Metric, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// All returns every series of metric name, keyed by its labels (Labels),
+// with its value: a counter's or a gauge's, or a histogram's count.
+func All(t testing.TB, g prometheus.Gatherer, name string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, m := range series(t, g, name) {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		out[Labels(have)] = m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+	}
+	return out
+}
+
+// Labels writes a label set as PromQL does, sorted by name.
+func Labels(m map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s=%q", k, m[k]))
+	}
+	return "{" + strings.Join(parts, ",") + "}"
 }

@@ -1,6 +1,7 @@
 package metricstest
 
 import (
+	"maps"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,5 +26,22 @@ func TestValueAndByLabel(t *testing.T) {
 	}
 	if got := ByLabel(t, reg, "c_total", "a"); len(got) != 2 || got["x"] != 2 || got["y"] != 5 {
 		t.Errorf("ByLabel = %v", got)
+	}
+}
+
+func TestAll(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "h"}, []string{"b", "a"})
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "h", Help: "h"}, []string{"a"})
+	reg.MustRegister(c, h)
+	c.WithLabelValues("2", "1").Add(3)
+	c.WithLabelValues("x", "1").Inc()
+	h.WithLabelValues("1").Observe(5)
+	h.WithLabelValues("1").Observe(6)
+	if got, want := All(t, reg, "c_total"), map[string]float64{`{a="1",b="2"}`: 3, `{a="1",b="x"}`: 1}; !maps.Equal(got, want) {
+		t.Errorf("counter: %v, want %v", got, want)
+	}
+	if got, want := All(t, reg, "h"), map[string]float64{`{a="1"}`: 2}; !maps.Equal(got, want) {
+		t.Errorf("histogram: %v, want %v", got, want)
 	}
 }

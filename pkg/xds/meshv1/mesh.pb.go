@@ -405,9 +405,24 @@ type Workload struct {
 	// from it, with this reason, rather than carry it without its waypoint.
 	InvalidReason string `protobuf:"bytes,14,opt,name=invalid_reason,json=invalidReason,proto3" json:"invalid_reason,omitempty"`
 	// Where its node is (the node's topology labels); node is field 6.
-	Locality      *Locality `protobuf:"bytes,15,opt,name=locality,proto3" json:"locality,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Locality *Locality `protobuf:"bytes,15,opt,name=locality,proto3" json:"locality,omitempty"`
+	// What telemetry calls this workload (Istio's standard metric labels;
+	// see pkg/telemetry). workload_name is its controller's name (a
+	// Deployment's through its ReplicaSet, a CronJob's through its Job),
+	// else the pod's. canonical_service is the label
+	// service.istio.io/canonical-name, else app.kubernetes.io/name, else app,
+	// else workload_name; canonical_revision is
+	// service.istio.io/canonical-revision, else app.kubernetes.io/version,
+	// else version, else "latest". app and version are the labels app (else
+	// app.kubernetes.io/name) and version (else app.kubernetes.io/version),
+	// empty when the pod has neither.
+	WorkloadName      string `protobuf:"bytes,16,opt,name=workload_name,json=workloadName,proto3" json:"workload_name,omitempty"`
+	CanonicalService  string `protobuf:"bytes,17,opt,name=canonical_service,json=canonicalService,proto3" json:"canonical_service,omitempty"`
+	CanonicalRevision string `protobuf:"bytes,18,opt,name=canonical_revision,json=canonicalRevision,proto3" json:"canonical_revision,omitempty"`
+	App               string `protobuf:"bytes,19,opt,name=app,proto3" json:"app,omitempty"`
+	Version           string `protobuf:"bytes,20,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Workload) Reset() {
@@ -543,6 +558,41 @@ func (x *Workload) GetLocality() *Locality {
 		return x.Locality
 	}
 	return nil
+}
+
+func (x *Workload) GetWorkloadName() string {
+	if x != nil {
+		return x.WorkloadName
+	}
+	return ""
+}
+
+func (x *Workload) GetCanonicalService() string {
+	if x != nil {
+		return x.CanonicalService
+	}
+	return ""
+}
+
+func (x *Workload) GetCanonicalRevision() string {
+	if x != nil {
+		return x.CanonicalRevision
+	}
+	return ""
+}
+
+func (x *Workload) GetApp() string {
+	if x != nil {
+		return x.App
+	}
+	return ""
+}
+
+func (x *Workload) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
 }
 
 // Locality is a node's region and zone (its labels
@@ -2852,7 +2902,7 @@ const file_mesh_proto_rawDesc = "" +
 	"mesh.proto\x12\x10causeway.mesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
 	"\x03Ref\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xf7\x04\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xa4\x06\n" +
 	"\bWorkload\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
@@ -2870,7 +2920,12 @@ const file_mesh_proto_rawDesc = "" +
 	"\rserving_ports\x18\f \x03(\rR\fservingPorts\x12G\n" +
 	"\x14waypoint_for_gateway\x18\r \x01(\v2\x15.causeway.mesh.v1.RefR\x12waypointForGateway\x12%\n" +
 	"\x0einvalid_reason\x18\x0e \x01(\tR\rinvalidReason\x126\n" +
-	"\blocality\x18\x0f \x01(\v2\x1a.causeway.mesh.v1.LocalityR\blocality\x1a9\n" +
+	"\blocality\x18\x0f \x01(\v2\x1a.causeway.mesh.v1.LocalityR\blocality\x12#\n" +
+	"\rworkload_name\x18\x10 \x01(\tR\fworkloadName\x12+\n" +
+	"\x11canonical_service\x18\x11 \x01(\tR\x10canonicalService\x12-\n" +
+	"\x12canonical_revision\x18\x12 \x01(\tR\x11canonicalRevision\x12\x10\n" +
+	"\x03app\x18\x13 \x01(\tR\x03app\x12\x18\n" +
+	"\aversion\x18\x14 \x01(\tR\aversion\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +

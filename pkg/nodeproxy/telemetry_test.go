@@ -1,0 +1,135 @@
+package nodeproxy
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/causeway-mesh/causeway/pkg/hbone"
+	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
+	"github.com/causeway-mesh/causeway/pkg/trust"
+	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
+)
+
+// side is the standard labels of one side ("source" or "destination") for
+// a workload of meshResources, or of nothing known ("" uid).
+func side(prefix, uid string) map[string]string {
+	v := map[string]string{"workload": "unknown", "workload_namespace": "unknown", "principal": "unknown", "app": "unknown",
+		"version": "unknown", "canonical_service": "unknown", "canonical_revision": "unknown", "cluster": "unknown"}
+	if uid != "" {
+		v = map[string]string{"workload": uid, "workload_namespace": "t", "principal": "spiffe://cluster.local/ns/t/sa/" + uid, "app": uid,
+			"version": "latest", "canonical_service": uid, "canonical_revision": "latest", "cluster": "Kubernetes"}
+	}
+	out := map[string]string{}
+	for k, val := range v {
+		out[prefix+"_"+k] = val
+	}
+	return out
+}
+
+// tcpLabels is a connection's full label set.
+func tcpLabels(reporter, src, dst, service, security string) string {
+	l := map[string]string{"reporter": reporter, "request_protocol": "tcp", "response_flags": "-", "connection_security_policy": security,
+		"destination_service": "unknown", "destination_service_name": "unknown", "destination_service_namespace": "unknown"}
+	if service != "" {
+		l["destination_service"], l["destination_service_name"], l["destination_service_namespace"] = service+".t.svc.cluster.local", service, "t"
+	}
+	maps.Copy(l, side("source", src))
+	maps.Copy(l, side("destination", dst))
+	return metricstest.Labels(l)
+}
+
+// The node proxies' standard metrics on real tunnels: each side reports
+// the connection, the caller named by what authenticated it. A tunnel
+// whose identity is not that of the pod at its source address, and a
+// hairpinned plaintext connection (a TLS-only tunnel), name no caller.
+func TestStandardTCPMetrics(t *testing.T) {
+	regs := map[string]*prometheus.Registry{"node-a": prometheus.NewRegistry(), "node-b": prometheus.NewRegistry()}
+	m := startMeshWith(t, func(o *Options) { o.Registry = regs[o.Node] }, "node-a", "node-b")
+	startApp(t, app(podB)+":8080", "B")
+	startWaypoint(t, m, hbone.HandlerFunc(func(ctx context.Context, r *hbone.Request) (hbone.Stream, error) {
+		return hbone.StreamFunc(func(_ context.Context, tunnel net.Conn) {
+			data, _ := io.ReadAll(tunnel)
+			tunnel.Write(data)
+		}), nil
+	}))
+
+	// a -> b, pod to pod: "hello" (5 bytes) out, "B:hello" (7) back.
+	if got, err := m.exchange(t, "node-a", podA, podB+":8080", "hello"); err != nil || got != "B:hello" {
+		t.Fatalf("a -> b: %q %v", got, err)
+	}
+	// a's identity from e's address, straight to b's node proxy.
+	cert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), 0)
+	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: m.ca.Bundle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pool.Dial(ctx, hbone.Target{Address: netip.MustParseAddrPort(podB + ":15008"), Authority: podB + ":8080",
+		Source: trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), Cert: func() (*tls.Certificate, error) { return cert, nil },
+		Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/b")}, LocalAddr: netip.MustParseAddr(podE)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "hi")
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	if out, _ := io.ReadAll(c); string(out) != "B:hi" {
+		t.Fatalf("a's identity from e's address: %q", out)
+	}
+	c.Close()
+	// Plaintext from outside the mesh to d, hairpinned through the
+	// waypoint over a TLS-only tunnel.
+	pc, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podOutsider)}}).Dial("tcp", podD+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(pc, "plain")
+	pc.(*net.TCPConn).CloseWrite()
+	if out, _ := io.ReadAll(pc); string(out) != "plain" {
+		t.Fatalf("hairpin: %q", out)
+	}
+	pc.Close()
+
+	want := map[string]map[string]map[string]float64{
+		"node-a": {
+			"istio_tcp_connections_opened_total": {tcpLabels("source", "a", "b", "", "mutual_tls"): 1},
+			"istio_tcp_connections_closed_total": {tcpLabels("source", "a", "b", "", "mutual_tls"): 1},
+			"istio_tcp_received_bytes_total":     {tcpLabels("source", "a", "b", "", "mutual_tls"): 5},
+			"istio_tcp_sent_bytes_total":         {tcpLabels("source", "a", "b", "", "mutual_tls"): 7},
+		},
+		"node-b": {
+			"istio_tcp_connections_opened_total": {
+				tcpLabels("destination", "a", "b", "svc", "mutual_tls"): 1, // b serves svc's port 8080
+				tcpLabels("destination", "", "b", "svc", "mutual_tls"):  1, // a's identity from e's address
+				tcpLabels("destination", "", "d", "", "none"):           1, // the hairpin
+			},
+			"istio_tcp_received_bytes_total": {
+				tcpLabels("destination", "a", "b", "svc", "mutual_tls"): 5,
+				tcpLabels("destination", "", "b", "svc", "mutual_tls"):  2,
+				tcpLabels("destination", "", "d", "", "none"):           5,
+			},
+		},
+	}
+	waitFor(t, "the standard metrics", func() error {
+		for node, metrics := range want {
+			for name, series := range metrics {
+				if got := metricstest.All(t, regs[node], name); !maps.Equal(got, series) {
+					return fmt.Errorf("%s %s:\n got %v\nwant %v", node, name, got, series)
+				}
+			}
+		}
+		return nil
+	})
+}
