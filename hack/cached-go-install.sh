@@ -6,9 +6,18 @@
 # stderr. $CAUSEWAY_<NAME> (upper case), when set, names the binary to use
 # instead.
 #
-# Usage: hack/cached-go-install.sh NAME VERSION PACKAGE [go install flags...]
+# Usage: hack/cached-go-install.sh [--module] NAME VERSION PACKAGE [go install flags...]
+#
+# --module builds through a throwaway module that requires the program as
+# a tool: `go install pkg@version` refuses a program whose go.mod has
+# replace directives (Jaeger's).
 set -euo pipefail
-[ $# -ge 3 ] || { echo "usage: $0 NAME VERSION PACKAGE [go install flags...]" >&2; exit 2; }
+VIA_MODULE=
+if [ "${1:-}" = --module ]; then
+  VIA_MODULE=1
+  shift
+fi
+[ $# -ge 3 ] || { echo "usage: $0 [--module] NAME VERSION PACKAGE [go install flags...]" >&2; exit 2; }
 NAME=$1 VERSION=$2 PKG=$3
 shift 3
 override=CAUSEWAY_$(echo "$NAME" | tr '[:lower:]' '[:upper:]')
@@ -26,8 +35,17 @@ if [ ! -x "$BIN" ]; then
   trap 'rm -rf "$tmp"' EXIT
   echo "$NAME: building $PKG $VERSION into $DIR (once)" >&2
   start=$(date +%s)
-  # go install pkg@version: the program's own go.mod, not this module's.
-  GOBIN=$tmp CGO_ENABLED=0 GOFLAGS= go install -trimpath "$@" "$PKG@$VERSION" >&2
+  if [ -n "$VIA_MODULE" ]; then
+    (
+      cd "$tmp"
+      go mod init causeway.local/build-"$NAME"
+      GOFLAGS= go get -tool "$PKG@$VERSION"
+      GOBIN=$tmp CGO_ENABLED=0 GOFLAGS= go install -trimpath "$@" tool
+    ) >&2 2>&1
+  else
+    # go install pkg@version: the program's own go.mod, not this module's.
+    GOBIN=$tmp CGO_ENABLED=0 GOFLAGS= go install -trimpath "$@" "$PKG@$VERSION" >&2
+  fi
   mkdir -p "$DIR"
   mv "$tmp/$(basename "$PKG")" "$BIN"
   echo "$NAME: built in $(($(date +%s) - start)) s" >&2
