@@ -47,6 +47,7 @@ package l7
 //	record.go    what the access log and metrics are made of; the caller's writer
 //	engine.go    Options, Engine, configuration updates
 //	exchange.go  one request's state
+//	trace.go     a request's server span and its attempts' client spans
 //	observe.go   a request's metrics (their labels) and access-log line
 //	reply.go     what the waypoint answers itself
 //	attempt.go   upstream attempts, retries and their timeouts

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 )
 
@@ -87,6 +89,14 @@ func (x *exchange) bytesIn() int64 {
 		return 0
 	}
 	return x.in.n.Load()
+}
+
+// spans are an exchange's spans (trace.go); server is nil when the request
+// is not traced (no tracer). A span that is not sampled still carries the
+// trace context upstream, so the upstream keeps the decision.
+type spans struct {
+	server trace.Span
+	client trace.Span // the attempt in progress, or the last one
 }
 
 type exchangeKey struct{}

@@ -29,14 +29,6 @@ import (
 // traceContext reads and writes traceparent and tracestate.
 var traceContext propagation.TraceContext
 
-// spans are an exchange's spans; server is nil when the request is not
-// traced (no tracer). A span that is not sampled still carries the trace
-// context upstream, so the upstream keeps the decision.
-type spans struct {
-	server trace.Span
-	client trace.Span // the attempt in progress, or the last one
-}
-
 // The spans' start options, made once (each option is an allocation).
 var (
 	serverSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
