@@ -407,3 +407,63 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestServerRemoveFromAProxyThatLeaves: a proxy that goes away before it
+// acknowledges a removal (restarting or uninstalled as the pod is deleted)
+// does not fail RemovePod: its next snapshot lacks the pod. A proxy that
+// leaves before acknowledging an addition still fails AddPod.
+func TestServerRemoveFromAProxyThatLeaves(t *testing.T) {
+	s, path := startServer(t, 2*time.Second)
+	// leaver registers, answers nothing more and hangs up at the next
+	// message.
+	leaver := func() {
+		t.Helper()
+		c, err := Dial(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, c.Send(Message{Type: TypeHello, Version: Version}, nil))
+		for { // the snapshot: each message acknowledged
+			m, f, err := c.Recv()
+			if err != nil {
+				t.Fatalf("Recv: %v", err)
+			}
+			if f != nil {
+				f.Close()
+			}
+			must(t, c.Send(Message{Type: TypeAck}, nil))
+			if m.Type == TypeSnapshotComplete {
+				break
+			}
+		}
+		waitFor(t, "registration", func() bool { return s.Connected() == 1 })
+		go func() {
+			c.Recv()
+			c.Close()
+		}()
+	}
+
+	r := newRecorder()
+	stop, snaps := startClient(t, path, NewState(r))
+	recv(t, snaps)
+	must(t, s.AddPod(*pod("a"), fakeNetns(t, "a")))
+	stop()
+	waitFor(t, "the proxy to leave", func() bool { return s.Connected() == 0 })
+
+	leaver()
+	if err := s.RemovePod("a"); err != nil {
+		t.Errorf("RemovePod with the proxy leaving before its ack = %v, want nil", err)
+	}
+	if s.Has("a") {
+		t.Error("the removed pod is still recorded")
+	}
+	waitFor(t, "the leaver to be gone", func() bool { return s.Connected() == 0 })
+
+	leaver()
+	if err := s.AddPod(*pod("b"), fakeNetns(t, "b")); err == nil || !strings.Contains(err.Error(), "disconnected before acknowledging") {
+		t.Errorf("AddPod with the proxy leaving before its ack = %v, want a failure", err)
+	}
+	if s.Has("b") {
+		t.Error("a pod no proxy acknowledged is recorded")
+	}
+}

@@ -168,11 +168,16 @@ var errNacked = errors.New("node proxy refused")
 // ErrNoProxy is returned by AddPod when no node proxy is connected.
 var ErrNoProxy = errors.New("handoff: no node proxy is connected")
 
+// errProxyGone marks an exchange that ended with the proxy's connection
+// (closed by the proxy, or cut for not answering): a proxy that connects
+// again starts from a snapshot of the pods recorded then.
+var errProxyGone = errors.New("its connection ended")
+
 // exchange sends one message and waits for its ack; the caller holds pc.send.
 func (s *Server) exchange(pc *proxyConn, m Message, netns *os.File) error {
 	if err := pc.conn.Send(m, netns); err != nil {
 		pc.conn.Close()
-		return err
+		return fmt.Errorf("send %s to the node proxy: %v: %w", m.Type, err, errProxyGone)
 	}
 	t := time.NewTimer(s.AckTimeout)
 	defer t.Stop()
@@ -183,21 +188,22 @@ func (s *Server) exchange(pc *proxyConn, m Message, netns *os.File) error {
 		}
 		return nil
 	case <-pc.done:
-		return errors.New("node proxy disconnected before acknowledging")
+		return fmt.Errorf("node proxy disconnected before acknowledging %s: %w", m.Type, errProxyGone)
 	case <-t.C:
 		pc.conn.Close()
-		return fmt.Errorf("node proxy did not acknowledge %s within %s", m.Type, s.AckTimeout)
+		return fmt.Errorf("node proxy did not acknowledge %s within %s: %w", m.Type, s.AckTimeout, errProxyGone)
 	}
 }
 
-// broadcast sends m to every connected proxy and joins their errors.
-func (s *Server) broadcast(conns []*proxyConn, m Message, netns *os.File) error {
+// broadcast sends m to every connected proxy and joins their errors; with
+// goneIsDone, a proxy whose connection ended is no error.
+func (s *Server) broadcast(conns []*proxyConn, m Message, netns *os.File, goneIsDone bool) error {
 	var errs []error
 	for _, pc := range conns {
 		pc.send.Lock()
 		err := s.exchange(pc, m, netns)
 		pc.send.Unlock()
-		if err != nil {
+		if err != nil && !(goneIsDone && errors.Is(err, errProxyGone)) {
 			errs = append(errs, err)
 		}
 	}
@@ -216,7 +222,7 @@ func (s *Server) AddPod(pod Pod, netns *os.File) error {
 	conns := s.record(pod, netns)
 	err := ErrNoProxy
 	if len(conns) > 0 {
-		err = s.broadcast(conns, Message{Type: TypeAdd, Pod: &pod}, netns)
+		err = s.broadcast(conns, Message{Type: TypeAdd, Pod: &pod}, netns, false)
 	}
 	if err != nil {
 		s.RemovePod(pod.UID)
@@ -250,7 +256,10 @@ func (s *Server) record(pod Pod, netns *os.File) []*proxyConn {
 	return s.connsLocked()
 }
 
-// RemovePod forgets a pod and tells every connected proxy.
+// RemovePod forgets a pod and tells every connected proxy. A proxy that
+// goes away before it acknowledges is no failure (a node proxy restarting,
+// or uninstalled, as a pod is deleted): when it connects again, its
+// snapshot no longer holds the pod.
 func (s *Server) RemovePod(uid string) error {
 	s.mu.Lock()
 	s.init()
@@ -260,7 +269,7 @@ func (s *Server) RemovePod(uid string) error {
 	}
 	conns := s.connsLocked()
 	s.mu.Unlock()
-	return s.broadcast(conns, Message{Type: TypeRemove, UID: uid}, nil)
+	return s.broadcast(conns, Message{Type: TypeRemove, UID: uid}, nil, true)
 }
 
 // Has reports whether the pod is recorded as captured.
