@@ -1,12 +1,14 @@
 package main
 
+import "github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+
 // The harness's own addresses, apart from the sample (127.0.10.x), the
 // end-to-end suite (127.0.40.x) and the benchmarks (127.0.90.x, 127.0.91.x):
 // pods 127.0.83.x, their apps 127.0.183.x, service VIPs 127.0.84.x.
 //
 //	web/frontend (node-a) --GET http://reviews.shop/--> waypoint-0 (node-a) or waypoint-1 (node-b)
 //	                                                  --> reviews-v1 (node-a) / reviews-v2 (node-b)
-const meshTemplate = `
+var meshTemplate = `
 apiVersion: v1
 kind: Namespace
 metadata: {name: web, labels: {causeway.dev/dataplane-mode: mesh}}
@@ -15,26 +17,8 @@ apiVersion: v1
 kind: Namespace
 metadata: {name: shop, labels: {causeway.dev/dataplane-mode: mesh, causeway.dev/use-waypoint: waypoint}}
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: waypoint, namespace: shop, labels: {causeway.dev/waypoint-for: service}}
-spec:
-  gatewayClassName: causeway-waypoint
-  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: waypoint-0, namespace: shop, labels: {gateway.networking.k8s.io/gateway-name: waypoint}}
-spec: {nodeName: node-a, serviceAccountName: waypoint, containers: [{name: waypoint, image: causeway/waypoint}]}
-status: {podIP: 127.0.83.2}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: waypoint-1, namespace: shop, labels: {gateway.networking.k8s.io/gateway-name: waypoint}}
-spec: {nodeName: node-b, serviceAccountName: waypoint, containers: [{name: waypoint, image: causeway/waypoint}]}
-status: {podIP: 127.0.83.3}
----
-apiVersion: v1
+` + benchmesh.WaypointYAML("shop", "service",
+	benchmesh.WaypointPod{Node: "node-a", IP: "127.0.83.2"}, benchmesh.WaypointPod{Node: "node-b", IP: "127.0.83.3"}) + `apiVersion: v1
 kind: Pod
 metadata: {name: frontend, namespace: web, labels: {app: frontend}}
 spec: {nodeName: node-a, serviceAccountName: frontend, containers: [{name: frontend, image: causeway/echo}]}

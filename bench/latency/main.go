@@ -66,44 +66,14 @@ const (
 	appPort    = "8080"
 )
 
-const meshYAML = `apiVersion: v1
+var meshYAML = `apiVersion: v1
 kind: Namespace
 metadata:
   name: lat
   labels:
     causeway.dev/dataplane-mode: mesh
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: waypoint
-  namespace: lat
-  labels:
-    causeway.dev/waypoint-for: service
-spec:
-  gatewayClassName: causeway-waypoint
-  listeners:
-  - name: mesh
-    port: 15008
-    protocol: HBONE
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: waypoint-0
-  namespace: lat
-  labels:
-    gateway.networking.k8s.io/gateway-name: waypoint
-spec:
-  nodeName: node-a
-  serviceAccountName: waypoint
-  containers:
-  - name: waypoint
-    image: causeway/waypoint
-status:
-  podIP: ` + waypointIP + `
----
-apiVersion: v1
+` + benchmesh.WaypointYAML("lat", "service", benchmesh.WaypointPod{Node: "node-a", IP: waypointIP}) + `apiVersion: v1
 kind: Pod
 metadata:
   name: client

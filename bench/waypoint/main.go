@@ -60,7 +60,7 @@ const (
 	trustDomain = trust.DefaultTrustDomain
 )
 
-const meshYAML = `apiVersion: v1
+var meshYAML = `apiVersion: v1
 kind: Namespace
 metadata:
   name: load
@@ -75,37 +75,7 @@ metadata:
     causeway.dev/dataplane-mode: mesh
     causeway.dev/use-waypoint: waypoint
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: waypoint
-  namespace: bench
-  labels:
-    causeway.dev/waypoint-for: all
-spec:
-  gatewayClassName: causeway-waypoint
-  listeners:
-  - name: mesh
-    port: 15008
-    protocol: HBONE
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: waypoint-0
-  namespace: bench
-  labels:
-    gateway.networking.k8s.io/gateway-name: waypoint
-spec:
-  nodeName: node-a
-  serviceAccountName: waypoint
-  containers:
-  - name: waypoint
-    image: causeway/waypoint
-status:
-  podIP: ` + waypointIP + `
----
-apiVersion: v1
+` + benchmesh.WaypointYAML("bench", "all", benchmesh.WaypointPod{Node: "node-a", IP: waypointIP}) + `apiVersion: v1
 kind: Pod
 metadata:
   name: loadgen
