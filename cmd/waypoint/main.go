@@ -20,6 +20,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/policy"
 	"github.com/causeway-mesh/causeway/pkg/policy/policygit"
 	"github.com/causeway-mesh/causeway/pkg/tracing"
+	"github.com/causeway-mesh/causeway/pkg/tracing/otlpexport"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/version"
 	"github.com/causeway-mesh/causeway/pkg/waypoint"
@@ -145,7 +146,7 @@ func run(o *options, traces tracing.Settings) error {
 	// A policy's body limit is at most MaxBodyLimit.
 	lo := l7.Options{MaxBufferedBody: policy.MaxBodyLimit, PreflightBeforePolicy: o.preflightFirst, Pod: l7.PodRef{Namespace: o.namespace, Name: o.pod}}
 	if traces.Enabled() {
-		tp, err := tracing.New(tracing.Options{Settings: traces, ServiceName: o.name + "." + o.namespace,
+		tp, err := otlpexport.New(otlpexport.Options{Settings: traces, ServiceName: o.name + "." + o.namespace,
 			Pod: o.pod, Namespace: o.namespace, Node: o.node, Registerer: env.Metrics, Logger: log})
 		if err != nil {
 			return err

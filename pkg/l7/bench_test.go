@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/pkg/tracing"
+	"github.com/causeway-mesh/causeway/pkg/tracing/otlpexport"
 	"github.com/causeway-mesh/causeway/pkg/tracing/otlptest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -47,7 +48,7 @@ func BenchmarkProxyH1(b *testing.B) { benchProxyH1(b) }
 // sampling, exporting to a real OTLP receiver on loopback.
 func BenchmarkProxyH1Traced(b *testing.B) {
 	rcv := otlptest.Start(b)
-	p, err := tracing.New(tracing.Options{Settings: tracing.Settings{Endpoint: rcv.GRPCAddr, Protocol: tracing.GRPC, Sampling: 1}})
+	p, err := otlpexport.New(otlpexport.Options{Settings: tracing.Settings{Endpoint: rcv.GRPCAddr, Protocol: tracing.GRPC, Sampling: 1}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/causeway-mesh/causeway/pkg/tracing"
+	"github.com/causeway-mesh/causeway/pkg/tracing/otlpexport"
 	"github.com/causeway-mesh/causeway/pkg/tracing/otlptest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
@@ -21,7 +22,7 @@ import (
 func tracedHarness(t *testing.T, sampling float64) (*harness, *otlptest.Receiver, func()) {
 	t.Helper()
 	rcv := otlptest.Start(t)
-	p, err := tracing.New(tracing.Options{Settings: tracing.Settings{Endpoint: rcv.GRPCAddr, Protocol: tracing.GRPC, Sampling: sampling},
+	p, err := otlpexport.New(otlpexport.Options{Settings: tracing.Settings{Endpoint: rcv.GRPCAddr, Protocol: tracing.GRPC, Sampling: sampling},
 		ServiceName: "waypoint." + testNS, BatchTimeout: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -209,7 +210,7 @@ func TestTraceNotSampled(t *testing.T) {
 func TestTraceStalledReceiver(t *testing.T) {
 	stalled := otlptest.StartStalled(t)
 	reg := prometheus.NewRegistry()
-	p, err := tracing.New(tracing.Options{Settings: tracing.Settings{Endpoint: stalled, Protocol: tracing.GRPC, Sampling: 100},
+	p, err := otlpexport.New(otlpexport.Options{Settings: tracing.Settings{Endpoint: stalled, Protocol: tracing.GRPC, Sampling: 100},
 		Registerer: reg, QueueSize: 8, BatchSize: 4, BatchTimeout: time.Millisecond, ExportTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

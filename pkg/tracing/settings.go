@@ -1,8 +1,7 @@
-// Package tracing exports a waypoint's request spans to an OpenTelemetry
-// (OTLP) receiver over gRPC or HTTP: the settings a waypoint is given (a
-// Gateway's annotations, the waypoint's flags), and the OpenTelemetry SDK
-// provider built from them, with a bounded export queue whose drops are
-// counted. pkg/l7 makes the spans; this package only ships them.
+// Package tracing holds a waypoint's tracing settings (a Gateway's
+// annotations, the waypoint's flags) and their checks. It links no
+// OpenTelemetry code, so the control plane's deployer can check the
+// annotations; pkg/tracing/otlpexport ships the spans.
 package tracing
 
 import (
@@ -69,6 +68,21 @@ func Parse(endpoint, protocol, sampling string) (Settings, error) {
 		return Settings{}, fmt.Errorf("tracing endpoint %q: %w", endpoint, err)
 	}
 	return s, nil
+}
+
+// Validate checks settings built by hand as Parse checks text: an enabled
+// endpoint is host:port and the sampling a percentage.
+func (s Settings) Validate() error {
+	if s.Sampling < 0 || s.Sampling > 100 || math.IsNaN(s.Sampling) {
+		return fmt.Errorf("tracing sampling %v: want a percentage from 0 to 100", s.Sampling)
+	}
+	if !s.Enabled() {
+		return nil
+	}
+	if err := checkEndpoint(s.Endpoint); err != nil {
+		return fmt.Errorf("tracing endpoint %q: %w", s.Endpoint, err)
+	}
+	return nil
 }
 
 // checkEndpoint accepts host:port with a host name or IP and a port from 1

@@ -1,4 +1,9 @@
-package tracing
+// Package otlpexport ships a waypoint's request spans to an OpenTelemetry
+// (OTLP) receiver over gRPC or HTTP: the OpenTelemetry SDK's provider built
+// from tracing.Settings, with a bounded export queue whose drops are
+// counted. It links the SDK and the OTLP exporters, so only the waypoint
+// imports it; pkg/l7 makes the spans.
+package otlpexport
 
 import (
 	"context"
@@ -13,11 +18,13 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+
+	"github.com/causeway-mesh/causeway/pkg/tracing"
 )
 
 // Options configures a Provider.
 type Options struct {
-	Settings
+	tracing.Settings
 	// ServiceName is the resource's service.name (a waypoint's is
 	// "<gateway>.<namespace>", as Istio names its proxies').
 	ServiceName string
@@ -52,11 +59,8 @@ func New(o Options) (*Provider, error) {
 	if !o.Enabled() {
 		return nil, errors.New("tracing: no endpoint (tracing is off)")
 	}
-	if err := checkEndpoint(o.Endpoint); err != nil {
+	if err := o.Validate(); err != nil {
 		return nil, err
-	}
-	if o.Sampling < 0 || o.Sampling > 100 {
-		return nil, errors.New("tracing: sampling must be a percentage from 0 to 100")
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -100,7 +104,7 @@ func New(o Options) (*Provider, error) {
 // holds the queue for longer than ExportTimeout.
 func newExporter(o Options) (sdktrace.SpanExporter, error) {
 	ctx := context.Background() // the exporters connect lazily; nothing waits on it
-	if o.Protocol == HTTP {
+	if o.Protocol == tracing.HTTP {
 		return otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(o.Endpoint), otlptracehttp.WithInsecure(),
 			otlptracehttp.WithTimeout(o.ExportTimeout), otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}))
 	}
