@@ -602,23 +602,7 @@ func (t *translator) backendRef(c routeCtx, b gwv1.BackendObjectReference) *mesh
 // granted: a ReferenceGrant in the target namespace lets routes of this kind
 // from the route's namespace refer to the Service.
 func (t *translator) granted(c routeCtx, ns, name string) bool {
-	for _, g := range t.grants[ns] {
-		from, to := false, false
-		for _, f := range g.Spec.From {
-			if string(f.Group) == gatewayGroup && string(f.Kind) == c.kind && string(f.Namespace) == c.ns {
-				from = true
-			}
-		}
-		for _, tt := range g.Spec.To {
-			if isCoreGroup(string(tt.Group)) && string(tt.Kind) == "Service" && (tt.Name == nil || string(*tt.Name) == name) {
-				to = true
-			}
-		}
-		if from && to {
-			return true
-		}
-	}
-	return false
+	return grantAllows(t.grants[ns], c.kind, c.ns, "", "Service", name)
 }
 
 // duration parses a Gateway API Duration (GEP-2257: up to four

@@ -456,17 +456,7 @@ func WaypointAdmits(gw *gwv1.Gateway, ns string, nsLabels map[string]string) boo
 		if string(l.Protocol) != WaypointProtocol {
 			continue
 		}
-		if l.AllowedRoutes == nil || l.AllowedRoutes.Namespaces == nil || l.AllowedRoutes.Namespaces.From == nil {
-			return false // the default is Same
-		}
-		switch *l.AllowedRoutes.Namespaces.From {
-		case gwv1.NamespacesFromAll:
-			return true
-		case gwv1.NamespacesFromSelector:
-			sel, err := metav1.LabelSelectorAsSelector(l.AllowedRoutes.Namespaces.Selector)
-			return err == nil && l.AllowedRoutes.Namespaces.Selector != nil && sel.Matches(labels.Set(nsLabels))
-		}
-		return false
+		return listenerAdmits(gw.Namespace, l, ns, nsLabels)
 	}
 	return false
 }
