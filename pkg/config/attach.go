@@ -139,3 +139,31 @@ func listenerAdmits(gwNS string, l gwv1.Listener, ns string, nsLabels map[string
 	}
 	return false
 }
+
+// ListenerFor is the index of the listener of gw on port that serves
+// requests for host (a TLS server name or a Host header without its port),
+// as listener isolation has it: the serving listener whose hostname is
+// host itself, else the one whose wildcard covers it most narrowly
+// (longest suffix), else one without a hostname; false when none does.
+func ListenerFor(gw *gwv1.Gateway, reports []ListenerReport, port gwv1.PortNumber, host string) (int, bool) {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	best, bestRank := -1, -1
+	for i, l := range gw.Spec.Listeners {
+		if l.Port != port || !reports[i].Serves() {
+			continue
+		}
+		rank := -1
+		switch h := strings.ToLower(string(hostnameOf(l))); {
+		case h == "":
+			rank = 0
+		case h == host:
+			rank = 1 << 16 // above any wildcard's suffix length
+		case strings.HasPrefix(h, "*") && hostWithin(host, h):
+			rank = len(h)
+		}
+		if rank > bestRank {
+			best, bestRank = i, rank
+		}
+	}
+	return best, best >= 0
+}

@@ -217,3 +217,20 @@ func grantAllows(grants []*gwv1.ReferenceGrant, fromKind, fromNS, toGroup, toKin
 	}
 	return false
 }
+
+// Certificate is the certificate an HTTPS listener presents for the TLS
+// server name sni: its first certificate valid for that name, else its
+// first (a client without SNI, or one the listener's hostname admits but
+// no certificate names, gets that one and decides for itself).
+func (l ListenerReport) Certificate(sni string) *tls.Certificate {
+	if len(l.Certificates) == 0 {
+		return nil
+	}
+	for i := range l.Certificates {
+		c := &l.Certificates[i]
+		if sni != "" && c.Leaf != nil && c.Leaf.VerifyHostname(sni) == nil {
+			return c
+		}
+	}
+	return &l.Certificates[0]
+}
