@@ -49,6 +49,7 @@ func NodeProxySubscriptions() []Subscription {
 const (
 	NodeProxyIDPrefix = "nodeproxy~"
 	WaypointIDPrefix  = "waypoint~"
+	IngressIDPrefix   = "ingress~"
 )
 
 // NodeProxyID is the node id of the node proxy of node.
@@ -72,6 +73,23 @@ func WaypointSubscriptions(namespace, name string) []Subscription {
 		{TypeURL: meshv1.HTTPRouteTypeURL, Names: []string{ns}},
 		{TypeURL: meshv1.GRPCRouteTypeURL, Names: []string{ns}},
 		{TypeURL: meshv1.ConnectionPolicyTypeURL, Names: []string{ns}},
+	}
+}
+
+// IngressID is the node id of ingress gateway namespace/name.
+func IngressID(namespace, name string) string { return IngressIDPrefix + namespace + "/" + name }
+
+// IngressSubscriptions are what ingress gateway namespace/name reads: its
+// own IngressGateway (its listeners, routes and TLS keys: served to its
+// identity alone), and its namespace's Services, Workloads and Waypoints;
+// what its routes reach elsewhere follows (NewIngressBackends).
+func IngressSubscriptions(namespace, name string) []Subscription {
+	ns := namespace + NamespaceWildcardSuffix
+	return []Subscription{
+		{TypeURL: meshv1.WorkloadTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.ServiceTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.WaypointTypeURL, Names: []string{ns}},
+		{TypeURL: meshv1.IngressGatewayTypeURL, Names: []string{namespace + "/" + name}},
 	}
 }
 

@@ -30,6 +30,8 @@ func TypeName(typeURL string) string {
 		return "grpcroute"
 	case meshv1.ConnectionPolicyTypeURL:
 		return "connectionpolicy"
+	case meshv1.IngressGatewayTypeURL:
+		return "ingressgateway"
 	}
 	return "unknown"
 }

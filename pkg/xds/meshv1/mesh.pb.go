@@ -134,6 +134,53 @@ func (SubjectAltName_Type) EnumDescriptor() ([]byte, []int) {
 	return file_mesh_proto_rawDescGZIP(), []int{4, 0}
 }
 
+type IngressListener_Protocol int32
+
+const (
+	IngressListener_HTTP IngressListener_Protocol = 0
+	// HTTPS: TLS terminated with certificates, chosen by SNI.
+	IngressListener_HTTPS IngressListener_Protocol = 1
+)
+
+// Enum value maps for IngressListener_Protocol.
+var (
+	IngressListener_Protocol_name = map[int32]string{
+		0: "HTTP",
+		1: "HTTPS",
+	}
+	IngressListener_Protocol_value = map[string]int32{
+		"HTTP":  0,
+		"HTTPS": 1,
+	}
+)
+
+func (x IngressListener_Protocol) Enum() *IngressListener_Protocol {
+	p := new(IngressListener_Protocol)
+	*p = x
+	return p
+}
+
+func (x IngressListener_Protocol) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IngressListener_Protocol) Descriptor() protoreflect.EnumDescriptor {
+	return file_mesh_proto_enumTypes[2].Descriptor()
+}
+
+func (IngressListener_Protocol) Type() protoreflect.EnumType {
+	return &file_mesh_proto_enumTypes[2]
+}
+
+func (x IngressListener_Protocol) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IngressListener_Protocol.Descriptor instead.
+func (IngressListener_Protocol) EnumDescriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{10, 0}
+}
+
 type PathMatch_Type int32
 
 const (
@@ -167,11 +214,11 @@ func (x PathMatch_Type) String() string {
 }
 
 func (PathMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[2].Descriptor()
+	return file_mesh_proto_enumTypes[3].Descriptor()
 }
 
 func (PathMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[2]
+	return &file_mesh_proto_enumTypes[3]
 }
 
 func (x PathMatch_Type) Number() protoreflect.EnumNumber {
@@ -180,7 +227,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{10, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type StringMatch_Type int32
@@ -213,11 +260,11 @@ func (x StringMatch_Type) String() string {
 }
 
 func (StringMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[3].Descriptor()
+	return file_mesh_proto_enumTypes[4].Descriptor()
 }
 
 func (StringMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[3]
+	return &file_mesh_proto_enumTypes[4]
 }
 
 func (x StringMatch_Type) Number() protoreflect.EnumNumber {
@@ -226,7 +273,7 @@ func (x StringMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StringMatch_Type.Descriptor instead.
 func (StringMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{11, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{14, 0}
 }
 
 type PathModifier_Type int32
@@ -259,11 +306,11 @@ func (x PathModifier_Type) String() string {
 }
 
 func (PathModifier_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[4].Descriptor()
+	return file_mesh_proto_enumTypes[5].Descriptor()
 }
 
 func (PathModifier_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[4]
+	return &file_mesh_proto_enumTypes[5]
 }
 
 func (x PathModifier_Type) Number() protoreflect.EnumNumber {
@@ -272,7 +319,7 @@ func (x PathModifier_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathModifier_Type.Descriptor instead.
 func (PathModifier_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{15, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{18, 0}
 }
 
 type GRPCMethodMatch_Type int32
@@ -305,11 +352,11 @@ func (x GRPCMethodMatch_Type) String() string {
 }
 
 func (GRPCMethodMatch_Type) Descriptor() protoreflect.EnumDescriptor {
-	return file_mesh_proto_enumTypes[5].Descriptor()
+	return file_mesh_proto_enumTypes[6].Descriptor()
 }
 
 func (GRPCMethodMatch_Type) Type() protoreflect.EnumType {
-	return &file_mesh_proto_enumTypes[5]
+	return &file_mesh_proto_enumTypes[6]
 }
 
 func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
@@ -318,7 +365,7 @@ func (x GRPCMethodMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GRPCMethodMatch_Type.Descriptor instead.
 func (GRPCMethodMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{26, 0}
+	return file_mesh_proto_rawDescGZIP(), []int{29, 0}
 }
 
 // Ref names a namespaced object (a Service, a waypoint Gateway).
@@ -1172,6 +1219,247 @@ func (x *Waypoint) GetTrafficDistribution() TrafficDistribution {
 	return TrafficDistribution_ANY
 }
 
+// IngressGateway is a Gateway of class causeway: an entry point for
+// traffic from outside the mesh (docs/ingress.md). Resource name:
+// <namespace>/<name>. It carries its HTTPS listeners' private keys, so the
+// control plane serves it to the gateway's own identity alone: not to
+// node proxies, not to anything else of its namespace.
+type IngressGateway struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// The identity its pods hold (the service account named after the
+	// Gateway, as for waypoints); the tunnels it opens carry it.
+	Identity string `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"`
+	// The listeners that serve, in spec order. A listener the control plane
+	// could not resolve (a certificate Secret missing or malformed, a
+	// conflict) is left out: it is not served, the others are.
+	Listeners     []*IngressListener `protobuf:"bytes,4,rep,name=listeners,proto3" json:"listeners,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IngressGateway) Reset() {
+	*x = IngressGateway{}
+	mi := &file_mesh_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IngressGateway) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IngressGateway) ProtoMessage() {}
+
+func (x *IngressGateway) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IngressGateway.ProtoReflect.Descriptor instead.
+func (*IngressGateway) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *IngressGateway) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *IngressGateway) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *IngressGateway) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *IngressGateway) GetListeners() []*IngressListener {
+	if x != nil {
+		return x.Listeners
+	}
+	return nil
+}
+
+// IngressListener is one serving listener of an ingress Gateway with the
+// routes attached to it.
+type IngressListener struct {
+	state    protoimpl.MessageState   `protogen:"open.v1"`
+	Name     string                   `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Port     uint32                   `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	Protocol IngressListener_Protocol `protobuf:"varint,3,opt,name=protocol,proto3,enum=causeway.mesh.v1.IngressListener_Protocol" json:"protocol,omitempty"`
+	// Lower case; "*.example.com" covers one or more labels; empty: any host.
+	Hostname string `protobuf:"bytes,4,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// HTTPS: the key pairs, in spec order (the first whose certificate names
+	// the client's SNI serves it, else the first).
+	Certificates []*TLSKeyPair `protobuf:"bytes,5,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// The routes attached to this listener (parentRefs naming the Gateway,
+	// admitted by allowedRoutes), their hostnames intersected with the
+	// listener's; parents are left empty.
+	HttpRoutes    []*HTTPRoute `protobuf:"bytes,6,rep,name=http_routes,json=httpRoutes,proto3" json:"http_routes,omitempty"`
+	GrpcRoutes    []*GRPCRoute `protobuf:"bytes,7,rep,name=grpc_routes,json=grpcRoutes,proto3" json:"grpc_routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IngressListener) Reset() {
+	*x = IngressListener{}
+	mi := &file_mesh_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IngressListener) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IngressListener) ProtoMessage() {}
+
+func (x *IngressListener) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IngressListener.ProtoReflect.Descriptor instead.
+func (*IngressListener) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *IngressListener) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *IngressListener) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *IngressListener) GetProtocol() IngressListener_Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return IngressListener_HTTP
+}
+
+func (x *IngressListener) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *IngressListener) GetCertificates() []*TLSKeyPair {
+	if x != nil {
+		return x.Certificates
+	}
+	return nil
+}
+
+func (x *IngressListener) GetHttpRoutes() []*HTTPRoute {
+	if x != nil {
+		return x.HttpRoutes
+	}
+	return nil
+}
+
+func (x *IngressListener) GetGrpcRoutes() []*GRPCRoute {
+	if x != nil {
+		return x.GrpcRoutes
+	}
+	return nil
+}
+
+// TLSKeyPair is a certificate chain and its private key (PEM), from a
+// Secret of type kubernetes.io/tls. Never logged or dumped.
+type TLSKeyPair struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Secret, "<namespace>/<name>", for logs.
+	Secret           string `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	CertificateChain []byte `protobuf:"bytes,2,opt,name=certificate_chain,json=certificateChain,proto3" json:"certificate_chain,omitempty"`
+	PrivateKey       []byte `protobuf:"bytes,3,opt,name=private_key,json=privateKey,proto3" json:"private_key,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *TLSKeyPair) Reset() {
+	*x = TLSKeyPair{}
+	mi := &file_mesh_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TLSKeyPair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TLSKeyPair) ProtoMessage() {}
+
+func (x *TLSKeyPair) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TLSKeyPair.ProtoReflect.Descriptor instead.
+func (*TLSKeyPair) Descriptor() ([]byte, []int) {
+	return file_mesh_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TLSKeyPair) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *TLSKeyPair) GetCertificateChain() []byte {
+	if x != nil {
+		return x.CertificateChain
+	}
+	return nil
+}
+
+func (x *TLSKeyPair) GetPrivateKey() []byte {
+	if x != nil {
+		return x.PrivateKey
+	}
+	return nil
+}
+
 // ParentRef attaches a route to a Service (GAMMA). port 0: all ports.
 type ParentRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1184,7 +1472,7 @@ type ParentRef struct {
 
 func (x *ParentRef) Reset() {
 	*x = ParentRef{}
-	mi := &file_mesh_proto_msgTypes[9]
+	mi := &file_mesh_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1484,7 @@ func (x *ParentRef) String() string {
 func (*ParentRef) ProtoMessage() {}
 
 func (x *ParentRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[9]
+	mi := &file_mesh_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1497,7 @@ func (x *ParentRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParentRef.ProtoReflect.Descriptor instead.
 func (*ParentRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{9}
+	return file_mesh_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ParentRef) GetNamespace() string {
@@ -1243,7 +1531,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_mesh_proto_msgTypes[10]
+	mi := &file_mesh_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1543,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[10]
+	mi := &file_mesh_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1556,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{10}
+	return file_mesh_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -1297,7 +1585,7 @@ type StringMatch struct {
 
 func (x *StringMatch) Reset() {
 	*x = StringMatch{}
-	mi := &file_mesh_proto_msgTypes[11]
+	mi := &file_mesh_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1597,7 @@ func (x *StringMatch) String() string {
 func (*StringMatch) ProtoMessage() {}
 
 func (x *StringMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[11]
+	mi := &file_mesh_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1610,7 @@ func (x *StringMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringMatch.ProtoReflect.Descriptor instead.
 func (*StringMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{11}
+	return file_mesh_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StringMatch) GetType() StringMatch_Type {
@@ -1360,7 +1648,7 @@ type HTTPRouteMatch struct {
 
 func (x *HTTPRouteMatch) Reset() {
 	*x = HTTPRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[12]
+	mi := &file_mesh_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1660,7 @@ func (x *HTTPRouteMatch) String() string {
 func (*HTTPRouteMatch) ProtoMessage() {}
 
 func (x *HTTPRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[12]
+	mi := &file_mesh_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1673,7 @@ func (x *HTTPRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteMatch.ProtoReflect.Descriptor instead.
 func (*HTTPRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{12}
+	return file_mesh_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HTTPRouteMatch) GetPath() *PathMatch {
@@ -1426,7 +1714,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_mesh_proto_msgTypes[13]
+	mi := &file_mesh_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1726,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[13]
+	mi := &file_mesh_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1739,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{13}
+	return file_mesh_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Header) GetName() string {
@@ -1479,7 +1767,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_mesh_proto_msgTypes[14]
+	mi := &file_mesh_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1491,7 +1779,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[14]
+	mi := &file_mesh_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1504,7 +1792,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{14}
+	return file_mesh_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeaderModifier) GetSet() []*Header {
@@ -1538,7 +1826,7 @@ type PathModifier struct {
 
 func (x *PathModifier) Reset() {
 	*x = PathModifier{}
-	mi := &file_mesh_proto_msgTypes[15]
+	mi := &file_mesh_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1838,7 @@ func (x *PathModifier) String() string {
 func (*PathModifier) ProtoMessage() {}
 
 func (x *PathModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[15]
+	mi := &file_mesh_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1851,7 @@ func (x *PathModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathModifier.ProtoReflect.Descriptor instead.
 func (*PathModifier) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{15}
+	return file_mesh_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PathModifier) GetType() PathModifier_Type {
@@ -1594,7 +1882,7 @@ type RequestRedirect struct {
 
 func (x *RequestRedirect) Reset() {
 	*x = RequestRedirect{}
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1894,7 @@ func (x *RequestRedirect) String() string {
 func (*RequestRedirect) ProtoMessage() {}
 
 func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[16]
+	mi := &file_mesh_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1907,7 @@ func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRedirect.ProtoReflect.Descriptor instead.
 func (*RequestRedirect) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{16}
+	return file_mesh_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RequestRedirect) GetScheme() string {
@@ -1667,7 +1955,7 @@ type URLRewrite struct {
 
 func (x *URLRewrite) Reset() {
 	*x = URLRewrite{}
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1967,7 @@ func (x *URLRewrite) String() string {
 func (*URLRewrite) ProtoMessage() {}
 
 func (x *URLRewrite) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[17]
+	mi := &file_mesh_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1980,7 @@ func (x *URLRewrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use URLRewrite.ProtoReflect.Descriptor instead.
 func (*URLRewrite) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{17}
+	return file_mesh_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *URLRewrite) GetHostname() string {
@@ -1720,7 +2008,7 @@ type RequestMirror struct {
 
 func (x *RequestMirror) Reset() {
 	*x = RequestMirror{}
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +2020,7 @@ func (x *RequestMirror) String() string {
 func (*RequestMirror) ProtoMessage() {}
 
 func (x *RequestMirror) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[18]
+	mi := &file_mesh_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +2033,7 @@ func (x *RequestMirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestMirror.ProtoReflect.Descriptor instead.
 func (*RequestMirror) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{18}
+	return file_mesh_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RequestMirror) GetBackend() *BackendRef {
@@ -1779,7 +2067,7 @@ type CORS struct {
 
 func (x *CORS) Reset() {
 	*x = CORS{}
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +2079,7 @@ func (x *CORS) String() string {
 func (*CORS) ProtoMessage() {}
 
 func (x *CORS) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[19]
+	mi := &file_mesh_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +2092,7 @@ func (x *CORS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CORS.ProtoReflect.Descriptor instead.
 func (*CORS) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{19}
+	return file_mesh_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CORS) GetAllowOrigins() []string {
@@ -1866,7 +2154,7 @@ type HTTPRouteFilter struct {
 
 func (x *HTTPRouteFilter) Reset() {
 	*x = HTTPRouteFilter{}
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2166,7 @@ func (x *HTTPRouteFilter) String() string {
 func (*HTTPRouteFilter) ProtoMessage() {}
 
 func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[20]
+	mi := &file_mesh_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2179,7 @@ func (x *HTTPRouteFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteFilter.ProtoReflect.Descriptor instead.
 func (*HTTPRouteFilter) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{20}
+	return file_mesh_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HTTPRouteFilter) GetFilter() isHTTPRouteFilter_Filter {
@@ -2010,7 +2298,7 @@ type BackendRef struct {
 
 func (x *BackendRef) Reset() {
 	*x = BackendRef{}
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2310,7 @@ func (x *BackendRef) String() string {
 func (*BackendRef) ProtoMessage() {}
 
 func (x *BackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[21]
+	mi := &file_mesh_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2323,7 @@ func (x *BackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendRef.ProtoReflect.Descriptor instead.
 func (*BackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{21}
+	return file_mesh_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BackendRef) GetNamespace() string {
@@ -2078,7 +2366,7 @@ type HTTPBackendRef struct {
 
 func (x *HTTPBackendRef) Reset() {
 	*x = HTTPBackendRef{}
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2378,7 @@ func (x *HTTPBackendRef) String() string {
 func (*HTTPBackendRef) ProtoMessage() {}
 
 func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[22]
+	mi := &file_mesh_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2391,7 @@ func (x *HTTPBackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPBackendRef.ProtoReflect.Descriptor instead.
 func (*HTTPBackendRef) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{22}
+	return file_mesh_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HTTPBackendRef) GetBackend() *BackendRef {
@@ -2140,7 +2428,7 @@ type HTTPRouteRetry struct {
 
 func (x *HTTPRouteRetry) Reset() {
 	*x = HTTPRouteRetry{}
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2440,7 @@ func (x *HTTPRouteRetry) String() string {
 func (*HTTPRouteRetry) ProtoMessage() {}
 
 func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[23]
+	mi := &file_mesh_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2453,7 @@ func (x *HTTPRouteRetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRetry.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRetry) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{23}
+	return file_mesh_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HTTPRouteRetry) GetCodes() []uint32 {
@@ -2209,7 +2497,7 @@ type HTTPRouteRule struct {
 
 func (x *HTTPRouteRule) Reset() {
 	*x = HTTPRouteRule{}
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2509,7 @@ func (x *HTTPRouteRule) String() string {
 func (*HTTPRouteRule) ProtoMessage() {}
 
 func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[24]
+	mi := &file_mesh_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2522,7 @@ func (x *HTTPRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRouteRule.ProtoReflect.Descriptor instead.
 func (*HTTPRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{24}
+	return file_mesh_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HTTPRouteRule) GetName() string {
@@ -2309,7 +2597,7 @@ type HTTPRoute struct {
 
 func (x *HTTPRoute) Reset() {
 	*x = HTTPRoute{}
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2609,7 @@ func (x *HTTPRoute) String() string {
 func (*HTTPRoute) ProtoMessage() {}
 
 func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[25]
+	mi := &file_mesh_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2622,7 @@ func (x *HTTPRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPRoute.ProtoReflect.Descriptor instead.
 func (*HTTPRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{25}
+	return file_mesh_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HTTPRoute) GetName() string {
@@ -2392,7 +2680,7 @@ type GRPCMethodMatch struct {
 
 func (x *GRPCMethodMatch) Reset() {
 	*x = GRPCMethodMatch{}
-	mi := &file_mesh_proto_msgTypes[26]
+	mi := &file_mesh_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2692,7 @@ func (x *GRPCMethodMatch) String() string {
 func (*GRPCMethodMatch) ProtoMessage() {}
 
 func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[26]
+	mi := &file_mesh_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2705,7 @@ func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCMethodMatch.ProtoReflect.Descriptor instead.
 func (*GRPCMethodMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{26}
+	return file_mesh_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GRPCMethodMatch) GetType() GRPCMethodMatch_Type {
@@ -2451,7 +2739,7 @@ type GRPCRouteMatch struct {
 
 func (x *GRPCRouteMatch) Reset() {
 	*x = GRPCRouteMatch{}
-	mi := &file_mesh_proto_msgTypes[27]
+	mi := &file_mesh_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2751,7 @@ func (x *GRPCRouteMatch) String() string {
 func (*GRPCRouteMatch) ProtoMessage() {}
 
 func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[27]
+	mi := &file_mesh_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2764,7 @@ func (x *GRPCRouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteMatch.ProtoReflect.Descriptor instead.
 func (*GRPCRouteMatch) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{27}
+	return file_mesh_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GRPCRouteMatch) GetMethod() *GRPCMethodMatch {
@@ -2508,7 +2796,7 @@ type GRPCRouteRule struct {
 
 func (x *GRPCRouteRule) Reset() {
 	*x = GRPCRouteRule{}
-	mi := &file_mesh_proto_msgTypes[28]
+	mi := &file_mesh_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2808,7 @@ func (x *GRPCRouteRule) String() string {
 func (*GRPCRouteRule) ProtoMessage() {}
 
 func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[28]
+	mi := &file_mesh_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2821,7 @@ func (x *GRPCRouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRouteRule.ProtoReflect.Descriptor instead.
 func (*GRPCRouteRule) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{28}
+	return file_mesh_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GRPCRouteRule) GetName() string {
@@ -2586,7 +2874,7 @@ type GRPCRoute struct {
 
 func (x *GRPCRoute) Reset() {
 	*x = GRPCRoute{}
-	mi := &file_mesh_proto_msgTypes[29]
+	mi := &file_mesh_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +2886,7 @@ func (x *GRPCRoute) String() string {
 func (*GRPCRoute) ProtoMessage() {}
 
 func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[29]
+	mi := &file_mesh_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +2899,7 @@ func (x *GRPCRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCRoute.ProtoReflect.Descriptor instead.
 func (*GRPCRoute) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{29}
+	return file_mesh_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GRPCRoute) GetName() string {
@@ -2668,7 +2956,7 @@ type PolicyFile struct {
 
 func (x *PolicyFile) Reset() {
 	*x = PolicyFile{}
-	mi := &file_mesh_proto_msgTypes[30]
+	mi := &file_mesh_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2968,7 @@ func (x *PolicyFile) String() string {
 func (*PolicyFile) ProtoMessage() {}
 
 func (x *PolicyFile) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[30]
+	mi := &file_mesh_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +2981,7 @@ func (x *PolicyFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicyFile.ProtoReflect.Descriptor instead.
 func (*PolicyFile) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{30}
+	return file_mesh_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PolicyFile) GetPath() string {
@@ -2724,7 +3012,7 @@ type PolicySource struct {
 
 func (x *PolicySource) Reset() {
 	*x = PolicySource{}
-	mi := &file_mesh_proto_msgTypes[31]
+	mi := &file_mesh_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +3024,7 @@ func (x *PolicySource) String() string {
 func (*PolicySource) ProtoMessage() {}
 
 func (x *PolicySource) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[31]
+	mi := &file_mesh_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +3037,7 @@ func (x *PolicySource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PolicySource.ProtoReflect.Descriptor instead.
 func (*PolicySource) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{31}
+	return file_mesh_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PolicySource) GetName() string {
@@ -2810,7 +3098,7 @@ type ConnectionPolicy struct {
 
 func (x *ConnectionPolicy) Reset() {
 	*x = ConnectionPolicy{}
-	mi := &file_mesh_proto_msgTypes[32]
+	mi := &file_mesh_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2822,7 +3110,7 @@ func (x *ConnectionPolicy) String() string {
 func (*ConnectionPolicy) ProtoMessage() {}
 
 func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_proto_msgTypes[32]
+	mi := &file_mesh_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2835,7 +3123,7 @@ func (x *ConnectionPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectionPolicy.ProtoReflect.Descriptor instead.
 func (*ConnectionPolicy) Descriptor() ([]byte, []int) {
-	return file_mesh_proto_rawDescGZIP(), []int{32}
+	return file_mesh_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ConnectionPolicy) GetName() string {
@@ -2981,7 +3269,31 @@ const file_mesh_proto_rawDesc = "" +
 	"\n" +
 	"hbone_port\x18\x05 \x01(\rR\thbonePort\x12!\n" +
 	"\fwaypoint_for\x18\x06 \x01(\tR\vwaypointFor\x12X\n" +
-	"\x14traffic_distribution\x18\a \x01(\x0e2%.causeway.mesh.v1.TrafficDistributionR\x13trafficDistribution\"Q\n" +
+	"\x14traffic_distribution\x18\a \x01(\x0e2%.causeway.mesh.v1.TrafficDistributionR\x13trafficDistribution\"\x9f\x01\n" +
+	"\x0eIngressGateway\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x1a\n" +
+	"\bidentity\x18\x03 \x01(\tR\bidentity\x12?\n" +
+	"\tlisteners\x18\x04 \x03(\v2!.causeway.mesh.v1.IngressListenerR\tlisteners\"\xfc\x02\n" +
+	"\x0fIngressListener\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12F\n" +
+	"\bprotocol\x18\x03 \x01(\x0e2*.causeway.mesh.v1.IngressListener.ProtocolR\bprotocol\x12\x1a\n" +
+	"\bhostname\x18\x04 \x01(\tR\bhostname\x12@\n" +
+	"\fcertificates\x18\x05 \x03(\v2\x1c.causeway.mesh.v1.TLSKeyPairR\fcertificates\x12<\n" +
+	"\vhttp_routes\x18\x06 \x03(\v2\x1b.causeway.mesh.v1.HTTPRouteR\n" +
+	"httpRoutes\x12<\n" +
+	"\vgrpc_routes\x18\a \x03(\v2\x1b.causeway.mesh.v1.GRPCRouteR\n" +
+	"grpcRoutes\"\x1f\n" +
+	"\bProtocol\x12\b\n" +
+	"\x04HTTP\x10\x00\x12\t\n" +
+	"\x05HTTPS\x10\x01\"r\n" +
+	"\n" +
+	"TLSKeyPair\x12\x16\n" +
+	"\x06secret\x18\x01 \x01(\tR\x06secret\x12+\n" +
+	"\x11certificate_chain\x18\x02 \x01(\fR\x10certificateChain\x12\x1f\n" +
+	"\vprivate_key\x18\x03 \x01(\fR\n" +
+	"privateKey\"Q\n" +
 	"\tParentRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -3141,115 +3453,124 @@ func file_mesh_proto_rawDescGZIP() []byte {
 	return file_mesh_proto_rawDescData
 }
 
-var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_mesh_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_mesh_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_mesh_proto_goTypes = []any{
 	(TrafficDistribution)(0),      // 0: causeway.mesh.v1.TrafficDistribution
 	(SubjectAltName_Type)(0),      // 1: causeway.mesh.v1.SubjectAltName.Type
-	(PathMatch_Type)(0),           // 2: causeway.mesh.v1.PathMatch.Type
-	(StringMatch_Type)(0),         // 3: causeway.mesh.v1.StringMatch.Type
-	(PathModifier_Type)(0),        // 4: causeway.mesh.v1.PathModifier.Type
-	(GRPCMethodMatch_Type)(0),     // 5: causeway.mesh.v1.GRPCMethodMatch.Type
-	(*Ref)(nil),                   // 6: causeway.mesh.v1.Ref
-	(*Workload)(nil),              // 7: causeway.mesh.v1.Workload
-	(*Locality)(nil),              // 8: causeway.mesh.v1.Locality
-	(*ServicePort)(nil),           // 9: causeway.mesh.v1.ServicePort
-	(*SubjectAltName)(nil),        // 10: causeway.mesh.v1.SubjectAltName
-	(*BackendTLS)(nil),            // 11: causeway.mesh.v1.BackendTLS
-	(*Endpoint)(nil),              // 12: causeway.mesh.v1.Endpoint
-	(*Service)(nil),               // 13: causeway.mesh.v1.Service
-	(*Waypoint)(nil),              // 14: causeway.mesh.v1.Waypoint
-	(*ParentRef)(nil),             // 15: causeway.mesh.v1.ParentRef
-	(*PathMatch)(nil),             // 16: causeway.mesh.v1.PathMatch
-	(*StringMatch)(nil),           // 17: causeway.mesh.v1.StringMatch
-	(*HTTPRouteMatch)(nil),        // 18: causeway.mesh.v1.HTTPRouteMatch
-	(*Header)(nil),                // 19: causeway.mesh.v1.Header
-	(*HeaderModifier)(nil),        // 20: causeway.mesh.v1.HeaderModifier
-	(*PathModifier)(nil),          // 21: causeway.mesh.v1.PathModifier
-	(*RequestRedirect)(nil),       // 22: causeway.mesh.v1.RequestRedirect
-	(*URLRewrite)(nil),            // 23: causeway.mesh.v1.URLRewrite
-	(*RequestMirror)(nil),         // 24: causeway.mesh.v1.RequestMirror
-	(*CORS)(nil),                  // 25: causeway.mesh.v1.CORS
-	(*HTTPRouteFilter)(nil),       // 26: causeway.mesh.v1.HTTPRouteFilter
-	(*BackendRef)(nil),            // 27: causeway.mesh.v1.BackendRef
-	(*HTTPBackendRef)(nil),        // 28: causeway.mesh.v1.HTTPBackendRef
-	(*HTTPRouteRetry)(nil),        // 29: causeway.mesh.v1.HTTPRouteRetry
-	(*HTTPRouteRule)(nil),         // 30: causeway.mesh.v1.HTTPRouteRule
-	(*HTTPRoute)(nil),             // 31: causeway.mesh.v1.HTTPRoute
-	(*GRPCMethodMatch)(nil),       // 32: causeway.mesh.v1.GRPCMethodMatch
-	(*GRPCRouteMatch)(nil),        // 33: causeway.mesh.v1.GRPCRouteMatch
-	(*GRPCRouteRule)(nil),         // 34: causeway.mesh.v1.GRPCRouteRule
-	(*GRPCRoute)(nil),             // 35: causeway.mesh.v1.GRPCRoute
-	(*PolicyFile)(nil),            // 36: causeway.mesh.v1.PolicyFile
-	(*PolicySource)(nil),          // 37: causeway.mesh.v1.PolicySource
-	(*ConnectionPolicy)(nil),      // 38: causeway.mesh.v1.ConnectionPolicy
-	nil,                           // 39: causeway.mesh.v1.Workload.LabelsEntry
-	nil,                           // 40: causeway.mesh.v1.Endpoint.PortsEntry
-	nil,                           // 41: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 43: google.protobuf.Timestamp
+	(IngressListener_Protocol)(0), // 2: causeway.mesh.v1.IngressListener.Protocol
+	(PathMatch_Type)(0),           // 3: causeway.mesh.v1.PathMatch.Type
+	(StringMatch_Type)(0),         // 4: causeway.mesh.v1.StringMatch.Type
+	(PathModifier_Type)(0),        // 5: causeway.mesh.v1.PathModifier.Type
+	(GRPCMethodMatch_Type)(0),     // 6: causeway.mesh.v1.GRPCMethodMatch.Type
+	(*Ref)(nil),                   // 7: causeway.mesh.v1.Ref
+	(*Workload)(nil),              // 8: causeway.mesh.v1.Workload
+	(*Locality)(nil),              // 9: causeway.mesh.v1.Locality
+	(*ServicePort)(nil),           // 10: causeway.mesh.v1.ServicePort
+	(*SubjectAltName)(nil),        // 11: causeway.mesh.v1.SubjectAltName
+	(*BackendTLS)(nil),            // 12: causeway.mesh.v1.BackendTLS
+	(*Endpoint)(nil),              // 13: causeway.mesh.v1.Endpoint
+	(*Service)(nil),               // 14: causeway.mesh.v1.Service
+	(*Waypoint)(nil),              // 15: causeway.mesh.v1.Waypoint
+	(*IngressGateway)(nil),        // 16: causeway.mesh.v1.IngressGateway
+	(*IngressListener)(nil),       // 17: causeway.mesh.v1.IngressListener
+	(*TLSKeyPair)(nil),            // 18: causeway.mesh.v1.TLSKeyPair
+	(*ParentRef)(nil),             // 19: causeway.mesh.v1.ParentRef
+	(*PathMatch)(nil),             // 20: causeway.mesh.v1.PathMatch
+	(*StringMatch)(nil),           // 21: causeway.mesh.v1.StringMatch
+	(*HTTPRouteMatch)(nil),        // 22: causeway.mesh.v1.HTTPRouteMatch
+	(*Header)(nil),                // 23: causeway.mesh.v1.Header
+	(*HeaderModifier)(nil),        // 24: causeway.mesh.v1.HeaderModifier
+	(*PathModifier)(nil),          // 25: causeway.mesh.v1.PathModifier
+	(*RequestRedirect)(nil),       // 26: causeway.mesh.v1.RequestRedirect
+	(*URLRewrite)(nil),            // 27: causeway.mesh.v1.URLRewrite
+	(*RequestMirror)(nil),         // 28: causeway.mesh.v1.RequestMirror
+	(*CORS)(nil),                  // 29: causeway.mesh.v1.CORS
+	(*HTTPRouteFilter)(nil),       // 30: causeway.mesh.v1.HTTPRouteFilter
+	(*BackendRef)(nil),            // 31: causeway.mesh.v1.BackendRef
+	(*HTTPBackendRef)(nil),        // 32: causeway.mesh.v1.HTTPBackendRef
+	(*HTTPRouteRetry)(nil),        // 33: causeway.mesh.v1.HTTPRouteRetry
+	(*HTTPRouteRule)(nil),         // 34: causeway.mesh.v1.HTTPRouteRule
+	(*HTTPRoute)(nil),             // 35: causeway.mesh.v1.HTTPRoute
+	(*GRPCMethodMatch)(nil),       // 36: causeway.mesh.v1.GRPCMethodMatch
+	(*GRPCRouteMatch)(nil),        // 37: causeway.mesh.v1.GRPCRouteMatch
+	(*GRPCRouteRule)(nil),         // 38: causeway.mesh.v1.GRPCRouteRule
+	(*GRPCRoute)(nil),             // 39: causeway.mesh.v1.GRPCRoute
+	(*PolicyFile)(nil),            // 40: causeway.mesh.v1.PolicyFile
+	(*PolicySource)(nil),          // 41: causeway.mesh.v1.PolicySource
+	(*ConnectionPolicy)(nil),      // 42: causeway.mesh.v1.ConnectionPolicy
+	nil,                           // 43: causeway.mesh.v1.Workload.LabelsEntry
+	nil,                           // 44: causeway.mesh.v1.Endpoint.PortsEntry
+	nil,                           // 45: causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	(*durationpb.Duration)(nil),   // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 47: google.protobuf.Timestamp
 }
 var file_mesh_proto_depIdxs = []int32{
-	6,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
-	39, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
-	6,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
-	8,  // 3: causeway.mesh.v1.Workload.locality:type_name -> causeway.mesh.v1.Locality
-	11, // 4: causeway.mesh.v1.ServicePort.backend_tls:type_name -> causeway.mesh.v1.BackendTLS
+	7,  // 0: causeway.mesh.v1.Workload.waypoint:type_name -> causeway.mesh.v1.Ref
+	43, // 1: causeway.mesh.v1.Workload.labels:type_name -> causeway.mesh.v1.Workload.LabelsEntry
+	7,  // 2: causeway.mesh.v1.Workload.waypoint_for_gateway:type_name -> causeway.mesh.v1.Ref
+	9,  // 3: causeway.mesh.v1.Workload.locality:type_name -> causeway.mesh.v1.Locality
+	12, // 4: causeway.mesh.v1.ServicePort.backend_tls:type_name -> causeway.mesh.v1.BackendTLS
 	1,  // 5: causeway.mesh.v1.SubjectAltName.type:type_name -> causeway.mesh.v1.SubjectAltName.Type
-	6,  // 6: causeway.mesh.v1.BackendTLS.policy:type_name -> causeway.mesh.v1.Ref
-	10, // 7: causeway.mesh.v1.BackendTLS.subject_alt_names:type_name -> causeway.mesh.v1.SubjectAltName
-	40, // 8: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
-	9,  // 9: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
-	12, // 10: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
-	6,  // 11: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
+	7,  // 6: causeway.mesh.v1.BackendTLS.policy:type_name -> causeway.mesh.v1.Ref
+	11, // 7: causeway.mesh.v1.BackendTLS.subject_alt_names:type_name -> causeway.mesh.v1.SubjectAltName
+	44, // 8: causeway.mesh.v1.Endpoint.ports:type_name -> causeway.mesh.v1.Endpoint.PortsEntry
+	10, // 9: causeway.mesh.v1.Service.ports:type_name -> causeway.mesh.v1.ServicePort
+	13, // 10: causeway.mesh.v1.Service.endpoints:type_name -> causeway.mesh.v1.Endpoint
+	7,  // 11: causeway.mesh.v1.Service.waypoint:type_name -> causeway.mesh.v1.Ref
 	0,  // 12: causeway.mesh.v1.Service.traffic_distribution:type_name -> causeway.mesh.v1.TrafficDistribution
 	0,  // 13: causeway.mesh.v1.Waypoint.traffic_distribution:type_name -> causeway.mesh.v1.TrafficDistribution
-	2,  // 14: causeway.mesh.v1.PathMatch.type:type_name -> causeway.mesh.v1.PathMatch.Type
-	3,  // 15: causeway.mesh.v1.StringMatch.type:type_name -> causeway.mesh.v1.StringMatch.Type
-	16, // 16: causeway.mesh.v1.HTTPRouteMatch.path:type_name -> causeway.mesh.v1.PathMatch
-	17, // 17: causeway.mesh.v1.HTTPRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	17, // 18: causeway.mesh.v1.HTTPRouteMatch.query_params:type_name -> causeway.mesh.v1.StringMatch
-	19, // 19: causeway.mesh.v1.HeaderModifier.set:type_name -> causeway.mesh.v1.Header
-	19, // 20: causeway.mesh.v1.HeaderModifier.add:type_name -> causeway.mesh.v1.Header
-	4,  // 21: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
-	21, // 22: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
-	21, // 23: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
-	27, // 24: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
-	20, // 25: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
-	20, // 26: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
-	22, // 27: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
-	23, // 28: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
-	24, // 29: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
-	25, // 30: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
-	27, // 31: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
-	26, // 32: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	42, // 33: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
-	18, // 34: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
-	26, // 35: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	28, // 36: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	42, // 37: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
-	42, // 38: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
-	29, // 39: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
-	43, // 40: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
-	15, // 41: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	30, // 42: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
-	5,  // 43: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
-	32, // 44: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
-	17, // 45: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
-	33, // 46: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
-	26, // 47: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
-	28, // 48: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
-	43, // 49: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
-	15, // 50: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
-	34, // 51: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
-	36, // 52: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
-	41, // 53: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
-	37, // 54: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
-	55, // [55:55] is the sub-list for method output_type
-	55, // [55:55] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	17, // 14: causeway.mesh.v1.IngressGateway.listeners:type_name -> causeway.mesh.v1.IngressListener
+	2,  // 15: causeway.mesh.v1.IngressListener.protocol:type_name -> causeway.mesh.v1.IngressListener.Protocol
+	18, // 16: causeway.mesh.v1.IngressListener.certificates:type_name -> causeway.mesh.v1.TLSKeyPair
+	35, // 17: causeway.mesh.v1.IngressListener.http_routes:type_name -> causeway.mesh.v1.HTTPRoute
+	39, // 18: causeway.mesh.v1.IngressListener.grpc_routes:type_name -> causeway.mesh.v1.GRPCRoute
+	3,  // 19: causeway.mesh.v1.PathMatch.type:type_name -> causeway.mesh.v1.PathMatch.Type
+	4,  // 20: causeway.mesh.v1.StringMatch.type:type_name -> causeway.mesh.v1.StringMatch.Type
+	20, // 21: causeway.mesh.v1.HTTPRouteMatch.path:type_name -> causeway.mesh.v1.PathMatch
+	21, // 22: causeway.mesh.v1.HTTPRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	21, // 23: causeway.mesh.v1.HTTPRouteMatch.query_params:type_name -> causeway.mesh.v1.StringMatch
+	23, // 24: causeway.mesh.v1.HeaderModifier.set:type_name -> causeway.mesh.v1.Header
+	23, // 25: causeway.mesh.v1.HeaderModifier.add:type_name -> causeway.mesh.v1.Header
+	5,  // 26: causeway.mesh.v1.PathModifier.type:type_name -> causeway.mesh.v1.PathModifier.Type
+	25, // 27: causeway.mesh.v1.RequestRedirect.path:type_name -> causeway.mesh.v1.PathModifier
+	25, // 28: causeway.mesh.v1.URLRewrite.path:type_name -> causeway.mesh.v1.PathModifier
+	31, // 29: causeway.mesh.v1.RequestMirror.backend:type_name -> causeway.mesh.v1.BackendRef
+	24, // 30: causeway.mesh.v1.HTTPRouteFilter.request_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
+	24, // 31: causeway.mesh.v1.HTTPRouteFilter.response_header_modifier:type_name -> causeway.mesh.v1.HeaderModifier
+	26, // 32: causeway.mesh.v1.HTTPRouteFilter.request_redirect:type_name -> causeway.mesh.v1.RequestRedirect
+	27, // 33: causeway.mesh.v1.HTTPRouteFilter.url_rewrite:type_name -> causeway.mesh.v1.URLRewrite
+	28, // 34: causeway.mesh.v1.HTTPRouteFilter.request_mirror:type_name -> causeway.mesh.v1.RequestMirror
+	29, // 35: causeway.mesh.v1.HTTPRouteFilter.cors:type_name -> causeway.mesh.v1.CORS
+	31, // 36: causeway.mesh.v1.HTTPBackendRef.backend:type_name -> causeway.mesh.v1.BackendRef
+	30, // 37: causeway.mesh.v1.HTTPBackendRef.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	46, // 38: causeway.mesh.v1.HTTPRouteRetry.backoff:type_name -> google.protobuf.Duration
+	22, // 39: causeway.mesh.v1.HTTPRouteRule.matches:type_name -> causeway.mesh.v1.HTTPRouteMatch
+	30, // 40: causeway.mesh.v1.HTTPRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	32, // 41: causeway.mesh.v1.HTTPRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	46, // 42: causeway.mesh.v1.HTTPRouteRule.request_timeout:type_name -> google.protobuf.Duration
+	46, // 43: causeway.mesh.v1.HTTPRouteRule.backend_request_timeout:type_name -> google.protobuf.Duration
+	33, // 44: causeway.mesh.v1.HTTPRouteRule.retry:type_name -> causeway.mesh.v1.HTTPRouteRetry
+	47, // 45: causeway.mesh.v1.HTTPRoute.creation_time:type_name -> google.protobuf.Timestamp
+	19, // 46: causeway.mesh.v1.HTTPRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	34, // 47: causeway.mesh.v1.HTTPRoute.rules:type_name -> causeway.mesh.v1.HTTPRouteRule
+	6,  // 48: causeway.mesh.v1.GRPCMethodMatch.type:type_name -> causeway.mesh.v1.GRPCMethodMatch.Type
+	36, // 49: causeway.mesh.v1.GRPCRouteMatch.method:type_name -> causeway.mesh.v1.GRPCMethodMatch
+	21, // 50: causeway.mesh.v1.GRPCRouteMatch.headers:type_name -> causeway.mesh.v1.StringMatch
+	37, // 51: causeway.mesh.v1.GRPCRouteRule.matches:type_name -> causeway.mesh.v1.GRPCRouteMatch
+	30, // 52: causeway.mesh.v1.GRPCRouteRule.filters:type_name -> causeway.mesh.v1.HTTPRouteFilter
+	32, // 53: causeway.mesh.v1.GRPCRouteRule.backends:type_name -> causeway.mesh.v1.HTTPBackendRef
+	47, // 54: causeway.mesh.v1.GRPCRoute.creation_time:type_name -> google.protobuf.Timestamp
+	19, // 55: causeway.mesh.v1.GRPCRoute.parents:type_name -> causeway.mesh.v1.ParentRef
+	38, // 56: causeway.mesh.v1.GRPCRoute.rules:type_name -> causeway.mesh.v1.GRPCRouteRule
+	40, // 57: causeway.mesh.v1.PolicySource.files:type_name -> causeway.mesh.v1.PolicyFile
+	45, // 58: causeway.mesh.v1.ConnectionPolicy.selector:type_name -> causeway.mesh.v1.ConnectionPolicy.SelectorEntry
+	41, // 59: causeway.mesh.v1.ConnectionPolicy.sources:type_name -> causeway.mesh.v1.PolicySource
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_mesh_proto_init() }
@@ -3257,8 +3578,8 @@ func file_mesh_proto_init() {
 	if File_mesh_proto != nil {
 		return
 	}
-	file_mesh_proto_msgTypes[18].OneofWrappers = []any{}
-	file_mesh_proto_msgTypes[20].OneofWrappers = []any{
+	file_mesh_proto_msgTypes[21].OneofWrappers = []any{}
+	file_mesh_proto_msgTypes[23].OneofWrappers = []any{
 		(*HTTPRouteFilter_RequestHeaderModifier)(nil),
 		(*HTTPRouteFilter_ResponseHeaderModifier)(nil),
 		(*HTTPRouteFilter_RequestRedirect)(nil),
@@ -3271,8 +3592,8 @@ func file_mesh_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_proto_rawDesc), len(file_mesh_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   36,
+			NumEnums:      7,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

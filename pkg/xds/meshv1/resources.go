@@ -23,11 +23,14 @@ const (
 	GRPCRouteTypeURL = typePrefix + "causeway.mesh.v1.GRPCRoute"
 	// ConnectionPolicyTypeURL carries Rego policies for connections.
 	ConnectionPolicyTypeURL = typePrefix + "causeway.mesh.v1.ConnectionPolicy"
+	// IngressGatewayTypeURL carries ingress Gateways with their TLS keys:
+	// served to each gateway's own identity alone.
+	IngressGatewayTypeURL = typePrefix + "causeway.mesh.v1.IngressGateway"
 )
 
 // TypeURLs lists every mesh resource type, in the order a consumer should
 // apply them (workloads before the services whose endpoints name them).
-var TypeURLs = []string{WorkloadTypeURL, ServiceTypeURL, WaypointTypeURL, HTTPRouteTypeURL, GRPCRouteTypeURL, ConnectionPolicyTypeURL}
+var TypeURLs = []string{WorkloadTypeURL, ServiceTypeURL, WaypointTypeURL, HTTPRouteTypeURL, GRPCRouteTypeURL, ConnectionPolicyTypeURL, IngressGatewayTypeURL}
 
 // NewResource returns an empty message of the given type URL.
 func NewResource(typeURL string) (proto.Message, error) {
@@ -44,6 +47,8 @@ func NewResource(typeURL string) (proto.Message, error) {
 		return &GRPCRoute{}, nil
 	case ConnectionPolicyTypeURL:
 		return &ConnectionPolicy{}, nil
+	case IngressGatewayTypeURL:
+		return &IngressGateway{}, nil
 	}
 	return nil, fmt.Errorf("unknown mesh resource type %q", typeURL)
 }
@@ -63,6 +68,8 @@ func ResourceName(m proto.Message) string {
 	case *GRPCRoute:
 		return r.GetNamespace() + "/" + r.GetName()
 	case *ConnectionPolicy:
+		return r.GetNamespace() + "/" + r.GetName()
+	case *IngressGateway:
 		return r.GetNamespace() + "/" + r.GetName()
 	}
 	return ""
@@ -120,6 +127,8 @@ func Validate(m proto.Message) error {
 		return validateGRPCRoute(r)
 	case *ConnectionPolicy:
 		return validateConnectionPolicy(r)
+	case *IngressGateway:
+		return validateIngressGateway(r)
 	}
 	return fmt.Errorf("unknown mesh resource %T", m)
 }
@@ -363,6 +372,62 @@ func validateConnectionPolicy(p *ConnectionPolicy) error {
 	}
 	if p.GetRevision() == "" || len(p.GetSources()) == 0 {
 		return fmt.Errorf("%s: a valid policy carries its revision and files", name)
+	}
+	return nil
+}
+
+// validateIngressGateway checks an ingress Gateway's listeners: ports,
+// protocols, hostnames, an HTTPS listener's key pairs present (parsed
+// where they are used: one that does not parse fails its listener
+// alone), and the routes as the mesh's own.
+func validateIngressGateway(g *IngressGateway) error {
+	name := "ingress gateway " + g.GetNamespace() + "/" + g.GetName()
+	if err := nonEmpty("ingress gateway", g.GetNamespace(), g.GetName()); err != nil {
+		return err
+	}
+	if _, err := trust.ParseIdentity(g.GetIdentity()); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	seen := map[string]bool{}
+	for _, l := range g.GetListeners() {
+		where := fmt.Sprintf("%s listener %q", name, l.GetName())
+		if l.GetName() == "" || seen[l.GetName()] {
+			return fmt.Errorf("%s: listener names must be set and unique", where)
+		}
+		seen[l.GetName()] = true
+		if err := checkPort(l.GetPort()); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		if h := l.GetHostname(); h != "" && !isDNSName(strings.TrimPrefix(h, "*.")) {
+			return fmt.Errorf("%s: hostname %q is not a DNS name or *.<DNS name>", where, h)
+		}
+		switch l.GetProtocol() {
+		case IngressListener_HTTP:
+			if len(l.GetCertificates()) > 0 {
+				return fmt.Errorf("%s: an HTTP listener has no certificates", where)
+			}
+		case IngressListener_HTTPS:
+			if len(l.GetCertificates()) == 0 {
+				return fmt.Errorf("%s: an HTTPS listener needs a certificate", where)
+			}
+			for _, kp := range l.GetCertificates() {
+				if len(kp.GetCertificateChain()) == 0 || len(kp.GetPrivateKey()) == 0 {
+					return fmt.Errorf("%s: key pair of %s: certificate chain and private key are required", where, kp.GetSecret())
+				}
+			}
+		default:
+			return fmt.Errorf("%s: unknown protocol %d", where, l.GetProtocol())
+		}
+		for _, r := range l.GetHttpRoutes() {
+			if err := validateHTTPRoute(r); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
+		}
+		for _, r := range l.GetGrpcRoutes() {
+			if err := validateGRPCRoute(r); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
+		}
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ type Set struct {
 	HTTPRoutes         map[string]*HTTPRoute
 	GRPCRoutes         map[string]*GRPCRoute
 	ConnectionPolicies map[string]*ConnectionPolicy // by "<namespace>/<name>"
+	IngressGateways    map[string]*IngressGateway   // by "<namespace>/<name>"
 }
 
 // NewSet returns a Set with every map made and empty.
@@ -72,6 +73,8 @@ func (r *Set) typed(typeURL string) (typedMap, func(typedMap)) {
 		return byName[*GRPCRoute](r.GRPCRoutes), func(m typedMap) { r.GRPCRoutes = m.(byName[*GRPCRoute]) }
 	case ConnectionPolicyTypeURL:
 		return byName[*ConnectionPolicy](r.ConnectionPolicies), func(m typedMap) { r.ConnectionPolicies = m.(byName[*ConnectionPolicy]) }
+	case IngressGatewayTypeURL:
+		return byName[*IngressGateway](r.IngressGateways), func(m typedMap) { r.IngressGateways = m.(byName[*IngressGateway]) }
 	}
 	return nil, nil
 }

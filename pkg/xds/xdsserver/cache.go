@@ -32,6 +32,7 @@ type entry struct {
 	msg       proto.Message
 	namespace string
 	parentNS  []string // a route's parent namespaces other than its own
+	owner     string   // meshv1.ResourceOwner: the one identity that reads it, if set
 	value     []byte
 	version   string
 }
@@ -140,7 +141,8 @@ func (c *deltaCache) set(res map[string]map[string]proto.Message) (map[string]in
 				return nil, fmt.Errorf("marshal %s %s: %w", typeURL, name, err)
 			}
 			sum := sha256.Sum256(b)
-			entries[name] = &entry{msg: m, namespace: meshv1.ResourceNamespace(m), parentNS: meshv1.ParentNamespaces(m), value: b, version: hex.EncodeToString(sum[:16])}
+			entries[name] = &entry{msg: m, namespace: meshv1.ResourceNamespace(m), parentNS: meshv1.ParentNamespaces(m), owner: meshv1.ResourceOwner(m),
+				value: b, version: hex.EncodeToString(sum[:16])}
 		}
 		next[typeURL] = entries
 	}
@@ -271,9 +273,7 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 	resources := c.types[w.typeURL]
 	// What the reader may not read does not exist for it.
 	r := readerOf(w.req)
-	readable := func(name string, e *entry) bool {
-		return r.trusted || e.in(r.namespace) || c.grants.allows(r.namespace, w.typeURL, name)
-	}
+	readable := func(name string, e *entry) bool { return c.readable(r, w.typeURL, name, e) }
 	returned := w.sub.ReturnedResources()
 	var next map[string]string
 	var updated, removed []string
@@ -346,6 +346,17 @@ func (c *deltaCache) respond(w *deltaWatch) cache.DeltaResponse {
 	return c.response(w, updated, removed, next)
 }
 
+// readable reports whether reader r may read resource name of typeURL: a
+// resource with an owner (meshv1.ResourceOwner) only its owner, trusted or
+// not; any other what is trusted, of its namespace or granted to it. Must
+// hold c.mu.
+func (c *deltaCache) readable(r reader, typeURL, name string, e *entry) bool {
+	if e.owner != "" {
+		return r.identity == e.owner
+	}
+	return r.trusted || e.in(r.namespace) || c.grants.allows(r.namespace, typeURL, name)
+}
+
 // respondChanged is respond for a wildcard watch that is current (see
 // deltaWatch) as of the version before this one: only the names the last
 // set changed can differ.
@@ -356,7 +367,7 @@ func (c *deltaCache) respondChanged(w *deltaWatch, names []string) cache.DeltaRe
 	var updated, removed []string
 	for _, name := range names {
 		e, ok := resources[name]
-		readable := ok && (r.trusted || e.namespace == r.namespace || c.grants.allows(r.namespace, w.typeURL, name))
+		readable := ok && c.readable(r, w.typeURL, name, e)
 		_, held := returned[name]
 		switch {
 		case readable:

@@ -204,7 +204,7 @@ func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) erro
 	caller, _ := ctx.Value(callerKey{}).(authn.Caller)
 	s.mu.Lock()
 	s.streams[id] = &streamInfo{caller: caller, remote: remoteAddr(ctx), opened: time.Now(),
-		reader: reader{stream: id, trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace()},
+		reader: reader{stream: id, trusted: s.trusted[caller.Account], namespace: caller.Account.Namespace(), identity: caller.Account.String()},
 		sync:   map[string]*xds.TypeSync{}}
 	s.mu.Unlock()
 	s.metrics.clients.Inc()
@@ -282,6 +282,9 @@ func (s *Server) authorize(c authn.Caller, nodeID string, req *discovery.DeltaDi
 	if ref, ok := strings.CutPrefix(nodeID, xds.WaypointIDPrefix); ok && !strings.HasPrefix(ref, c.Account.Namespace()+"/") {
 		return fmt.Errorf("node id %q names a waypoint outside the caller's namespace %s", nodeID, c.Account.Namespace())
 	}
+	if ref, ok := strings.CutPrefix(nodeID, xds.IngressIDPrefix); ok && !strings.HasPrefix(ref, c.Account.Namespace()+"/") {
+		return fmt.Errorf("node id %q names an ingress gateway outside the caller's namespace %s", nodeID, c.Account.Namespace())
+	}
 	if s.trusted[c.Account] {
 		return nil
 	}
@@ -302,6 +305,7 @@ type reader struct {
 	stream    int64  // the delta server's stream id (0: none)
 	trusted   bool   // reads everything (node proxies)
 	namespace string // otherwise: its namespace, plus the namespace's grants
+	identity  string // the caller's identity: it alone reads what it owns
 }
 
 // Node metadata keys that carry the reader from the server's request
@@ -310,6 +314,7 @@ const (
 	readerStreamKey    = "causeway.reader.stream"
 	readerTrustedKey   = "causeway.reader.trusted"
 	readerNamespaceKey = "causeway.reader.namespace"
+	readerIdentityKey  = "causeway.reader.identity"
 )
 
 func stampReader(req *discovery.DeltaDiscoveryRequest, r reader) {
@@ -325,12 +330,14 @@ func stampReader(req *discovery.DeltaDiscoveryRequest, r reader) {
 	req.Node.Metadata.Fields[readerStreamKey] = structpb.NewNumberValue(float64(r.stream))
 	req.Node.Metadata.Fields[readerTrustedKey] = structpb.NewBoolValue(r.trusted)
 	req.Node.Metadata.Fields[readerNamespaceKey] = structpb.NewStringValue(r.namespace)
+	req.Node.Metadata.Fields[readerIdentityKey] = structpb.NewStringValue(r.identity)
 }
 
 // readerOf reads the stamp; a request without one reads nothing.
 func readerOf(req *discovery.DeltaDiscoveryRequest) reader {
 	f := req.GetNode().GetMetadata().GetFields()
-	return reader{stream: int64(f[readerStreamKey].GetNumberValue()), trusted: f[readerTrustedKey].GetBoolValue(), namespace: f[readerNamespaceKey].GetStringValue()}
+	return reader{stream: int64(f[readerStreamKey].GetNumberValue()), trusted: f[readerTrustedKey].GetBoolValue(),
+		namespace: f[readerNamespaceKey].GetStringValue(), identity: f[readerIdentityKey].GetStringValue()}
 }
 
 // OnStreamDeltaResponse implements delta.Callbacks.

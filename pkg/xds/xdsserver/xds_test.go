@@ -35,6 +35,7 @@ const (
 	td             = "cluster.local"
 	nodeProxyToken = "node-a-proxy-token-0123456789"
 	waypointToken  = "a-waypoint-token-0123456789ab"
+	ingressToken   = "a-edge-ingress-token-0123456789"
 	// eventually waits this long: generous, the machine may be loaded.
 	patience = 10 * time.Second
 )
@@ -59,7 +60,7 @@ func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	ca := trusttest.NewCA(t, td)
 	tokens := filepath.Join(t.TempDir(), "tokens")
-	content := nodeProxyToken + " causeway-system/nodeproxy node-a\n" + waypointToken + " a/waypoint\n"
+	content := nodeProxyToken + " causeway-system/nodeproxy node-a\n" + waypointToken + " a/waypoint\n" + ingressToken + " a/edge\n"
 	if err := os.WriteFile(tokens, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -202,6 +203,8 @@ func resources(msgs ...proto.Message) map[string]map[string]proto.Message {
 			t = meshv1.HTTPRouteTypeURL
 		case *meshv1.GRPCRoute:
 			t = meshv1.GRPCRouteTypeURL
+		case *meshv1.IngressGateway:
+			t = meshv1.IngressGatewayTypeURL
 		}
 		if out[t] == nil {
 			out[t] = map[string]proto.Message{}
