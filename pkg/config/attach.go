@@ -7,6 +7,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // Attachment is one listener a route's parentRef attaches to, with the
@@ -142,26 +144,16 @@ func listenerAdmits(gwNS string, l gwv1.Listener, ns string, nsLabels map[string
 
 // ListenerFor is the index of the listener of gw on port that serves
 // requests for host (a TLS server name or a Host header without its port),
-// as listener isolation has it: the serving listener whose hostname is
-// host itself, else the one whose wildcard covers it most narrowly
-// (longest suffix), else one without a hostname; false when none does.
+// as listener isolation has it (meshv1.HostRank): the serving listener
+// whose hostname is host itself, else the one whose wildcard covers it
+// most narrowly, else one without a hostname; false when none does.
 func ListenerFor(gw *gwv1.Gateway, reports []ListenerReport, port gwv1.PortNumber, host string) (int, bool) {
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
 	best, bestRank := -1, -1
 	for i, l := range gw.Spec.Listeners {
 		if l.Port != port || !reports[i].Serves() {
 			continue
 		}
-		rank := -1
-		switch h := strings.ToLower(string(hostnameOf(l))); {
-		case h == "":
-			rank = 0
-		case h == host:
-			rank = 1 << 16 // above any wildcard's suffix length
-		case strings.HasPrefix(h, "*") && hostWithin(host, h):
-			rank = len(h)
-		}
-		if rank > bestRank {
+		if rank := meshv1.HostRank(string(hostnameOf(l)), host); rank > bestRank {
 			best, bestRank = i, rank
 		}
 	}

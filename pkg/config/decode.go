@@ -24,6 +24,7 @@ import (
 // *discoveryv1.EndpointSlice, *gwv1.Gateway, *gwv1.GatewayClass,
 // *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *gwv1.BackendTLSPolicy,
 // *corev1.ConfigMap (read for BackendTLSPolicies' CA certificates),
+// *corev1.Secret (read for ingress listeners' certificates),
 // *corev1.Node (read for its topology labels) or *ConnectionPolicy
 // (v1beta1 Gateway API objects are converted to v1). The Kubernetes source
 // builds the same list from its informers and translates it incrementally
@@ -110,7 +111,7 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *corev1.Namespace, *corev1.Node, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 		*discoveryv1.EndpointSlice,
 		*gwv1.Gateway, *gwv1.GatewayClass, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant,
-		*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *ConnectionPolicy:
+		*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *corev1.Secret, *ConnectionPolicy:
 		return obj, nil
 	case *gwv1beta1.Gateway:
 		return (*gwv1.Gateway)(o), nil
@@ -121,7 +122,7 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *gwv1beta1.ReferenceGrant:
 		return (*gwv1.ReferenceGrant)(o), nil
 	}
-	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Node, Pod, Service, ServiceAccount, ConfigMap, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy and ConnectionPolicy",
+	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Node, Pod, Service, ServiceAccount, ConfigMap, Secret, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy and ConnectionPolicy",
 		gvk.Kind, gvk.GroupVersion())
 }
 

@@ -24,7 +24,8 @@ import (
 // locality) and Gateway (labels, waypoints of other namespaces, admission)
 // and its own Pods, Services,
 // EndpointSlices and ConnectionPolicies; routes are translated apart, with
-// every Service and ReferenceGrant. A changed Namespace, Node or Gateway
+// every Service, ReferenceGrant and Secret (ingress Gateways are made
+// there). A changed Namespace, Node or Gateway
 // translates every namespace again (the Kubernetes source passes a Node
 // anew only when its topology labels change). What only the whole set can decide (an address or uid claimed in
 // two namespaces, an EndpointSlice naming a pod of another namespace, a set
@@ -90,8 +91,8 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 			ns := m.GetNamespace()
 			m.SetNamespace(defaultNS(&ns))
 			byNS[ns] = append(byNS[ns], o)
-		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant:
-			routeObjs = append(routeObjs, o)
+		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *corev1.Secret:
+			routeObjs = append(routeObjs, o) // Secrets: ingress Gateways' certificates
 		default:
 			return in.whole(objs) // Translate says what is wrong with it
 		}
@@ -144,6 +145,10 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 	}
 	for k, v := range routes.snap.GRPCRoutes {
 		out.GRPCRoutes[k] = v
+	}
+	for k, v := range routes.snap.IngressGateways {
+		out.IngressGateways[k] = v // its listeners, certificates and attached routes
+		out.waypointIdentities[v.Identity] = k
 	}
 	for _, p := range routes.snap.Rejected {
 		if k := p.Kind(); k == "HTTPRoute" || k == "GRPCRoute" {

@@ -6,6 +6,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // IngressClass is the gatewayClassName of ingress Gateways: entry points
@@ -38,9 +40,10 @@ type ListenerReport struct {
 	Message      string
 	// SupportedKinds are the route kinds it accepts (status.supportedKinds).
 	SupportedKinds []gwv1.RouteGroupKind
-	// Certificates are an HTTPS listener's key pairs that resolved, in
-	// spec order (the first one whose names match a client's SNI serves it).
-	Certificates []tls.Certificate
+	// Certificates are an HTTPS listener's key pairs that resolved (they
+	// parse and match), in spec order (the first one whose names match a
+	// client's SNI serves it). They hold private keys: never log them.
+	Certificates []*meshv1.TLSKeyPair
 }
 
 // Serves says whether the listener takes connections.
@@ -151,12 +154,13 @@ func certificates(gw *gwv1.Gateway, l gwv1.Listener, secrets SecretLookup, grant
 			fail(gwv1.ListenerReasonInvalidCertificateRef, "certificateRef %s: Secret of type %q, want %s", name, s.Type, corev1.SecretTypeTLS)
 			continue
 		}
-		cert, err := tls.X509KeyPair(s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey])
-		if err != nil {
+		chain, key := s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]
+		if _, err := tls.X509KeyPair(chain, key); err != nil {
+			// crypto/tls's errors name what is wrong, never the key's bytes.
 			fail(gwv1.ListenerReasonInvalidCertificateRef, "certificateRef %s: malformed %s/%s: %v", name, corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 			continue
 		}
-		r.Certificates = append(r.Certificates, cert)
+		r.Certificates = append(r.Certificates, &meshv1.TLSKeyPair{Secret: name, CertificateChain: chain, PrivateKey: key})
 	}
 }
 
@@ -216,21 +220,4 @@ func grantAllows(grants []*gwv1.ReferenceGrant, fromKind, fromNS, toGroup, toKin
 		}
 	}
 	return false
-}
-
-// Certificate is the certificate an HTTPS listener presents for the TLS
-// server name sni: its first certificate valid for that name, else its
-// first (a client without SNI, or one the listener's hostname admits but
-// no certificate names, gets that one and decides for itself).
-func (l ListenerReport) Certificate(sni string) *tls.Certificate {
-	if len(l.Certificates) == 0 {
-		return nil
-	}
-	for i := range l.Certificates {
-		c := &l.Certificates[i]
-		if sni != "" && c.Leaf != nil && c.Leaf.VerifyHostname(sni) == nil {
-			return c
-		}
-	}
-	return &l.Certificates[0]
 }

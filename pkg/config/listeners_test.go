@@ -1,10 +1,8 @@
 package config
 
 import (
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -267,67 +265,5 @@ func TestListenerFor(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("port %d host %s: listener %q, want %q", tc.port, tc.host, got, tc.want)
 		}
-	}
-}
-
-// TestListenerTLS: HTTPS listeners sharing port 443 terminate TLS with
-// their own certificates, chosen by the client's server name in a real
-// handshake; a name no listener admits gets none (listener isolation).
-func TestListenerTLS(t *testing.T) {
-	ca, err := backendtlstest.NewCA("listeners test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := ingressGateway(
-		https("shop", 443, "shop.example.com", certRef("", "shop")),
-		https("wild", 443, "*.example.com", certRef("", "api"), certRef("", "wild")),
-	)
-	reports := Listeners(gw, lookup(tlsSecret(t, ca, "edge", "shop", "shop.example.com"),
-		tlsSecret(t, ca, "edge", "api", "api.example.com"), tlsSecret(t, ca, "edge", "wild", "*.example.com")), nil)
-	server := &tls.Config{GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-		i, ok := ListenerFor(gw, reports, 443, hello.ServerName)
-		if !ok {
-			return nil, fmt.Errorf("no listener for %q", hello.ServerName)
-		}
-		return reports[i].Certificate(hello.ServerName), nil
-	}}
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _ = c.(*tls.Conn).Handshake(); c.Close() }()
-		}
-	}()
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(ca.PEM)
-	for _, tc := range []struct{ sni, want string }{
-		{"shop.example.com", "shop.example.com"},
-		{"api.example.com", "api.example.com"},
-		{"www.example.com", "*.example.com"},
-		{"example.org", ""},
-	} {
-		c, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{ServerName: tc.sni, RootCAs: roots})
-		if tc.want == "" {
-			if err == nil {
-				c.Close()
-				t.Errorf("%s: handshake succeeded, want refused", tc.sni)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%s: %v", tc.sni, err)
-			continue
-		}
-		if got := c.ConnectionState().PeerCertificates[0].DNSNames; len(got) != 1 || got[0] != tc.want {
-			t.Errorf("%s: served a certificate for %v, want %s", tc.sni, got, tc.want)
-		}
-		c.Close()
 	}
 }

@@ -83,6 +83,12 @@ func translateRoute[GR, R any](t *translator, origin, kind string, m *metav1.Obj
 	if len(c.parents) == 0 {
 		return nil
 	}
+	return translateRules(c, m, hs, rules, rule)
+}
+
+// translateRules translates a route's rules for the parents c names (none
+// for an ingress Gateway's routes, whose listeners attach them).
+func translateRules[GR, R any](c routeCtx, m *metav1.ObjectMeta, hs []gwv1.Hostname, rules []GR, rule func(routeCtx, int, GR) R) *meshRoute[R] {
 	out := &meshRoute[R]{
 		name:      m.Name,
 		namespace: m.Namespace,

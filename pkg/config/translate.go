@@ -53,6 +53,7 @@ func newTranslator(opts Options) *translator {
 		gateways:   map[nsName]*gatewayInfo{},
 		grants:     map[string][]*gwv1.ReferenceGrant{},
 		configMaps: map[nsName]*corev1.ConfigMap{},
+		secrets:    map[nsName]*corev1.Secret{},
 		seen:       map[string]string{},
 		reasons:    map[string][]string{},
 		out:        newSnapshot(),
@@ -66,6 +67,7 @@ func newTranslator(opts Options) *translator {
 func (t *translator) run(objs []Object) {
 	t.collect(objs)
 	t.translateWaypoints()
+	t.reserveIngressIdentities()
 	t.preparePods()
 	t.prepareServices()
 	t.checkAddresses()
@@ -76,6 +78,7 @@ func (t *translator) run(objs []Object) {
 	t.translateBackendTLSPolicies()
 	t.translateWorkloads()
 	t.translateRoutes()
+	t.translateIngress()
 	t.translateConnectionPolicies()
 	t.checkOutput()
 }
@@ -106,6 +109,7 @@ type podInfo struct {
 	active   bool     // not Succeeded/Failed
 	ready    bool
 	waypoint *gatewayInfo // set on a waypoint's own pods
+	ingress  *gatewayInfo // set on an ingress Gateway's own pods
 	serving  map[uint32]struct{}
 }
 
@@ -158,6 +162,7 @@ type translator struct {
 	connPolicies []connPolicyInfo
 	tlsPolicies  []*tlsPolicyInfo
 	configMaps   map[nsName]*corev1.ConfigMap // read for BackendTLSPolicies' CA certificates
+	secrets      map[nsName]*corev1.Secret    // read for ingress listeners' certificates
 	seen         map[string]string            // "Kind ns/name" -> origin
 	out          *Snapshot
 	reports      *Reports // nil unless Analyze asked for them
@@ -202,7 +207,7 @@ func (t *translator) collect(objs []Object) {
 		case *corev1.Namespace, *gwv1.GatewayClass, *corev1.Node:
 		case *corev1.Pod, *corev1.Service, *corev1.ServiceAccount, *discoveryv1.EndpointSlice,
 			*gwv1.Gateway, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *ConnectionPolicy,
-			*gwv1.BackendTLSPolicy, *corev1.ConfigMap:
+			*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *corev1.Secret:
 			namespaced = true
 		default:
 			t.fatalProblem(o.Origin, "", "unsupported object %T", o.Obj)
@@ -275,6 +280,8 @@ func (t *translator) collect(objs []Object) {
 			t.tlsPolicies = append(t.tlsPolicies, &tlsPolicyInfo{origin: o.Origin, obj: key, policy: v})
 		case *corev1.ConfigMap:
 			t.configMaps[id] = v
+		case *corev1.Secret:
+			t.secrets[id] = v
 		}
 	}
 	// A slice of a Service that does not exist is refused (unused).
@@ -524,6 +531,8 @@ func (t *translator) preparePods() {
 					LabelGatewayName, gwName, id.ns, gwName)
 			case g.out != nil:
 				p.waypoint = g
+			case string(g.gw.Spec.GatewayClassName) == IngressClass:
+				p.ingress = g
 			}
 		}
 		if !p.active {
@@ -615,6 +624,9 @@ func (t *translator) checkPodIdentities() {
 			continue
 		}
 		sa := podServiceAccount(p.pod)
+		if p.ingress != nil && sa == p.ingress.gw.Name {
+			continue // an ingress Gateway's own pod holds its identity
+		}
 		ident, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, sa)
 		if err != nil {
 			continue // refused by preparePods
@@ -998,7 +1010,7 @@ func (t *translator) translateWorkloads() {
 		if p.waypoint != nil {
 			// A waypoint listens on its own pod IP: never captured, never bound.
 			w.WaypointForGateway = &meshv1.Ref{Namespace: id.ns, Name: p.waypoint.gw.Name}
-		} else {
+		} else if p.ingress == nil { // an ingress Gateway's pod opens its own tunnels: never captured, never bound
 			w.Hbone = t.enrolled(p.pod)
 			var inherited string
 			if w.Waypoint, inherited = t.bindWaypoint(p.pod.Labels, id.ns, meshv1.WaypointForWorkload); inherited != "" {
@@ -1118,6 +1130,8 @@ func (t *translator) checkOutput() {
 				delete(t.out.HTTPRoutes, n)
 			case meshv1.GRPCRouteTypeURL:
 				delete(t.out.GRPCRoutes, n)
+			case meshv1.IngressGatewayTypeURL:
+				delete(t.out.IngressGateways, n)
 			}
 		}
 	}
@@ -1126,6 +1140,7 @@ func (t *translator) checkOutput() {
 var kindOf = map[string]string{
 	meshv1.ServiceTypeURL: "Service", meshv1.WaypointTypeURL: "Waypoint",
 	meshv1.HTTPRouteTypeURL: "HTTPRoute", meshv1.GRPCRouteTypeURL: "GRPCRoute",
+	meshv1.IngressGatewayTypeURL: "Gateway",
 }
 
 func parseIP(s string) (string, error) {
