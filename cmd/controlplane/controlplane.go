@@ -557,7 +557,7 @@ func (cp *controlPlane) serveConfigDump(w http.ResponseWriter, _ *http.Request) 
 	for typeURL, res := range cp.resources(s) {
 		m := make(map[string]json.RawMessage, len(res))
 		for name, msg := range res {
-			b, err := protojson.Marshal(msg)
+			b, err := protojson.Marshal(meshv1.Redacted(msg)) // an ingress Gateway's keys stay in memory
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusInternalServerError)
 				return

@@ -37,3 +37,23 @@ func ResourceOwner(m proto.Message) string {
 	}
 	return ""
 }
+
+// RedactedKey stands in for a private key in dumps.
+var RedactedKey = []byte("[redacted]")
+
+// Redacted is m as a dump (/debug/config, /config_dump) may show it: an
+// IngressGateway's private keys replaced by RedactedKey, in a copy; any
+// other message is m itself.
+func Redacted(m proto.Message) proto.Message {
+	g, ok := m.(*IngressGateway)
+	if !ok {
+		return m
+	}
+	c := proto.Clone(g).(*IngressGateway)
+	for _, l := range c.GetListeners() {
+		for _, kp := range l.GetCertificates() {
+			kp.PrivateKey = RedactedKey
+		}
+	}
+	return c
+}
