@@ -1,6 +1,9 @@
 // Command waypoint is Causeway's per-namespace L7 proxy (docs/design.md §5): it
 // terminates HBONE, routes with Gateway API semantics, authorizes every
-// request with OPA and re-tunnels to the destination node proxies.
+// request with OPA and re-tunnels to the destination node proxies. With
+// --ingress it is an ingress Gateway (docs/ingress.md) instead: it serves
+// the Gateway's HTTP and HTTPS listeners and tunnels to the mesh under its
+// own identity, through the waypoint of a bound destination.
 package main
 
 import (
@@ -9,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync/atomic"
 	"time"
@@ -48,6 +52,8 @@ type options struct {
 	// tracing: the --tracing-* flags, checked by tracing.Parse.
 	tracingEndpoint, tracingProtocol, tracingSampling string
 	node                                              string
+	ingress                                           bool
+	ingressAddress                                    string
 }
 
 func main() {
@@ -58,7 +64,9 @@ func main() {
 	fs.StringVar(&o.name, "name", "", "name of the waypoint's Gateway")
 	fs.StringVar(&o.pod, "pod", os.Getenv("POD_NAME"), "name of this waypoint's own pod (in --namespace): Services' trafficDistribution prefers the endpoints closest to it")
 	fs.StringVar(&o.serviceAccount, "service-account", "", "service account of the waypoint's pods (default: the Gateway name)")
-	fs.StringVar(&o.listen, "listen", "0.0.0.0:15008", "HBONE listen address (the waypoint pod's IP and 15008)")
+	fs.StringVar(&o.listen, "listen", "0.0.0.0:15008", "HBONE listen address (the waypoint pod's IP and 15008); unused with --ingress")
+	fs.BoolVar(&o.ingress, "ingress", false, "run as the ingress Gateway --namespace/--name (class causeway): serve its listeners, no HBONE; the policy flags are then optional (a bound destination's waypoint authorizes)")
+	fs.StringVar(&o.ingressAddress, "ingress-address", "0.0.0.0", "with --ingress: the IP address the listeners' ports are opened on")
 	fs.StringVar(&o.policyDir, "policy-dir", "", "directory of Rego policies (e.g. a git-sync checkout); this or --policy-git-url is required")
 	fs.StringVar(&o.git.URL, "policy-git-url", "", "Git repository of Rego policies, fetched in process: https://, ssh://, user@host:path, file:// or a path; every commit of --policy-git-ref is a revision")
 	fs.StringVar(&o.git.Ref, "policy-git-ref", "HEAD", "branch, tag, full reference name or commit SHA to follow")
@@ -88,7 +96,7 @@ func main() {
 	if o.namespace == "" || o.name == "" {
 		bootstrap.Fatal("waypoint", fmt.Errorf("--namespace and --name are required"))
 	}
-	if (o.policyDir == "") == (o.git.URL == "") {
+	if o.policyDir != "" && o.git.URL != "" || !o.ingress && o.policyDir == "" && o.git.URL == "" {
 		bootstrap.Fatal("waypoint", fmt.Errorf("give one policy source: --policy-dir or --policy-git-url"))
 	}
 	if o.serviceAccount == "" {
@@ -132,11 +140,14 @@ func run(o *options, traces tracing.Settings) error {
 			return err
 		}
 	}
-	engine, err := policy.NewEngine(policy.Options{Dir: o.policyDir, Remote: git, DecisionPath: o.policyPath, Logger: log.Named("policy"),
-		DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody, MaxBodyBytes: o.maxBodyBytes},
-		NoDecisionCache: !o.decisionCache})
-	if err != nil {
-		return err
+	var engine *policy.Engine // nil: an ingress gateway without a policy of its own
+	if o.policyDir != "" || git != nil {
+		engine, err = policy.NewEngine(policy.Options{Dir: o.policyDir, Remote: git, DecisionPath: o.policyPath, Logger: log.Named("policy"),
+			DecisionLog: decisions, Registerer: env.Metrics, Input: policy.InputOptions{ParseBody: o.parseBody, MaxBodyBytes: o.maxBodyBytes},
+			NoDecisionCache: !o.decisionCache})
+		if err != nil {
+			return err
+		}
 	}
 	certs, closeCA, err := o.common.Certificates(env, log)
 	if err != nil {
@@ -165,9 +176,18 @@ func run(o *options, traces tracing.Settings) error {
 	if tcpIdle == 0 {
 		tcpIdle = -1 // the option's "never"
 	}
-	wp, err := waypoint.New(waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
+	wo := waypoint.Options{Namespace: o.namespace, Name: o.name, Identity: self, Bundle: env.Bundle,
 		Certificates: certs, Policy: engine, ConnectionDecisionLog: decisions, Logger: log, AccessLog: env.Log.Buffered("access", wpField), Registry: env.Metrics, TCPIdleTimeout: tcpIdle,
-		L7: lo})
+		L7: lo}
+	nodeID, subs := xds.WaypointID(o.namespace, o.name), xds.WaypointSubscriptions(o.namespace, o.name)
+	if o.ingress {
+		if wo.IngressAddress, err = netip.ParseAddr(o.ingressAddress); err != nil {
+			return fmt.Errorf("--ingress-address: %w", err)
+		}
+		wo.Ingress = true
+		nodeID, subs = xds.IngressID(o.namespace, o.name), xds.IngressSubscriptions(o.namespace, o.name)
+	}
+	wp, err := waypoint.New(wo)
 	if err != nil {
 		return err
 	}
@@ -175,8 +195,8 @@ func run(o *options, traces tracing.Settings) error {
 	var backends atomic.Pointer[xds.RouteBackends]
 	xc, err := xds.NewClient(xds.ClientOptions{
 		Address: o.common.XDSAddress, Bundle: env.Bundle, ServerIdentity: env.ControlPlaneIdentity, Token: env.Token,
-		NodeID: xds.WaypointID(o.namespace, o.name), Logger: log,
-		Subscriptions: xds.WaypointSubscriptions(o.namespace, o.name),
+		NodeID: nodeID, Logger: log,
+		Subscriptions: subs,
 		OnChange: func(s *xds.State, _ []string) {
 			if err := backends.Load().Update(s); err != nil {
 				log.Error("following the routes' backends in other namespaces", zap.Error(err))
@@ -187,13 +207,20 @@ func run(o *options, traces tracing.Settings) error {
 	if err != nil {
 		return err
 	}
-	backends.Store(xds.NewRouteBackends(xc, o.namespace))
+	if o.ingress {
+		backends.Store(xds.NewIngressBackends(xc, o.namespace, o.name))
+	} else {
+		backends.Store(xds.NewRouteBackends(xc, o.namespace))
+	}
 	ready := func() (string, error) {
 		if !xc.Ready() {
 			return "", fmt.Errorf("waiting for the first configuration from %s", o.common.XDSAddress)
 		}
 		if err := wp.Ready(); err != nil {
 			return "", err
+		}
+		if engine == nil {
+			return "ingress gateway without a policy of its own", nil
 		}
 		return engine.Describe(), nil
 	}
@@ -205,18 +232,30 @@ func run(o *options, traces tracing.Settings) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return fmt.Errorf("HBONE listener: %w", err)
+	var ln net.Listener // none in the ingress role: its listeners come over xDS
+	if !o.ingress {
+		if ln, err = net.Listen("tcp", o.listen); err != nil {
+			return fmt.Errorf("HBONE listener: %w", err)
+		}
 	}
 
 	errc := make(chan error, 5)
 	go func() { decisions.Run(ctx); errc <- nil }()
 	go func() { errc <- certs.Run(ctx) }()
 	go func() { errc <- xc.Run(ctx) }()
-	go func() { errc <- engine.Run(ctx) }()
+	go func() {
+		if engine == nil {
+			errc <- nil
+			return
+		}
+		errc <- engine.Run(ctx)
+	}()
 	go func() { errc <- serveUntil(ctx, wp, ln, o.drain) }()
-	log.Info("waypoint started", zap.String("hbone", ln.Addr().String()), zap.String("identity", self.String()))
+	if o.ingress {
+		log.Info("ingress gateway started", zap.String("address", o.ingressAddress), zap.String("identity", self.String()))
+	} else {
+		log.Info("waypoint started", zap.String("hbone", ln.Addr().String()), zap.String("identity", self.String()))
+	}
 	var firstErr error
 	for range 5 {
 		if err := <-errc; err != nil && firstErr == nil && ctx.Err() == nil {
@@ -230,10 +269,13 @@ func run(o *options, traces tracing.Settings) error {
 	return firstErr
 }
 
-// serveUntil serves HBONE until ctx ends, then drains.
+// serveUntil serves HBONE on ln (none: the ingress role, whose ports the
+// waypoint opens itself) until ctx ends, then drains.
 func serveUntil(ctx context.Context, wp *waypoint.Waypoint, ln net.Listener, drain time.Duration) error {
 	errc := make(chan error, 1)
-	go func() { errc <- wp.Serve(ln) }()
+	if ln != nil {
+		go func() { errc <- wp.Serve(ln) }()
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("HBONE server: %w", err)
@@ -242,6 +284,8 @@ func serveUntil(ctx context.Context, wp *waypoint.Waypoint, ln net.Listener, dra
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	err := wp.Shutdown(sctx)
-	<-errc
+	if ln != nil {
+		<-errc
+	}
 	return err
 }

@@ -28,6 +28,8 @@ type ConfigDump struct {
 	Certificates any                        `json:"certificates"`
 	Policies     any                        `json:"policies,omitempty"`
 	Routes       any                        `json:"routes,omitempty"`
+	// Listeners are an ingress gateway's, private keys redacted.
+	Listeners any `json:"listeners,omitempty"`
 	// Connections are the open connections a node proxy tracks.
 	Connections any `json:"connections,omitempty"`
 }

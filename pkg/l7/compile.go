@@ -31,6 +31,11 @@ type Config struct {
 	// (GEP-1294 consumer routes): they apply to callers from that namespace only.
 	consumers map[consumerKey]*routeTable
 	problems  []string
+	// An ingress gateway's (CompileGateway): the listeners of each port,
+	// and the waypoints bound destinations are reached through (nil for
+	// a waypoint's Config: it is the waypoint).
+	listeners map[uint32][]*listenerTable
+	waypoints map[string]*meshv1.Waypoint
 }
 
 // consumerKey names the consumer routes of namespace ns for a service port.
@@ -182,27 +187,7 @@ func (c *Config) Service(ref ServiceRef) (*meshv1.Service, bool) {
 // be evaluated) or answered with 500 (a rule that cannot be carried out as
 // written), never silently widened.
 func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, services []*meshv1.Service, workloads []*meshv1.Workload) *Config {
-	c := &Config{
-		services:  make(map[ServiceRef]*serviceInfo, len(services)),
-		workloads: make(map[string]*meshv1.Workload, len(workloads)),
-		byAddress: make(map[netip.Addr]*meshv1.Workload, len(workloads)),
-		tables:    make(map[tableKey]*routeTable),
-		consumers: make(map[consumerKey]*routeTable),
-	}
-	for _, w := range workloads {
-		if w.GetUid() == "" {
-			continue
-		}
-		c.workloads[w.GetUid()] = w
-		for _, a := range w.GetAddresses() {
-			if ip, err := netip.ParseAddr(a); err == nil {
-				c.byAddress[ip.Unmap()] = w
-			}
-		}
-	}
-	for _, s := range services {
-		c.addService(s)
-	}
+	c := newConfig(services, workloads, nil)
 
 	attached := make(map[consumerKey]*attachments) // ns "": producer routes
 	attach(c, attached, routes, c.compileHTTPRoute, func(a *attachments, cr *compiledRoute[httpMatch]) { a.http = append(a.http, cr) })
@@ -232,6 +217,35 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 		}
 	}
 	sort.Strings(c.problems)
+	return c
+}
+
+// newConfig is a Config with the services' endpoints and the workloads,
+// and no routes yet. waypoints, when not nil, are the waypoints a
+// gateway's traffic to bound destinations goes through (CompileGateway).
+func newConfig(services []*meshv1.Service, workloads []*meshv1.Workload, waypoints map[string]*meshv1.Waypoint) *Config {
+	c := &Config{
+		services:  make(map[ServiceRef]*serviceInfo, len(services)),
+		workloads: make(map[string]*meshv1.Workload, len(workloads)),
+		byAddress: make(map[netip.Addr]*meshv1.Workload, len(workloads)),
+		tables:    make(map[tableKey]*routeTable),
+		consumers: make(map[consumerKey]*routeTable),
+		waypoints: waypoints,
+	}
+	for _, w := range workloads {
+		if w.GetUid() == "" {
+			continue
+		}
+		c.workloads[w.GetUid()] = w
+		for _, a := range w.GetAddresses() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				c.byAddress[ip.Unmap()] = w
+			}
+		}
+	}
+	for _, s := range services {
+		c.addService(s)
+	}
 	return c
 }
 
@@ -309,8 +323,11 @@ func (c *Config) addService(s *meshv1.Service) {
 			})
 		}
 	}
+	if c.waypoints != nil {
+		c.throughWaypoints(si)
+	}
 	for _, ts := range si.targets {
-		slices.SortFunc(ts, func(a, b Target) int { return a.Address.Compare(b.Address) })
+		slices.SortFunc(ts, func(a, b Target) int { return cmp.Or(a.Address.Compare(b.Address), a.Via.Compare(b.Via)) })
 	}
 	c.services[ref] = si
 }

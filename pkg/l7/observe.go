@@ -94,6 +94,9 @@ func (e *Engine) observe(x *exchange, rw *responseRecorder, aborted bool) int {
 		if x.rec.decID != "" {
 			fields = append(fields, zap.String("decision_id", x.rec.decID))
 		}
+		if x.rec.listener != "" {
+			fields = append(fields, zap.String("listener", x.rec.listener))
+		}
 		if x.rec.grpcCode >= 0 {
 			fields = append(fields, zap.Int("grpc_status", x.rec.grpcCode))
 		}

@@ -221,6 +221,9 @@ func (x *exchange) selectRule() *localAnswer {
 		x.endpoints = endpointTiers{{x.e.pools.get(t)}}
 		return nil
 	}
+	if x.info.Ingress {
+		return x.selectListenerRule()
+	}
 	table := x.snap.cfg.table(tableKey{x.info.Service, x.info.Port}, x.info.callerNS)
 	if table == nil {
 		return &localAnswer{http.StatusServiceUnavailable, fmt.Sprintf("unknown destination %s port %d", x.info.Service, x.info.Port)}
@@ -228,6 +231,28 @@ func (x *exchange) selectRule() *localAnswer {
 	x.rule = table.route(x.view)
 	if x.rule == nil {
 		return &localAnswer{http.StatusNotFound, "no matching route"}
+	}
+	return nil
+}
+
+// selectListenerRule routes a request that came to an ingress gateway:
+// the listener of its port that its host selects (listener isolation: a
+// host a more specific listener names is never served by a broader one),
+// then that listener's routes. A TLS connection belongs to the listener
+// its server name chose; a request on it for a host another listener
+// serves is misdirected (421, as GEP-3567 has it), so a connection coalesced
+// by an HTTP/2 client never reaches the other listener's routes.
+func (x *exchange) selectListenerRule() *localAnswer {
+	l, ok := x.snap.cfg.listenerFor(x.info.Port, x.view.host)
+	switch {
+	case !ok:
+		return &localAnswer{http.StatusNotFound, fmt.Sprintf("no listener of port %d serves host %q", x.info.Port, x.view.host)}
+	case x.info.Listener != "" && l.name != x.info.Listener:
+		return &localAnswer{http.StatusMisdirectedRequest, fmt.Sprintf("host %q is served by listener %s, the connection's server name chose %s", x.view.host, l.name, x.info.Listener)}
+	}
+	x.rec.listener = l.name
+	if x.rule = l.table.route(x.view); x.rule == nil {
+		return &localAnswer{http.StatusNotFound, "no matching route on listener " + l.name}
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 // record is what the access log and the metrics say about one request.
 type record struct {
+	listener  string // an ingress gateway's listener that served the request
 	route     string
 	rule      string
 	backend   string

@@ -122,4 +122,9 @@ type Target struct {
 	// "http/1.1"; "" for TCP), for the dialer to offer in its TLS
 	// handshake. Set per dial.
 	ALPN string
+	// Via, when valid, is the HBONE address of the waypoint Address is
+	// reached through (an ingress gateway's backend bound to a waypoint):
+	// the tunnel goes there with Address as its authority, and Identity
+	// is the waypoint's.
+	Via netip.AddrPort
 }

@@ -31,6 +31,13 @@ type ConnInfo struct {
 	Port uint32
 	// Protocol is the port's protocol, from its appProtocol (ProtocolFor).
 	Protocol Protocol
+	// Ingress: the connection came to an ingress gateway's listener port
+	// (Port): each request is routed by the listener of that port its
+	// host selects (Config from CompileGateway). Listener is the listener
+	// a TLS connection's server name selected: a request whose host
+	// selects another is misdirected (421).
+	Ingress  bool
+	Listener string
 }
 
 // tunnel is a served tunnel's ConnInfo with the strings every request's

@@ -47,6 +47,7 @@ type endpointKey struct {
 	addr     netip.AddrPort
 	identity string
 	tls      string // Target.TLSKey: TLS settings changed, fresh connections
+	via      netip.AddrPort
 }
 
 // endpoint is an endpoint's shared state: outstanding requests (for least
@@ -85,7 +86,7 @@ func newPools(d Dialer, idle, ejection time.Duration, maxHeader int64) *pools {
 
 // get returns the shared state of the endpoint t, creating it if needed.
 func (p *pools) get(t Target) *endpoint {
-	k := endpointKey{t.Address, t.Identity.String(), t.TLSKey}
+	k := endpointKey{t.Address, t.Identity.String(), t.TLSKey, t.Via}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ep := p.endpoints[k]

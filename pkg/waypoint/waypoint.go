@@ -66,6 +66,13 @@ type Options struct {
 	// ConnectionDecisionLog receives the decisions of the connection
 	// policies that target this waypoint (nil: not logged).
 	ConnectionDecisionLog *policy.DecisionLogger
+	// Ingress runs the gateway in the ingress role (docs/ingress.md): it
+	// serves the listeners of ingress Gateway Namespace/Name on
+	// IngressAddress instead of HBONE, and is no waypoint (it serves no
+	// tunnel). Policy is optional then: a bound destination's waypoint
+	// authorizes the gateway's requests.
+	Ingress        bool
+	IngressAddress netip.Addr
 	// Pool, Server and L7 options (required fields are filled in).
 	Pool   hbone.PoolOptions
 	Server hbone.ServerOptions
@@ -94,6 +101,9 @@ type Waypoint struct {
 
 	// backendTLS counts the TLS handshakes with backends by policy and result.
 	backendTLS *prometheus.CounterVec
+
+	// ingress holds the listening ports of the ingress role (nil otherwise).
+	ingress *ingressPorts
 }
 
 // view indexes the destinations the waypoint may serve.
@@ -117,8 +127,11 @@ type view struct {
 
 // New builds a waypoint; Serve runs it.
 func New(o Options) (*Waypoint, error) {
-	if o.Namespace == "" || o.Name == "" || o.Identity.IsZero() || o.Bundle == nil || o.Certificates == nil || o.Policy == nil {
+	if o.Namespace == "" || o.Name == "" || o.Identity.IsZero() || o.Bundle == nil || o.Certificates == nil || o.Policy == nil && !o.Ingress {
 		return nil, errors.New("waypoint: Namespace, Name, Identity, Bundle, Certificates and Policy are required")
+	}
+	if o.Ingress && !o.IngressAddress.IsValid() {
+		return nil, errors.New("waypoint: the ingress role needs IngressAddress")
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -162,6 +175,9 @@ func New(o Options) (*Waypoint, error) {
 	w.pool = pool
 	lo := o.L7
 	lo.Dialer, lo.Authorizer, lo.Logger, lo.Registerer = w, l7.AuthorizerFunc(w.authorize), o.AccessLog, o.Registry
+	if o.Policy == nil {
+		lo.Authorizer = l7.AllowAll()
+	}
 	engine, err := l7.NewEngine(lo)
 	if err != nil {
 		pool.Close()
@@ -192,6 +208,9 @@ func New(o Options) (*Waypoint, error) {
 	w.tunnels = connpolicy.NewTracker(o.Logger)
 	var ctx context.Context
 	ctx, w.stop = context.WithCancel(context.Background())
+	if o.Ingress {
+		w.ingress = newIngressPorts(ctx, w)
+	}
 	w.stopped = make(chan struct{})
 	go func() {
 		defer close(w.stopped)
@@ -208,7 +227,13 @@ func (w *Waypoint) Update(s *xds.State) {
 	w.policies.Update(context.Background(), values(s.ConnectionPolicies))
 	w.view.Store(v)
 	w.tunnels.Request() // the policies, or the destinations they read, may have changed
-	w.engine.Update(l7.Compile(values(s.HTTPRoutes), values(s.GRPCRoutes), values(s.Services), values(s.Workloads)))
+	if w.ingress != nil {
+		g := s.IngressGateways[w.opts.Namespace+"/"+w.opts.Name]
+		w.engine.Update(l7.CompileGateway(g.GetListeners(), values(s.Services), values(s.Workloads), values(s.Waypoints)))
+		w.ingress.update(g.GetListeners()) // the routes first: a port opens with its listeners' routes in place
+	} else {
+		w.engine.Update(l7.Compile(values(s.HTTPRoutes), values(s.GRPCRoutes), values(s.Services), values(s.Workloads)))
+	}
 	w.synced.Store(true)
 }
 
@@ -266,6 +291,9 @@ func (w *Waypoint) Serve(ln net.Listener) error { return w.server.Serve(ln) }
 
 // Shutdown drains tunnels until ctx ends, then closes everything.
 func (w *Waypoint) Shutdown(ctx context.Context) error {
+	if w.ingress != nil {
+		w.ingress.shutdown(ctx)
+	}
 	err := w.server.Shutdown(ctx)
 	w.stop()
 	<-w.stopped
@@ -280,8 +308,10 @@ func (w *Waypoint) Ready() error {
 	if !w.synced.Load() {
 		return errors.New("waiting for the first configuration")
 	}
-	if err := w.opts.Policy.Ready(); err != nil {
-		return err
+	if w.opts.Policy != nil {
+		if err := w.opts.Policy.Ready(); err != nil {
+			return err
+		}
 	}
 	for _, c := range w.opts.Certificates.Snapshot() {
 		if c.Identity == w.opts.Identity.String() {
@@ -565,6 +595,17 @@ func (w *Waypoint) DialEndpoint(ctx context.Context, t l7.Target) (net.Conn, err
 // is reached only under a BackendTLSPolicy, whose certificate check is
 // then what authenticates it.
 func (w *Waypoint) dialEndpoint(ctx context.Context, t l7.Target) (net.Conn, error) {
+	if t.Via.IsValid() {
+		// A bound destination of an ingress gateway: through its waypoint,
+		// which authorizes the gateway's identity and re-tunnels.
+		return w.pool.Dial(ctx, hbone.Target{
+			Address:   t.Via,
+			Authority: hbone.FormatAuthority(t.Address),
+			Source:    w.opts.Identity,
+			Cert:      func() (*tls.Certificate, error) { return w.opts.Certificates.Get(ctx, w.opts.Identity) },
+			Expected:  []trust.Identity{t.Identity},
+		})
+	}
 	if t.Workload == nil && t.TLS == nil {
 		return nil, fmt.Errorf("endpoint %s: unknown workload", t.Address)
 	}
@@ -601,7 +642,17 @@ func (w *Waypoint) authorize(ctx context.Context, r *l7.AuthzRequest) l7.Decisio
 func (w *Waypoint) Dump() (*admin.ConfigDump, error) {
 	v := w.view.Load()
 	d := &admin.ConfigDump{ByAddr: map[string]json.RawMessage{}, ByVIP: map[string]json.RawMessage{},
-		Certificates: w.opts.Certificates.Snapshot(), Policies: w.opts.Policy.Status()}
+		Certificates: w.opts.Certificates.Snapshot()}
+	if w.opts.Policy != nil {
+		d.Policies = w.opts.Policy.Status()
+	}
+	if g := v.state.IngressGateways[w.opts.Namespace+"/"+w.opts.Name]; g != nil {
+		raw, err := protojson.Marshal(meshv1.Redacted(g)) // the keys never leave the process
+		if err != nil {
+			return nil, err
+		}
+		d.Listeners = json.RawMessage(raw)
+	}
 	for ip, wl := range v.byIP {
 		raw, err := protojson.Marshal(wl)
 		if err != nil {
