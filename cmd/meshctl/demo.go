@@ -215,7 +215,9 @@ func runDemo(args []string) error {
 		}
 		var wps []string
 		for _, w := range mesh.Plan.Waypoints {
-			wps = append(wps, w.Status)
+			if !w.Ingress {
+				wps = append(wps, w.Status)
+			}
 		}
 		tunnels, err := policyDecisions(wps, "shop/waypoint-tunnels")
 		if err != nil {

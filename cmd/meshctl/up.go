@@ -153,6 +153,10 @@ func printPlan(w io.Writer, mesh *localmesh.Mesh) {
 		fmt.Fprintf(tw, "nodeproxy %s\tpod IPs of %s\t%s\t%s\t%s\n", n.Node, n.Node, n.Admin, n.Status, n.SOCKS5)
 	}
 	for _, wp := range p.Waypoints {
+		if wp.Ingress {
+			fmt.Fprintf(tw, "ingress %s/%s\t%s (its listeners' ports)\t%s\t%s\t-\n", wp.Namespace, wp.Name, wp.IP, wp.Admin, wp.Status)
+			continue
+		}
 		fmt.Fprintf(tw, "waypoint %s/%s\t%s (HBONE)\t%s\t%s\t-\n", wp.Namespace, wp.Name, wp.HBONE, wp.Admin, wp.Status)
 	}
 	for _, a := range p.Apps {

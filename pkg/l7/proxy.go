@@ -207,6 +207,9 @@ var workloadRule = &rule{retry: defaultRetry}
 // selectRule finds the rule (and for workload destinations, the endpoint).
 // Without one it returns what to answer once the policy has allowed it.
 func (x *exchange) selectRule() *localAnswer {
+	if x.info.Ingress {
+		return x.selectListenerRule()
+	}
 	if x.info.Service.IsZero() {
 		t, ok := x.snap.workloadTarget(x.info.Destination)
 		if !ok {
@@ -220,9 +223,6 @@ func (x *exchange) selectRule() *localAnswer {
 		x.rec.backend = t.Address.String()
 		x.endpoints = endpointTiers{{x.e.pools.get(t)}}
 		return nil
-	}
-	if x.info.Ingress {
-		return x.selectListenerRule()
 	}
 	table := x.snap.cfg.table(tableKey{x.info.Service, x.info.Port}, x.info.callerNS)
 	if table == nil {

@@ -144,11 +144,18 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 				append(common, o.NodeProxyArgs[n.Node]...)...)})
 	}
 	for _, w := range plan.Waypoints {
+		args := []string{"--namespace", w.Namespace, "--name", w.Name, "--xds-address", cp.GRPC,
+			"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root,
+			"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}
+		if w.Ingress {
+			// The destinations' waypoints authorize; the gateway has no policy of its own here.
+			proxies = append(proxies, job{name: "ingress-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",
+				args: slices.Concat(args, []string{"--ingress", "--ingress-address", w.IP}, common)})
+			continue
+		}
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",
 			broken: policyRejected(w.Admin),
-			args: append([]string{"--namespace", w.Namespace, "--name", w.Name, "--listen", w.HBONE, "--xds-address", cp.GRPC,
-				"--token-file", tokenFile(o.StateDir, w.Token), "--root-cert", root,
-				"--service-account", w.ServiceAccount, "--admin", w.Admin, "--readiness", w.Status, "--metrics", w.Status}, slices.Concat(policyArgs, common, o.WaypointArgs)...)})
+			args: slices.Concat(args, []string{"--listen", w.HBONE}, policyArgs, common, o.WaypointArgs)})
 	}
 	if err := launch(proxies); err != nil {
 		return nil, err
@@ -365,7 +372,10 @@ func checkPortsFree(plan *Plan) error {
 		addrs = append(addrs, n.Admin, n.Status, n.SOCKS5)
 	}
 	for _, w := range plan.Waypoints {
-		addrs = append(addrs, w.HBONE, w.Admin, w.Status)
+		addrs = append(addrs, w.Admin, w.Status)
+		if w.HBONE != "" {
+			addrs = append(addrs, w.HBONE)
+		}
 	}
 	for _, a := range plan.Apps {
 		addrs = append(addrs, a.Listen...)

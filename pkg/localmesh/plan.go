@@ -72,11 +72,15 @@ type NodePlan struct {
 	Token  string
 }
 
-// WaypointPlan is one waypoint pod.
+// WaypointPlan is one waypoint pod, or one ingress Gateway's pod
+// (Ingress: the waypoint binary's ingress role, opening the Gateway's
+// listener ports on IP).
 type WaypointPlan struct {
 	Namespace, Name string // the Gateway
 	Pod             string
-	HBONE           string // pod IP:15008
+	Ingress         bool
+	IP              string // the pod IP
+	HBONE           string // pod IP:15008 (waypoints only)
 	Admin, Status   string
 	Token           string
 	Node            string
@@ -137,20 +141,28 @@ func NewPlan(s *config.Snapshot, basePort int) (*Plan, error) {
 		p.Pods = append(p.Pods, pod)
 	}
 	for _, w := range workloads {
-		gw := w.GetWaypointForGateway()
+		gw, ingress := w.GetWaypointForGateway(), false
 		if gw == nil {
-			continue
+			name := w.GetLabels()[config.LabelGatewayName]
+			if s.IngressGateways[w.GetNamespace()+"/"+name] == nil {
+				continue
+			}
+			gw, ingress = &meshv1.Ref{Namespace: w.GetNamespace(), Name: name}, true
 		}
 		if len(w.GetAddresses()) == 0 {
-			return nil, fmt.Errorf("waypoint pod %s/%s has no pod IP", w.GetNamespace(), w.GetName())
+			return nil, fmt.Errorf("gateway pod %s/%s has no pod IP", w.GetNamespace(), w.GetName())
 		}
 		off := waypointPortsStart + len(p.Waypoints)*portsPerProcess
-		p.Waypoints = append(p.Waypoints, WaypointPlan{
-			Namespace: gw.GetNamespace(), Name: gw.GetName(), Pod: w.GetName(),
-			HBONE: net.JoinHostPort(w.GetAddresses()[0], "15008"), Admin: port(off), Status: port(off + 1),
+		wp := WaypointPlan{
+			Namespace: gw.GetNamespace(), Name: gw.GetName(), Pod: w.GetName(), Ingress: ingress, IP: w.GetAddresses()[0],
+			Admin: port(off), Status: port(off + 1),
 			Token: fmt.Sprintf("waypoint-%s-%s-token", w.GetNamespace(), w.GetName()), Node: w.GetNode(),
 			ServiceAccount: w.GetServiceAccount(),
-		})
+		}
+		if !ingress {
+			wp.HBONE = net.JoinHostPort(wp.IP, "15008")
+		}
+		p.Waypoints = append(p.Waypoints, wp)
 	}
 	for _, w := range workloads {
 		if w.GetWaypointForGateway() != nil || len(w.GetServingPorts()) == 0 || len(w.GetAddresses()) == 0 {

@@ -1,0 +1,448 @@
+// Package ingress runs a local mesh (the sample of examples/local on
+// loopback addresses of its own) with an ingress Gateway in front of it,
+// the real binaries as `meshctl up` runs them, and checks the ingress data
+// path with real TLS clients: SNI per listener, listener isolation, a
+// listener whose certificate does not resolve, ReferenceGrants, and the
+// waypoint's OPA policy deciding the gateway's requests.
+package ingress
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/localmesh"
+)
+
+// Addresses and ports of this suite alone (it may run beside the e2e
+// suite and `make demo`).
+var rewrite = strings.NewReplacer("127.0.110.", "127.0.232.", "127.0.10.", "127.0.231.", "127.0.20.", "127.0.234.")
+
+const (
+	basePort  = 23000
+	gatewayIP = "127.0.233.1"
+	identity  = "spiffe://cluster.local/ns/edge/sa/ingress"
+	waypoint  = "waypoint-shop-waypoint-0"
+)
+
+var (
+	mesh  *localmesh.Mesh
+	cfg   string
+	roots *x509.CertPool
+	// keys are the listeners' private keys (PEM), which must never leave
+	// the control plane and the gateway.
+	keys []string
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	work, err := os.MkdirTemp("", "causeway-ingress-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if mesh, err = start(work); err != nil {
+		fmt.Fprintf(os.Stderr, "ingress: start mesh: %v (logs in %s)\n", err, work)
+		return 1
+	}
+	code := m.Run()
+	select {
+	case died := <-mesh.Died:
+		fmt.Fprintf(os.Stderr, "ingress: a mesh process died: %s\n", died)
+		code = 1
+	default:
+	}
+	mesh.Stop()
+	if code != 0 {
+		fmt.Fprintf(os.Stderr, "ingress: logs kept in %s\n", work)
+		return code
+	}
+	os.RemoveAll(work)
+	return 0
+}
+
+const edgeYAML = `
+apiVersion: v1
+kind: Namespace
+metadata: {name: edge}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {namespace: edge, name: ingress}
+spec:
+  gatewayClassName: causeway
+  listeners:
+  - {name: http, port: 23080, protocol: HTTP}
+  - name: shop
+    port: 23443
+    protocol: HTTPS
+    hostname: shop.example.com
+    tls: {certificateRefs: [{name: shop-cert}]}
+  - name: api
+    port: 23443
+    protocol: HTTPS
+    hostname: "*.example.com"
+    tls: {certificateRefs: [{name: wild-cert}]}
+  - name: broken
+    port: 23444
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: absent}]}
+  - name: crossns
+    port: 23445
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: cross-cert, namespace: certs}]}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ingress-0
+  namespace: edge
+  labels: {gateway.networking.k8s.io/gateway-name: ingress}
+spec:
+  nodeName: node-a
+  serviceAccountName: ingress
+  containers: [{name: gateway, image: causeway/waypoint}]
+status: {podIP: 127.0.233.1}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {namespace: edge, name: shop}
+spec:
+  parentRefs: [{name: ingress, sectionName: shop}, {name: ingress, sectionName: http}, {name: ingress, sectionName: crossns}, {name: ingress, sectionName: broken}]
+  rules:
+  - backendRefs: [{name: reviews-v1, namespace: shop, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {namespace: edge, name: api}
+spec:
+  parentRefs: [{name: ingress, sectionName: api}]
+  rules:
+  - backendRefs: [{name: reviews-v2, namespace: shop, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {namespace: shop, name: from-edge}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: edge}]
+  to: [{group: "", kind: Service}]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: certs}
+`
+
+// certGrant lets Gateways of edge use the Secrets of certs.
+const certGrant = `
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {namespace: certs, name: to-edge}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: edge}]
+  to: [{group: "", kind: Secret}]
+`
+
+func start(work string) (*localmesh.Mesh, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(wd, "..", "..")
+	bin := filepath.Join(work, "bin")
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/controlplane", "./cmd/nodeproxy", "./cmd/waypoint", "./cmd/echo")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build binaries: %v\n%s", err, out)
+	}
+	cfg = filepath.Join(work, "config")
+	policyDir := filepath.Join(work, "policies")
+	for _, d := range []string{cfg, policyDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	ca, err := backendtlstest.NewCA("ingress suite")
+	if err != nil {
+		return nil, err
+	}
+	roots = x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	var secrets []string
+	for _, s := range []struct{ ns, name, dns string }{{"edge", "shop-cert", "shop.example.com"}, {"edge", "wild-cert", "*.example.com"}, {"certs", "cross-cert", "cross.example.org"}} {
+		doc, key, err := secretYAML(ca, s.ns, s.name, s.dns)
+		if err != nil {
+			return nil, err
+		}
+		secrets, keys = append(secrets, doc), append(keys, key)
+	}
+	files := map[string]string{
+		filepath.Join(cfg, "mesh.yaml"):             readRewritten(filepath.Join(root, "examples/local/mesh.yaml")),
+		filepath.Join(cfg, "edge.yaml"):             edgeYAML,
+		filepath.Join(cfg, "secrets.yaml"):          strings.Join(secrets, "---\n"),
+		filepath.Join(policyDir, "authz.rego"):      readRewritten(filepath.Join(root, "examples/local/policies/authz.rego")),
+		filepath.Join(policyDir, "authz_test.rego"): readRewritten(filepath.Join(root, "examples/local/policies/authz_test.rego")),
+	}
+	for path, data := range files {
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	snap, err := config.NewDirSource(cfg, config.DirOptions{}).Load()
+	if err != nil {
+		return nil, err
+	}
+	plan, err := localmesh.NewPlan(snap, basePort)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: policyDir,
+		StateDir: filepath.Join(work, "state"), ReadyTimeout: 60 * time.Second})
+}
+
+func readRewritten(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "" // the mesh then fails to start, naming what is missing
+	}
+	return rewrite.Replace(string(data))
+}
+
+// secretYAML is a kubernetes.io/tls Secret for dns and its key's PEM.
+func secretYAML(ca *backendtlstest.CA, ns, name, dns string) (string, string, error) {
+	leaf, err := ca.Leaf([]string{dns}, nil, time.Time{})
+	if err != nil {
+		return "", "", err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
+	if err != nil {
+		return "", "", err
+	}
+	crt := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]})
+	key := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+	enc := base64.StdEncoding.EncodeToString
+	return fmt.Sprintf("apiVersion: v1\nkind: Secret\nmetadata: {namespace: %s, name: %s}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: %s\n  tls.key: %s\n",
+		ns, name, enc(crt), enc(key)), string(key), nil
+}
+
+// echoReply is the echo backend's answer.
+type echoReply struct {
+	Pod     string              `json:"pod"`
+	Headers map[string][]string `json:"headers"`
+}
+
+type result struct {
+	status int
+	proto  string
+	body   string
+	echo   echoReply
+	// served is the DNS name of the certificate the gateway presented.
+	served string
+}
+
+// get GETs path from the gateway's port with host as Host and, for
+// HTTPS, sni as the server name (the client verifies the certificate for
+// it). An error is a connection or handshake that failed.
+func get(port int, https bool, sni, host, path string) (result, error) {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", net.JoinHostPort(gatewayIP, fmt.Sprint(port)))
+		},
+		TLSClientConfig:   &tls.Config{ServerName: sni, RootCAs: roots},
+		ForceAttemptHTTP2: true,
+	}
+	defer tr.CloseIdleConnections()
+	scheme := "http"
+	if https {
+		scheme = "https"
+	}
+	req, err := http.NewRequest(http.MethodGet, scheme+"://"+host+path, nil)
+	if err != nil {
+		return result{}, err
+	}
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return result{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return result{}, err
+	}
+	r := result{status: resp.StatusCode, proto: resp.Proto, body: string(body)}
+	_ = json.Unmarshal(body, &r.echo)
+	if resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 && len(resp.TLS.PeerCertificates[0].DNSNames) > 0 {
+		r.served = resp.TLS.PeerCertificates[0].DNSNames[0]
+	}
+	return r, nil
+}
+
+func mustGet(t *testing.T, port int, https bool, sni, host, path string) result {
+	t.Helper()
+	r, err := get(port, https, sni, host, path)
+	if err != nil {
+		t.Fatalf("GET %s%s on %d (SNI %q): %v", host, path, port, sni, err)
+	}
+	return r
+}
+
+// HTTPS with SNI reaches a meshed workload through its waypoint, whose OPA
+// policy decides with the gateway's identity as the caller: /public is
+// allowed to anyone, the rest only to the frontend, so the gateway is
+// denied there. The gateway never bypasses the waypoint.
+func TestHTTPSThroughWaypointPolicy(t *testing.T) {
+	r := mustGet(t, 23443, true, "shop.example.com", "shop.example.com", "/public/catalog")
+	if r.status != 200 || r.echo.Pod != "reviews-v1" {
+		t.Fatalf("allowed: %d %q", r.status, r.body)
+	}
+	if r.served != "shop.example.com" || r.proto != "HTTP/2.0" {
+		t.Errorf("served certificate %q over %s, want shop.example.com over HTTP/2 (ALPN h2)", r.served, r.proto)
+	}
+	if got := r.echo.Headers["X-Causeway-Source-Principal"]; len(got) != 1 || got[0] != identity {
+		t.Errorf("the destination saw principal %v, want the gateway's %s", got, identity)
+	}
+	r = mustGet(t, 23443, true, "shop.example.com", "shop.example.com", "/reviews")
+	if r.status != 403 || !strings.Contains(r.body, "denied") {
+		t.Fatalf("denied: %d %q", r.status, r.body)
+	}
+	waitLog(t, waypoint, `"identity":"`+identity+`"`, `"path":"/reviews"`, `"decision":"deny"`, `"status":403`)
+	waitLog(t, waypoint, `"identity":"`+identity+`"`, `"path":"/public/catalog"`, `"decision":"allow"`, `"status":200`)
+}
+
+// The HTTP listener serves the same route.
+func TestHTTPListener(t *testing.T) {
+	r := mustGet(t, 23080, false, "", "anything.test", "/public/x")
+	if r.status != 200 || r.echo.Pod != "reviews-v1" {
+		t.Fatalf("%d %q", r.status, r.body)
+	}
+	if got := r.echo.Headers["X-Causeway-Source-Principal"]; len(got) != 1 || got[0] != identity {
+		t.Errorf("principal %v", got)
+	}
+}
+
+// Two HTTPS listeners share a port: each host gets its own listener's
+// certificate and routes; a request for a host the other listener serves
+// is misdirected on that connection; a server name no listener serves has
+// no handshake.
+func TestSNIListenerIsolation(t *testing.T) {
+	r := mustGet(t, 23443, true, "api.example.com", "api.example.com", "/public/x")
+	if r.status != 200 || r.echo.Pod != "reviews-v2" || r.served != "*.example.com" {
+		t.Fatalf("api: %d %q, certificate %q", r.status, r.body, r.served)
+	}
+	r = mustGet(t, 23443, true, "shop.example.com", "api.example.com", "/public/x")
+	if r.status != http.StatusMisdirectedRequest {
+		t.Fatalf("Host of the other listener on the shop connection: %d %q", r.status, r.body)
+	}
+	if _, err := get(23443, true, "shop.example.org", "shop.example.org", "/public/x"); err == nil {
+		t.Fatal("a server name no listener serves got a handshake")
+	}
+}
+
+// A listener whose Secret does not exist is not served (its port stays
+// closed); a Secret of another namespace serves once a ReferenceGrant
+// there allows it, without restarting the gateway.
+func TestListenersWithoutCertificates(t *testing.T) {
+	if _, err := get(23444, true, "x.example.org", "x.example.org", "/public/x"); err == nil {
+		t.Error("the listener without its Secret serves")
+	}
+	if _, err := get(23445, true, "cross.example.org", "cross.example.org", "/public/x"); err == nil {
+		t.Fatal("the listener with another namespace's Secret serves without a ReferenceGrant")
+	}
+	if err := os.WriteFile(filepath.Join(cfg, "grant.yaml"), []byte(certGrant), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(filepath.Join(cfg, "grant.yaml"))
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r, err := get(23445, true, "cross.example.org", "cross.example.org", "/public/x")
+		if err == nil {
+			if r.status != 200 || r.echo.Pod != "reviews-v1" || r.served != "cross.example.org" {
+				t.Fatalf("with the grant: %d %q, certificate %q", r.status, r.body, r.served)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with the grant the listener still does not serve: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// The gateway's /config_dump shows its listeners, never a private key.
+func TestConfigDumpHasNoKeys(t *testing.T) {
+	var admin string
+	for _, w := range mesh.Plan.Waypoints {
+		if w.Ingress {
+			admin = w.Admin
+		}
+	}
+	resp, err := http.Get("http://" + admin + "/config_dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), `"listeners"`) || !strings.Contains(string(body), "edge/shop-cert") {
+		t.Fatalf("the dump lacks the listeners: %.500s", body)
+	}
+	for _, k := range keys {
+		block, _ := pem.Decode([]byte(k))
+		for _, leak := range []string{k, base64.StdEncoding.EncodeToString([]byte(k)), base64.StdEncoding.EncodeToString(block.Bytes)[:40]} {
+			if strings.Contains(string(body), leak) {
+				t.Fatal("the gateway's /config_dump holds a private key")
+			}
+		}
+	}
+	for _, name := range []string{"ingress-edge-ingress-0", "controlplane"} {
+		data, _ := os.ReadFile(mesh.LogPath(name))
+		for _, k := range keys {
+			block, _ := pem.Decode([]byte(k))
+			if strings.Contains(string(data), base64.StdEncoding.EncodeToString(block.Bytes)[:40]) || strings.Contains(string(data), strings.Split(k, "\n")[1]) {
+				t.Errorf("%s's log holds a private key", name)
+			}
+		}
+	}
+}
+
+func waitLog(t *testing.T, process string, fragments ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		data, _ := os.ReadFile(mesh.LogPath(process))
+		for _, line := range strings.Split(string(data), "\n") {
+			all := true
+			for _, f := range fragments {
+				all = all && strings.Contains(line, f)
+			}
+			if all {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no line in %s's log contains all of %q", process, fragments)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
