@@ -38,6 +38,13 @@ type Config struct {
 	waypoints map[string]*meshv1.Waypoint
 }
 
+// listenerTable is one listener of an ingress gateway and its routes.
+type listenerTable struct {
+	name     string
+	hostname string
+	table    *routeTable
+}
+
 // consumerKey names the consumer routes of namespace ns for a service port.
 type consumerKey struct {
 	tableKey
@@ -187,7 +194,7 @@ func (c *Config) Service(ref ServiceRef) (*meshv1.Service, bool) {
 // be evaluated) or answered with 500 (a rule that cannot be carried out as
 // written), never silently widened.
 func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, services []*meshv1.Service, workloads []*meshv1.Workload) *Config {
-	c := newConfig(services, workloads, nil)
+	c := newConfig(services, workloads)
 
 	attached := make(map[consumerKey]*attachments) // ns "": producer routes
 	attach(c, attached, routes, c.compileHTTPRoute, func(a *attachments, cr *compiledRoute[httpMatch]) { a.http = append(a.http, cr) })
@@ -221,16 +228,14 @@ func Compile(routes []*meshv1.HTTPRoute, grpcRoutes []*meshv1.GRPCRoute, service
 }
 
 // newConfig is a Config with the services' endpoints and the workloads,
-// and no routes yet. waypoints, when not nil, are the waypoints a
-// gateway's traffic to bound destinations goes through (CompileGateway).
-func newConfig(services []*meshv1.Service, workloads []*meshv1.Workload, waypoints map[string]*meshv1.Waypoint) *Config {
+// and no routes yet.
+func newConfig(services []*meshv1.Service, workloads []*meshv1.Workload) *Config {
 	c := &Config{
 		services:  make(map[ServiceRef]*serviceInfo, len(services)),
 		workloads: make(map[string]*meshv1.Workload, len(workloads)),
 		byAddress: make(map[netip.Addr]*meshv1.Workload, len(workloads)),
 		tables:    make(map[tableKey]*routeTable),
 		consumers: make(map[consumerKey]*routeTable),
-		waypoints: waypoints,
 	}
 	for _, w := range workloads {
 		if w.GetUid() == "" {
@@ -323,13 +328,15 @@ func (c *Config) addService(s *meshv1.Service) {
 			})
 		}
 	}
-	if c.waypoints != nil {
-		c.throughWaypoints(si)
-	}
+	sortTargets(si)
+	c.services[ref] = si
+}
+
+// sortTargets orders each port's targets by address (then waypoint).
+func sortTargets(si *serviceInfo) {
 	for _, ts := range si.targets {
 		slices.SortFunc(ts, func(a, b Target) int { return cmp.Or(a.Address.Compare(b.Address), a.Via.Compare(b.Via)) })
 	}
-	c.services[ref] = si
 }
 
 type attachments struct {

@@ -7,7 +7,9 @@
 // The waypoint compiles its xDS resources with Compile, installs the result
 // with Engine.Update (atomic; requests in flight finish on the configuration
 // they started with), and hands every accepted tunnel that carries an HTTP
-// port to Engine.ServeConn.
+// port to Engine.ServeConn. An ingress gateway compiles its listeners with
+// CompileGateway and marks its connections ConnInfo.Ingress: requests are
+// routed by the listener their port and host select.
 //
 // Where Gateway API leaves behaviour to the implementation:
 //   - RegularExpression paths (RE2, whole path) rank with PathPrefix by
@@ -37,6 +39,7 @@ package l7
 //	service.go   services, ports, protocols, backend destinations, targets
 //	filter.go    route filters: what each is and does
 //	compile.go   Config: routes compiled into tables; route lookup; weights
+//	gateway.go   an ingress gateway's Config: listener tables, backends through waypoints
 //	dump.go      the compiled configuration as JSON
 //	authz.go     the Authorizer's interface
 //	upstream.go  endpoints, their connection pools, health and balancing

@@ -14,13 +14,6 @@ import (
 // by port and host (listener isolation), and backends reached over HBONE,
 // through their waypoint when they are bound to one.
 
-// listenerTable is one listener of an ingress gateway and its routes.
-type listenerTable struct {
-	name     string
-	hostname string
-	table    *routeTable
-}
-
 // CompileGateway builds the routing state of an ingress gateway: a route
 // table per listener (the routes attached to it; a listener without
 // routes answers 404), and the services its routes name, whose traffic
@@ -33,8 +26,12 @@ func CompileGateway(listeners []*meshv1.IngressListener, services []*meshv1.Serv
 	for _, wp := range waypoints {
 		byName[wp.GetNamespace()+"/"+wp.GetName()] = wp
 	}
-	c := newConfig(services, workloads, byName)
-	c.listeners = map[uint32][]*listenerTable{}
+	c := newConfig(services, workloads)
+	c.waypoints, c.listeners = byName, map[uint32][]*listenerTable{}
+	for _, si := range c.services {
+		c.throughWaypoints(si)
+		sortTargets(si)
+	}
 	for _, l := range listeners {
 		a := &attachments{}
 		for _, r := range sortedRoutes(l.GetHttpRoutes()) {

@@ -155,7 +155,7 @@ func Start(ctx context.Context, plan *Plan, o Options) (*Mesh, error) {
 		}
 		proxies = append(proxies, job{name: "waypoint-" + w.Namespace + "-" + w.Pod, bin: filepath.Join(o.BinDir, "waypoint"), ready: "http://" + w.Status + "/healthz/ready",
 			broken: policyRejected(w.Admin),
-			args: slices.Concat(args, []string{"--listen", w.HBONE}, policyArgs, common, o.WaypointArgs)})
+			args:   slices.Concat(args, []string{"--listen", w.HBONE}, policyArgs, common, o.WaypointArgs)})
 	}
 	if err := launch(proxies); err != nil {
 		return nil, err
