@@ -7,6 +7,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -42,6 +44,14 @@ func (t *translator) reserveIngressIdentities() {
 // (Attach), their hostnames intersected with each listener's.
 func (t *translator) translateIngress() {
 	httpRules, grpcRules := map[string][]*meshv1.HTTPRouteRule{}, map[string][]*meshv1.GRPCRouteRule{}
+	meshHTTPRules := func(k string) ([]*meshv1.HTTPRouteRule, bool) {
+		r, ok := t.out.HTTPRoutes[k]
+		return r.GetRules(), ok
+	}
+	meshGRPCRules := func(k string) ([]*meshv1.GRPCRouteRule, bool) {
+		r, ok := t.out.GRPCRoutes[k]
+		return r.GetRules(), ok
+	}
 	for _, id := range t.gwOrder {
 		g := t.gateways[id]
 		if string(g.gw.Spec.GatewayClassName) != IngressClass {
@@ -67,69 +77,57 @@ func (t *translator) translateIngress() {
 			byName[l.Name] = ml
 			out.Listeners = append(out.Listeners, ml)
 		}
+		meta := func(m *metav1.ObjectMeta) (string, string, *timestamppb.Timestamp) {
+			return m.Name, m.Namespace, creationTime(m.CreationTimestamp.Time)
+		}
 		for _, r := range t.httpRoutes {
 			m, s := &r.route.ObjectMeta, &r.route.Spec
-			for _, a := range t.ingressAttachments(g.gw, reports, "HTTPRoute", m, s.ParentRefs, s.Hostnames) {
-				rules, ok := ingressRules(t, httpRules, func(k string) ([]*meshv1.HTTPRouteRule, bool) {
-					mr, ok := t.out.HTTPRoutes[k]
-					return mr.GetRules(), ok
-				}, r.origin, "HTTPRoute", m, s.Rules, t.httpRule)
-				if !ok {
-					break
-				}
-				l := byName[a.Listener]
-				l.HttpRoutes = append(l.HttpRoutes, &meshv1.HTTPRoute{Name: m.Name, Namespace: m.Namespace, CreationTime: creationTime(m.CreationTimestamp.Time), Hostnames: a.Hostnames, Rules: rules})
-			}
+			attachIngress(t, g.gw, reports, httpRules, meshHTTPRules, r.origin, "HTTPRoute", m, s.ParentRefs, s.Hostnames, s.Rules, t.httpRule,
+				func(l gwv1.SectionName, hosts []string, rules []*meshv1.HTTPRouteRule) {
+					hr := &meshv1.HTTPRoute{Hostnames: hosts, Rules: rules}
+					hr.Name, hr.Namespace, hr.CreationTime = meta(m)
+					byName[l].HttpRoutes = append(byName[l].HttpRoutes, hr)
+				})
 		}
 		for _, r := range t.grpcRoutes {
 			m, s := &r.route.ObjectMeta, &r.route.Spec
-			for _, a := range t.ingressAttachments(g.gw, reports, "GRPCRoute", m, s.ParentRefs, s.Hostnames) {
-				rules, ok := ingressRules(t, grpcRules, func(k string) ([]*meshv1.GRPCRouteRule, bool) {
-					mr, ok := t.out.GRPCRoutes[k]
-					return mr.GetRules(), ok
-				}, r.origin, "GRPCRoute", m, s.Rules, t.grpcRule)
-				if !ok {
-					break
-				}
-				l := byName[a.Listener]
-				l.GrpcRoutes = append(l.GrpcRoutes, &meshv1.GRPCRoute{Name: m.Name, Namespace: m.Namespace, CreationTime: creationTime(m.CreationTimestamp.Time), Hostnames: a.Hostnames, Rules: rules})
-			}
+			attachIngress(t, g.gw, reports, grpcRules, meshGRPCRules, r.origin, "GRPCRoute", m, s.ParentRefs, s.Hostnames, s.Rules, t.grpcRule,
+				func(l gwv1.SectionName, hosts []string, rules []*meshv1.GRPCRouteRule) {
+					gr := &meshv1.GRPCRoute{Hostnames: hosts, Rules: rules}
+					gr.Name, gr.Namespace, gr.CreationTime = meta(m)
+					byName[l].GrpcRoutes = append(byName[l].GrpcRoutes, gr)
+				})
 		}
 		t.out.IngressGateways[id.String()] = out
 	}
 }
 
-// ingressAttachments are the listeners of ingress Gateway gw that a
-// route's parentRefs naming it attach to, each listener once.
-func (t *translator) ingressAttachments(gw *gwv1.Gateway, reports []ListenerReport, kind string, m *metav1.ObjectMeta,
-	refs []gwv1.ParentReference, hs []gwv1.Hostname) []Attachment {
-	var out []Attachment
+// attachIngress calls add for each listener of ingress Gateway gw that a
+// route's parentRefs naming it attach it to (once a listener), with the
+// route's hostnames there and its rules: those the mesh's translation
+// made when it serves the route too (meshRules, by "<namespace>/<name>"),
+// else translated here once (cache), so that a problem is reported once.
+// A refused route attaches nowhere (its status says why).
+func attachIngress[GR, R any](t *translator, gw *gwv1.Gateway, reports []ListenerReport, cache map[string][]R, meshRules func(string) ([]R, bool),
+	origin, kind string, m *metav1.ObjectMeta, refs []gwv1.ParentReference, hs []gwv1.Hostname, rules []GR, rule func(routeCtx, int, GR) R,
+	add func(listener gwv1.SectionName, hostnames []string, rules []R)) {
+	var atts []Attachment
 	seen := map[gwv1.SectionName]bool{}
 	for _, ref := range refs {
 		if !namesGateway(ref, m.Namespace, gw) {
 			continue
 		}
-		atts, _, _ := Attach(gw, reports, ref, kind, m.Namespace, t.namespaces[m.Namespace].labels(), hs)
-		for _, a := range atts {
+		as, _, _ := Attach(gw, reports, ref, kind, m.Namespace, t.namespaces[m.Namespace].labels(), hs)
+		for _, a := range as {
 			if !seen[a.Listener] {
 				seen[a.Listener] = true
-				out = append(out, a)
+				atts = append(atts, a)
 			}
 		}
 	}
-	return out
-}
-
-// ingressRules are a route's rules for ingress listeners: those the
-// mesh's translation made when it serves the route too (meshRules by
-// "<namespace>/<name>"), else translated here once (cache), so that a
-// problem is reported once. False: the route is refused, and served by no
-// listener (its status says why).
-func ingressRules[GR, R any](t *translator, cache map[string][]R, meshRules func(string) ([]R, bool), origin, kind string,
-	m *metav1.ObjectMeta, rules []GR, rule func(routeCtx, int, GR) R) ([]R, bool) {
 	key := m.Namespace + "/" + m.Name
-	if t.refused(kind + " " + key) {
-		return nil, false
+	if len(atts) == 0 || t.refused(kind+" "+key) {
+		return
 	}
 	rs, ok := cache[key]
 	if !ok {
@@ -138,7 +136,12 @@ func ingressRules[GR, R any](t *translator, cache map[string][]R, meshRules func
 		}
 		cache[key] = rs
 	}
-	return rs, !t.refused(kind + " " + key)
+	if t.refused(kind + " " + key) {
+		return
+	}
+	for _, a := range atts {
+		add(a.Listener, a.Hostnames, rs)
+	}
 }
 
 // namesGateway: parentRef ref of a route in namespace routeNS names gw.

@@ -319,6 +319,28 @@ func (m *Mesh) process(name string) (*process, error) {
 // Stop terminates every process, most recently started first.
 func (m *Mesh) Stop() { m.group.stopAll(5 * time.Second) }
 
+// WaitLog waits until a line of process's log contains every one of
+// fragments, or ctx ends (an error naming them).
+func (m *Mesh) WaitLog(ctx context.Context, process string, fragments ...string) error {
+	for {
+		data, _ := os.ReadFile(m.LogPath(process))
+		for _, line := range strings.Split(string(data), "\n") {
+			all := true
+			for _, f := range fragments {
+				all = all && strings.Contains(line, f)
+			}
+			if all {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no line in %s's log contains all of %q", process, fragments)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // LogPath is the log file of a named process.
 func (m *Mesh) LogPath(name string) string {
 	return filepath.Join(m.Opts.StateDir, "logs", name+".log")

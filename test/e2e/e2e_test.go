@@ -540,22 +540,10 @@ allowed_by contains "frontend-feedback" if {
 // waitLog waits until a process's log has a line containing every fragment.
 func waitLog(t *testing.T, process string, fragments ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		data, _ := os.ReadFile(mesh.LogPath(process))
-		for _, line := range strings.Split(string(data), "\n") {
-			all := true
-			for _, f := range fragments {
-				all = all && strings.Contains(line, f)
-			}
-			if all {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no line in %s's log contains all of %q", process, fragments)
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := mesh.WaitLog(ctx, process, fragments...); err != nil {
+		t.Fatal(err)
 	}
 }
 
