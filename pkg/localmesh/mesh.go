@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
 )
 
 // NodeAccount is the service account node proxies authenticate as; it is
@@ -318,6 +320,20 @@ func (m *Mesh) process(name string) (*process, error) {
 
 // Stop terminates every process, most recently started first.
 func (m *Mesh) Stop() { m.group.stopAll(5 * time.Second) }
+
+// StartDir starts the mesh of the configuration directory o.ConfigDir,
+// its listeners from basePort (NewPlan), as Start does.
+func StartDir(ctx context.Context, basePort int, o Options) (*Mesh, error) {
+	snap, err := config.NewDirSource(o.ConfigDir, config.DirOptions{}).Load()
+	if err != nil {
+		return nil, err
+	}
+	plan, err := NewPlan(snap, basePort)
+	if err != nil {
+		return nil, err
+	}
+	return Start(ctx, plan, o)
+}
 
 // WaitLog waits until a line of process's log contains every one of
 // fragments, or ctx ends (an error naming them).

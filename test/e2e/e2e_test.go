@@ -22,7 +22,6 @@ import (
 
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 	"github.com/causeway-mesh/causeway/pkg/trust"
@@ -113,17 +112,9 @@ func startMesh(work string) (*localmesh.Mesh, error) {
 			return nil, err
 		}
 	}
-	snap, err := config.NewDirSource(cfg, config.DirOptions{}).Load()
-	if err != nil {
-		return nil, err
-	}
-	plan, err := localmesh.NewPlan(snap, basePort)
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: policyDir,
+	return localmesh.StartDir(ctx, basePort, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: policyDir,
 		StateDir: filepath.Join(work, "state"), ReadyTimeout: 60 * time.Second})
 }
 

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
-	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
 
@@ -203,17 +202,9 @@ func start(work string) (*localmesh.Mesh, error) {
 			return nil, err
 		}
 	}
-	snap, err := config.NewDirSource(cfg, config.DirOptions{}).Load()
-	if err != nil {
-		return nil, err
-	}
-	plan, err := localmesh.NewPlan(snap, basePort)
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	return localmesh.Start(ctx, plan, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: policyDir,
+	return localmesh.StartDir(ctx, basePort, localmesh.Options{BinDir: bin, ConfigDir: cfg, PolicyDir: policyDir,
 		StateDir: filepath.Join(work, "state"), ReadyTimeout: 60 * time.Second})
 }
 
