@@ -378,43 +378,57 @@ func TestListenersWithoutCertificates(t *testing.T) {
 	}
 }
 
-// The gateway's /config_dump shows its listeners, never a private key.
-func TestConfigDumpHasNoKeys(t *testing.T) {
+// The gateway's /config_dump and the control plane's /debug/config show
+// the listeners and their Secrets, never a private key; nor do their logs.
+func TestDumpsHaveNoKeys(t *testing.T) {
 	var admin string
 	for _, w := range mesh.Plan.Waypoints {
 		if w.Ingress {
 			admin = w.Admin
 		}
 	}
-	resp, err := http.Get("http://" + admin + "/config_dump")
+	for _, url := range []string{"http://" + admin + "/config_dump", "http://" + mesh.Plan.ControlPlane.Status + "/debug/config"} {
+		body := fetch(t, url)
+		if !strings.Contains(body, "edge/shop-cert") {
+			t.Errorf("%s lacks the listeners: %.300s", url, body)
+		}
+		if leaked(body) {
+			t.Errorf("%s holds a private key", url)
+		}
+	}
+	for _, name := range []string{"ingress-edge-ingress-0", "controlplane"} {
+		data, _ := os.ReadFile(mesh.LogPath(name))
+		if leaked(string(data)) {
+			t.Errorf("%s's log holds a private key", name)
+		}
+	}
+}
+
+// leaked: s holds one of the listeners' private keys, as PEM or base64.
+func leaked(s string) bool {
+	for _, k := range keys {
+		block, _ := pem.Decode([]byte(k))
+		for _, form := range []string{strings.Split(k, "\n")[1], base64.StdEncoding.EncodeToString([]byte(k))[:40], base64.StdEncoding.EncodeToString(block.Bytes)[:40]} {
+			if strings.Contains(s, form) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func fetch(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%s: %d %v", url, resp.StatusCode, err)
 	}
-	if !strings.Contains(string(body), `"listeners"`) || !strings.Contains(string(body), "edge/shop-cert") {
-		t.Fatalf("the dump lacks the listeners: %.500s", body)
-	}
-	for _, k := range keys {
-		block, _ := pem.Decode([]byte(k))
-		for _, leak := range []string{k, base64.StdEncoding.EncodeToString([]byte(k)), base64.StdEncoding.EncodeToString(block.Bytes)[:40]} {
-			if strings.Contains(string(body), leak) {
-				t.Fatal("the gateway's /config_dump holds a private key")
-			}
-		}
-	}
-	for _, name := range []string{"ingress-edge-ingress-0", "controlplane"} {
-		data, _ := os.ReadFile(mesh.LogPath(name))
-		for _, k := range keys {
-			block, _ := pem.Decode([]byte(k))
-			if strings.Contains(string(data), base64.StdEncoding.EncodeToString(block.Bytes)[:40]) || strings.Contains(string(data), strings.Split(k, "\n")[1]) {
-				t.Errorf("%s's log holds a private key", name)
-			}
-		}
-	}
+	return string(body)
 }
 
 func waitLog(t *testing.T, process string, fragments ...string) {
