@@ -10,11 +10,6 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
-// IngressClass is the gatewayClassName of ingress Gateways: entry points
-// for traffic from outside the mesh, deployed by the control plane as
-// waypoints are, serving HTTP and HTTPS listeners (issue 39).
-const IngressClass = "causeway"
-
 // Ports an ingress Gateway's pods hold for themselves (readiness and
 // metrics, as a waypoint's), so no listener may take them.
 var ingressReservedPorts = map[gwv1.PortNumber]string{15020: "metrics", 15021: "readiness"}

@@ -39,6 +39,11 @@ const (
 	WaypointClass = "causeway-waypoint"
 	// WaypointProtocol is the listener protocol of a waypoint.
 	WaypointProtocol = "HBONE"
+	// IngressClass is the gatewayClassName of ingress Gateways: entry
+	// points for traffic from outside the mesh, deployed by the control
+	// plane as waypoints are, serving HTTP and HTTPS listeners
+	// (docs/ingress.md).
+	IngressClass = "causeway"
 )
 
 // Options parameterise the translation.
