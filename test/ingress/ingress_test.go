@@ -24,6 +24,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
@@ -88,6 +94,7 @@ spec:
   gatewayClassName: causeway
   listeners:
   - {name: http, port: 23080, protocol: HTTP}
+  - {name: grpc, port: 23081, protocol: HTTP, hostname: grpc.example.com}
   - name: shop
     port: 23443
     protocol: HTTPS
@@ -135,11 +142,20 @@ spec:
   rules:
   - backendRefs: [{name: reviews-v2, namespace: shop, port: 80}]
 ---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {namespace: edge, name: ratings}
+spec:
+  parentRefs: [{name: ingress, sectionName: grpc}]
+  rules:
+  - matches: [{method: {service: shop.Ratings}}]
+    backendRefs: [{name: ratings, namespace: shop, port: 9090}]
+---
 apiVersion: gateway.networking.k8s.io/v1beta1
 kind: ReferenceGrant
 metadata: {namespace: shop, name: from-edge}
 spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: edge}]
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: edge}, {group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: edge}]
   to: [{group: "", kind: Service}]
 ---
 apiVersion: v1
@@ -327,6 +343,30 @@ func TestHTTPListener(t *testing.T) {
 	}
 	if got := r.echo.Headers["X-Causeway-Source-Principal"]; len(got) != 1 || got[0] != identity {
 		t.Errorf("principal %v", got)
+	}
+}
+
+// A GRPCRoute attached to a listener (h2c) sends gRPC to the ratings
+// Service through its waypoint, whose policy lets only the frontend call
+// it: the gateway's call is denied there, with its identity as the caller.
+// A method no rule matches gets no route.
+func TestGRPCRouteThroughWaypoint(t *testing.T) {
+	conn, err := grpc.NewClient(net.JoinHostPort(gatewayIP, "23081"), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithAuthority("grpc.example.com"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := new(wrapperspb.StringValue)
+	err = conn.Invoke(ctx, "/shop.Ratings/Get", wrapperspb.String("book-1"), out)
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("gRPC call: %v, want PermissionDenied from the waypoint's policy", err)
+	}
+	waitLog(t, waypoint, `"identity":"`+identity+`"`, `"service":"shop/ratings"`, `"path":"/shop.Ratings/Get"`, `"decision":"deny"`)
+	if err := conn.Invoke(ctx, "/shop.Other/Get", wrapperspb.String("x"), out); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("unrouted method: %v, want Unimplemented (404)", err)
 	}
 }
 
