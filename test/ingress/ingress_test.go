@@ -390,7 +390,8 @@ func TestSNIListenerIsolation(t *testing.T) {
 
 // A listener whose Secret does not exist is not served (its port stays
 // closed); a Secret of another namespace serves once a ReferenceGrant
-// there allows it, without restarting the gateway.
+// there allows it, and stops when it is withdrawn, without restarting the
+// gateway (its port opens and closes).
 func TestListenersWithoutCertificates(t *testing.T) {
 	if _, err := get(23444, true, "x.example.org", "x.example.org", "/public/x"); err == nil {
 		t.Error("the listener without its Secret serves")
@@ -401,7 +402,6 @@ func TestListenersWithoutCertificates(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cfg, "grant.yaml"), []byte(certGrant), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	defer os.Remove(filepath.Join(cfg, "grant.yaml"))
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		r, err := get(23445, true, "cross.example.org", "cross.example.org", "/public/x")
@@ -415,6 +415,20 @@ func TestListenersWithoutCertificates(t *testing.T) {
 			t.Fatalf("with the grant the listener still does not serve: %v", err)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// The grant withdrawn, the listener's port closes.
+	if err := os.Remove(filepath.Join(cfg, "grant.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	for deadline = time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(gatewayIP, "23445"), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("without the grant the listener's port stays open")
+		}
 	}
 }
 
