@@ -33,6 +33,7 @@ type kubeOptions struct {
 	waypointPullPolicy                        string
 	waypointReplicas                          int
 	waypointTemplate                          string
+	ingressTemplate                           string
 	waypointXDSAddress                        string
 	waypointTokenAudience                     string
 	webhookListen                             string
@@ -42,7 +43,7 @@ type kubeOptions struct {
 }
 
 var kubeFlagNames = []string{"leader-lease", "leader-lease-duration", "leader-renew-deadline", "leader-retry-period",
-	"waypoint-image", "waypoint-image-pull-policy", "waypoint-replicas", "waypoint-template", "waypoint-xds-address", "waypoint-token-audience",
+	"waypoint-image", "waypoint-image-pull-policy", "waypoint-replicas", "waypoint-template", "ingress-template", "waypoint-xds-address", "waypoint-token-audience",
 	"webhook-listen", "webhook-dns-names", "webhook-configuration"}
 
 func (k *kubeOptions) register(fs *flag.FlagSet) {
@@ -56,6 +57,7 @@ func (k *kubeOptions) register(fs *flag.FlagSet) {
 	fs.StringVar(&k.waypointPullPolicy, "waypoint-image-pull-policy", "IfNotPresent", "with --source kubernetes: pull policy of the waypoints' image (Always, IfNotPresent or Never)")
 	fs.IntVar(&k.waypointReplicas, "waypoint-replicas", 2, "with --source kubernetes: replicas of each waypoint Deployment")
 	fs.StringVar(&k.waypointTemplate, "waypoint-template", "", "with --source kubernetes: file of the waypoint template (Go text/template of YAML documents; re-read on change); empty: the built-in one")
+	fs.StringVar(&k.ingressTemplate, "ingress-template", "", "with --source kubernetes: file of the template of ingress Gateways (class causeway; same form as --waypoint-template); empty: the built-in one")
 	fs.StringVar(&k.waypointXDSAddress, "waypoint-xds-address", "causeway-controlplane."+k.namespace+".svc:15012", "with --source kubernetes: the control plane's address as waypoints dial it")
 	fs.StringVar(&k.waypointTokenAudience, "waypoint-token-audience", "causeway-ca", "with --source kubernetes: audience of the projected token waypoints present")
 	fs.StringVar(&k.webhookListen, "webhook-listen", ":15017", "with --source kubernetes: address of the validating admission webhook (HTTPS, certificate from the mesh CA); empty: off")
@@ -101,9 +103,12 @@ func (k *kubeOptions) check(fs *flag.FlagSet, kubeSource bool) error {
 	if k.waypointReplicas < 1 || k.waypointReplicas > math.MaxInt32 {
 		return fmt.Errorf("--waypoint-replicas %d: want at least 1", k.waypointReplicas)
 	}
-	if k.waypointTemplate != "" {
-		if _, err := deployer.LoadTemplate(k.waypointTemplate); err != nil {
-			return fmt.Errorf("--waypoint-template: %w", err)
+	for name, file := range map[string]string{"--waypoint-template": k.waypointTemplate, "--ingress-template": k.ingressTemplate} {
+		if file == "" {
+			continue
+		}
+		if _, err := deployer.LoadTemplate(file); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	_, err := leader.New(k.leaderOptions(&kubernetes.Clientset{}, zap.NewNop())) // checks the timings
@@ -138,7 +143,7 @@ func (k *kubeOptions) controllers(cfg *rest.Config, cp *controlPlane) (*kubecont
 		Election:    k.leaderOptions(nil, nil), Deployment: k.deployment,
 		Waypoint: deployer.Values{Image: k.waypointImage, ImagePullPolicy: k.waypointPullPolicy, Replicas: int32(k.waypointReplicas), XDSAddress: k.waypointXDSAddress,
 			TokenAudience: k.waypointTokenAudience},
-		WaypointTemplate: k.waypointTemplate, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,
+		WaypointTemplate: k.waypointTemplate, IngressTemplate: k.ingressTemplate, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,
 		WebhookConfiguration: k.webhookConfiguration, PolicySet: cp.policySets.state, Logger: cp.log.Logger, Registerer: cp.registry,
 	})
 }

@@ -44,6 +44,10 @@ const (
 	// plane as waypoints are, serving HTTP and HTTPS listeners
 	// (docs/ingress.md).
 	IngressClass = "causeway"
+	// WaypointController and IngressController are the controllerNames
+	// of the waypoint class and of the ingress class (IngressClass).
+	WaypointController = "causeway.dev/waypoint-controller"
+	IngressController  = "causeway.dev/gateway-controller"
 )
 
 // Options parameterise the translation.

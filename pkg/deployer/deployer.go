@@ -1,6 +1,8 @@
 // Package deployer runs waypoints for Gateways of class causeway-waypoint
-// (docs/design.md §10): each becomes a ServiceAccount, a ConfigMap of the mesh roots,
-// a Service, a PodDisruptionBudget and a Deployment rendered from a template,
+// (docs/design.md §10) and ingress gateways for Gateways of class causeway
+// whose GatewayClass names the ingress controller (docs/ingress.md): each
+// becomes a ServiceAccount, a ConfigMap of the mesh roots, a Service, a
+// PodDisruptionBudget and a Deployment rendered from its class's template,
 // applied with server-side apply (field manager "causeway") and owned by the
 // Gateway, so that deleting the Gateway removes them by garbage collection.
 //
@@ -65,10 +67,12 @@ type Options struct {
 	Client   kubernetes.Interface
 	Metadata metadata.Interface // reads and deletes children of any kind
 	Gateways gwclient.Interface
-	// TemplateFile is the waypoint template; empty: the built-in one. It is
-	// re-read every TemplateCheck, and a change re-applies every waypoint.
-	TemplateFile  string
-	TemplateCheck time.Duration // default 10s
+	// TemplateFile is the waypoint template, IngressTemplateFile the
+	// ingress Gateways'; empty: the built-in one. They are re-read every
+	// TemplateCheck, and a change re-applies every Gateway.
+	TemplateFile        string
+	IngressTemplateFile string
+	TemplateCheck       time.Duration // default 10s
 	// Values returns the template's values; it is called for every
 	// reconciliation, and checked for changes every TemplateCheck.
 	Values func() Values
@@ -87,16 +91,28 @@ type Deployer struct {
 	events   record.EventBroadcaster
 
 	mu         sync.Mutex
-	tmpl       *Template
-	tmplText   []byte // of TemplateFile, to notice changes
+	templates  map[string]*classTemplate // by gatewayClassName
 	lastValues Values
 
 	gateways   gwlisters.GatewayLister
+	classes    gwlisters.GatewayClassLister
 	namespaces corelisters.NamespaceLister
 	children   map[string]cache.GenericLister // by kind, only objects with the gateway-name label
 }
 
-// New checks the options and loads the template.
+// classTemplate is the template of one class: built in, or from a file
+// (then text is the file's, to notice changes).
+type classTemplate struct {
+	what string // "waypoint", "ingress"
+	file string
+	text []byte
+	tmpl *Template
+	// invalid is the reason of the Warning event on a Gateway the
+	// template cannot render.
+	invalid string
+}
+
+// New checks the options and loads the templates.
 func New(o Options) (*Deployer, error) {
 	if o.Client == nil || o.Metadata == nil || o.Gateways == nil || o.Values == nil || o.Logger == nil {
 		return nil, errors.New("deployer: Client, Metadata, Gateways, Values and Logger are required")
@@ -107,23 +123,29 @@ func New(o Options) (*Deployer, error) {
 	if o.Workers <= 0 {
 		o.Workers = 2
 	}
-	d := &Deployer{opts: o, log: o.Logger, tmpl: DefaultTemplate()}
-	if o.TemplateFile != "" {
-		text, tmpl, err := d.readTemplate()
+	d := &Deployer{opts: o, log: o.Logger, templates: map[string]*classTemplate{
+		config.WaypointClass: {what: "waypoint", file: o.TemplateFile, tmpl: DefaultTemplate(), invalid: "InvalidWaypoint"},
+		config.IngressClass:  {what: "ingress", file: o.IngressTemplateFile, tmpl: IngressTemplate(), invalid: "InvalidGateway"},
+	}}
+	for _, ct := range d.templates {
+		if ct.file == "" {
+			continue
+		}
+		text, tmpl, err := ct.read()
 		if err != nil {
 			return nil, err
 		}
-		d.tmpl, d.tmplText = tmpl, text
+		ct.tmpl, ct.text = tmpl, text
 	}
 	return d, nil
 }
 
-func (d *Deployer) readTemplate() ([]byte, *Template, error) {
-	text, err := os.ReadFile(d.opts.TemplateFile)
+func (ct *classTemplate) read() ([]byte, *Template, error) {
+	text, err := os.ReadFile(ct.file)
 	if err != nil {
-		return nil, nil, fmt.Errorf("waypoint template: %w", err)
+		return nil, nil, fmt.Errorf("%s template: %w", ct.what, err)
 	}
-	tmpl, err := LoadTemplate(d.opts.TemplateFile)
+	tmpl, err := LoadTemplate(ct.file)
 	return text, tmpl, err
 }
 
@@ -144,6 +166,20 @@ func (d *Deployer) Run(ctx context.Context) error {
 	gwf := gwinformers.NewSharedInformerFactory(d.opts.Gateways, 0)
 	gwInf := gwf.Gateway().V1().Gateways()
 	d.gateways = gwInf.Lister()
+	// A class's controller decides whether its Gateways are ours.
+	classInf := gwf.Gateway().V1().GatewayClasses()
+	d.classes = classInf.Lister()
+	if _, err := classInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { d.enqueueAll() },
+		UpdateFunc: func(old, cur any) {
+			if old.(*gwv1.GatewayClass).Generation != cur.(*gwv1.GatewayClass).Generation {
+				d.enqueueAll()
+			}
+		},
+		DeleteFunc: func(any) { d.enqueueAll() },
+	}); err != nil {
+		return err
+	}
 	if _, err := gwInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: d.enqueueGateway,
 		UpdateFunc: func(old, cur any) {
@@ -276,23 +312,26 @@ func (d *Deployer) enqueueOwner(obj any) {
 	}
 }
 
-// checkForChanges re-reads the template file and the values; a change
-// re-applies every waypoint.
+// checkForChanges re-reads the template files and the values; a change
+// re-applies every Gateway.
 func (d *Deployer) checkForChanges(ctx context.Context) {
 	changed := false
-	if d.opts.TemplateFile != "" {
-		text, tmpl, err := d.readTemplate()
+	for _, ct := range d.templates {
+		if ct.file == "" {
+			continue
+		}
+		text, tmpl, err := ct.read()
 		d.mu.Lock()
 		switch {
 		case err != nil:
-			if !bytes.Equal(text, d.tmplText) {
-				d.log.Error("waypoint template rejected; the previous one stays in force", zap.Error(err))
-				d.tmplText = text // report once per change
+			if !bytes.Equal(text, ct.text) {
+				d.log.Error(ct.what+" template rejected; the previous one stays in force", zap.Error(err))
+				ct.text = text // report once per change
 			}
-		case !bytes.Equal(text, d.tmplText):
-			d.tmpl, d.tmplText = tmpl, text
+		case !bytes.Equal(text, ct.text):
+			ct.tmpl, ct.text = tmpl, text
 			changed = true
-			d.log.Info("waypoint template changed", zap.String("file", d.opts.TemplateFile))
+			d.log.Info(ct.what+" template changed", zap.String("file", ct.file))
 		}
 		d.mu.Unlock()
 	}
@@ -322,7 +361,7 @@ func (d *Deployer) processNext(ctx context.Context) bool {
 	}
 	defer d.queue.Done(key)
 	if err := d.Reconcile(ctx, key); err != nil {
-		d.log.Warn("waypoint not reconciled; retrying", zap.Stringer("gateway", key), zap.Error(err))
+		d.log.Warn("gateway not reconciled; retrying", zap.Stringer("gateway", key), zap.Error(err))
 		d.queue.AddRateLimited(key)
 		return true
 	}
@@ -330,10 +369,11 @@ func (d *Deployer) processNext(ctx context.Context) bool {
 	return true
 }
 
-// Reconcile brings one Gateway's children in line with the template. A
-// Gateway that is gone, or going with its namespace, needs nothing: garbage
-// collection (or the namespace's deletion) removes what it owned. A Gateway
-// that is no (longer a) waypoint loses the children it owns.
+// Reconcile brings one Gateway's children in line with its class's
+// template. A Gateway that is gone, or going with its namespace, needs
+// nothing: garbage collection (or the namespace's deletion) removes what it
+// owned. A Gateway that is no (longer a) waypoint or ingress Gateway of
+// ours loses the children it owns.
 func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) error {
 	gw, err := d.gateways.Gateways(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
@@ -346,13 +386,13 @@ func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) erro
 		return nil
 	}
 	var children []Child
-	if string(gw.Spec.GatewayClassName) == config.WaypointClass {
+	if ct := d.templates[string(gw.Spec.GatewayClassName)]; ct != nil && d.ours(gw) {
 		d.mu.Lock()
-		tmpl := d.tmpl
+		tmpl := ct.tmpl
 		d.mu.Unlock()
 		children, err = tmpl.Render(gw, d.opts.Values())
 		if err != nil {
-			d.recorder.Event(gw, corev1.EventTypeWarning, "InvalidWaypoint", err.Error())
+			d.recorder.Event(gw, corev1.EventTypeWarning, ct.invalid, err.Error())
 			return err
 		}
 	}
@@ -374,6 +414,18 @@ func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) erro
 		}
 	}
 	return d.prune(ctx, gw, rendered)
+}
+
+// ours says whether the deployer runs gw: a waypoint always (its class is
+// the mesh's own name), an ingress Gateway when its GatewayClass exists
+// and names the ingress controller ("causeway" may be another
+// implementation's class in a cluster that runs several).
+func (d *Deployer) ours(gw *gwv1.Gateway) bool {
+	if string(gw.Spec.GatewayClassName) != config.IngressClass {
+		return true
+	}
+	c, err := d.classes.Get(config.IngressClass)
+	return err == nil && string(c.Spec.ControllerName) == config.IngressController
 }
 
 // namespaceTerminating says whether ns is being deleted. One the lister
@@ -441,7 +493,7 @@ func (d *Deployer) apply(ctx context.Context, c Child) error {
 }
 
 // prune deletes the children this Gateway owns that the template no longer
-// renders (all of them when the Gateway stopped being a waypoint).
+// renders (all of them when the Gateway stopped being ours).
 func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, rendered map[string]bool) error {
 	for kind, lister := range d.children {
 		if rendered[kind] {
@@ -461,7 +513,7 @@ func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, rendered map[str
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("deleting %s %s/%s: %w", kind, gw.Namespace, gw.Name, err)
 		}
-		d.log.Info("deleted a waypoint object no longer rendered", zap.String("kind", kind), zap.String("name", gw.Namespace+"/"+gw.Name))
+		d.log.Info("deleted a gateway object no longer rendered", zap.String("kind", kind), zap.String("name", gw.Namespace+"/"+gw.Name))
 	}
 	return nil
 }

@@ -366,3 +366,92 @@ func TestTerminatingNamespaceIsLeftAlone(t *testing.T) {
 		}
 	}
 }
+
+// An ingress Gateway is deployed only while its GatewayClass names the
+// ingress controller; its Service exposes its listeners' ports, follows
+// them as they change, and takes its type from the annotation.
+func TestIngressGatewayDeployed(t *testing.T) {
+	f := startDeployer(t, "deploy-ingress")
+	classes := f.gw.GatewayV1().GatewayClasses()
+	class, err := classes.Create(f.ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: config.IngressClass},
+		Spec: gwv1.GatewayClassSpec{ControllerName: "example.com/another-controller"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = classes.Delete(context.Background(), config.IngressClass, metav1.DeleteOptions{}) })
+	gw, err := f.gw.GatewayV1().Gateways(f.ns).Create(f.ctx, &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge"},
+		Spec: gwv1.GatewaySpec{GatewayClassName: config.IngressClass, Listeners: []gwv1.Listener{
+			{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType},
+			{Name: "https", Port: 443, Protocol: gwv1.HTTPSProtocolType},
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another controller's class: its Gateways are not ours.
+	time.Sleep(2 * time.Second)
+	if got := f.children("edge"); len(got) != 0 {
+		t.Fatalf("children made for a Gateway of another controller's class: %v", slices.Sorted(maps.Keys(got)))
+	}
+	// The class deleted and made again with our controller (its
+	// controllerName cannot change).
+	if err := classes.Delete(f.ctx, class.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := classes.Create(f.ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: config.IngressClass},
+		Spec: gwv1.GatewayClassSpec{ControllerName: config.IngressController}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("all five children", func() (bool, error) { return len(f.children("edge")) == len(kinds), nil })
+	for kind, o := range f.children("edge") {
+		if !ownedBy(o, gw) || !appliedByCauseway(o) {
+			t.Errorf("%s: not applied by %q and owned by the Gateway: %v %v", kind, FieldManager, o.GetOwnerReferences(), o.GetManagedFields())
+		}
+	}
+	ports := func(s *corev1.Service) map[string]int32 {
+		out := map[string]int32{}
+		for _, p := range s.Spec.Ports {
+			out[p.Name] = p.Port
+		}
+		return out
+	}
+	svc, err := f.cs.CoreV1().Services(f.ns).Get(f.ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || !maps.Equal(ports(svc), map[string]int32{"http-80": 80, "https-443": 443}) {
+		t.Errorf("Service %s with ports %v: want LoadBalancer with http-80 and https-443", svc.Spec.Type, ports(svc))
+	}
+	dep, err := f.cs.AppsV1().Deployments(f.ns).Get(f.ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := dep.Spec.Template
+	if pod.Spec.ServiceAccountName != "edge" || pod.Labels[config.LabelDataplaneMode] != config.DataplaneModeNone ||
+		!slices.Contains(pod.Spec.Containers[0].Args, "--role=ingress") {
+		t.Errorf("pods as %q, labels %v, args %v: want the Gateway's ServiceAccount, not captured, in the ingress role",
+			pod.Spec.ServiceAccountName, pod.Labels, pod.Spec.Containers[0].Args)
+	}
+
+	// A listener added, one removed, the Service made a ClusterIP.
+	cur, err := f.gw.GatewayV1().Gateways(f.ns).Get(f.ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Annotations = map[string]string{AnnotationServiceType: "ClusterIP"}
+	cur.Spec.Listeners = []gwv1.Listener{cur.Spec.Listeners[1], {Name: "alt", Port: 8080, Protocol: gwv1.HTTPProtocolType}}
+	if _, err := f.gw.GatewayV1().Gateways(f.ns).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the Service on the new ports, a ClusterIP", func() (bool, error) {
+		s, err := f.cs.CoreV1().Services(f.ns).Get(f.ctx, "edge", metav1.GetOptions{})
+		return err == nil && s.Spec.Type == corev1.ServiceTypeClusterIP && maps.Equal(ports(s), map[string]int32{"https-443": 443, "http-8080": 8080}), err
+	})
+
+	// The class deleted: the Gateway is no longer ours, and loses its children.
+	if err := classes.Delete(f.ctx, config.IngressClass, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("children deleted", func() (bool, error) { return len(f.children("edge")) == 0, nil })
+}

@@ -27,6 +27,9 @@ import (
 //go:embed waypoint.yaml
 var defaultTemplate string
 
+//go:embed ingress.yaml
+var ingressTemplate string
+
 // maxTemplateBytes bounds a template file: it is a handful of manifests.
 const maxTemplateBytes = 1 << 20
 
@@ -45,12 +48,58 @@ type Values struct {
 }
 
 // templateData is what a template sees: Values plus the Gateway's facts.
+// A waypoint's template reads HBONEPort, Policy and Tracing; an ingress
+// Gateway's reads Ports and ServiceType.
 type templateData struct {
 	Values
 	Name, Namespace string
 	HBONEPort       int32
 	Policy          PolicySource
 	Tracing         tracing.Settings
+	Ports           []ListenerPort
+	ServiceType     string
+}
+
+// ListenerPort is a port an ingress Gateway's listeners serve on, as its
+// Service and pods expose it: one per port number (listeners of one port
+// share it, told apart by hostname).
+type ListenerPort struct {
+	Name        string // "http-80", "https-443": a valid Service port name
+	Port        int32
+	AppProtocol string // "http" or "https"
+}
+
+// AnnotationServiceType on an ingress Gateway sets its Service's type:
+// LoadBalancer (the default, as Istio's gateways), NodePort or ClusterIP.
+const AnnotationServiceType = "causeway.dev/service-type"
+
+// ingressPorts are the ports of an ingress Gateway's HTTP and HTTPS
+// listeners, in spec order of first appearance. Listeners of another
+// protocol are not served (the status says so) and expose nothing.
+func ingressPorts(gw *gwv1.Gateway) []ListenerPort {
+	var out []ListenerPort
+	seen := map[gwv1.PortNumber]bool{}
+	for _, l := range gw.Spec.Listeners {
+		if l.Protocol != gwv1.HTTPProtocolType && l.Protocol != gwv1.HTTPSProtocolType || seen[l.Port] {
+			continue
+		}
+		seen[l.Port] = true
+		proto := strings.ToLower(string(l.Protocol))
+		out = append(out, ListenerPort{Name: fmt.Sprintf("%s-%d", proto, l.Port), Port: int32(l.Port), AppProtocol: proto})
+	}
+	return out
+}
+
+// serviceType reads an ingress Gateway's Service type annotation.
+func serviceType(gw *gwv1.Gateway) (string, error) {
+	switch t := gw.Annotations[AnnotationServiceType]; t {
+	case "":
+		return "LoadBalancer", nil
+	case "LoadBalancer", "NodePort", "ClusterIP":
+		return t, nil
+	default:
+		return "", fmt.Errorf("annotation %s: %q: want LoadBalancer, NodePort or ClusterIP", AnnotationServiceType, t)
+	}
 }
 
 // Annotations of a waypoint Gateway naming its policy source.
@@ -138,16 +187,22 @@ func policySource(gw *gwv1.Gateway) (PolicySource, error) {
 	return p, nil
 }
 
-// Template renders a waypoint's objects. It is immutable once built.
+// Template renders a Gateway's objects. It is immutable once built.
 type Template struct {
 	tmpl *template.Template
 }
 
-// DefaultTemplate returns the template shipped with the deployer.
-func DefaultTemplate() *Template {
-	t, err := ParseTemplate("waypoint.yaml", defaultTemplate)
+// DefaultTemplate returns the waypoint template shipped with the deployer.
+func DefaultTemplate() *Template { return builtin("waypoint.yaml", defaultTemplate) }
+
+// IngressTemplate returns the ingress Gateway template shipped with the
+// deployer.
+func IngressTemplate() *Template { return builtin("ingress.yaml", ingressTemplate) }
+
+func builtin(name, text string) *Template {
+	t, err := ParseTemplate(name, text)
 	if err != nil {
-		panic("deployer: the built-in template does not parse: " + err.Error())
+		panic("deployer: the built-in template " + name + " does not parse: " + err.Error())
 	}
 	return t
 }
@@ -161,10 +216,10 @@ func LoadTemplate(path string) (*Template, error) {
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxTemplateBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("waypoint template %s: %w", path, err)
+		return nil, fmt.Errorf("template %s: %w", path, err)
 	}
 	if len(b) > maxTemplateBytes {
-		return nil, fmt.Errorf("waypoint template %s: larger than %d bytes", path, maxTemplateBytes)
+		return nil, fmt.Errorf("template %s: larger than %d bytes", path, maxTemplateBytes)
 	}
 	return ParseTemplate(path, string(b))
 }
@@ -178,7 +233,7 @@ func ParseTemplate(name, text string) (*Template, error) {
 		"indent": indent,
 	}).Parse(text)
 	if err != nil {
-		return nil, fmt.Errorf("waypoint template: %w", err)
+		return nil, fmt.Errorf("template %s: %w", name, err)
 	}
 	return &Template{tmpl: t}, nil
 }
@@ -200,7 +255,7 @@ func indent(n int, s string) string {
 	return strings.Join(lines, "\n")
 }
 
-// Child is one object the deployer applies for a waypoint.
+// Child is one object the deployer applies for a Gateway.
 type Child struct {
 	Kind      string
 	Name      string
@@ -222,21 +277,17 @@ var childKinds = map[string]func() any{
 	"apps/v1/Deployment":            func() any { return &appsv1ac.DeploymentApplyConfiguration{} },
 }
 
-// Render produces a waypoint Gateway's objects. Every object must be of a
-// kind above, in the Gateway's namespace, and bear the Gateway's name (one
-// object per kind), so no template can make the deployer touch anything
-// else; each gets the gateway-name label and a controller owner reference
-// to the Gateway, so garbage collection removes it with the Gateway.
+// Render produces a Gateway's objects: a waypoint's (class
+// causeway-waypoint) or an ingress Gateway's (class causeway). Every object
+// must be of a kind above, in the Gateway's namespace, and bear the
+// Gateway's name (one object per kind), so no template can make the
+// deployer touch anything else; each gets the Gateway's
+// spec.infrastructure labels and annotations (where the template sets no
+// value of its own), the gateway-name label and a controller owner
+// reference to the Gateway, so garbage collection removes it with the
+// Gateway.
 func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
-	port, err := hbonePort(gw)
-	if err != nil {
-		return nil, err
-	}
-	policy, err := policySource(gw)
-	if err != nil {
-		return nil, fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
-	}
-	traces, err := tracingSettings(gw)
+	data, err := gatewayData(gw)
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
 	}
@@ -246,9 +297,11 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 	if v.Replicas == 0 {
 		v.Replicas = 2
 	}
+	data.Values = v
+	name := "template " + t.tmpl.Name()
 	var out bytes.Buffer
-	if err := t.tmpl.Execute(&out, templateData{Values: v, Name: gw.Name, Namespace: gw.Namespace, HBONEPort: port, Policy: policy, Tracing: traces}); err != nil {
-		return nil, fmt.Errorf("waypoint template: %w", err)
+	if err := t.tmpl.Execute(&out, data); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	owner := metav1ac.OwnerReference().
 		WithAPIVersion(gwv1.GroupVersion.String()).WithKind("Gateway").
@@ -258,24 +311,60 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 	for i, doc := range splitDocuments(out.String()) {
 		c, err := decodeChild(doc)
 		if err != nil {
-			return nil, fmt.Errorf("waypoint template, document %d: %w", i+1, err)
+			return nil, fmt.Errorf("%s, document %d: %w", name, i+1, err)
 		}
 		if c.Namespace != gw.Namespace || c.Name != gw.Name {
-			return nil, fmt.Errorf("waypoint template, document %d: %s %s/%s: a waypoint's objects must be named %s/%s", i+1, c.Kind, c.Namespace, c.Name, gw.Namespace, gw.Name)
+			return nil, fmt.Errorf("%s, document %d: %s %s/%s: a Gateway's objects must be named %s/%s", name, i+1, c.Kind, c.Namespace, c.Name, gw.Namespace, gw.Name)
 		}
 		if seen[c.Kind] {
-			return nil, fmt.Errorf("waypoint template, document %d: a second %s", i+1, c.Kind)
+			return nil, fmt.Errorf("%s, document %d: a second %s", name, i+1, c.Kind)
 		}
 		seen[c.Kind] = true
 		children = append(children, c)
 	}
 	for _, c := range children {
 		meta := childMeta(c)
+		if inf := gw.Spec.Infrastructure; inf != nil {
+			meta.Labels = withDefaults(meta.Labels, inf.Labels)
+			meta.Annotations = withDefaults(meta.Annotations, inf.Annotations)
+		}
 		meta.WithLabels(map[string]string{config.LabelGatewayName: gw.Name})
 		meta.OwnerReferences = nil // ours alone: a template cannot hand the objects to another owner
 		meta.WithOwnerReferences(owner)
 	}
 	return children, nil
+}
+
+// gatewayData is what a template sees of a Gateway, by its class.
+func gatewayData(gw *gwv1.Gateway) (templateData, error) {
+	d := templateData{Name: gw.Name, Namespace: gw.Namespace}
+	var err error
+	if string(gw.Spec.GatewayClassName) == config.IngressClass {
+		d.Ports = ingressPorts(gw)
+		d.ServiceType, err = serviceType(gw)
+		return d, err
+	}
+	if d.HBONEPort, err = hbonePort(gw); err != nil {
+		return d, err
+	}
+	if d.Policy, err = policySource(gw); err != nil {
+		return d, err
+	}
+	d.Tracing, err = tracingSettings(gw)
+	return d, err
+}
+
+// withDefaults adds to m the entries of defaults whose keys m lacks.
+func withDefaults[K ~string, V ~string](m map[string]string, defaults map[K]V) map[string]string {
+	for k, v := range defaults {
+		if _, ok := m[string(k)]; !ok {
+			if m == nil {
+				m = map[string]string{}
+			}
+			m[string(k)] = string(v)
+		}
+	}
+	return m
 }
 
 // hbonePort is the port of the Gateway's HBONE listener.
@@ -285,7 +374,7 @@ func hbonePort(gw *gwv1.Gateway) (int32, error) {
 			return int32(l.Port), nil
 		}
 	}
-	return 0, fmt.Errorf("gateway %s/%s has no listener with protocol %s", gw.Namespace, gw.Name, config.WaypointProtocol)
+	return 0, fmt.Errorf("no listener with protocol %s", config.WaypointProtocol)
 }
 
 // splitDocuments splits multi-document YAML, dropping empty documents.
@@ -317,7 +406,7 @@ func decodeChild(doc string) (Child, error) {
 	}
 	mk := childKinds[tm.APIVersion+"/"+tm.Kind]
 	if mk == nil {
-		return Child{}, fmt.Errorf("kind %s %s: a waypoint template may hold only ServiceAccount, ConfigMap, Service, PodDisruptionBudget and Deployment", tm.APIVersion, tm.Kind)
+		return Child{}, fmt.Errorf("kind %s %s: a template may hold only ServiceAccount, ConfigMap, Service, PodDisruptionBudget and Deployment", tm.APIVersion, tm.Kind)
 	}
 	c := Child{Kind: tm.Kind, Apply: mk()}
 	if err := yaml.UnmarshalStrict([]byte(doc), c.Apply); err != nil {

@@ -10,8 +10,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -232,5 +235,61 @@ func TestQuoteKeepsStrings(t *testing.T) {
 	d := children[len(children)-1].Apply.(*appsv1ac.DeploymentApplyConfiguration)
 	if got := *d.Spec.Template.Spec.Containers[0].Image; got != v.Image {
 		t.Fatalf("image = %q, want %q", got, v.Image)
+	}
+}
+
+func testIngress() *gwv1.Gateway {
+	hostname := gwv1.Hostname("shop.example.com")
+	return &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: "shop", UID: "6b1f1a52-0000-4000-8000-000000000002"},
+		Spec: gwv1.GatewaySpec{
+			GatewayClassName: config.IngressClass,
+			Listeners: []gwv1.Listener{
+				{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType},
+				{Name: "https", Port: 443, Protocol: gwv1.HTTPSProtocolType, Hostname: &hostname},
+				{Name: "https-other", Port: 443, Protocol: gwv1.HTTPSProtocolType},
+				{Name: "tcp", Port: 9000, Protocol: gwv1.TCPProtocolType},
+			},
+		},
+	}
+}
+
+// An ingress Gateway: one Service and container port per listener port
+// (listeners sharing a port share it; a protocol the ingress does not
+// serve exposes nothing), LoadBalancer by default.
+func TestIngressTemplateGolden(t *testing.T) {
+	golden(t, "ingress.golden.yaml", renderYAML(t, IngressTemplate(), testIngress(), testValues()))
+}
+
+func TestIngressServiceTypeAndInfrastructure(t *testing.T) {
+	gw := testIngress()
+	gw.Annotations = map[string]string{AnnotationServiceType: "ClusterIP"}
+	gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{
+		Labels:      map[gwv1.LabelKey]gwv1.LabelValue{"team": "shop", config.LabelUseWaypoint: "waypoint"},
+		Annotations: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"lb.example.com/internal": "true"},
+	}
+	children, err := IngressTemplate().Render(gw, testValues())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range children {
+		m := childMeta(c)
+		if m.Labels["team"] != "shop" || m.Annotations["lb.example.com/internal"] != "true" {
+			t.Errorf("%s: labels %v, annotations %v: want the Gateway's infrastructure ones", c.Kind, m.Labels, m.Annotations)
+		}
+		svc, ok := c.Apply.(*corev1ac.ServiceApplyConfiguration)
+		if !ok {
+			continue
+		}
+		if *svc.Spec.Type != "ClusterIP" {
+			t.Errorf("Service type %s, want the annotation's ClusterIP", *svc.Spec.Type)
+		}
+		if m.Labels[config.LabelUseWaypoint] != config.UseWaypointNone {
+			t.Errorf("Service label %s=%q: the template's own value must win over the infrastructure's", config.LabelUseWaypoint, m.Labels[config.LabelUseWaypoint])
+		}
+	}
+	gw.Annotations[AnnotationServiceType] = "ExternalName"
+	if _, err := IngressTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), "want LoadBalancer, NodePort or ClusterIP") {
+		t.Errorf("service type ExternalName: got %v", err)
 	}
 }

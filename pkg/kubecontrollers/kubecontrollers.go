@@ -63,9 +63,11 @@ type Options struct {
 	// watched.
 	Deployment string
 	// Waypoint values the deployer renders (Image, XDSAddress,
-	// TokenAudience; the rest is filled in) and the template file.
+	// TokenAudience; the rest is filled in), for waypoints and ingress
+	// Gateways alike, and the template files (empty: the built-in ones).
 	Waypoint         deployer.Values
 	WaypointTemplate string
+	IngressTemplate  string
 	// WebhookListen is the webhook's address; empty: no webhook.
 	WebhookListen   string
 	WebhookDNSNames []string // host names (or IPs) in its certificate
@@ -131,7 +133,7 @@ func New(o Options) (*Controllers, error) {
 	values.TrustDomain = o.Identity.TrustDomain().Name()
 	values.RootCert = string(o.Authority.RootsPEM())
 	if kc.deployer, err = deployer.New(deployer.Options{Client: cs, Metadata: md, Gateways: gw, TemplateFile: o.WaypointTemplate,
-		Values: func() deployer.Values { return values }, Logger: log.Named("deployer")}); err != nil {
+		IngressTemplateFile: o.IngressTemplate, Values: func() deployer.Values { return values }, Logger: log.Named("deployer")}); err != nil {
 		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(o.Config)
