@@ -1,8 +1,8 @@
 // Package kubecontrollers runs the control plane's Kubernetes controllers
 // (docs/design.md §10): every replica serves the validating admission webhook; the
-// replica holding the Lease also runs the waypoint deployer, the status
-// writer, the upkeep of the webhook configuration's CA bundle and of the
-// waypoint GatewayClass. xDS and the CA are served by every replica,
+// replica holding the Lease also runs the deployer (waypoints and ingress
+// Gateways), the status writer, the upkeep of the webhook configuration's
+// CA bundle and of the mesh's GatewayClasses. xDS and the CA are served by every replica,
 // outside this package.
 package kubecontrollers
 
@@ -368,32 +368,42 @@ func (kc *Controllers) rotateWebhookCert(ctx context.Context) {
 	}
 }
 
-// classCheck is how often the leader makes sure the waypoint GatewayClass
-// exists.
+// classCheck is how often the leader makes sure the mesh's GatewayClasses
+// exist.
 const classCheck = 30 * time.Second
 
-// keepGatewayClass creates the GatewayClass causeway-waypoint when it is
-// missing, as istiod does for its classes: the manifests cannot carry it,
-// since one `kubectl apply -k` of a CRD and an object of its kind fails on
-// a fresh cluster (the kind is not served yet when the object is sent). A
-// class that exists is left as it is, even with another controller: it is
-// the operator's.
+// classes are the GatewayClasses the leader keeps: waypoints and ingress
+// Gateways.
+var classes = []gwv1.GatewayClass{
+	{ObjectMeta: metav1.ObjectMeta{Name: config.WaypointClass}, Spec: gwv1.GatewayClassSpec{ControllerName: gwstatus.ControllerName,
+		Description: ptr.To("Causeway waypoints: per-namespace L7 proxies for the mesh")}},
+	{ObjectMeta: metav1.ObjectMeta{Name: config.IngressClass}, Spec: gwv1.GatewayClassSpec{ControllerName: gwstatus.IngressControllerName,
+		Description: ptr.To("Causeway ingress: HTTP and HTTPS from outside into the mesh")}},
+}
+
+// keepGatewayClass creates the GatewayClasses causeway-waypoint and
+// causeway when they are missing, as istiod does for its classes: the
+// manifests cannot carry them, since one `kubectl apply -k` of a CRD and an
+// object of its kind fails on a fresh cluster (the kind is not served yet
+// when the object is sent). A class that exists is left as it is, even
+// with another controller: it is the operator's (and a class of another
+// controller has its Gateways left alone).
 func (kc *Controllers) keepGatewayClass(ctx context.Context) error {
-	classes := kc.gw.GatewayV1().GatewayClasses()
+	api := kc.gw.GatewayV1().GatewayClasses()
 	for {
-		_, err := classes.Get(ctx, config.WaypointClass, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			_, err = classes.Create(ctx, &gwv1.GatewayClass{
-				ObjectMeta: metav1.ObjectMeta{Name: config.WaypointClass, Labels: map[string]string{"app.kubernetes.io/managed-by": "causeway"}},
-				Spec: gwv1.GatewayClassSpec{ControllerName: gwstatus.ControllerName,
-					Description: ptr.To("Causeway waypoints: per-namespace L7 proxies for the mesh")},
-			}, metav1.CreateOptions{FieldManager: deployer.FieldManager})
-			if err == nil {
-				kc.log.Info("waypoint GatewayClass created", zap.String("gatewayclass", config.WaypointClass))
+		for _, c := range classes {
+			_, err := api.Get(ctx, c.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				c := c.DeepCopy()
+				c.Labels = map[string]string{"app.kubernetes.io/managed-by": "causeway"}
+				_, err = api.Create(ctx, c, metav1.CreateOptions{FieldManager: deployer.FieldManager})
+				if err == nil {
+					kc.log.Info("GatewayClass created", zap.String("gatewayclass", c.Name))
+				}
 			}
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			kc.log.Warn("waypoint GatewayClass not ensured", zap.String("gatewayclass", config.WaypointClass), zap.Error(err))
+			if err != nil && !apierrors.IsAlreadyExists(err) {
+				kc.log.Warn("GatewayClass not ensured", zap.String("gatewayclass", c.Name), zap.Error(err))
+			}
 		}
 		select {
 		case <-ctx.Done():

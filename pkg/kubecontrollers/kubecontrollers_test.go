@@ -147,20 +147,22 @@ func TestKubeControllers(t *testing.T) {
 		c := meta.FindStatusCondition(g.Status.Conditions, "Accepted")
 		return c != nil && c.Status == metav1.ConditionTrue, nil
 	})
-	wait("the leader creates the waypoint GatewayClass, which the status writer accepts", func() (bool, error) {
-		c, err := gw.GatewayV1().GatewayClasses().Get(ctx, config.WaypointClass, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		if c.Spec.ControllerName != gwstatus.ControllerName {
-			return false, fmt.Errorf("GatewayClass %s has controller %q", c.Name, c.Spec.ControllerName)
-		}
-		a := meta.FindStatusCondition(c.Status.Conditions, "Accepted")
-		return a != nil && a.Status == metav1.ConditionTrue, nil
-	})
+	for class, controller := range map[string]gwv1.GatewayController{config.WaypointClass: gwstatus.ControllerName, config.IngressClass: gwstatus.IngressControllerName} {
+		wait("the leader creates the GatewayClass "+class+", which the status writer accepts", func() (bool, error) {
+			c, err := gw.GatewayV1().GatewayClasses().Get(ctx, class, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			if c.Spec.ControllerName != controller {
+				return false, fmt.Errorf("GatewayClass %s has controller %q", c.Name, c.Spec.ControllerName)
+			}
+			a := meta.FindStatusCondition(c.Status.Conditions, "Accepted")
+			return a != nil && a.Status == metav1.ConditionTrue, nil
+		})
+	}
 	if err := kc.Healthy(); err != nil {
 		t.Errorf("healthy: %v", err)
 	}
