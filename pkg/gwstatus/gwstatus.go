@@ -1,7 +1,9 @@
 // Package gwstatus writes the status the mesh owes the Gateway API objects
 // it serves: waypoint Gateways (Accepted, Programmed once the waypoint's
-// pods are ready, addresses), their GatewayClass (Accepted), the parent
-// entries of HTTPRoutes and GRPCRoutes attached to Services (Accepted,
+// pods are ready, addresses), ingress Gateways (the same, and each
+// listener's conditions and attached routes: see syncIngress), their
+// GatewayClasses (Accepted), the parent entries of HTTPRoutes and
+// GRPCRoutes attached to Services or ingress Gateways (Accepted,
 // ResolvedRefs), a causeway.dev/WaypointBound condition on Services that
 // name a waypoint, the ancestors of BackendTLSPolicies (the Services they
 // target), and Accepted and ResolvedRefs on ConnectionPolicies (false, with
@@ -55,8 +57,12 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
 )
 
-// ControllerName is the waypoint GatewayClass's controller (docs/design.md §10).
-const ControllerName gwv1.GatewayController = "causeway.dev/waypoint-controller"
+// ControllerName is the waypoint GatewayClass's controller (docs/design.md
+// §10); IngressControllerName the ingress class's (docs/ingress.md).
+const (
+	ControllerName        gwv1.GatewayController = config.WaypointController
+	IngressControllerName gwv1.GatewayController = config.IngressController
+)
 
 // ConditionWaypointBound is the condition on a Service naming a waypoint,
 // and on a route's entry for each Service parent: whether a waypoint
@@ -99,6 +105,7 @@ type Writer struct {
 	grants      gwlisters.ReferenceGrantLister
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
+	secrets     corelisters.SecretLister       // kubernetes.io/tls only
 	policies    *kubesource.ConnectionPolicies // nil: no Dynamic client
 }
 
@@ -129,6 +136,9 @@ func (w *Writer) Run(ctx context.Context) error {
 	// ConfigMaps (for BackendTLSPolicies' CA certificates) keep only their ca.crt.
 	cf := informers.NewSharedInformerFactoryWithOptions(w.opts.Client, 0, informers.WithTransform(config.Trim))
 	gf := gwinformers.NewSharedInformerFactory(w.opts.Gateways, 0)
+	// Secrets (ingress listeners' certificates): kubernetes.io/tls only.
+	sf := kubesource.TLSSecretInformers(w.opts.Client)
+	w.secrets = sf.Core().V1().Secrets().Lister()
 	w.namespaces = kf.Core().V1().Namespaces().Lister()
 	w.services = kf.Core().V1().Services().Lister()
 	w.deployments = df.Apps().V1().Deployments().Lister()
@@ -150,7 +160,7 @@ func (w *Writer) Run(ctx context.Context) error {
 		gf.Gateway().V1().GatewayClasses().Informer(), gf.Gateway().V1().Gateways().Informer(),
 		gf.Gateway().V1().HTTPRoutes().Informer(), gf.Gateway().V1().GRPCRoutes().Informer(),
 		gf.Gateway().V1().ReferenceGrants().Informer(), gf.Gateway().V1().BackendTLSPolicies().Informer(),
-		cf.Core().V1().ConfigMaps().Informer(),
+		cf.Core().V1().ConfigMaps().Informer(), sf.Core().V1().Secrets().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
@@ -161,11 +171,13 @@ func (w *Writer) Run(ctx context.Context) error {
 	defer kf.Shutdown()
 	defer df.Shutdown()
 	defer cf.Shutdown()
+	defer sf.Shutdown()
 	defer gf.Shutdown()
 	defer stop()
 	kf.Start(ctx.Done())
 	df.Start(ctx.Done())
 	cf.Start(ctx.Done())
+	sf.Start(ctx.Done())
 	gf.Start(ctx.Done())
 	if w.opts.Dynamic != nil {
 		policies, err := kubesource.NewConnectionPolicies(w.opts.Dynamic, w.opts.Client.Discovery(), w.log, 30*time.Second, w.trigger)
@@ -186,7 +198,7 @@ func (w *Writer) Run(ctx context.Context) error {
 		w.policies = policies
 	}
 	for _, synced := range []map[reflect.Type]bool{kf.WaitForCacheSync(ctx.Done()), df.WaitForCacheSync(ctx.Done()),
-		cf.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
+		cf.WaitForCacheSync(ctx.Done()), sf.WaitForCacheSync(ctx.Done()), gf.WaitForCacheSync(ctx.Done())} {
 		for typ, ok := range synced {
 			if !ok {
 				if ctx.Err() != nil {
@@ -253,18 +265,33 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for _, c := range classes {
 		errs = append(errs, w.syncClass(ctx, c))
 	}
-	gws, _ := w.gateways.List(labels.Everything())
-	for _, gw := range gws {
-		errs = append(errs, w.syncGateway(ctx, gw, rep))
-	}
+	// Routes attach to ingress Gateways before either's status is
+	// written: a listener's status counts its routes.
+	ingress := w.ingressGateways()
 	hrs, _ := w.httpRoutes.List(labels.Everything())
-	for _, r := range hrs {
-		errs = append(errs, syncRoute(ctx, w, rep, "HTTPRoute", r, r.Spec.ParentRefs,
-			func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus }, w.opts.Gateways.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus))
+	hrParents := make([][]ingressParent, len(hrs))
+	for i, r := range hrs {
+		hrParents[i] = w.attachRoute(ingress, "HTTPRoute", r.Namespace, r.Spec.ParentRefs, r.Spec.Hostnames)
 	}
 	grs, _ := w.grpcRoutes.List(labels.Everything())
-	for _, r := range grs {
-		errs = append(errs, syncRoute(ctx, w, rep, "GRPCRoute", r, r.Spec.ParentRefs,
+	grParents := make([][]ingressParent, len(grs))
+	for i, r := range grs {
+		grParents[i] = w.attachRoute(ingress, "GRPCRoute", r.Namespace, r.Spec.ParentRefs, r.Spec.Hostnames)
+	}
+	gws, _ := w.gateways.List(labels.Everything())
+	for _, gw := range gws {
+		if ig := ingress[gw.Namespace+"/"+gw.Name]; ig != nil {
+			errs = append(errs, w.syncIngress(ctx, ig))
+			continue
+		}
+		errs = append(errs, w.syncGateway(ctx, gw, rep))
+	}
+	for i, r := range hrs {
+		errs = append(errs, syncRoute(ctx, w, rep, "HTTPRoute", r, r.Spec.ParentRefs, hrParents[i],
+			func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus }, w.opts.Gateways.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus))
+	}
+	for i, r := range grs {
+		errs = append(errs, syncRoute(ctx, w, rep, "GRPCRoute", r, r.Spec.ParentRefs, grParents[i],
 			func(r *gwv1.GRPCRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus }, w.opts.Gateways.GatewayV1().GRPCRoutes(r.Namespace).UpdateStatus))
 	}
 	svcs, _ := w.services.List(labels.Everything())
@@ -349,7 +376,7 @@ func truncate(s string) string {
 }
 
 func (w *Writer) syncClass(ctx context.Context, c *gwv1.GatewayClass) error {
-	if c.Spec.ControllerName != ControllerName {
+	if c.Spec.ControllerName != ControllerName && c.Spec.ControllerName != IngressControllerName {
 		return nil
 	}
 	conds := setConditions(c.Status.Conditions, condition(string(gwv1.GatewayClassConditionStatusAccepted), true,
@@ -373,7 +400,7 @@ func (w *Writer) syncGateway(ctx context.Context, gw *gwv1.Gateway, rep *config.
 	if !accepted {
 		acc = condition(string(gwv1.GatewayConditionAccepted), false, string(gwv1.GatewayReasonInvalid), strings.Join(problems, "; "), gw.Generation)
 	}
-	ready, total, why := w.waypointPods(gw)
+	ready, total, why := w.gatewayPods(gw, "waypoint")
 	prog := condition(string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed),
 		fmt.Sprintf("%d of %d waypoint pods ready", ready, total), gw.Generation)
 	switch {
@@ -417,17 +444,18 @@ func pick(ok bool, yes, no string) string {
 	return no
 }
 
-// waypointPods counts the ready pods of the Deployment the deployer made.
-func (w *Writer) waypointPods(gw *gwv1.Gateway) (ready, total int32, why string) {
+// gatewayPods counts the ready pods of the Deployment the deployer made
+// for gw (what: "waypoint" or "ingress gateway").
+func (w *Writer) gatewayPods(gw *gwv1.Gateway, what string) (ready, total int32, why string) {
 	d, err := w.deployments.Deployments(gw.Namespace).Get(gw.Name)
 	if err != nil || !controlledBy(d, gw) {
-		return 0, 0, fmt.Sprintf("no waypoint Deployment %s/%s yet", gw.Namespace, gw.Name)
+		return 0, 0, fmt.Sprintf("no %s Deployment %s/%s yet", what, gw.Namespace, gw.Name)
 	}
 	total = 1
 	if d.Spec.Replicas != nil {
 		total = *d.Spec.Replicas
 	}
-	return d.Status.ReadyReplicas, total, fmt.Sprintf("waiting for the waypoint's pods: %d of %d ready", d.Status.ReadyReplicas, total)
+	return d.Status.ReadyReplicas, total, fmt.Sprintf("waiting for the %s's pods: %d of %d ready", what, d.Status.ReadyReplicas, total)
 }
 
 func controlledBy(d *appsv1.Deployment, gw *gwv1.Gateway) bool {
@@ -437,13 +465,14 @@ func controlledBy(d *appsv1.Deployment, gw *gwv1.Gateway) bool {
 
 // addresses are the cluster IPs of the waypoint's Service.
 func (w *Writer) addresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress {
-	s, err := w.services.Services(gw.Namespace).Get(gw.Name)
-	if err != nil {
-		return nil
+	if s := w.gatewayService(gw); s != nil {
+		return clusterIPs(s)
 	}
-	if ref := metav1.GetControllerOf(s); ref == nil || ref.UID != gw.UID {
-		return nil
-	}
+	return nil
+}
+
+// clusterIPs are a Service's cluster IPs, as Gateway addresses.
+func clusterIPs(s *corev1.Service) []gwv1.GatewayStatusAddress {
 	ipType := gwv1.IPAddressType
 	var out []gwv1.GatewayStatusAddress
 	for _, ip := range s.Spec.ClusterIPs {
@@ -455,15 +484,16 @@ func (w *Writer) addresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress {
 }
 
 // syncRoute writes the status.parents of an HTTPRoute or GRPCRoute when
-// they changed: status finds a route's RouteStatus, update is the kind's
+// they changed: ingress are its parentRefs naming ingress Gateways of
+// ours, status finds a route's RouteStatus, update is the kind's
 // UpdateStatus.
 func syncRoute[R any, PR interface {
 	*R
 	metav1.Object
 	DeepCopy() *R
-}](ctx context.Context, w *Writer, rep *config.Reports, kind string, r PR, refs []gwv1.ParentReference,
+}](ctx context.Context, w *Writer, rep *config.Reports, kind string, r PR, refs []gwv1.ParentReference, ingress []ingressParent,
 	status func(PR) *gwv1.RouteStatus, update func(context.Context, PR, metav1.UpdateOptions) (PR, error)) error {
-	parents, changed := w.routeParents(status(r).Parents, refs, rep.Routes[kind+" "+r.GetNamespace()+"/"+r.GetName()], rep.Services, r.GetGeneration())
+	parents, changed := w.routeParents(status(r).Parents, refs, rep.Routes[kind+" "+r.GetNamespace()+"/"+r.GetName()], ingress, rep.Services, r.GetGeneration())
 	if !changed {
 		return nil
 	}
@@ -474,16 +504,24 @@ func syncRoute[R any, PR interface {
 }
 
 // routeParents computes a route's status.parents: other controllers'
-// entries as they are, ours one per Service parentRef of the report.
-func (w *Writer) routeParents(cur []gwv1.RouteParentStatus, refs []gwv1.ParentReference, rr *config.RouteReport, services map[string]config.WaypointBinding, generation int64) ([]gwv1.RouteParentStatus, bool) {
+// entries as they are, ours one per Service parentRef of the report
+// (controller ControllerName) and one per parentRef naming an ingress
+// Gateway of ours (IngressControllerName).
+func (w *Writer) routeParents(cur []gwv1.RouteParentStatus, refs []gwv1.ParentReference, rr *config.RouteReport, ingress []ingressParent,
+	services map[string]config.WaypointBinding, generation int64) ([]gwv1.RouteParentStatus, bool) {
 	var out []gwv1.RouteParentStatus
 	ours := map[string][]metav1.Condition{}
 	for _, p := range cur {
-		if p.ControllerName == ControllerName {
+		if p.ControllerName == ControllerName || p.ControllerName == IngressControllerName {
 			ours[parentKey(p.ParentRef)] = p.Conditions
 			continue
 		}
 		out = append(out, p)
+	}
+	for _, ip := range ingress {
+		ref := refs[ip.index]
+		out = append(out, gwv1.RouteParentStatus{ParentRef: ref, ControllerName: IngressControllerName,
+			Conditions: setConditions(ours[parentKey(ref)], ingressRouteConditions(rr, ip, generation)...)})
 	}
 	if rr != nil {
 		for _, pr := range rr.Parents {

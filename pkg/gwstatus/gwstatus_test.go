@@ -165,10 +165,10 @@ func (f *fixture) route(ns, name string) *gwv1.HTTPRoute {
 	return r
 }
 
-// waypointDeployment makes the Deployment the deployer would, owned by gw.
-func (f *fixture) waypointDeployment(gw *gwv1.Gateway, replicas int32) {
+// gatewayDeployment makes the Deployment the deployer would, owned by gw.
+func (f *fixture) gatewayDeployment(gw *gwv1.Gateway, replicas int32) (owner metav1.OwnerReference, selector map[string]string) {
 	f.t.Helper()
-	owner := metav1.OwnerReference{APIVersion: gwv1.GroupVersion.String(), Kind: "Gateway", Name: gw.Name, UID: gw.UID, Controller: ptr(true)}
+	owner = metav1.OwnerReference{APIVersion: gwv1.GroupVersion.String(), Kind: "Gateway", Name: gw.Name, UID: gw.UID, Controller: ptr(true)}
 	sel := map[string]string{config.LabelGatewayName: gw.Name}
 	_, err := f.cs.AppsV1().Deployments(gw.Namespace).Create(f.ctx, &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: gw.Name, Labels: sel, OwnerReferences: []metav1.OwnerReference{owner}},
@@ -179,7 +179,15 @@ func (f *fixture) waypointDeployment(gw *gwv1.Gateway, replicas int32) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	_, err = f.cs.CoreV1().Services(gw.Namespace).Create(f.ctx, &corev1.Service{
+	return owner, sel
+}
+
+// waypointDeployment makes the Deployment and Service the deployer would,
+// owned by gw.
+func (f *fixture) waypointDeployment(gw *gwv1.Gateway, replicas int32) {
+	f.t.Helper()
+	owner, sel := f.gatewayDeployment(gw, replicas)
+	_, err := f.cs.CoreV1().Services(gw.Namespace).Create(f.ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: gw.Name, Labels: sel, OwnerReferences: []metav1.OwnerReference{owner}},
 		Spec:       corev1.ServiceSpec{Selector: sel, Ports: []corev1.ServicePort{{Name: "mesh", Port: 15008}}},
 	}, metav1.CreateOptions{})

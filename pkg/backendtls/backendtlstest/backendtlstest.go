@@ -70,3 +70,18 @@ func (ca *CA) Leaf(dns, uris []string, notAfter time.Time) (*tls.Certificate, er
 	}
 	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
+
+// LeafPEM issues a server certificate for the DNS names, valid for the
+// next hour, as PEM: the tls.crt and tls.key of a kubernetes.io/tls Secret.
+func (ca *CA) LeafPEM(dns ...string) (certPEM, keyPEM []byte, err error) {
+	leaf, err := ca.Leaf(dns, nil, time.Time{})
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
+		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), nil
+}

@@ -1,0 +1,248 @@
+package gwstatus
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
+)
+
+// ingressGateway is an ingress Gateway of ours as one pass sees it: its
+// listeners resolved (config.Listeners) and the routes attached to each.
+type ingressGateway struct {
+	gw        *gwv1.Gateway
+	listeners []config.ListenerReport
+	attached  []int32 // by listener
+}
+
+// ingressGateways resolves the listeners of every Gateway of class
+// causeway whose GatewayClass names the ingress controller, by "ns/name".
+func (w *Writer) ingressGateways() map[string]*ingressGateway {
+	out := map[string]*ingressGateway{}
+	if c, err := w.classes.Get(config.IngressClass); err != nil || c.Spec.ControllerName != IngressControllerName {
+		return out
+	}
+	grants := map[string][]*gwv1.ReferenceGrant{}
+	rgs, _ := w.grants.List(labels.Everything())
+	for _, g := range rgs {
+		grants[g.Namespace] = append(grants[g.Namespace], g)
+	}
+	secrets := kubesource.SecretLookup(w.secrets)
+	gws, _ := w.gateways.List(labels.Everything())
+	for _, gw := range gws {
+		if string(gw.Spec.GatewayClassName) != config.IngressClass {
+			continue
+		}
+		ls := config.Listeners(gw, secrets, grants)
+		out[gw.Namespace+"/"+gw.Name] = &ingressGateway{gw: gw, listeners: ls, attached: make([]int32, len(ls))}
+	}
+	return out
+}
+
+// ingressParent is a route's parentRef naming an ingress Gateway of ours:
+// its index in spec.parentRefs and what attaching found.
+type ingressParent struct {
+	index   int
+	reason  gwv1.RouteConditionReason
+	message string
+}
+
+// attachRoute attaches a route's parentRefs that name ingress Gateways of
+// ours, counting each listener's attached routes, and returns them.
+func (w *Writer) attachRoute(ingress map[string]*ingressGateway, kind, ns string, refs []gwv1.ParentReference, hostnames []gwv1.Hostname) []ingressParent {
+	var out []ingressParent
+	for i, ref := range refs {
+		if ref.Group != nil && *ref.Group != gwv1.GroupName || ref.Kind != nil && *ref.Kind != "Gateway" {
+			continue
+		}
+		gns := ns
+		if ref.Namespace != nil && *ref.Namespace != "" {
+			gns = string(*ref.Namespace)
+		}
+		ig := ingress[gns+"/"+string(ref.Name)]
+		if ig == nil {
+			continue // no Gateway of ours: another controller's to answer
+		}
+		var nsLabels map[string]string
+		if n, err := w.namespaces.Get(ns); err == nil {
+			nsLabels = n.Labels
+		}
+		atts, reason, msg := config.Attach(ig.gw, ig.listeners, ref, kind, ns, nsLabels, hostnames)
+		for _, a := range atts {
+			for j, l := range ig.gw.Spec.Listeners {
+				if l.Name == a.Listener {
+					ig.attached[j]++
+				}
+			}
+		}
+		if len(atts) > 0 {
+			names := make([]string, len(atts))
+			for j, a := range atts {
+				names[j] = string(a.Listener)
+			}
+			msg = fmt.Sprintf("attached to Gateway %s/%s, listeners %s", gns, ref.Name, strings.Join(names, ", "))
+		}
+		out = append(out, ingressParent{index: i, reason: reason, message: msg})
+	}
+	return out
+}
+
+// ingressRouteConditions are a route's conditions for one ingress Gateway
+// parent: Accepted with Attach's reason (or the route's own refusal), and
+// ResolvedRefs for its backends.
+func ingressRouteConditions(rr *config.RouteReport, p ingressParent, gen int64) []metav1.Condition {
+	accType := string(gwv1.RouteConditionAccepted)
+	accepted := condition(accType, p.reason == gwv1.RouteReasonAccepted, string(p.reason), p.message, gen)
+	if rr == nil {
+		rr = &config.RouteReport{}
+	}
+	switch {
+	case p.reason != gwv1.RouteReasonAccepted:
+	case len(rr.Problems) > 0:
+		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), "refused, not programmed: "+strings.Join(rr.Problems, "; "), gen)
+	case len(rr.Unsupported) > 0:
+		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
+			"the gateway cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
+	}
+	return []metav1.Condition{accepted, resolvedRefs(rr, gen)}
+}
+
+// syncIngress writes an ingress Gateway's status: Accepted (ListenersNotValid
+// when some listeners cannot serve, false when none can), Programmed once
+// a pod of its Deployment is ready, its addresses, and each listener's
+// Accepted, Conflicted, ResolvedRefs and Programmed with the routes
+// attached to it.
+func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
+	gw := ig.gw
+	gen := gw.Generation
+	serving, invalid := 0, []string{}
+	for i, l := range ig.listeners {
+		if l.Serves() {
+			serving++
+			continue
+		}
+		invalid = append(invalid, string(gw.Spec.Listeners[i].Name))
+	}
+	accType := string(gwv1.GatewayConditionAccepted)
+	var acc metav1.Condition
+	switch {
+	case len(gw.Spec.Addresses) > 0:
+		acc = condition(accType, false, string(gwv1.GatewayReasonUnsupportedAddress),
+			"spec.addresses is not supported: the address is its Service's (set its type with annotation causeway.dev/service-type)", gen)
+	case serving == 0:
+		acc = condition(accType, false, string(gwv1.GatewayReasonListenersNotValid), "no listener can serve: "+strings.Join(invalid, ", "), gen)
+	case len(invalid) > 0:
+		acc = condition(accType, true, string(gwv1.GatewayReasonListenersNotValid),
+			"listeners that cannot serve (their status says why): "+strings.Join(invalid, ", ")+"; the others serve", gen)
+	default:
+		acc = condition(accType, true, string(gwv1.GatewayReasonAccepted), "an ingress gateway", gen)
+	}
+	accepted := acc.Status == metav1.ConditionTrue
+	ready, total, why := w.gatewayPods(gw, "ingress gateway")
+	progType := string(gwv1.GatewayConditionProgrammed)
+	prog := condition(progType, true, string(gwv1.GatewayReasonProgrammed), fmt.Sprintf("%d of %d gateway pods ready", ready, total), gen)
+	switch {
+	case !accepted:
+		prog = condition(progType, false, string(gwv1.GatewayReasonInvalid), "the Gateway is not accepted", gen)
+	case ready == 0:
+		prog = condition(progType, false, string(gwv1.GatewayReasonPending), why, gen)
+	}
+	st := gw.Status.DeepCopy()
+	st.Conditions = setConditions(gw.Status.Conditions, acc, prog)
+	st.Addresses = w.ingressAddresses(gw)
+	programmed := prog.Status == metav1.ConditionTrue
+	st.Listeners = nil
+	for i, l := range ig.listeners {
+		var cur []metav1.Condition
+		for _, ls := range gw.Status.Listeners {
+			if ls.Name == l.Name {
+				cur = ls.Conditions
+			}
+		}
+		conflict := condition(string(gwv1.ListenerConditionConflicted), false, string(gwv1.ListenerReasonNoConflicts), "", gen)
+		if l.Conflicted {
+			conflict = condition(string(gwv1.ListenerConditionConflicted), true, string(l.ConflictedReason),
+				"another listener shares its port with another protocol or the same hostname", gen)
+		}
+		lprog := condition(string(gwv1.ListenerConditionProgrammed), true, string(gwv1.ListenerReasonProgrammed), "", gen)
+		switch {
+		case !l.Serves():
+			lprog = condition(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonInvalid), "the listener cannot serve", gen)
+		case !programmed:
+			lprog = condition(string(gwv1.ListenerConditionProgrammed), false, string(gwv1.ListenerReasonPending), prog.Message, gen)
+		}
+		refsMsg := ""
+		if !l.ResolvedRefs {
+			refsMsg = l.Message
+		}
+		accMsg := ""
+		if !l.Accepted {
+			accMsg = l.Message
+		}
+		lc := []metav1.Condition{
+			condition(string(gwv1.ListenerConditionAccepted), l.Accepted, string(l.AcceptedReason), accMsg, gen),
+			conflict,
+			condition(string(gwv1.ListenerConditionResolvedRefs), l.ResolvedRefs, string(l.RefsReason), refsMsg, gen),
+			lprog,
+		}
+		kinds := l.SupportedKinds
+		if kinds == nil {
+			kinds = []gwv1.RouteGroupKind{}
+		}
+		st.Listeners = append(st.Listeners, gwv1.ListenerStatus{Name: l.Name, SupportedKinds: kinds,
+			AttachedRoutes: ig.attached[i], Conditions: setConditions(cur, lc...)})
+	}
+	if equality.Semantic.DeepEqual(st, &gw.Status) {
+		return nil
+	}
+	cp := gw.DeepCopy()
+	cp.Status = *st
+	_, err := w.opts.Gateways.GatewayV1().Gateways(gw.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
+	return ignoreGone(err)
+}
+
+// ingressAddresses are where clients reach an ingress Gateway, as Istio
+// reports them: its Service's load-balancer ingress (IPs and host names)
+// once a load balancer has set it, else the Service's cluster IPs (a
+// LoadBalancer Service whose load balancer is pending, or a ClusterIP or
+// NodePort Service).
+func (w *Writer) ingressAddresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress {
+	s := w.gatewayService(gw)
+	if s == nil {
+		return nil
+	}
+	ipType, hostType := gwv1.IPAddressType, gwv1.HostnameAddressType
+	var out []gwv1.GatewayStatusAddress
+	for _, in := range s.Status.LoadBalancer.Ingress {
+		switch {
+		case in.IP != "":
+			out = append(out, gwv1.GatewayStatusAddress{Type: &ipType, Value: in.IP})
+		case in.Hostname != "":
+			out = append(out, gwv1.GatewayStatusAddress{Type: &hostType, Value: in.Hostname})
+		}
+	}
+	if len(out) > 0 {
+		return out
+	}
+	return clusterIPs(s)
+}
+
+// gatewayService is the Service the deployer made for gw, or nil.
+func (w *Writer) gatewayService(gw *gwv1.Gateway) *corev1.Service {
+	s, err := w.services.Services(gw.Namespace).Get(gw.Name)
+	if err != nil {
+		return nil
+	}
+	if ref := metav1.GetControllerOf(s); ref == nil || ref.UID != gw.UID {
+		return nil
+	}
+	return s
+}
