@@ -429,7 +429,7 @@ func TestIngressGatewayDeployed(t *testing.T) {
 	}
 	pod := dep.Spec.Template
 	if pod.Spec.ServiceAccountName != "edge" || pod.Labels[config.LabelDataplaneMode] != config.DataplaneModeNone ||
-		!slices.Contains(pod.Spec.Containers[0].Args, "--role=ingress") {
+		!slices.Contains(pod.Spec.Containers[0].Args, "--ingress") {
 		t.Errorf("pods as %q, labels %v, args %v: want the Gateway's ServiceAccount, not captured, in the ingress role",
 			pod.Spec.ServiceAccountName, pod.Labels, pod.Spec.Containers[0].Args)
 	}
