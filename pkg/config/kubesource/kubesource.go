@@ -1,7 +1,9 @@
 // Package kubesource is the control plane's configuration source in a
 // Kubernetes cluster: shared informers (resync off) on Namespaces, Pods,
-// Services, EndpointSlices, ConfigMaps (their ca.crt only), Nodes (their
-// topology labels only: see nodeLocalities), the Gateway
+// Services, EndpointSlices, ConfigMaps (their ca.crt only), Secrets of
+// type kubernetes.io/tls (ingress listeners' certificates: see
+// TLSSecretInformers), Nodes (their topology labels only: see
+// nodeLocalities), the Gateway
 // API Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants and
 // BackendTLSPolicies, and Causeway's ConnectionPolicies (a dynamic
 // informer, while the cluster serves the kind: see ConnectionPolicies).
@@ -88,6 +90,7 @@ type Source struct {
 	gw   gwclient.Interface
 
 	factory    informers.SharedInformerFactory
+	secFactory informers.SharedInformerFactory // kubernetes.io/tls Secrets only
 	gwFactory  gwinformers.SharedInformerFactory
 	synced     []cache.InformerSynced
 	podsSynced cache.InformerSynced
@@ -103,6 +106,7 @@ type Source struct {
 	grants      gwlisters.ReferenceGrantLister
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
+	secrets     corelisters.SecretLister
 	nodes       nodeLocalities
 	policies    *ConnectionPolicies
 
@@ -156,9 +160,10 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 		opts: opts, log: opts.Logger, kube: kube, gw: gw,
 		// Resync off: every change arrives as an event; a periodic resync
 		// would only translate the same objects again.
-		factory:   informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(config.Trim)),
-		gwFactory: gwinformers.NewSharedInformerFactoryWithOptions(gw, 0, gwinformers.WithTransform(config.Trim)),
-		changed:   make(chan time.Time, 1),
+		factory:    informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(config.Trim)),
+		secFactory: TLSSecretInformers(kube),
+		gwFactory:  gwinformers.NewSharedInformerFactoryWithOptions(gw, 0, gwinformers.WithTransform(config.Trim)),
+		changed:    make(chan time.Time, 1),
 
 		rejections: config.NewRejectionLog(opts.Logger),
 		translator: config.NewIncremental(opts.Translate),
@@ -175,7 +180,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 	for _, inf := range []cache.SharedIndexInformer{
 		core.Namespaces().Informer(), podInformer, core.Services().Informer(), disc.EndpointSlices().Informer(),
 		gwi.Gateways().Informer(), gwi.HTTPRoutes().Informer(), gwi.GRPCRoutes().Informer(), gwi.ReferenceGrants().Informer(),
-		gwi.BackendTLSPolicies().Informer(), core.ConfigMaps().Informer(),
+		gwi.BackendTLSPolicies().Informer(), core.ConfigMaps().Informer(), s.secFactory.Core().V1().Secrets().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { s.notify() },
@@ -195,6 +200,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 	s.slices = disc.EndpointSlices().Lister()
 	s.gateways, s.httpRoutes, s.grpcRoutes, s.grants = gwi.Gateways().Lister(), gwi.HTTPRoutes().Lister(), gwi.GRPCRoutes().Lister(), gwi.ReferenceGrants().Lister()
 	s.tlsPolicies, s.configMaps = gwi.BackendTLSPolicies().Lister(), core.ConfigMaps().Lister()
+	s.secrets = s.secFactory.Core().V1().Secrets().Lister()
 	var err error
 	if s.policies, err = NewConnectionPolicies(dyn, kube.Discovery(), opts.Logger, opts.KindRecheck, s.notify); err != nil {
 		return nil, err
@@ -225,10 +231,12 @@ func (s *Source) Run(ctx context.Context, emit func(*config.Snapshot)) error {
 	// returns with the caller's ctx still live).
 	ctx, stop := context.WithCancel(ctx)
 	defer s.factory.Shutdown()
+	defer s.secFactory.Shutdown()
 	defer s.gwFactory.Shutdown()
 	defer s.policies.Shutdown()
 	defer stop()
 	s.factory.Start(ctx.Done())
+	s.secFactory.Start(ctx.Done())
 	s.gwFactory.Start(ctx.Done())
 	policiesSynced, err := s.policies.Start(ctx)
 	if err != nil {
@@ -396,6 +404,7 @@ func (s *Source) objects() ([]config.Object, error) {
 	list(listed(s.grants.List(all)))
 	list(listed(s.tlsPolicies.List(all)))
 	list(listed(s.configMaps.List(all)))
+	list(listed(s.secrets.List(all)))
 	list(listed(s.policies.List(), nil))
 	if err != nil {
 		return nil, err

@@ -1,10 +1,18 @@
-package kubesource
+package kubesource_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
+	"github.com/causeway-mesh/causeway/pkg/config"
+	"github.com/causeway-mesh/causeway/pkg/config/kubesource"
+	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 )
 
 // A TLS Secret keeps only what a listener reads: no other data, and not
@@ -17,7 +25,7 @@ func TestTrimSecret(t *testing.T) {
 		Type: corev1.SecretTypeTLS,
 		Data: map[string][]byte{corev1.TLSCertKey: []byte("crt"), corev1.TLSPrivateKeyKey: []byte("key"), "ca.key": []byte("another key")},
 	}
-	out, err := TrimSecret(in)
+	out, err := kubesource.TrimSecret(in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +40,56 @@ func TestTrimSecret(t *testing.T) {
 		t.Errorf("data keys kept: %d, want tls.crt and tls.key only", len(s.Data))
 	}
 	cm := &corev1.ConfigMap{}
-	if got, err := TrimSecret(cm); err != nil || got != cm {
+	if got, err := kubesource.TrimSecret(cm); err != nil || got != cm {
 		t.Errorf("a non-Secret: got %v, %v; want it passed through", got, err)
 	}
+}
+
+// An ingress listener's certificate reaches the snapshot from a
+// kubernetes.io/tls Secret, and leaves it with the Secret; a Secret of
+// another type is never read (the listener naming it does not serve).
+func TestTLSSecretsReachTheTranslation(t *testing.T) {
+	env := kubetest.Shared(t)
+	cs := env.Clientset(t)
+	ctx := context.Background()
+	const ns = "src-ingress"
+	ca, err := backendtlstest.NewCA("ingress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := ca.LeafPEM("shop.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair := map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns}, Spec: gwv1.GatewaySpec{GatewayClassName: config.IngressClass,
+		Listeners: []gwv1.Listener{
+			{Name: "https", Port: 443, Protocol: gwv1.HTTPSProtocolType, TLS: &gwv1.ListenerTLSConfig{CertificateRefs: []gwv1.SecretObjectReference{{Name: "cert"}}}},
+			{Name: "opaque", Port: 8443, Protocol: gwv1.HTTPSProtocolType, TLS: &gwv1.ListenerTLSConfig{CertificateRefs: []gwv1.SecretObjectReference{{Name: "opaque"}}}},
+		}}}
+	env.Create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, gw)
+	for name, typ := range map[string]corev1.SecretType{"cert": corev1.SecretTypeTLS, "opaque": corev1.SecretTypeOpaque} {
+		if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Type: typ, Data: pair}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	listeners := func(s *config.Snapshot) map[string]int {
+		out := map[string]int{}
+		for _, l := range s.IngressGateways[ns+"/edge"].GetListeners() {
+			out[l.GetName()] = len(l.GetCertificates())
+		}
+		return out
+	}
+	r := startSource(t, env, 50*time.Millisecond)
+	r.next(t, "the https listener with its certificate, not the one naming an Opaque Secret", func(s *config.Snapshot) bool {
+		l := listeners(s)
+		return len(l) == 1 && l["https"] == 1
+	})
+	if err := cs.CoreV1().Secrets(ns).Delete(ctx, "cert", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.next(t, "no listener once its Secret is gone", func(s *config.Snapshot) bool {
+		_, ok := s.IngressGateways[ns+"/edge"]
+		return ok && len(listeners(s)) == 0
+	})
 }
