@@ -81,13 +81,6 @@ func translateRoute[GR, R any](t *translator, origin, kind string, m *metav1.Obj
 	c := newRouteCtx(origin, kind, m)
 	c.parents = t.parents(c, refs)
 	if len(c.parents) == 0 {
-		if t.reports != nil {
-			// Analyze: a route attached only to ingress Gateways still
-			// has its rules and backends checked, for its status.
-			for i, r := range rules {
-				rule(c, i, r)
-			}
-		}
 		return nil
 	}
 	return translateRules(c, m, hs, rules, rule)
