@@ -299,6 +299,8 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	t.Run("ingress gateway from the host", testIngress)
+
 	t.Run("standard metrics in Prometheus", func(t *testing.T) { testStandardMetrics(t, pods) })
 
 	// A namespace labelled after its pod started: the running pod is

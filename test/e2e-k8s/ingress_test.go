@@ -1,0 +1,217 @@
+package e2ek8s
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
+)
+
+// testIngress: an ingress Gateway (class causeway) deployed by the control
+// plane in a namespace of its own, with an HTTP listener, an HTTPS listener
+// whose certificate is a Secret of another namespace (a ReferenceGrant
+// there lets the Gateway use it) and an HTTPS listener naming a Secret
+// that does not exist; an HTTPRoute to shop/reviews (bound to the shop
+// waypoint; a ReferenceGrant in shop lets the route name it). The status
+// reports the broken listener (ResolvedRefs false) while the two others
+// serve: from the host, to the Gateway's status address, over HTTP and
+// over HTTPS, requests reach reviews through the shop waypoint, whose
+// policy decides with the gateway's identity: /public is allowed, other
+// paths are denied.
+func testIngress(t *testing.T) {
+	ctx := context.Background()
+	ns, certs := newNamespace(t, "edge"), newNamespace(t, "edge-certs")
+	const host = "shop.e2e.example"
+	ca, err := backendtlstest.NewCA("ingress e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := ca.LeafPEM(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Secrets(certs).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "shop-cert"},
+		Type: corev1.SecretTypeTLS, Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	grantInShop := "edge-routes-" + randomHex()
+	t.Cleanup(func() {
+		_, _ = runKubectl(context.Background(), "-n", "shop", "delete", "referencegrant", grantInShop, "--ignore-not-found")
+	})
+	file := filepath.Join(t.TempDir(), "ingress.yaml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: edge-gateways, namespace: %[2]s}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: %[1]s}]
+  to: [{group: "", kind: Secret, name: shop-cert}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: %[3]s, namespace: shop}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: %[1]s}]
+  to: [{group: "", kind: Service, name: reviews}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: %[1]s}
+spec:
+  gatewayClassName: causeway
+  listeners:
+  - {name: http, port: 80, protocol: HTTP}
+  - name: https
+    port: 443
+    protocol: HTTPS
+    hostname: %[4]s
+    tls: {certificateRefs: [{name: shop-cert, namespace: %[2]s}]}
+  - name: broken
+    port: 8443
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: missing-cert}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: shop, namespace: %[1]s}
+spec:
+  parentRefs: [{name: edge}]
+  rules: [{backendRefs: [{name: reviews, namespace: shop, port: 80}]}]
+`, ns, certs, grantInShop, host)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc(t, time.Minute, "apply", "-f", file)
+
+	kc(t, 4*time.Minute, "-n", ns, "wait", "--for=condition=Programmed", "--timeout=240s", "gateway/edge")
+	var addr string
+	eventually(t, time.Minute, "the Gateway's status: an address, the broken listener alone not resolved", func() error {
+		out, err := runKubectl(ctx, "-n", ns, "get", "gateway", "edge", "-o", "json")
+		if err != nil {
+			return err
+		}
+		var gw gwv1.Gateway
+		if err := json.Unmarshal([]byte(out), &gw); err != nil {
+			return err
+		}
+		if len(gw.Status.Addresses) == 0 {
+			return fmt.Errorf("no address")
+		}
+		addr = gw.Status.Addresses[0].Value
+		for _, l := range gw.Status.Listeners {
+			refs, prog := meta.FindStatusCondition(l.Conditions, "ResolvedRefs"), meta.FindStatusCondition(l.Conditions, "Programmed")
+			if refs == nil || prog == nil {
+				return fmt.Errorf("listener %s: no conditions yet", l.Name)
+			}
+			switch l.Name {
+			case "broken":
+				if refs.Status != metav1.ConditionFalse || refs.Reason != "InvalidCertificateRef" || !strings.Contains(refs.Message, "missing-cert") ||
+					prog.Status != metav1.ConditionFalse || l.AttachedRoutes != 0 {
+					return fmt.Errorf("broken listener: ResolvedRefs %s/%s %q, Programmed %s, %d routes", refs.Status, refs.Reason, refs.Message, prog.Status, l.AttachedRoutes)
+				}
+			default:
+				if refs.Status != metav1.ConditionTrue || prog.Status != metav1.ConditionTrue || l.AttachedRoutes != 1 {
+					return fmt.Errorf("listener %s: ResolvedRefs %s %q, Programmed %s %q, %d routes", l.Name, refs.Status, refs.Message, prog.Status, prog.Message, l.AttachedRoutes)
+				}
+			}
+		}
+		if len(gw.Status.Listeners) != 3 {
+			return fmt.Errorf("%d listener statuses", len(gw.Status.Listeners))
+		}
+		return nil
+	})
+	// No load balancer runs on the test cluster: the address is the
+	// Service's cluster IP, which the host routes to the cluster (never
+	// anywhere else: checked first).
+	if err := onClusterBridge(addr); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := client.CoreV1().Services(ns).Get(ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Spec.Type != corev1.ServiceTypeLoadBalancer || addr != svc.Spec.ClusterIP {
+		t.Fatalf("Service %s with cluster IP %s, Gateway address %s: want a LoadBalancer Service whose cluster IP stands in while no load balancer serves", svc.Spec.Type, svc.Spec.ClusterIP, addr)
+	}
+
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	httpsClient := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: host, MinVersion: tls.VersionTLS12},
+		// The host name is the listener's; the address the Gateway's.
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, net.JoinHostPort(addr, "443"))
+		},
+	}}
+	httpClient := &http.Client{Timeout: 5 * time.Second}
+	identity := "spiffe://" + trustDom + "/ns/" + ns + "/sa/edge"
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+		base   string
+	}{
+		{"http", httpClient, "http://" + addr},
+		{"https", httpsClient, "https://" + host},
+	} {
+		public := "/public/e2e-" + randomHex()
+		eventually(t, time.Minute, c.name+" GET "+public+" through the gateway and the waypoint", func() error {
+			status, body, err := get(c.client, c.base+public)
+			if err != nil {
+				return err
+			}
+			if status != http.StatusOK {
+				return fmt.Errorf("status %d: %s", status, body)
+			}
+			var a echoAnswer
+			if err := json.Unmarshal([]byte(body), &a); err != nil {
+				return fmt.Errorf("not an echo answer: %v: %s", err, body)
+			}
+			if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
+				return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
+			}
+			return nil
+		})
+		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+			return waypointLogged(ctx, public, identity, 200)
+		})
+		private := "/e2e-" + randomHex()
+		eventually(t, 30*time.Second, c.name+" GET "+private+" denied by the waypoint's policy", func() error {
+			status, body, err := get(c.client, c.base+private)
+			if err != nil {
+				return err
+			}
+			if status != http.StatusForbidden || !strings.Contains(body, "no rule allows this request") {
+				return fmt.Errorf("status %d: %s", status, body)
+			}
+			return nil
+		})
+		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+			return waypointLogged(ctx, private, identity, 403)
+		})
+	}
+}
+
+// get fetches url from the host, reading at most 64 KiB of the answer.
+func get(c *http.Client, url string) (int, string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(body), err
+}
