@@ -428,6 +428,11 @@ func (w *Writer) syncGateway(ctx context.Context, gw *gwv1.Gateway, rep *config.
 		listeners = append(listeners, gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}, Conditions: setConditions(cur, lc...)})
 	}
 	st.Listeners = listeners
+	return w.writeGatewayStatus(ctx, gw, st)
+}
+
+// writeGatewayStatus writes st as gw's status, unless it is what gw has.
+func (w *Writer) writeGatewayStatus(ctx context.Context, gw *gwv1.Gateway, st *gwv1.GatewayStatus) error {
 	if equality.Semantic.DeepEqual(st, &gw.Status) {
 		return nil
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -200,13 +199,7 @@ func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
 		st.Listeners = append(st.Listeners, gwv1.ListenerStatus{Name: l.Name, SupportedKinds: kinds,
 			AttachedRoutes: ig.attached[i], Conditions: setConditions(cur, lc...)})
 	}
-	if equality.Semantic.DeepEqual(st, &gw.Status) {
-		return nil
-	}
-	cp := gw.DeepCopy()
-	cp.Status = *st
-	_, err := w.opts.Gateways.GatewayV1().Gateways(gw.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{FieldManager: "causeway"})
-	return ignoreGone(err)
+	return w.writeGatewayStatus(ctx, gw, st)
 }
 
 // ingressAddresses are where clients reach an ingress Gateway, as Istio

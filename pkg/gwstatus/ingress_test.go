@@ -58,18 +58,10 @@ spec: {controllerName: causeway.dev/gateway-controller}
 	for _, n := range []string{ns, certs, other} {
 		f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", n))
 	}
-	ca, err := backendtlstest.NewCA("ingress test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crt, key, err := ca.LeafPEM("shop.example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
-	good := map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}
+	_, good := backendtlstest.TLSSecretData(t, "shop.example.com")
 	f.secret(certs, "shop-cert", corev1.SecretTypeTLS, good)
 	f.secret(certs, "ungranted", corev1.SecretTypeTLS, good)
-	f.secret(ns, "malformed", corev1.SecretTypeTLS, map[string][]byte{corev1.TLSCertKey: []byte("not PEM"), corev1.TLSPrivateKeyKey: key})
+	f.secret(ns, "malformed", corev1.SecretTypeTLS, map[string][]byte{corev1.TLSCertKey: []byte("not PEM"), corev1.TLSPrivateKeyKey: good[corev1.TLSPrivateKeyKey]})
 	// Not kubernetes.io/tls: the control plane never sees it.
 	f.secret(ns, "opaque", corev1.SecretTypeOpaque, good)
 	f.create(fmt.Sprintf(`

@@ -38,16 +38,9 @@ func testIngress(t *testing.T) {
 	ctx := context.Background()
 	ns, certs := newNamespace(t, "edge"), newNamespace(t, "edge-certs")
 	const host = "shop.e2e.example"
-	ca, err := backendtlstest.NewCA("ingress e2e")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crt, key, err := ca.LeafPEM(host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, pair := backendtlstest.TLSSecretData(t, host)
 	if _, err := client.CoreV1().Secrets(certs).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "shop-cert"},
-		Type: corev1.SecretTypeTLS, Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}}, metav1.CreateOptions{}); err != nil {
+		Type: corev1.SecretTypeTLS, Data: pair}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	grantInShop := "edge-routes-" + randomHex()

@@ -13,6 +13,8 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net/url"
+	"strings"
+	"testing"
 	"time"
 )
 
@@ -71,17 +73,25 @@ func (ca *CA) Leaf(dns, uris []string, notAfter time.Time) (*tls.Certificate, er
 	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
-// LeafPEM issues a server certificate for the DNS names, valid for the
-// next hour, as PEM: the tls.crt and tls.key of a kubernetes.io/tls Secret.
-func (ca *CA) LeafPEM(dns ...string) (certPEM, keyPEM []byte, err error) {
+// TLSSecretData makes a CA and a server certificate for the DNS names,
+// valid for the next hour, and returns the CA and the certificate and key
+// as a kubernetes.io/tls Secret's data (tls.crt, tls.key: PEM).
+func TLSSecretData(t testing.TB, dns ...string) (*CA, map[string][]byte) {
+	t.Helper()
+	ca, err := NewCA("test CA of " + strings.Join(dns, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
 	leaf, err := ca.Leaf(dns, nil, time.Time{})
 	if err != nil {
-		return nil, nil, err
+		t.Fatal(err)
 	}
 	key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
 	if err != nil {
-		return nil, nil, err
+		t.Fatal(err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
-		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), nil
+	return ca, map[string][]byte{
+		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
+		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
+	}
 }

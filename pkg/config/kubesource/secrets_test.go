@@ -53,15 +53,7 @@ func TestTLSSecretsReachTheTranslation(t *testing.T) {
 	cs := env.Clientset(t)
 	ctx := context.Background()
 	const ns = "src-ingress"
-	ca, err := backendtlstest.NewCA("ingress")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crt, key, err := ca.LeafPEM("shop.example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pair := map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}
+	_, pair := backendtlstest.TLSSecretData(t, "shop.example.com")
 	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns}, Spec: gwv1.GatewaySpec{GatewayClassName: config.IngressClass,
 		Listeners: []gwv1.Listener{
 			{Name: "https", Port: 443, Protocol: gwv1.HTTPSProtocolType, TLS: &gwv1.ListenerTLSConfig{CertificateRefs: []gwv1.SecretObjectReference{{Name: "cert"}}}},
