@@ -1,11 +1,8 @@
 package config
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,19 +14,7 @@ import (
 // tlsSecret is a kubernetes.io/tls Secret holding a real key pair for dns.
 func tlsSecret(t *testing.T, ca *backendtlstest.CA, ns, name string, dns ...string) *corev1.Secret {
 	t.Helper()
-	leaf, err := ca.Leaf(dns, nil, time.Time{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeTLS,
-		Data: map[string][]byte{
-			corev1.TLSCertKey:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
-			corev1.TLSPrivateKeyKey: pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
-		}}
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Type: corev1.SecretTypeTLS, Data: ca.SecretData(t, dns...)}
 }
 
 func lookup(secrets ...*corev1.Secret) SecretLookup {

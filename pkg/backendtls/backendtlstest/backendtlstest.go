@@ -82,6 +82,13 @@ func TLSSecretData(t testing.TB, dns ...string) (*CA, map[string][]byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ca, ca.SecretData(t, dns...)
+}
+
+// SecretData issues a server certificate for the DNS names, valid for the
+// next hour, as a kubernetes.io/tls Secret's data (tls.crt, tls.key: PEM).
+func (ca *CA) SecretData(t testing.TB, dns ...string) map[string][]byte {
+	t.Helper()
 	leaf, err := ca.Leaf(dns, nil, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +97,7 @@ func TLSSecretData(t testing.TB, dns ...string) (*CA, map[string][]byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ca, map[string][]byte{
+	return map[string][]byte{
 		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
 		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
 	}
