@@ -132,9 +132,11 @@ func TestInstall(t *testing.T) {
 				}
 			}
 		}
-		// The leader made the GatewayClass, and accepted it.
-		kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", "gatewayclass/causeway-waypoint")
-		kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", "gatewayclass/causeway-waypoint")
+		// The leader made the GatewayClasses (waypoints, ingress), and accepted them.
+		for _, class := range []string{"gatewayclass/causeway-waypoint", "gatewayclass/causeway"} {
+			kc(t, time.Minute, "wait", "--for=create", "--timeout=60s", class)
+			kc(t, time.Minute, "wait", "--for=condition=Accepted", "--timeout=60s", class)
+		}
 		if err := cniInstalled(); err != nil {
 			t.Error(err)
 		}
