@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -48,6 +49,7 @@ type options struct {
 	preflightFirst bool
 	pod            string
 	drain          time.Duration
+	shutdownDelay  time.Duration
 	idleTimeout    time.Duration
 	// tracing: the --tracing-* flags, checked by tracing.Parse.
 	tracingEndpoint, tracingProtocol, tracingSampling string
@@ -87,6 +89,7 @@ func main() {
 	fs.BoolVar(&o.preflightFirst, "cors-preflight-before-policy", false, "answer CORS preflights of a route's CORS filter before the policy runs (browsers send them without credentials); by default every answer, redirects, 404s, 503s and preflights included, waits for the policy's allow")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", time.Hour, "close TCP-port tunnels idle for this long (0: never)")
 	fs.DurationVar(&o.drain, "drain", 10*time.Second, "how long tunnels may drain on shutdown")
+	fs.DurationVar(&o.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, how long the waypoint still accepts tunnels (readiness failing) before it says GOAWAY and drains: the time its pod's removal takes to reach every node proxy, which until then may dial it")
 	fs.StringVar(&o.tracingEndpoint, "tracing-endpoint", "", "host:port of an OTLP trace receiver (e.g. a Jaeger or OpenTelemetry Collector); unset: tracing off")
 	fs.StringVar(&o.tracingProtocol, "tracing-protocol", string(tracing.GRPC), "OTLP protocol to the receiver: grpc or http")
 	fs.StringVar(&o.tracingSampling, "tracing-sampling", fmt.Sprint(tracing.DefaultSampling), "percentage (0 to 100) of the traces the waypoint starts that are sampled; requests with a trace context keep their caller's decision")
@@ -123,8 +126,12 @@ func run(o *options, traces tracing.Settings) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := bootstrap.SignalContext()
+	// A signal starts the shutdown (serveUntil); the components run on
+	// until the tunnels have drained.
+	sig, stop := bootstrap.SignalContext()
 	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 
 	mode, err := policy.ParseDecisionLogMode(o.decisionLog)
 	if err != nil {
@@ -213,6 +220,9 @@ func run(o *options, traces tracing.Settings) error {
 		backends.Store(xds.NewRouteBackends(xc, o.namespace))
 	}
 	ready := func() (string, error) {
+		if sig.Err() != nil {
+			return "", errors.New("shutting down")
+		}
 		if !xc.Ready() {
 			return "", fmt.Errorf("waiting for the first configuration from %s", o.common.XDSAddress)
 		}
@@ -250,7 +260,10 @@ func run(o *options, traces tracing.Settings) error {
 		}
 		errc <- engine.Run(ctx)
 	}()
-	go func() { errc <- serveUntil(ctx, wp, ln, o.drain) }()
+	go func() {
+		errc <- serveUntil(sig, wp, ln, o.shutdownDelay, o.drain, log)
+		cancel()
+	}()
 	if o.ingress {
 		log.Info("ingress gateway started", zap.String("address", o.ingressAddress), zap.String("identity", self.String()))
 	} else {
@@ -258,7 +271,7 @@ func run(o *options, traces tracing.Settings) error {
 	}
 	var firstErr error
 	for range 5 {
-		if err := <-errc; err != nil && firstErr == nil && ctx.Err() == nil {
+		if err := <-errc; err != nil && firstErr == nil && sig.Err() == nil {
 			firstErr = err
 			log.Error("waypoint component failed", zap.Error(err))
 			stop()
@@ -269,21 +282,39 @@ func run(o *options, traces tracing.Settings) error {
 	return firstErr
 }
 
-// serveUntil serves HBONE on ln (none: the ingress role, whose ports the
-// waypoint opens itself) until ctx ends, then drains.
-func serveUntil(ctx context.Context, wp *waypoint.Waypoint, ln net.Listener, drain time.Duration) error {
+// hboneServer is what serveUntil runs: the waypoint's HBONE server (and,
+// in the ingress role, the gateway's listeners, which it opens itself).
+type hboneServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+}
+
+// serveUntil serves HBONE on ln (none: the ingress role) until ctx ends,
+// goes on accepting for delay, then says GOAWAY and drains for at most
+// drain. The delay covers the time the pod's removal from the waypoint's
+// addresses takes to reach every node proxy: one that has not heard of it
+// yet still dials this pod, and once the process is gone its address leads
+// nowhere (the dial hangs until it times out) instead of being refused.
+func serveUntil(ctx context.Context, srv hboneServer, ln net.Listener, delay, drain time.Duration, log *zap.Logger) error {
 	errc := make(chan error, 1)
 	if ln != nil {
-		go func() { errc <- wp.Serve(ln) }()
+		go func() { errc <- srv.Serve(ln) }()
 	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("HBONE server: %w", err)
 	case <-ctx.Done():
 	}
+	log.Info("shutting down: accepting tunnels, then draining", zap.Duration("accepting", delay), zap.Duration("drain", drain))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("HBONE server: %w", err)
+	case <-time.After(delay):
+	}
+	log.Info("draining tunnels (GOAWAY)")
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	err := wp.Shutdown(sctx)
+	err := srv.Shutdown(sctx)
 	if ln != nil {
 		<-errc
 	}

@@ -23,8 +23,11 @@ import (
 // manager's snapshot; Policies and Routes what a waypoint enforces;
 // Connections the inbound connections a node proxy holds to its pods.
 type ConfigDump struct {
-	ByAddr       map[string]json.RawMessage `json:"by_addr"`
-	ByVIP        map[string]json.RawMessage `json:"by_vip"`
+	ByAddr map[string]json.RawMessage `json:"by_addr"`
+	ByVIP  map[string]json.RawMessage `json:"by_vip"`
+	// Waypoints a node proxy knows, by "<namespace>/<name>": the
+	// addresses it sends their traffic to.
+	Waypoints    map[string]json.RawMessage `json:"waypoints,omitempty"`
 	Certificates any                        `json:"certificates"`
 	Policies     any                        `json:"policies,omitempty"`
 	Routes       any                        `json:"routes,omitempty"`

@@ -264,6 +264,53 @@ status: {podIPs: [{ip: 127.0.10.2}, {ip: "fd00::2"}]}
 	}
 }
 
+// Node proxies dial a waypoint's addresses: only its pods that serve. A
+// rollout's new pod is listed once ready (before, it may still wait for
+// its certificate), an old one no longer once terminating (its listener
+// closes and its network namespace goes); terminating pods that still
+// report ready are the fallback when no other pod serves.
+func TestWaypointAddressesAreServingPods(t *testing.T) {
+	wpPod := func(name, ip, ready string, terminating bool) string {
+		deletion := ""
+		if terminating {
+			deletion = ", deletionTimestamp: \"2026-12-06T15:01:46Z\""
+		}
+		return fmt.Sprintf(`
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: app, labels: {gateway.networking.k8s.io/gateway-name: wp-all}%s}
+spec: {nodeName: node-b, serviceAccountName: wp-all, containers: [{name: w, image: w}]}
+status: {podIP: %s, conditions: [{type: Ready, status: %q}]}
+`, name, deletion, ip, ready)
+	}
+	base := bindingConfig(map[string]string{LabelDataplaneMode: "mesh", LabelUseWaypoint: "wp-all"}, nil, nil)
+	for _, c := range []struct {
+		name, pods, want string
+	}{
+		{"a rollout's new pod not ready yet", wpPod("old-0", "127.0.10.2", "True", false) + wpPod("new-0", "127.0.10.3", "False", false), "127.0.10.2"},
+		{"the new pod ready, the old one terminating", wpPod("old-0", "127.0.10.2", "True", true) + wpPod("new-0", "127.0.10.3", "True", false), "127.0.10.3"},
+		{"only terminating pods still ready", wpPod("old-0", "127.0.10.2", "True", true) + wpPod("old-1", "127.0.10.4", "False", true) + wpPod("new-0", "127.0.10.3", "False", false), "127.0.10.2"},
+		{"no pod ready", wpPod("new-0", "127.0.10.3", "False", false), ""},
+	} {
+		s := mustTranslate(t, base+c.pods)
+		wp := s.Waypoints["app/wp-all"]
+		if got := strings.Join(wp.Addresses, ","); got != c.want {
+			t.Errorf("%s: waypoint addresses %q, want %q", c.name, got, c.want)
+		}
+		// Every pod is still the waypoint's own workload, never bound.
+		own := 0
+		for _, w := range s.Workloads {
+			if refString(w.WaypointForGateway) == "app/wp-all" && w.Waypoint == nil && !w.Hbone {
+				own++
+			}
+		}
+		if want := strings.Count(c.pods, "kind: Pod"); own != want {
+			t.Errorf("%s: %d of the waypoint's own workloads, want %d", c.name, own, want)
+		}
+	}
+}
+
 // No pod but the waypoint's own holds a waypoint's identity: a captured
 // pod's node proxy would get the waypoint's certificate and pass every
 // waypoint-only check, and any pod may present its service-account token.

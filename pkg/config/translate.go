@@ -591,13 +591,28 @@ func (t *translator) resolveWaypointPods() {
 		if sa == "" {
 			sa = id.name // Istio's convention: the waypoint's service account bears the Gateway's name
 		}
-		var addrs []string
+		// Node proxies dial these addresses: only pods that serve. A pod
+		// not yet ready may still wait for its certificate (a handshake
+		// then stalls) and a terminating one is about to close its
+		// listener and lose its network namespace (a dial then goes
+		// nowhere until it times out). As kube-proxy does, terminating
+		// pods that still report ready are used only when no other pod is.
+		var addrs, terminating []string
 		for _, p := range pods {
 			if psa := podServiceAccount(p.pod); psa != sa {
 				t.problem(p.origin, p.obj, "waypoint %s has pods with different service accounts (%s and %s)", id, sa, psa)
 				continue
 			}
-			addrs = append(addrs, p.ips...)
+			switch {
+			case !p.ready:
+			case p.pod.DeletionTimestamp != nil:
+				terminating = append(terminating, p.ips...)
+			default:
+				addrs = append(addrs, p.ips...)
+			}
+		}
+		if len(addrs) == 0 {
+			addrs = terminating
 		}
 		ident, err := trust.NewIdentity(t.opts.TrustDomain, id.ns, sa)
 		if err != nil {

@@ -406,6 +406,12 @@ func (p *Proxy) Dump() (*admin.ConfigDump, error) {
 	if err := dumpBy(d.ByVIP, slices.Values(r.Services()), (*meshv1.Service).GetVips); err != nil {
 		return nil, err
 	}
+	d.Waypoints = map[string]json.RawMessage{}
+	if err := dumpBy(d.Waypoints, maps.Values(r.waypoints), func(wp *meshv1.Waypoint) []string {
+		return []string{wp.GetNamespace() + "/" + wp.GetName()}
+	}); err != nil {
+		return nil, err
+	}
 	return d, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/net/proxy"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/causeway-mesh/causeway/pkg/capture"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
@@ -524,6 +525,24 @@ func startWaypoint(t *testing.T, m *testMesh, h hbone.Handler) {
 	}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
+}
+
+// /config_dump lists the waypoints a node proxy knows with the addresses
+// it sends their traffic to (during a waypoint's rollout, which pods it
+// may choose).
+func TestDumpListsWaypoints(t *testing.T) {
+	m := startMesh(t, "node-a")
+	d, err := m.proxies["node-a"].Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wp meshv1.Waypoint
+	if err := protojson.Unmarshal(d.Waypoints["t/wp"], &wp); err != nil {
+		t.Fatalf("waypoint t/wp in the dump %v: %v", d.Waypoints, err)
+	}
+	if got := strings.Join(wp.GetAddresses(), ","); got != podWaypoint || wp.GetIdentity() != "spiffe://cluster.local/ns/t/sa/waypoint" {
+		t.Errorf("dumped waypoint %v, want addresses %s", &wp, podWaypoint)
+	}
 }
 
 // The destination's node proxy lists an open inbound connection in its

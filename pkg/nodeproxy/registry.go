@@ -156,7 +156,7 @@ func (r *Registry) Waypoint(ref *meshv1.Ref) (*meshv1.Waypoint, error) {
 		return nil, fmt.Errorf("waypoint %s/%s is not known", ref.GetNamespace(), ref.GetName())
 	}
 	if len(wp.GetAddresses()) == 0 {
-		return nil, fmt.Errorf("waypoint %s/%s has no address", ref.GetNamespace(), ref.GetName())
+		return nil, fmt.Errorf("waypoint %s/%s has no ready pod (no address)", ref.GetNamespace(), ref.GetName())
 	}
 	return wp, nil
 }

@@ -271,6 +271,8 @@ func TestInstall(t *testing.T) {
 		}
 	})
 
+	t.Run("waypoint rollout under load", func(t *testing.T) { testWaypointRollout(t, pods["frontend"]) })
+
 	t.Run("traces in Jaeger", func(t *testing.T) { testTraces(t, pods["frontend"]) })
 
 	t.Run("backend TLS to a server outside the mesh", func(t *testing.T) {

@@ -1128,7 +1128,8 @@ type Waypoint struct {
 	Namespace string                 `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	// The identity its pods hold; node proxies verify it as the tunnel's SAN.
 	Identity string `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"`
-	// Addresses of its pods.
+	// Addresses of its pods that serve: ready and not terminating; when none
+	// is, those terminating that still report ready (as kube-proxy falls back).
 	Addresses []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	HbonePort uint32   `protobuf:"varint,5,opt,name=hbone_port,json=hbonePort,proto3" json:"hbone_port,omitempty"`
 	// service, workload or all.
