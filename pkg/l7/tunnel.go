@@ -31,6 +31,11 @@ type ConnInfo struct {
 	Port uint32
 	// Protocol is the port's protocol, from its appProtocol (ProtocolFor).
 	Protocol Protocol
+	// Baggage is the tunnel's CONNECT baggage (hbone.Request.Baggage): the
+	// caller's node proxy's word on its names, believed only as
+	// telemetry.Caller says. A request's own baggage header is never read
+	// for it.
+	Baggage string
 }
 
 // tunnel is a served tunnel's ConnInfo with the strings every request's

@@ -658,6 +658,10 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 		// From the pod's own IP, so the next hop (a waypoint's policy, the
 		// destination's access log) sees where the traffic comes from.
 		LocalAddr: from.Addr().Unmap(),
+		// The source's names, for a next hop that cannot read its
+		// workload (a waypoint of another namespace): it believes them
+		// only within the namespace of the identity this tunnel proves.
+		Baggage: telemetry.Baggage(src),
 	})
 }
 
@@ -672,10 +676,15 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	// The caller is who the tunnel authenticated; the workload at its
 	// address names it only when it holds that identity.
 	caller, _ := reg.WorkloadByIP(req.Remote.Addr())
-	rec.std.Source = telemetry.Caller(req.Peer, caller)
+	var err error
+	rec.std.Source, err = telemetry.Caller(req.Peer, caller, req.Baggage)
+	if be := (*telemetry.BaggageError)(nil); errors.As(err, &be) {
+		p.metrics.baggage.WithLabelValues(be.Reason).Inc()
+		p.log.Debug("connect baggage ignored", zap.Stringer("src", req.Remote), zap.Stringer("src_identity", req.Peer), zap.Error(err))
+	}
 	rec.std.SecurityPolicy = telemetry.SecurityPolicy(req.Peer)
 	if !req.Authority.IsValid() {
-		err := hbone.BadRequest("authority must be ip:port")
+		err = hbone.BadRequest("authority must be ip:port")
 		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}

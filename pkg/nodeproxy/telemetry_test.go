@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,4 +133,71 @@ func TestStandardTCPMetrics(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A node proxy names its caller in the baggage of the CONNECTs it opens
+// (ztunnel's keys); the destination's node proxy believes a baggage only
+// for a caller its index does not hold, within the namespace of the
+// tunnel's identity.
+func TestConnectBaggage(t *testing.T) {
+	regs := map[string]*prometheus.Registry{"node-a": prometheus.NewRegistry(), "node-b": prometheus.NewRegistry()}
+	m := startMeshWith(t, func(o *Options) { o.Registry = regs[o.Node] }, "node-a", "node-b")
+	startApp(t, app(podB)+":8080", "B")
+	seen := make(chan string, 1)
+	startWaypoint(t, m, hbone.HandlerFunc(func(ctx context.Context, r *hbone.Request) (hbone.Stream, error) {
+		seen <- r.Baggage
+		return hbone.StreamFunc(func(_ context.Context, tunnel net.Conn) { io.Copy(tunnel, tunnel) }), nil
+	}))
+
+	// a -> d, through d's waypoint: the CONNECT names a.
+	if got, err := m.exchange(t, "node-a", podA, podD+":8080", "hi"); err != nil || got != "hi" {
+		t.Fatalf("a -> d: %q %v", got, err)
+	}
+	const aBaggage = "k8s.cluster.name=Kubernetes,k8s.namespace.name=t,k8s.pod.name=a,service.name=a,service.version=latest"
+	if got := <-seen; got != aBaggage {
+		t.Errorf("the waypoint got baggage %q, want %q", got, aBaggage)
+	}
+
+	// a's identity from an address node-b's index does not hold, naming
+	// a; then naming a workload of another namespace.
+	cert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), 0)
+	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: m.ca.Bundle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	for _, baggage := range []string{aBaggage, strings.Replace(aBaggage, "=t,", "=other,", 1)} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := pool.Dial(ctx, hbone.Target{Address: netip.MustParseAddrPort(podB + ":15008"), Authority: podB + ":8080",
+			Source: trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), Cert: func() (*tls.Certificate, error) { return cert, nil },
+			Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/b")}, LocalAddr: netip.MustParseAddr("127.0.71.50"),
+			Baggage: baggage})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, "hi")
+		c.(interface{ CloseWrite() error }).CloseWrite()
+		if out, _ := io.ReadAll(c); string(out) != "B:hi" {
+			t.Fatalf("a's identity from an unknown address: %q", out)
+		}
+		c.Close()
+	}
+	principalOnly := side("source", "")
+	principalOnly["source_principal"], principalOnly["source_workload_namespace"] = "spiffe://cluster.local/ns/t/sa/a", "t"
+	l := map[string]string{"reporter": "destination", "request_protocol": "tcp", "response_flags": "-", "connection_security_policy": "mutual_tls",
+		"destination_service": "svc.t.svc.cluster.local", "destination_service_name": "svc", "destination_service_namespace": "t"}
+	maps.Copy(l, side("destination", "b"))
+	maps.Copy(l, principalOnly)
+	want := map[string]float64{tcpLabels("destination", "a", "b", "svc", "mutual_tls"): 1, metricstest.Labels(l): 1}
+	waitFor(t, "node-b's opened connections", func() error {
+		if got := metricstest.All(t, regs["node-b"], "istio_tcp_connections_opened_total"); !maps.Equal(got, want) {
+			return fmt.Errorf("\n got %v\nwant %v", got, want)
+		}
+		return nil
+	})
+	if got := metricstest.ByLabel(t, regs["node-b"], "hbone_baggage_ignored_total", "reason"); !maps.Equal(got, map[string]float64{"namespace_mismatch": 1}) {
+		t.Errorf("hbone_baggage_ignored_total: %v", got)
+	}
 }

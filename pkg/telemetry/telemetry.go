@@ -5,8 +5,10 @@
 //
 // Labels describing a caller come only from what authenticated it: the
 // principal is the tunnel's verified identity, and the workload at the
-// caller's address is named only when its identity is that same one. A
-// header's claim never names anybody.
+// caller's address is named only when its identity is that same one. The
+// only header believed is the baggage of an authenticated tunnel's
+// CONNECT, and only for a caller the index does not hold, within its
+// identity's namespace (baggage.go).
 package telemetry
 
 import (
@@ -49,26 +51,35 @@ var UnknownPeer = Peer{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unk
 
 // Caller is the peer that opened a connection: peer is who the TLS
 // handshake authenticated, w the workload the index holds at the
-// connection's source address (nil: none). The workload is named only
-// when its identity is the authenticated one; a workload of another
-// identity at that address makes the whole side unknown (one of the two is
-// lying or stale, and neither may be believed). An authenticated caller at
-// an address the index does not know keeps its principal and namespace.
-// An unauthenticated caller (plaintext, a TLS-only tunnel) is unknown.
-func Caller(peer trust.Peer, w *meshv1.Workload) Peer {
+// connection's source address (nil: none), baggage the tunnel's CONNECT
+// baggage (the caller's node proxy's word, ParseBaggage; never a request's
+// own baggage).
+//
+// The workload in the index is named only when its identity is the
+// authenticated one; a workload of another identity at that address makes
+// the whole side unknown (one of the two is lying or stale, and neither
+// may be believed). The index wins over the baggage: it is the control
+// plane's, checked against the identity; the baggage is a claim, of which
+// only the namespace can be checked. An authenticated caller at an address
+// the index does not know keeps its principal and namespace, and is named
+// by its baggage when that is well-formed and of the same namespace. An
+// unauthenticated caller (plaintext, a TLS-only tunnel) is unknown. The
+// error says why baggage there was not believed (a *BaggageError).
+func Caller(peer trust.Peer, w *meshv1.Workload, baggage string) (Peer, error) {
 	id, ok := peer.Identity()
 	if !ok {
-		return UnknownPeer
+		if baggage != "" {
+			return UnknownPeer, &BaggageError{Reason: BaggageUnauthenticated, Err: errTLSOnly}
+		}
+		return UnknownPeer, nil
 	}
 	if w == nil {
-		p := UnknownPeer
-		p.Principal, p.Namespace = id.String(), id.Namespace()
-		return p
+		return callerFromBaggage(id, baggage)
 	}
 	if w.GetIdentity() != id.String() {
-		return UnknownPeer
+		return UnknownPeer, nil
 	}
-	return Of(w)
+	return Of(w), nil
 }
 
 // Of is a workload the proxy itself chose or serves (a destination, a
