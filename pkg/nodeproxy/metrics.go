@@ -35,6 +35,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Bytes received from the destination."}, connLabels),
 	}
 	m.std, m.baggage = telemetry.NewTCP(), telemetry.NewBaggageIgnored()
-	reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.std.Opened, m.std.Closed, m.std.Sent, m.std.Received, m.baggage)
+	reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.std.Opened, m.std.Closed, m.std.Bytes, m.baggage)
 	return m
 }

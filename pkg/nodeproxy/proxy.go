@@ -513,11 +513,12 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		return false
 	}
 	p.opened(&rec)
-	hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
+	relay := hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
 		p.release(rec.hop)
 		p.finish(&rec, start, sent, received, err)
 		p.outbound.Done()
 	})
+	p.metrics.std.Bytes.Follow(rec.bytes, relay.Bytes)
 	return true
 }
 
@@ -732,6 +733,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		p.finish(&rec, start, sent, received, tracked.Result(err))
 	})
 	tracked, untrack = p.track(ctx, conn, func() { relay.Abort(connpolicy.ErrRevoked) })
+	p.metrics.std.Bytes.Follow(rec.bytes, relay.Bytes)
 	return relay, nil
 }
 
@@ -902,9 +904,11 @@ type connRecord struct {
 	inbound, hasHop          bool
 	hopKind                  HopKind
 	// std is what Istio's standard metrics say of it; opened: they counted
-	// it opened (refused and failed connections they do not count).
+	// it opened (refused and failed connections they do not count), and
+	// bytes counts its bytes as they flow.
 	std    telemetry.Connection
 	opened bool
+	bytes  *telemetry.OpenBytes
 }
 
 // newConnRecord starts the record of a connection the node proxy reports
@@ -949,8 +953,9 @@ func (r *connRecord) describeDestination(reg *Registry, w *meshv1.Workload, port
 // opened counts r's connection opened.
 func (p *Proxy) opened(r *connRecord) {
 	p.metrics.opened.WithLabelValues(r.labels()...).Inc()
-	p.metrics.std.Opened.WithLabelValues(r.std.Values(make([]string, 0, len(telemetry.Labels)))...).Inc()
-	r.opened = true
+	std := r.std.Values(make([]string, 0, len(telemetry.Labels)))
+	p.metrics.std.Opened.WithLabelValues(std...).Inc()
+	r.opened, r.bytes = true, p.metrics.std.Bytes.Open(std)
 }
 
 func (r *connRecord) direction() string {
@@ -991,8 +996,7 @@ func (p *Proxy) finish(r *connRecord, start time.Time, sent, received int64, err
 		p.metrics.std.Closed.WithLabelValues(std...).Inc()
 		// Istio's received bytes are the request's: what went toward the
 		// destination.
-		p.metrics.std.Received.WithLabelValues(std...).Add(float64(sent))
-		p.metrics.std.Sent.WithLabelValues(std...).Add(float64(received))
+		p.metrics.std.Bytes.Close(r.bytes, sent, received)
 	}
 	fields := []zap.Field{
 		zap.String("direction", r.direction()), zap.String("src", r.src.String()), zap.String("src_workload", r.srcWorkload),

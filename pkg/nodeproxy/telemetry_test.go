@@ -16,6 +16,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
+	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 )
@@ -200,4 +201,64 @@ func TestConnectBaggage(t *testing.T) {
 	if got := metricstest.ByLabel(t, regs["node-b"], "hbone_baggage_ignored_total", "reason"); !maps.Equal(got, map[string]float64{"namespace_mismatch": 1}) {
 		t.Errorf("hbone_baggage_ignored_total: %v", got)
 	}
+}
+
+// The standard byte counters show an open connection's bytes as they
+// flow, on both sides, and count them once after it closes.
+func TestStandardBytesOfOpenConnections(t *testing.T) {
+	regs := map[string]*prometheus.Registry{"node-a": prometheus.NewRegistry(), "node-b": prometheus.NewRegistry()}
+	m := startMeshWith(t, func(o *Options) { o.Registry = regs[o.Node] }, "node-a", "node-b")
+	// c's app echoes as it reads.
+	testnet.Serve(t, testnet.Listen(t, app(podC)+":8080"), func(c net.Conn) { io.Copy(c, c) })
+	c, err := m.dial(t, "node-a", podA, podC+":8080")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	msg := strings.Repeat("x", 1000)
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+		t.Fatal(err)
+	}
+	bytesOf := func(node, reporter string) (float64, float64) {
+		l := map[string]string{"reporter": reporter, "destination_workload": "c"}
+		received, _ := metricstest.Value(t, regs[node], "istio_tcp_received_bytes_total", l)
+		sent, _ := metricstest.Value(t, regs[node], "istio_tcp_sent_bytes_total", l)
+		return received, sent
+	}
+	expect := func(what string, want float64) {
+		t.Helper()
+		waitFor(t, what, func() error {
+			for node, reporter := range map[string]string{"node-a": "source", "node-b": "destination"} {
+				if received, sent := bytesOf(node, reporter); received != want || sent != want {
+					return fmt.Errorf("%s (%s): received %v, sent %v, want %v each", node, reporter, received, sent, want)
+				}
+			}
+			return nil
+		})
+	}
+	expect("the open connection's bytes", 1000)
+	if got := metricstest.ByLabel(t, regs["node-a"], "istio_tcp_connections_closed_total", "reporter"); len(got) != 0 {
+		t.Fatalf("closed connections %v: the connection was to stay open", got)
+	}
+	if _, err := io.WriteString(c, msg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, len(msg))); err != nil {
+		t.Fatal(err)
+	}
+	expect("more bytes of the open connection", 2000)
+	c.Close()
+	waitFor(t, "the connection closed on both sides", func() error {
+		for node, reporter := range map[string]string{"node-a": "source", "node-b": "destination"} {
+			if got := metricstest.ByLabel(t, regs[node], "istio_tcp_connections_closed_total", "reporter"); got[reporter] != 1 {
+				return fmt.Errorf("%s: closed %v", node, got)
+			}
+		}
+		return nil
+	})
+	expect("the closed connection's bytes, once", 2000)
 }

@@ -190,19 +190,17 @@ func concat(parts ...[]string) []string {
 // received bytes are the request's (caller to destination), sent bytes the
 // response's.
 type TCP struct {
-	Opened, Closed, Sent, Received *prometheus.CounterVec
+	Opened, Closed *prometheus.CounterVec
+	Bytes          *Bytes // istio_tcp_received_bytes_total, istio_tcp_sent_bytes_total
 }
 
-// NewTCP makes the TCP vectors (unregistered).
+// NewTCP makes the TCP metrics (unregistered).
 func NewTCP() *TCP {
 	return &TCP{
 		Opened: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_connections_opened_total",
 			Help: "TCP connections opened (Istio standard metric)."}, Labels),
 		Closed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_connections_closed_total",
 			Help: "TCP connections closed (Istio standard metric)."}, Labels),
-		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_sent_bytes_total",
-			Help: "Bytes of responses: from the destination to the caller, counted as a connection closes (Istio standard metric)."}, Labels),
-		Received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_received_bytes_total",
-			Help: "Bytes of requests: from the caller to the destination, counted as a connection closes (Istio standard metric)."}, Labels),
+		Bytes: newBytes(),
 	}
 }
