@@ -38,7 +38,7 @@ func Relay(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aTo
 // Progress reads the bytes a running relay has carried so far (its done
 // reports the totals): the counters the relay keeps anyway, read only
 // when asked. A pair carried with a goroutine per direction (not a tunnel
-// and a socket) reads zero until its end.
+// and a socket) reads zero: its done alone reports its bytes.
 type Progress struct{ r *relay }
 
 // Bytes are the bytes carried so far from a to b and from b to a.
