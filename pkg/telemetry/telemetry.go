@@ -1,7 +1,9 @@
 // Package telemetry holds Istio's standard metric labels (the ones Kiali's
 // graph and Istio's Grafana dashboards query) and what fills them: the
 // identity labels of a connection's two sides and of its destination
-// service, and the TCP metric vectors the node proxy reports with them.
+// service, the names a caller's node proxy sends in the HBONE CONNECT's
+// baggage (baggage.go), and the TCP metrics the node proxy reports with
+// them, its byte counters read as bytes flow (bytes.go).
 //
 // Labels describing a caller come only from what authenticated it: the
 // principal is the tunnel's verified identity, and the workload at the
