@@ -69,27 +69,7 @@ func TestStandardTCPMetrics(t *testing.T) {
 		t.Fatalf("a -> b: %q %v", got, err)
 	}
 	// a's identity from e's address, straight to b's node proxy.
-	cert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), 0)
-	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: m.ca.Bundle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pool.Dial(ctx, hbone.Target{Address: netip.MustParseAddrPort(podB + ":15008"), Authority: podB + ":8080",
-		Source: trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), Cert: func() (*tls.Certificate, error) { return cert, nil },
-		Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/b")}, LocalAddr: netip.MustParseAddr(podE)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(c, "hi")
-	c.(interface{ CloseWrite() error }).CloseWrite()
-	if out, _ := io.ReadAll(c); string(out) != "B:hi" {
-		t.Fatalf("a's identity from e's address: %q", out)
-	}
-	c.Close()
+	m.helloAsA(t, podE, "")
 	// Plaintext from outside the mesh to d, hairpinned through the
 	// waypoint over a TLS-only tunnel.
 	pc, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(podOutsider)}}).Dial("tcp", podD+":8080")
@@ -161,30 +141,8 @@ func TestConnectBaggage(t *testing.T) {
 
 	// a's identity from an address node-b's index does not hold, naming
 	// a; then naming a workload of another namespace.
-	cert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), 0)
-	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: m.ca.Bundle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pool.Close() })
-	for _, baggage := range []string{aBaggage, strings.Replace(aBaggage, "=t,", "=other,", 1)} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		c, err := pool.Dial(ctx, hbone.Target{Address: netip.MustParseAddrPort(podB + ":15008"), Authority: podB + ":8080",
-			Source: trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), Cert: func() (*tls.Certificate, error) { return cert, nil },
-			Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/b")}, LocalAddr: netip.MustParseAddr("127.0.71.50"),
-			Baggage: baggage})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(c, "hi")
-		c.(interface{ CloseWrite() error }).CloseWrite()
-		if out, _ := io.ReadAll(c); string(out) != "B:hi" {
-			t.Fatalf("a's identity from an unknown address: %q", out)
-		}
-		c.Close()
-	}
+	m.helloAsA(t, "127.0.71.50", aBaggage)
+	m.helloAsA(t, "127.0.71.50", strings.Replace(aBaggage, "=t,", "=other,", 1))
 	principalOnly := side("source", "")
 	principalOnly["source_principal"], principalOnly["source_workload_namespace"] = "spiffe://cluster.local/ns/t/sa/a", "t"
 	l := map[string]string{"reporter": "destination", "request_protocol": "tcp", "response_flags": "-", "connection_security_policy": "mutual_tls",
@@ -261,4 +219,33 @@ func TestStandardBytesOfOpenConnections(t *testing.T) {
 		return nil
 	})
 	expect("the closed connection's bytes, once", 2000)
+}
+
+// helloAsA sends "hi" to b's app straight to b's node proxy, under a's
+// identity, from the address from, with baggage on the CONNECT, and
+// expects b's answer.
+func (m *testMesh) helloAsA(t *testing.T, from, baggage string) {
+	t.Helper()
+	cert := m.ca.Certificate(t, trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), 0)
+	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: m.ca.Bundle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pool.Dial(ctx, hbone.Target{Address: netip.MustParseAddrPort(podB + ":15008"), Authority: podB + ":8080",
+		Source: trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/a"), Cert: func() (*tls.Certificate, error) { return cert, nil },
+		Expected: []trust.Identity{trusttest.Identity(t, "spiffe://cluster.local/ns/t/sa/b")}, LocalAddr: netip.MustParseAddr(from),
+		Baggage: baggage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "hi")
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	if out, _ := io.ReadAll(c); string(out) != "B:hi" {
+		t.Fatalf("a's identity from %s: %q", from, out)
+	}
 }
