@@ -518,7 +518,7 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		p.finish(&rec, start, sent, received, err)
 		p.outbound.Done()
 	})
-	p.metrics.std.Bytes.Follow(rec.bytes, relay.Bytes)
+	p.metrics.std.Bytes.Follow(rec.bytes, relay)
 	return true
 }
 
@@ -733,7 +733,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		p.finish(&rec, start, sent, received, tracked.Result(err))
 	})
 	tracked, untrack = p.track(ctx, conn, func() { relay.Abort(connpolicy.ErrRevoked) })
-	p.metrics.std.Bytes.Follow(rec.bytes, relay.Bytes)
+	p.metrics.std.Bytes.Follow(rec.bytes, relay)
 	return relay, nil
 }
 

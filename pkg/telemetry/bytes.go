@@ -33,10 +33,14 @@ type byteSet struct {
 
 // OpenBytes is an open connection of Bytes.
 type OpenBytes struct {
-	set *byteSet
-	// read gives the connection's request and response bytes so far (nil
-	// until Follow).
-	read func() (request, response int64)
+	set  *byteSet
+	read ByteReader // nil until Follow
+}
+
+// ByteReader reads a connection's request and response bytes so far
+// (hbone.Progress, *hbone.RelayStream: no allocation to hold either).
+type ByteReader interface {
+	Bytes() (request, response int64)
 }
 
 func newBytes() *Bytes {
@@ -65,8 +69,8 @@ func (b *Bytes) Open(values []string) *OpenBytes {
 	return o
 }
 
-// Follow makes scrapes read o's bytes so far with read.
-func (b *Bytes) Follow(o *OpenBytes, read func() (request, response int64)) {
+// Follow makes scrapes read o's bytes so far from read.
+func (b *Bytes) Follow(o *OpenBytes, read ByteReader) {
 	b.mu.Lock()
 	o.read = read
 	b.mu.Unlock()
@@ -99,7 +103,7 @@ func (b *Bytes) Collect(ch chan<- prometheus.Metric) {
 		t := totals{s.values, s.received, s.sent}
 		for o := range s.open {
 			if o.read != nil {
-				req, resp := o.read()
+				req, resp := o.read.Bytes()
 				t.received, t.sent = t.received+req, t.sent+resp
 			}
 		}
