@@ -101,14 +101,14 @@ func TestWorkloadTranslation(t *testing.T) {
 		Node: "node-a", Addresses: []string{"127.0.10.1", "fd00::1"}, Hbone: true,
 		Labels: map[string]string{"app": "api"}, AppAddress: "127.0.110.1",
 		ServingPorts: []uint32{8080, 9100}, // the http container port, and the metrics target port; UDP ignored
-		WorkloadName: "api-1", CanonicalService: "api", CanonicalRevision: "latest", App: "api",
+		WorkloadName: "api-1", WorkloadType: "pod", CanonicalService: "api", CanonicalRevision: "latest", App: "api",
 	}, s.Workloads["0b4f0c9e-1111-4d0e-9c3b-000000000001"])
 	assertProto(t, "api-2 (uid defaults to ns/name, SA to default)", &meshv1.Workload{
 		Uid: "shop/api-2", Name: "api-2", Namespace: "shop",
 		ServiceAccount: "default", Identity: "spiffe://cluster.local/ns/shop/sa/default",
 		Node: "node-b", Addresses: []string{"127.0.10.2"}, Hbone: true,
 		Labels: map[string]string{"app": "api"}, ServingPorts: []uint32{9090, 9100, 9443},
-		WorkloadName: "api-2", CanonicalService: "api", CanonicalRevision: "latest", App: "api",
+		WorkloadName: "api-2", WorkloadType: "pod", CanonicalService: "api", CanonicalRevision: "latest", App: "api",
 	}, s.Workloads["shop/api-2"])
 	if _, ok := s.Workloads["shop/api-4-done"]; ok {
 		t.Error("a Succeeded pod must not be a workload")

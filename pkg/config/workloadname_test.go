@@ -64,22 +64,32 @@ kind: Pod
 metadata: {name: bare, namespace: shop}
 spec: {containers: [{name: c, image: c}]}
 status: {podIP: 127.0.10.5}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: once-x
+  namespace: shop
+  ownerReferences: [{apiVersion: batch/v1, kind: Job, name: once, uid: "6", controller: true}]
+spec: {containers: [{name: c, image: c}]}
+status: {podIP: 127.0.10.6}
 `)
-	for uid, want := range map[string][5]string{ // workload, canonical service, canonical revision, app, version
-		"shop/reviews-v2-7d4f9c-abcde": {"reviews-v2", "reviews", "v2", "reviews", "v2"},
-		"shop/nightly-29012345-xyz":    {"nightly", "batch", "r7", "ignored", ""},
-		"shop/db-0":                    {"db", "db", "15", "", "15"},
-		"shop/lone":                    {"handmade", "handmade", "latest", "", ""},
-		"shop/bare":                    {"bare", "bare", "latest", "", ""},
+	for uid, want := range map[string][6]string{ // workload, its type, canonical service, canonical revision, app, version
+		"shop/reviews-v2-7d4f9c-abcde": {"reviews-v2", "deployment", "reviews", "v2", "reviews", "v2"},
+		"shop/nightly-29012345-xyz":    {"nightly", "cronjob", "batch", "r7", "ignored", ""},
+		"shop/db-0":                    {"db", "pod", "db", "15", "", "15"},
+		"shop/lone":                    {"handmade", "pod", "handmade", "latest", "", ""},
+		"shop/bare":                    {"bare", "pod", "bare", "latest", "", ""},
+		"shop/once-x":                  {"once", "job", "once", "latest", "", ""},
 	} {
 		w := s.Workloads[uid]
 		if w == nil {
 			t.Errorf("%s: no workload", uid)
 			continue
 		}
-		got := [5]string{w.GetWorkloadName(), w.GetCanonicalService(), w.GetCanonicalRevision(), w.GetApp(), w.GetVersion()}
+		got := [6]string{w.GetWorkloadName(), w.GetWorkloadType(), w.GetCanonicalService(), w.GetCanonicalRevision(), w.GetApp(), w.GetVersion()}
 		if got != want {
-			t.Errorf("%s: workload, canonical service and revision, app, version = %q, want %q", uid, got, want)
+			t.Errorf("%s: workload, type, canonical service and revision, app, version = %q, want %q", uid, got, want)
 		}
 	}
 }

@@ -57,6 +57,15 @@ func (r *RelayStream) start(ctx context.Context, tunnel net.Conn, finished func(
 	}
 }
 
+// Bytes are the bytes sent to upstream and received from it so far (see
+// Progress); zero before the relay starts.
+func (r *RelayStream) Bytes() (sent, received int64) {
+	r.mu.Lock()
+	rl := r.relay
+	r.mu.Unlock()
+	return Progress{rl}.Bytes()
+}
+
 // Abort ends the relay with cause, resetting the tunnel and the upstream
 // connection; before the relay starts, it resets upstream at once and the
 // tunnel when the relay starts. Closing upstream by hand is not enough

@@ -28,8 +28,29 @@ import (
 // waiting on a fresh goroutine (a small stack) after it has sent data,
 // whose TLS and framing grew its own. Other pairs get JoinIdle's goroutine
 // per direction.
-func Relay(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aToB, bToA int64, err error)) {
-	relayPair(ctx, a, b, idle, done)
+//
+// The Progress it returns reads the bytes carried so far while the pair
+// runs.
+func Relay(ctx context.Context, a, b net.Conn, idle time.Duration, done func(aToB, bToA int64, err error)) Progress {
+	return Progress{relayPair(ctx, a, b, idle, done)}
+}
+
+// Progress reads the bytes a running relay has carried so far (its done
+// reports the totals): the counters the relay keeps anyway, read only
+// when asked. A pair carried with a goroutine per direction (not a tunnel
+// and a socket) reads zero: its done alone reports its bytes.
+type Progress struct{ r *relay }
+
+// Bytes are the bytes carried so far from a to b and from b to a.
+func (p Progress) Bytes() (aToB, bToA int64) {
+	if p.r == nil {
+		return 0, 0
+	}
+	toPeer, toStream := p.r.toPeer.Load(), p.r.toStream.Load()
+	if p.r.streamIsA {
+		return toPeer, toStream
+	}
+	return toStream, toPeer
 }
 
 // relayPair is Relay; it returns the relay it started, nil for a pair
@@ -148,12 +169,8 @@ func (r *relay) directionDone() {
 		r.st.Close()
 		r.peer.Close()
 	})
-	toPeer, toStream := r.toPeer.Load(), r.toStream.Load()
-	if r.streamIsA {
-		r.done(toPeer, toStream, r.err)
-	} else {
-		r.done(toStream, toPeer, r.err)
-	}
+	aToB, bToA := Progress{r}.Bytes()
+	r.done(aToB, bToA, r.err)
 }
 
 // fromPeer carries the socket into the tunnel; at EOF it ends the

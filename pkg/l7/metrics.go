@@ -19,6 +19,9 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	mirrors  *prometheus.CounterVec
 	std      *standardMetrics
+	// baggage counts the tunnels whose CONNECT baggage did not name the
+	// caller (telemetry.Caller), by reason.
+	baggage *prometheus.CounterVec
 }
 
 var requestLabels = []string{"response_code", "source_principal", "destination_service", "route"}
@@ -38,7 +41,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "request_mirrors_total",
 			Help: "Mirrored requests by outcome (sent, failed, dropped: concurrency limit, skipped: body not buffered).",
 		}, []string{"outcome"}),
-		std: newStandardMetrics(),
+		std:     newStandardMetrics(),
+		baggage: telemetry.NewBaggageIgnored(),
 	}
 	if reg == nil {
 		return m, nil
@@ -51,6 +55,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.mirrors, err = register(reg, m.mirrors); err != nil {
+		return nil, err
+	}
+	if m.baggage, err = register(reg, m.baggage); err != nil {
 		return nil, err
 	}
 	if err := m.std.register(reg); err != nil {

@@ -1,6 +1,7 @@
 package l7
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -121,8 +122,10 @@ var accessFields = sync.Pool{New: func() any {
 
 // identify sets what t's requests say of the caller and the service, from
 // cfg: the caller is who the tunnel authenticated (telemetry.Caller: the
-// workload at its address only when it holds that identity).
-func (t *tunnel) identify(cfg *Config) {
+// workload at its address only when it holds that identity, else the
+// CONNECT's baggage within the identity's namespace). Baggage not believed
+// is counted in m and logged at debug level.
+func (t *tunnel) identify(cfg *Config, m *metrics) {
 	var src *meshv1.Workload
 	var svc *meshv1.Service
 	if cfg != nil {
@@ -131,9 +134,14 @@ func (t *tunnel) identify(cfg *Config) {
 			svc = si.svc
 		}
 	}
+	source, err := telemetry.Caller(t.Peer, src, t.Baggage)
+	if be := (*telemetry.BaggageError)(nil); errors.As(err, &be) {
+		m.baggage.WithLabelValues(be.Reason).Inc()
+		t.accessLog.Debug("connect baggage ignored", zap.Error(err))
+	}
 	t.std = telemetry.Connection{
 		Reporter:       telemetry.ReporterWaypoint,
-		Source:         telemetry.Caller(t.Peer, src),
+		Source:         source,
 		Service:        telemetry.UnknownService,
 		SecurityPolicy: telemetry.SecurityPolicy(t.Peer),
 	}

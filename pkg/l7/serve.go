@@ -43,7 +43,7 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	t := newTunnel(info, e.log)
-	t.identify(e.Config())
+	t.identify(e.Config(), e.metrics)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.serveHTTP(w, r, t) })
 
 	if info.Protocol != ProtocolHTTP {

@@ -38,6 +38,11 @@ type ConnInfo struct {
 	// selects another is misdirected (421).
 	Ingress  bool
 	Listener string
+	// Baggage is the tunnel's CONNECT baggage (hbone.Request.Baggage): the
+	// caller's node proxy's word on its names, believed only as
+	// telemetry.Caller says. A request's own baggage header is never read
+	// for it.
+	Baggage string
 }
 
 // tunnel is a served tunnel's ConnInfo with the strings every request's

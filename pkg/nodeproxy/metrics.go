@@ -13,6 +13,9 @@ type metrics struct {
 	sent     *prometheus.CounterVec
 	received *prometheus.CounterVec
 	std      *telemetry.TCP // Istio's standard metrics (istio_tcp_*)
+	// baggage counts inbound tunnels whose CONNECT baggage did not name
+	// the caller, by reason (telemetry.Caller).
+	baggage *prometheus.CounterVec
 }
 
 // connection labels: direction (inbound/outbound), the peers' identities
@@ -31,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tcp_received_bytes_total",
 			Help: "Bytes received from the destination."}, connLabels),
 	}
-	m.std = telemetry.NewTCP()
-	reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.std.Opened, m.std.Closed, m.std.Sent, m.std.Received)
+	m.std, m.baggage = telemetry.NewTCP(), telemetry.NewBaggageIgnored()
+	reg.MustRegister(m.opened, m.closed, m.sent, m.received, m.std.Opened, m.std.Closed, m.std.Bytes, m.baggage)
 	return m
 }

@@ -519,11 +519,12 @@ func (p *Proxy) openOutbound(ctx context.Context, c capture.Conn) bool {
 		return false
 	}
 	p.opened(&rec)
-	hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
+	relay := hbone.Relay(p.relays, c.NetConn(), upstream, p.idleTimeout(), func(sent, received int64, err error) {
 		p.release(rec.hop)
 		p.finish(&rec, start, sent, received, err)
 		p.outbound.Done()
 	})
+	p.metrics.std.Bytes.Follow(rec.bytes, relay)
 	return true
 }
 
@@ -664,6 +665,10 @@ func (p *Proxy) dialHop(ctx context.Context, src *meshv1.Workload, hop Hop, from
 		// From the pod's own IP, so the next hop (a waypoint's policy, the
 		// destination's access log) sees where the traffic comes from.
 		LocalAddr: from.Addr().Unmap(),
+		// The source's names, for a next hop that cannot read its
+		// workload (a waypoint of another namespace): it believes them
+		// only within the namespace of the identity this tunnel proves.
+		Baggage: telemetry.Baggage(src),
 	})
 }
 
@@ -678,10 +683,15 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 	// The caller is who the tunnel authenticated; the workload at its
 	// address names it only when it holds that identity.
 	caller, _ := reg.WorkloadByIP(req.Remote.Addr())
-	rec.std.Source = telemetry.Caller(req.Peer, caller)
+	var err error
+	rec.std.Source, err = telemetry.Caller(req.Peer, caller, req.Baggage)
+	if be := (*telemetry.BaggageError)(nil); errors.As(err, &be) {
+		p.metrics.baggage.WithLabelValues(be.Reason).Inc()
+		p.log.Debug("connect baggage ignored", zap.Stringer("src", req.Remote), zap.Stringer("src_identity", req.Peer), zap.Error(err))
+	}
 	rec.std.SecurityPolicy = telemetry.SecurityPolicy(req.Peer)
 	if !req.Authority.IsValid() {
-		err := hbone.BadRequest("authority must be ip:port")
+		err = hbone.BadRequest("authority must be ip:port")
 		p.finish(&rec, start, 0, 0, err)
 		return nil, err
 	}
@@ -729,6 +739,7 @@ func (p *Proxy) openInbound(ctx context.Context, req *hbone.Request) (hbone.Stre
 		p.finish(&rec, start, sent, received, tracked.Result(err))
 	})
 	tracked, untrack = p.track(ctx, conn, func() { relay.Abort(connpolicy.ErrRevoked) })
+	p.metrics.std.Bytes.Follow(rec.bytes, relay)
 	return relay, nil
 }
 
@@ -899,9 +910,11 @@ type connRecord struct {
 	inbound, hasHop          bool
 	hopKind                  HopKind
 	// std is what Istio's standard metrics say of it; opened: they counted
-	// it opened (refused and failed connections they do not count).
+	// it opened (refused and failed connections they do not count), and
+	// bytes counts its bytes as they flow.
 	std    telemetry.Connection
 	opened bool
+	bytes  *telemetry.OpenBytes
 }
 
 // newConnRecord starts the record of a connection the node proxy reports
@@ -946,8 +959,9 @@ func (r *connRecord) describeDestination(reg *Registry, w *meshv1.Workload, port
 // opened counts r's connection opened.
 func (p *Proxy) opened(r *connRecord) {
 	p.metrics.opened.WithLabelValues(r.labels()...).Inc()
-	p.metrics.std.Opened.WithLabelValues(r.std.Values(make([]string, 0, len(telemetry.Labels)))...).Inc()
-	r.opened = true
+	std := r.std.Values(make([]string, 0, len(telemetry.Labels)))
+	p.metrics.std.Opened.WithLabelValues(std...).Inc()
+	r.opened, r.bytes = true, p.metrics.std.Bytes.Open(std)
 }
 
 func (r *connRecord) direction() string {
@@ -988,8 +1002,7 @@ func (p *Proxy) finish(r *connRecord, start time.Time, sent, received int64, err
 		p.metrics.std.Closed.WithLabelValues(std...).Inc()
 		// Istio's received bytes are the request's: what went toward the
 		// destination.
-		p.metrics.std.Received.WithLabelValues(std...).Add(float64(sent))
-		p.metrics.std.Sent.WithLabelValues(std...).Add(float64(received))
+		p.metrics.std.Bytes.Close(r.bytes, sent, received)
 	}
 	fields := []zap.Field{
 		zap.String("direction", r.direction()), zap.String("src", r.src.String()), zap.String("src_workload", r.srcWorkload),

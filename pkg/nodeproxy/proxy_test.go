@@ -48,7 +48,7 @@ func meshResources() ([]*meshv1.Workload, []*meshv1.Service, []*meshv1.Waypoint)
 	wl := func(uid, ip, node, sa string, hbone bool) *meshv1.Workload {
 		return &meshv1.Workload{Uid: uid, Name: uid, Namespace: "t", ServiceAccount: sa, Identity: "spiffe://cluster.local/ns/t/sa/" + sa,
 			Node: node, Addresses: []string{ip}, Hbone: hbone, AppAddress: app(ip), ServingPorts: []uint32{8080},
-			WorkloadName: uid, CanonicalService: uid, CanonicalRevision: "latest"}
+			WorkloadName: uid, WorkloadType: "pod", CanonicalService: uid, CanonicalRevision: "latest"}
 	}
 	a := wl("a", podA, "node-a", "a", true)
 	b := wl("b", podB, "node-b", "b", true)

@@ -1,12 +1,16 @@
 // Package telemetry holds Istio's standard metric labels (the ones Kiali's
 // graph and Istio's Grafana dashboards query) and what fills them: the
 // identity labels of a connection's two sides and of its destination
-// service, and the TCP metric vectors the node proxy reports with them.
+// service, the names a caller's node proxy sends in the HBONE CONNECT's
+// baggage (baggage.go), and the TCP metrics the node proxy reports with
+// them, its byte counters read as bytes flow (bytes.go).
 //
 // Labels describing a caller come only from what authenticated it: the
 // principal is the tunnel's verified identity, and the workload at the
-// caller's address is named only when its identity is that same one. A
-// header's claim never names anybody.
+// caller's address is named only when its identity is that same one. The
+// only header believed is the baggage of an authenticated tunnel's
+// CONNECT, and only for a caller the index does not hold, within its
+// identity's namespace (baggage.go).
 package telemetry
 
 import (
@@ -49,26 +53,35 @@ var UnknownPeer = Peer{Unknown, Unknown, Unknown, Unknown, Unknown, Unknown, Unk
 
 // Caller is the peer that opened a connection: peer is who the TLS
 // handshake authenticated, w the workload the index holds at the
-// connection's source address (nil: none). The workload is named only
-// when its identity is the authenticated one; a workload of another
-// identity at that address makes the whole side unknown (one of the two is
-// lying or stale, and neither may be believed). An authenticated caller at
-// an address the index does not know keeps its principal and namespace.
-// An unauthenticated caller (plaintext, a TLS-only tunnel) is unknown.
-func Caller(peer trust.Peer, w *meshv1.Workload) Peer {
+// connection's source address (nil: none), baggage the tunnel's CONNECT
+// baggage (the caller's node proxy's word, ParseBaggage; never a request's
+// own baggage).
+//
+// The workload in the index is named only when its identity is the
+// authenticated one; a workload of another identity at that address makes
+// the whole side unknown (one of the two is lying or stale, and neither
+// may be believed). The index wins over the baggage: it is the control
+// plane's, checked against the identity; the baggage is a claim, of which
+// only the namespace can be checked. An authenticated caller at an address
+// the index does not know keeps its principal and namespace, and is named
+// by its baggage when that is well-formed and of the same namespace. An
+// unauthenticated caller (plaintext, a TLS-only tunnel) is unknown. The
+// error says why baggage there was not believed (a *BaggageError).
+func Caller(peer trust.Peer, w *meshv1.Workload, baggage string) (Peer, error) {
 	id, ok := peer.Identity()
 	if !ok {
-		return UnknownPeer
+		if baggage != "" {
+			return UnknownPeer, &BaggageError{Reason: BaggageUnauthenticated, Err: errTLSOnly}
+		}
+		return UnknownPeer, nil
 	}
 	if w == nil {
-		p := UnknownPeer
-		p.Principal, p.Namespace = id.String(), id.Namespace()
-		return p
+		return callerFromBaggage(id, baggage)
 	}
 	if w.GetIdentity() != id.String() {
-		return UnknownPeer
+		return UnknownPeer, nil
 	}
-	return Of(w)
+	return Of(w), nil
 }
 
 // Of is a workload the proxy itself chose or serves (a destination, a
@@ -179,19 +192,17 @@ func concat(parts ...[]string) []string {
 // received bytes are the request's (caller to destination), sent bytes the
 // response's.
 type TCP struct {
-	Opened, Closed, Sent, Received *prometheus.CounterVec
+	Opened, Closed *prometheus.CounterVec
+	Bytes          *Bytes // istio_tcp_received_bytes_total, istio_tcp_sent_bytes_total
 }
 
-// NewTCP makes the TCP vectors (unregistered).
+// NewTCP makes the TCP metrics (unregistered).
 func NewTCP() *TCP {
 	return &TCP{
 		Opened: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_connections_opened_total",
 			Help: "TCP connections opened (Istio standard metric)."}, Labels),
 		Closed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_connections_closed_total",
 			Help: "TCP connections closed (Istio standard metric)."}, Labels),
-		Sent: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_sent_bytes_total",
-			Help: "Bytes of responses: from the destination to the caller, counted as a connection closes (Istio standard metric)."}, Labels),
-		Received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_tcp_received_bytes_total",
-			Help: "Bytes of requests: from the caller to the destination, counted as a connection closes (Istio standard metric)."}, Labels),
+		Bytes: newBytes(),
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/internal/metricstest"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -29,6 +30,7 @@ import (
 const (
 	frontendIP = "127.0.178.1" // web/frontend's pod
 	impostorIP = "127.0.178.2" // a pod of web whose identity is not the frontend's
+	unindexed  = "127.0.178.3" // a pod of web the waypoint may not read
 	reviewsVIP = "127.0.78.1"
 	rpcVIP     = "127.0.78.2"
 )
@@ -79,13 +81,20 @@ func telemetryFixture(t *testing.T) (*fixture, *prometheus.Registry) {
 // connection from another address is not reused).
 func (f *fixture) tunnelFrom(t *testing.T, from, source, authority string) net.Conn {
 	t.Helper()
+	return f.tunnelWithBaggage(t, from, source, authority, "")
+}
+
+// tunnelWithBaggage is tunnelFrom with baggage on the CONNECT, as a node
+// proxy sends its caller's names.
+func (f *fixture) tunnelWithBaggage(t *testing.T, from, source, authority, baggage string) net.Conn {
+	t.Helper()
 	pool, err := hbone.NewPool(hbone.PoolOptions{Bundle: f.ca.Bundle})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
 	target := f.target(t, source, authority)
-	target.LocalAddr = netip.MustParseAddr(from)
+	target.LocalAddr, target.Baggage = netip.MustParseAddr(from), baggage
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := pool.Dial(ctx, target)
@@ -210,5 +219,63 @@ func TestStandardMetricsGRPCStatus(t *testing.T) {
 	want := map[string]float64{metricstest.Labels(ok): 1, metricstest.Labels(notFound): 1}
 	if got := metricstest.All(t, reg, "istio_requests_total"); !maps.Equal(got, want) {
 		t.Errorf("istio_requests_total:\n got %v\nwant %v", got, want)
+	}
+}
+
+// A caller from a namespace the waypoint may not read is named by its
+// node proxy's baggage on the CONNECT: only on an authenticated tunnel,
+// only within its identity's namespace, only when well-formed; never by a
+// request's own baggage.
+func TestStandardMetricsCallerBaggage(t *testing.T) {
+	f, reg := telemetryFixture(t)
+	frontendPod := &meshv1.Workload{Namespace: "web", WorkloadName: "frontend", WorkloadType: "deployment",
+		CanonicalService: "frontend", CanonicalRevision: "v1", App: "frontend-app", Version: "v1.2"}
+	baggage := telemetry.Baggage(frontendPod)
+	inner := "Baggage: " + baggage + "\r\n" // what the application itself sends
+	for _, c := range []struct {
+		name, source, baggage, header string
+		code                          int
+	}{
+		{"its node proxy's baggage", frontend, baggage, "", 200},
+		{"baggage of another namespace", frontend, strings.Replace(baggage, "=web,", "=shop,", 1), "", 200},
+		{"a TLS-only tunnel with the frontend's baggage", "", baggage, inner, 403},
+		{"no CONNECT baggage, the request's own", frontend, "", inner, 200},
+		{"malformed baggage: two namespaces", frontend, baggage + ",k8s.namespace.name=web", "", 200},
+		{"oversized baggage", frontend, baggage + ",x=" + strings.Repeat("a", telemetry.MaxBaggageBytes), "", 200},
+	} {
+		if code, body := get(t, f.tunnelWithBaggage(t, unindexed, c.source, reviewsVIP+":80", c.baggage), c.header); code != c.code {
+			t.Fatalf("%s: %d %s", c.name, code, body)
+		}
+	}
+
+	named := map[string]string{
+		"source_workload":           "frontend",
+		"source_workload_namespace": "web",
+		"source_principal":          frontend,
+		"source_app":                "frontend-app",
+		"source_version":            "v1.2",
+		"source_canonical_service":  "frontend",
+		"source_canonical_revision": "v1",
+		"source_cluster":            "Kubernetes",
+	}
+	principalOnly := unknownSource()
+	principalOnly["source_principal"], principalOnly["source_workload_namespace"] = frontend, "web"
+	want := map[string]float64{
+		metricstest.Labels(standardLabels(named, nil)): 1,
+		// Another namespace's, the request's own, the malformed and the
+		// oversized baggage: the identity alone.
+		metricstest.Labels(standardLabels(principalOnly, nil)): 4,
+		metricstest.Labels(standardLabels(unknownSource(), map[string]string{
+			"destination_workload": "unknown", "destination_workload_namespace": "unknown", "destination_principal": "unknown",
+			"destination_app": "unknown", "destination_version": "unknown", "destination_canonical_service": "unknown",
+			"destination_canonical_revision": "unknown", "destination_cluster": "unknown",
+			"response_code": "403", "response_flags": "UAEX", "connection_security_policy": "none"})): 1,
+	}
+	if got := metricstest.All(t, reg, "istio_requests_total"); !maps.Equal(got, want) {
+		t.Errorf("istio_requests_total:\n got %v\nwant %v", got, want)
+	}
+	ignored := map[string]float64{"namespace_mismatch": 1, "unauthenticated": 1, "malformed": 2}
+	if got := metricstest.ByLabel(t, reg, "hbone_baggage_ignored_total", "reason"); !maps.Equal(got, ignored) {
+		t.Errorf("hbone_baggage_ignored_total: %v, want %v", got, ignored)
 	}
 }

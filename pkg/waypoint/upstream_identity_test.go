@@ -14,6 +14,8 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
+	"github.com/causeway-mesh/causeway/pkg/l7"
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/trusttest"
 	"github.com/causeway-mesh/causeway/pkg/xds"
@@ -22,10 +24,12 @@ import (
 
 // nodeProxy stands in for the node proxy of an endpoint: HBONE on ln under
 // a certificate for whatever identity presents names, every tunnel joined
-// to backend. tunnels counts the CONNECTs that reached it.
+// to backend. tunnels counts the CONNECTs that reached it, baggage holds
+// the last one's baggage.
 type nodeProxy struct {
 	presents atomic.Pointer[tls.Certificate]
 	tunnels  atomic.Int32
+	baggage  atomic.Pointer[string]
 }
 
 func startNodeProxy(t *testing.T, ca *trusttest.CA, ln net.Listener, backend netip.AddrPort) *nodeProxy {
@@ -35,6 +39,7 @@ func startNodeProxy(t *testing.T, ca *trusttest.CA, ln net.Listener, backend net
 		TLS: trust.ServerConfig(ca.Bundle, func(net.Addr) (*tls.Certificate, error) { return np.presents.Load(), nil }, trust.VerifyIfGiven),
 		Handler: hbone.HandlerFunc(func(ctx context.Context, req *hbone.Request) (hbone.Stream, error) {
 			np.tunnels.Add(1)
+			np.baggage.Store(&req.Baggage)
 			up, err := net.Dial("tcp", backend.String())
 			if err != nil {
 				return nil, hbone.Unavailable(err.Error())
@@ -159,6 +164,59 @@ func TestUpstreamIdentityIsTheEndpointDialled(t *testing.T) {
 		}
 		if out, err := tcpGreeting("127.0.74.5"); out != "tcp backend\n" {
 			t.Errorf("TCP failover, right identity: %q %v", out, err)
+		}
+	}
+}
+
+// The waypoint's tunnels to endpoints carry its own pod's names, on the
+// HTTP and the TCP path alike: it re-tunnels under its own identity, and
+// cannot vouch for its caller's.
+func TestUpstreamBaggageNamesTheWaypoint(t *testing.T) {
+	const podUp, upID = "127.0.173.3", "spiffe://cluster.local/ns/shop/sa/up"
+	ln := testnet.Listen(t, podUp+":0")
+	hbonePort := netip.MustParseAddrPort(ln.Addr().String()).Port()
+	f := start(t, func(o *Options) { o.HBONEPort, o.L7.Pod = hbonePort, l7.PodRef{Namespace: "shop", Name: "wp-5f9-abc"} })
+	httpNP := startNodeProxy(t, f.ca, ln, serveHTTP(t, "127.0.173.1:0", nil))
+	tcpNP := startNodeProxy(t, f.ca, testnet.Listen(t, "127.0.173.5:"+fmt.Sprint(hbonePort)), serveTCP(t, "127.0.173.1:0"))
+	httpNP.present(t, f.ca, upID)
+	tcpNP.present(t, f.ca, upID)
+	self := &meshv1.Workload{Uid: "shop/wp-5f9-abc", Name: "wp-5f9-abc", Namespace: "shop", Identity: "spiffe://cluster.local/ns/shop/sa/wp",
+		Addresses: []string{"127.0.73.2"}, WorkloadName: "wp", WorkloadType: "deployment", CanonicalService: "wp", CanonicalRevision: "latest",
+		WaypointForGateway: &meshv1.Ref{Namespace: "shop", Name: "wp"}}
+	wp := &meshv1.Ref{Namespace: "shop", Name: "wp"}
+	ep := func(ip string) []*meshv1.Endpoint {
+		return []*meshv1.Endpoint{{WorkloadUid: "shop/" + ip, Address: ip}}
+	}
+	f.w.Update(&xds.State{Set: meshv1.Set{
+		Workloads: map[string]*meshv1.Workload{self.Uid: self,
+			"shop/" + podUp:    {Uid: "shop/" + podUp, Name: "up", Namespace: "shop", Identity: upID, Addresses: []string{podUp}, Hbone: true},
+			"shop/127.0.173.5": {Uid: "shop/127.0.173.5", Name: "tcp", Namespace: "shop", Identity: upID, Addresses: []string{"127.0.173.5"}, Hbone: true}},
+		Services: map[string]*meshv1.Service{
+			"shop/web": {Name: "web", Namespace: "shop", Vips: []string{"127.0.74.1"}, Waypoint: wp,
+				Ports: []*meshv1.ServicePort{{Port: 80, TargetPort: 8080, AppProtocol: "http"}}, Endpoints: ep(podUp)},
+			"shop/db": {Name: "db", Namespace: "shop", Vips: []string{"127.0.74.2"}, Waypoint: wp,
+				Ports: []*meshv1.ServicePort{{Port: 80, TargetPort: 8080, AppProtocol: "tcp"}}, Endpoints: ep("127.0.173.5")},
+		},
+	}})
+	callerBaggage := telemetry.Baggage(&meshv1.Workload{Namespace: "web", WorkloadName: "frontend", WorkloadType: "deployment"})
+	if code, body := get(t, f.tunnelWithBaggage(t, "127.0.178.1", frontend, "127.0.74.1:80", callerBaggage), ""); code != 200 {
+		t.Fatalf("HTTP: %d %s", code, body)
+	}
+	c := f.tunnelWithBaggage(t, "127.0.178.1", frontend, "127.0.74.2:80", callerBaggage)
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	if out, err := io.ReadAll(c); string(out) != "tcp backend\n" {
+		t.Fatalf("TCP: %q %v", out, err)
+	}
+	c.Close()
+	want := "k8s.cluster.name=Kubernetes,k8s.namespace.name=shop,k8s.deployment.name=wp,service.name=wp,service.version=latest"
+	for name, np := range map[string]*nodeProxy{"HTTP": httpNP, "TCP": tcpNP} {
+		got := "(no tunnel)"
+		if b := np.baggage.Load(); b != nil {
+			got = *b
+		}
+		if got != want {
+			t.Errorf("%s: the endpoint's node proxy got baggage %q, want %q", name, got, want)
 		}
 	}
 }

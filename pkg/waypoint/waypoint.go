@@ -29,6 +29,7 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/l7"
 	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/policy"
+	"github.com/causeway-mesh/causeway/pkg/telemetry"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/certmanager"
 	"github.com/causeway-mesh/causeway/pkg/xds"
@@ -123,6 +124,11 @@ type view struct {
 	// self is where the waypoint's own pod runs (Options.L7.Pod): TCP
 	// connections go to the closest endpoints first, as requests do.
 	self locality.Place
+	// baggage names the waypoint's own pod in the CONNECTs it opens (as
+	// a node proxy names its callers'): the destination's node proxy
+	// reports the waypoint as the source, under the waypoint's identity.
+	// Never a caller's names: the waypoint cannot vouch for them.
+	baggage string
 }
 
 // New builds a waypoint; Serve runs it.
@@ -253,7 +259,7 @@ func newView(s *xds.State, prevTLS map[string]*backendtls.Policy, self l7.PodRef
 			v.bound[wl.GetUid()] = append(v.bound[wl.GetUid()], wl.GetWaypoint())
 		}
 		if self.Name != "" && wl.GetName() == self.Name && wl.GetNamespace() == self.Namespace {
-			v.self = locality.Of(wl)
+			v.self, v.baggage = locality.Of(wl), telemetry.Baggage(wl)
 		}
 	}
 	for _, svc := range s.Services {
@@ -332,7 +338,7 @@ func (w *Waypoint) open(ctx context.Context, req *hbone.Request) (hbone.Stream, 
 	}
 	v := w.view.Load()
 	dst := req.Authority
-	info := l7.ConnInfo{Peer: req.Peer, Source: req.Remote, Destination: dst, Port: uint32(dst.Port())}
+	info := l7.ConnInfo{Peer: req.Peer, Source: req.Remote, Destination: dst, Port: uint32(dst.Port()), Baggage: req.Baggage}
 	var targets []l7.Target
 	if svc, ok := v.byVIP[dst.Addr().Unmap()]; ok {
 		if !sameRef(svc.GetWaypoint(), w.self) {
@@ -622,6 +628,7 @@ func (w *Waypoint) dialEndpoint(ctx context.Context, t l7.Target) (net.Conn, err
 		Source:    w.opts.Identity,
 		Cert:      func() (*tls.Certificate, error) { return w.opts.Certificates.Get(ctx, w.opts.Identity) },
 		Expected:  []trust.Identity{t.Identity},
+		Baggage:   w.view.Load().baggage,
 	})
 }
 

@@ -303,7 +303,11 @@ func testStandardMetrics(t *testing.T, pods map[string]corev1.Pod) {
 	startLoad(t, pods["frontend"], "http://"+net.JoinHostPort(pods["admin"].Status.PodIP, "8080")+"/e2e-metrics", load...).answered(t)
 	startLoad(t, pods["outsider"], "http://reviews.shop/public/e2e-metrics", load...).answered(t)
 
+	// The frontend is of another namespace than the waypoint, which may
+	// not read its workload: it is named by its node proxy's CONNECT
+	// baggage (the Deployment frontend, label app=frontend, no version).
 	frontendToReviews := edge{"source_workload_namespace": "web", "source_principal": frontendPrincipal,
+		"source_workload": "frontend", "source_canonical_service": "frontend", "source_canonical_revision": "latest", "source_cluster": "Kubernetes",
 		"destination_service_namespace": "shop", "destination_service_name": "reviews",
 		"destination_workload_namespace": "shop", "destination_workload": "~reviews-v[12]",
 		"request_protocol": "http", "response_code": "200", "connection_security_policy": "mutual_tls"}
@@ -315,6 +319,16 @@ func testStandardMetrics(t *testing.T, pods map[string]corev1.Pod) {
 	t.Run("Kiali graph: requests reported by waypoints", func(t *testing.T) {
 		prom.expectEdges(t, `sum(rate(istio_requests_total{reporter="waypoint"}[1m])) by (source_cluster,source_workload_namespace,source_workload,source_canonical_service,source_canonical_revision,source_principal,destination_cluster,destination_service_namespace,destination_service,destination_service_name,destination_workload_namespace,destination_workload,destination_canonical_service,destination_canonical_revision,request_protocol,response_code,grpc_response_status,response_flags,connection_security_policy) > 0`,
 			frontendToReviews, outsiderToReviews)
+	})
+	t.Run("a caller of another namespace named at the waypoint", func(t *testing.T) {
+		prom.expectEdges(t, `sum(rate(istio_requests_total{reporter="waypoint", source_workload_namespace="web"}[1m])) by (source_workload, source_app, source_version, source_canonical_service, source_canonical_revision, source_cluster, source_principal) > 0`,
+			edge{"source_workload": "frontend", "source_app": "frontend", "source_version": "latest", "source_canonical_service": "frontend",
+				"source_canonical_revision": "latest", "source_cluster": "Kubernetes", "source_principal": frontendPrincipal})
+		// None of the frontend's requests is of an unknown workload.
+		expr := `sum(increase(istio_requests_total{reporter="waypoint", source_principal="` + frontendPrincipal + `", source_workload="unknown"}[10m])) > 0`
+		if s, err := prom.query(expr); err != nil || len(s) > 0 {
+			t.Errorf("%s: %v %v, want no series", expr, s, err)
+		}
 	})
 	t.Run("Kiali graph: TCP reported by node proxies", func(t *testing.T) {
 		prom.expectEdges(t, `sum(rate(istio_tcp_sent_bytes_total{reporter="source"}[1m])) by (source_cluster,source_workload_namespace,source_workload,source_canonical_service,source_canonical_revision,source_principal,destination_cluster,destination_service_namespace,destination_service,destination_service_name,destination_workload_namespace,destination_workload,destination_canonical_service,destination_canonical_revision,destination_principal,response_flags,connection_security_policy) > 0`,
@@ -349,7 +363,7 @@ func testStandardMetrics(t *testing.T, pods map[string]corev1.Pod) {
 			matcher string
 			want    edge
 		}{
-			{`connection_security_policy="mutual_tls"`, edge{"source_workload_namespace": "web", "response_code": "200"}},
+			{`connection_security_policy="mutual_tls"`, edge{"source_workload": "frontend", "source_workload_namespace": "web", "response_code": "200"}},
 			{`connection_security_policy!="mutual_tls"`, edge{"source_workload": "unknown", "source_workload_namespace": "unknown", "response_code": "200"}},
 		} {
 			prom.expectEdges(t, `round(sum(irate(istio_requests_total{reporter=~"waypoint", `+security.matcher+`, destination_workload_namespace=~"shop", destination_workload=~"reviews-v.*", source_workload=~".*", source_workload_namespace=~".*"}[1m])) by (source_workload, source_workload_namespace, response_code), 0.001)`,

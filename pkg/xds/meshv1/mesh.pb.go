@@ -468,8 +468,14 @@ type Workload struct {
 	CanonicalRevision string `protobuf:"bytes,18,opt,name=canonical_revision,json=canonicalRevision,proto3" json:"canonical_revision,omitempty"`
 	App               string `protobuf:"bytes,19,opt,name=app,proto3" json:"app,omitempty"`
 	Version           string `protobuf:"bytes,20,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The kind its workload_name names, as Istio types workloads:
+	// "deployment" (through a ReplicaSet), "cronjob" (through a Job), "job",
+	// else "pod" (a pod without controller, or another controller's, such as
+	// a StatefulSet). Node proxies send the names under k8s.<kind>.name in
+	// their HBONE CONNECTs' baggage (pkg/telemetry).
+	WorkloadType  string `protobuf:"bytes,21,opt,name=workload_type,json=workloadType,proto3" json:"workload_type,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Workload) Reset() {
@@ -638,6 +644,13 @@ func (x *Workload) GetApp() string {
 func (x *Workload) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Workload) GetWorkloadType() string {
+	if x != nil {
+		return x.WorkloadType
 	}
 	return ""
 }
@@ -3191,7 +3204,7 @@ const file_mesh_proto_rawDesc = "" +
 	"mesh.proto\x12\x10causeway.mesh.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"7\n" +
 	"\x03Ref\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xa4\x06\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xc9\x06\n" +
 	"\bWorkload\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
@@ -3214,7 +3227,8 @@ const file_mesh_proto_rawDesc = "" +
 	"\x11canonical_service\x18\x11 \x01(\tR\x10canonicalService\x12-\n" +
 	"\x12canonical_revision\x18\x12 \x01(\tR\x11canonicalRevision\x12\x10\n" +
 	"\x03app\x18\x13 \x01(\tR\x03app\x12\x18\n" +
-	"\aversion\x18\x14 \x01(\tR\aversion\x1a9\n" +
+	"\aversion\x18\x14 \x01(\tR\aversion\x12#\n" +
+	"\rworkload_type\x18\x15 \x01(\tR\fworkloadType\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
