@@ -83,9 +83,9 @@ func TestFlags(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		return parseFlags(fs, args)
 	}
-	o, _, err := parse("-paths", "nginx, ingress,nginx")
-	if err != nil || !slices.Equal(o.paths, []string{"ingress", "nginx"}) {
-		t.Errorf("paths %v, %v; want ingress,nginx in the rounds' order, once each", o.paths, err)
+	o, _, err := parse("-paths", "nginx, gateway,nginx")
+	if err != nil || !slices.Equal(o.paths, []string{"gateway", "nginx"}) {
+		t.Errorf("paths %v, %v; want gateway,nginx in the rounds' order, once each", o.paths, err)
 	}
 	if o, _, err := parse(); err != nil || !slices.Equal(o.paths, allPaths) || o.rate != 1000 || o.conns != 64 || o.rounds != 3 {
 		t.Errorf("defaults %+v, %v", o, err)

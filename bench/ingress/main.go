@@ -3,15 +3,15 @@
 // termination in front of the same backend, in one run (issue 39 item 4):
 //
 //	direct            client -> the backend's app address, plain HTTP (the baseline of the added latency)
-//	ingress           client -HTTPS-> ingress gateway (HTTPRoute) -HBONE-> node proxy B -> backend
+//	gateway           client -HTTPS-> ingress gateway (HTTPRoute) -HBONE-> node proxy B -> backend
 //	nginx             client -HTTPS-> nginx (proxy_pass, upstream keep-alive) -> backend, plain HTTP
-//	ingress_waypoint  as ingress, to a Service with a waypoint: gateway -HBONE-> waypoint -HBONE-> node proxy B -> backend
+//	gateway_waypoint  as gateway, to a Service with a waypoint: gateway -HBONE-> waypoint -HBONE-> node proxy B -> backend
 //
 // Both proxies serve the same ECDSA P-256 certificate over TLS 1.3 and
 // HTTP/1.1; the backend is the fortio server. fortio's client loads each
 // path over -conns keep-alive connections at -rate requests per second
 // (latency: p50/p90/p99, and what each adds over direct in the same round)
-// and as fast as the path answers (requests per second); ingress_newconn and
+// and as fast as the path answers (requests per second); gateway_newconn and
 // nginx_newconn open a connection (a full TLS handshake) per request, as
 // fast as they answer. CPU per request is read from /proc: the gateway
 // process alone against nginx's master and workers, and the mesh's whole
@@ -20,7 +20,8 @@
 // the rounds, every ratio the median of each round's ratio.
 //
 //	go run ./bench/ingress -bin bin [-rate 1000] [-conns 64] [-duration 10s] [-rounds 3]
-//	    [-paths direct,ingress,nginx,ingress_waypoint,ingress_newconn,nginx_newconn] [-keep]
+//	    [-paths direct,gateway,nginx,gateway_waypoint,gateway_newconn,nginx_newconn]
+//	    [-profile FILE] [-keep]
 package main
 
 import (
@@ -156,7 +157,7 @@ spec:
 const allowAll = "package envoy.authz\n\nallow := true\n"
 
 // allPaths in the order each round runs them.
-var allPaths = []string{"direct", "ingress", "nginx", "ingress_waypoint", "ingress_newconn", "nginx_newconn"}
+var allPaths = []string{"direct", "gateway", "nginx", "gateway_waypoint", "gateway_newconn", "nginx_newconn"}
 
 type options struct {
 	bin, work    string
@@ -168,6 +169,7 @@ type options struct {
 	warmup       time.Duration
 	rounds       int
 	paths        []string
+	profile      string
 	keep         bool
 }
 
@@ -201,7 +203,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (o options, serve string, err e
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each measurement")
 	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load on each path before the rounds")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; paths are interleaved within each, figures are medians over them")
-	fs.StringVar(&paths, "paths", strings.Join(allPaths, ","), "paths to measure (direct is the baseline of the added latency; ingress and nginx are compared)")
+	fs.StringVar(&paths, "paths", strings.Join(allPaths, ","), "paths to measure (direct is the baseline of the added latency; gateway and nginx are compared)")
+	fs.StringVar(&o.profile, "profile", "", "write a CPU profile of the gateway over the first round's gateway run at max rate to this file")
 	fs.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	fs.StringVar(&serve, "serve", "", "run as the backend (fortio server) on this address")
 	if err = fs.Parse(args); err != nil {
@@ -286,6 +289,12 @@ func run(o options) error {
 		return fail(fmt.Errorf("start mesh: %w", err))
 	}
 	defer mesh.Stop()
+	var gwAdmin string
+	for _, w := range mesh.Plan.Waypoints {
+		if w.Ingress {
+			gwAdmin = w.Admin
+		}
+	}
 	pids := map[string]int{}
 	for _, name := range []string{gatewayName, "nodeproxy-node-b", "waypoint-bench-waypoint-0"} {
 		if pids[name], err = benchmesh.PID(mesh, name); err != nil {
@@ -326,18 +335,20 @@ func run(o options) error {
 		return &tls.Config{MinVersion: tls.VersionTLS13, ServerName: host, RootCAs: roots, NextProtos: []string{"http/1.1"}}
 	}
 	gw, nb, wp := pids[gatewayName], pids["nodeproxy-node-b"], pids["waypoint-bench-waypoint-0"]
-	ingress := path{Target: fortioload.Target{URL: "https://" + hostDirect + "/", Dial: to(net.JoinHostPort(gatewayIP, httpsPort)),
-		TLS: clientTLS(hostDirect), PIDs: []int{gw, nb}}, gateway: gw}
-	nginx := path{Target: fortioload.Target{URL: "https://" + hostDirect + "/", Dial: to(net.JoinHostPort(nginxIP, httpsPort)),
-		TLS: clientTLS(hostDirect), PIDs: nginxPIDs}}
+	// URLs name addresses, Host headers and SNI the listeners' names.
+	https := func(addr, host string, pids ...int) fortioload.Target {
+		return fortioload.Target{URL: "https://" + addr + "/", Host: host, Dial: to(addr), TLS: clientTLS(host), PIDs: pids}
+	}
+	gwAddr := net.JoinHostPort(gatewayIP, httpsPort)
+	gateway := path{Target: https(gwAddr, hostDirect, gw, nb), gateway: gw}
+	nginx := path{Target: https(net.JoinHostPort(nginxIP, httpsPort), hostDirect, nginxPIDs...)}
 	paths := map[string]path{
-		"direct":  {Target: fortioload.Target{URL: "http://" + net.JoinHostPort(appIP, appPort) + "/", Dial: to(net.JoinHostPort(appIP, appPort))}},
-		"ingress": ingress,
-		"nginx":   nginx,
-		"ingress_waypoint": {Target: fortioload.Target{URL: "https://" + hostWaypoint + "/", Dial: to(net.JoinHostPort(gatewayIP, httpsPort)),
-			TLS: clientTLS(hostWaypoint), PIDs: []int{gw, wp, nb}}, gateway: gw},
-		"ingress_newconn": {Target: ingress.Target, gateway: gw, newConns: true},
-		"nginx_newconn":   {Target: nginx.Target, newConns: true},
+		"direct":           {Target: fortioload.Target{URL: "http://" + net.JoinHostPort(appIP, appPort) + "/", Dial: to(net.JoinHostPort(appIP, appPort))}},
+		"gateway":          gateway,
+		"nginx":            nginx,
+		"gateway_waypoint": {Target: https(gwAddr, hostWaypoint, gw, wp, nb), gateway: gw},
+		"gateway_newconn":  {Target: gateway.Target, gateway: gw, newConns: true},
+		"nginx_newconn":    {Target: nginx.Target, newConns: true},
 	}
 	for _, p := range o.paths {
 		if err := paths[p].Check(ctx); err != nil {
@@ -362,7 +373,17 @@ func run(o options) error {
 				if p.newConns && m.rate > 0 {
 					continue // new connections: their rate and cost only
 				}
+				var profiling chan error
+				if o.profile != "" && round == 1 && m.rate == 0 && name == "gateway" {
+					profiling = make(chan error, 1)
+					go func() { profiling <- benchmesh.Profile(ctx, gwAdmin, o.duration-time.Second, o.profile) }()
+				}
 				s, err := measure(p, fortioload.Load{Rate: m.rate, Conns: o.conns, Duration: o.duration, NewConns: p.newConns})
+				if profiling != nil {
+					if perr := <-profiling; perr != nil {
+						return fail(perr)
+					}
+				}
 				if err != nil {
 					return fail(fmt.Errorf("%s %s: %w", name, m.name, err))
 				}
@@ -443,7 +464,7 @@ func report(modes []mode, paths []string, results map[string]map[string][]sample
 			if len(runs) == 0 {
 				continue
 			}
-			prefix := "ingress_bench_" + p + "_" + m.name
+			prefix := "ingress_" + p + "_" + m.name
 			benchmesh.Report(prefix+"_rps", each(runs, func(_ int, s sample) float64 { return s.RPS }), "req/s")
 			if m.rate > 0 {
 				for _, q := range quantiles {
@@ -461,21 +482,21 @@ func report(modes []mode, paths []string, results map[string]map[string][]sample
 				benchmesh.Report(prefix+"_gateway_cpu_us_per_req", each(runs, func(_ int, s sample) float64 { return s.gatewayUS }), "us")
 			}
 		}
-		// The ratios ingress/nginx, each round's pair measured back to back.
-		for _, pair := range [][2]string{{"ingress", "nginx"}, {"ingress_newconn", "nginx_newconn"}} {
+		// The ratios gateway/nginx, each round's pair measured back to back.
+		for _, pair := range [][2]string{{"gateway", "nginx"}, {"gateway_newconn", "nginx_newconn"}} {
 			a, b := res[pair[0]], res[pair[1]]
 			if len(a) == 0 || len(a) != len(b) {
 				continue
 			}
-			prefix := "ingress_bench_" + pair[0] + "_vs_nginx_" + m.name
+			prefix := "ingress_" + pair[0] + "_vs_nginx_" + m.name
 			benchmesh.Report(prefix+"_rps_ratio", each(a, func(i int, s sample) float64 { return s.RPS / b[i].RPS }), "x")
 			benchmesh.Report(prefix+"_gateway_cpu_per_req_ratio", each(a, func(i int, s sample) float64 { return s.gatewayUS / b[i].CPUUS }), "x")
 			benchmesh.Report(prefix+"_path_cpu_per_req_ratio", each(a, func(i int, s sample) float64 { return s.CPUUS / b[i].CPUUS }), "x")
-			if m.rate > 0 && len(direct) == len(a) {
+			// Latency as the client sees it (an added figure's ratio is
+			// meaningless when nginx adds about nothing).
+			if m.rate > 0 {
 				for _, q := range quantiles {
-					benchmesh.Report(prefix+"_added_"+q.name+"_ratio", each(a, func(i int, s sample) float64 {
-						return (s.MS(q.q) - direct[i].MS(q.q)) / (b[i].MS(q.q) - direct[i].MS(q.q))
-					}), "x")
+					benchmesh.Report(prefix+"_"+q.name+"_ratio", each(a, func(i int, s sample) float64 { return s.MS(q.q) / b[i].MS(q.q) }), "x")
 				}
 			}
 		}

@@ -30,7 +30,9 @@ import (
 
 // Target is one path to the server.
 type Target struct {
-	URL  string
+	URL string // the host an IP address, which fortio need not look up
+	// Host, if set, is the requests' Host header.
+	Host string
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// TLS is the client's configuration for an https URL.
 	TLS *tls.Config
@@ -57,6 +59,7 @@ func (t Target) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	req.Host = t.Host
 	resp, err := c.Do(req)
 	if err != nil {
 		return err
@@ -93,6 +96,11 @@ func (t Target) Run(l Load) (Result, error) {
 				}
 				return base
 			}},
+	}
+	if t.Host != "" {
+		if err := ro.HTTPOptions.AddAndValidateExtraHeader("Host: " + t.Host); err != nil {
+			return Result{}, err
+		}
 	}
 	cpu0, sw0, err := Usage(t.PIDs)
 	if err != nil {
