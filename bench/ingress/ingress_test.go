@@ -4,12 +4,14 @@ import (
 	"flag"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
@@ -97,5 +99,38 @@ func TestFlags(t *testing.T) {
 	}
 	if _, serve, err := parse("-serve", "127.0.27.102:27080"); err != nil || serve != "127.0.27.102:27080" {
 		t.Errorf("-serve: %q, %v", serve, err)
+	}
+}
+
+// nginx accepts the configuration: the listener's certificate in, plain
+// HTTP to the backend.
+func TestNginxConfigValid(t *testing.T) {
+	bin, err := benchmesh.LookTool("nginx", "/usr/sbin/nginx")
+	if err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	ca, err := backendtlstest.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range ca.SecretData(t, hostDirect) {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf, err := nginxProxy(dir, 2).WriteConf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-t", "-p", dir, "-c", conf).CombinedOutput(); err != nil {
+		t.Fatalf("nginx -t: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), "proxy_pass http://backend;") || strings.Contains(string(data), "ssl_verify_client") {
+		t.Errorf("configuration is not TLS in, plain HTTP out:\n%s", data)
 	}
 }

@@ -314,12 +314,12 @@ func run(o options) error {
 	if err := os.MkdirAll(ndir, 0o700); err != nil {
 		return err
 	}
-	for name, data := range map[string][]byte{"tls.crt": direct["tls.crt"], "tls.key": direct["tls.key"]} {
+	for name, data := range direct { // tls.crt, tls.key
 		if err := os.WriteFile(filepath.Join(ndir, name), data, 0o600); err != nil {
 			return err
 		}
 	}
-	ngx, err := startNginx(nginxBin, ndir, net.JoinHostPort(nginxIP, httpsPort), net.JoinHostPort(appIP, appPort), o.nginxWorkers)
+	ngx, err := nginxProxy(ndir, o.nginxWorkers).Start(nginxBin)
 	if err != nil {
 		return fail(err)
 	}
@@ -402,6 +402,14 @@ func run(o options) error {
 	}
 	report(modes, o.paths, results)
 	return nil
+}
+
+// nginxProxy is nginx doing what the gateway does: TLS 1.3 in with the
+// listener's certificate (dir's tls.crt and tls.key), HTTP/1.1 to the
+// backend in plain HTTP over pooled keep-alive connections.
+func nginxProxy(dir string, workers int) benchmesh.NginxProxy {
+	return benchmesh.NginxProxy{Dir: dir, Listen: net.JoinHostPort(nginxIP, httpsPort), Upstream: net.JoinHostPort(appIP, appPort),
+		Workers: workers, Cert: "tls.crt", Key: "tls.key"}
 }
 
 // workerPIDs waits for nginx's master to have started its workers (it

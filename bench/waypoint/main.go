@@ -357,7 +357,7 @@ func run(o options) error {
 	}
 	defer be.close()
 
-	ngx, err := startNginx(nginxBin, ndir, net.JoinHostPort(nginxIP, nginxPort), net.JoinHostPort(backendApp, backendTLS), o.nginxWorkers)
+	ngx, err := nginxProxy(ndir, net.JoinHostPort(nginxIP, nginxPort), net.JoinHostPort(backendApp, backendTLS), o.nginxWorkers).Start(nginxBin)
 	if err != nil {
 		return fail(err)
 	}
