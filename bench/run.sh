@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs every benchmark under bench/ (what `make bench` does after `make
 # build`). Each prints "bench: <name> <value> <unit>" lines (docs/design.md §9);
-# see bench/README.md for what they mean. About 8 minutes on 2 cores.
+# see bench/README.md for what they mean. About 14 minutes on 2 cores.
 #   BIN      directory of the built binaries (default bin)
 #   GO       go command (default go)
-# Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS, LATENCY_FLAGS.
+# Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS, LATENCY_FLAGS,
+# INGRESS_FLAGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -17,7 +18,7 @@ for b in controlplane nodeproxy waypoint; do
 	fi
 done
 
-# The baselines are Debian's: nginx for the waypoint, nginx's stream module
+# The baselines are Debian's: nginx for the waypoint and the ingress Gateway, nginx's stream module
 # and stunnel4 for the node proxy pair. The benchmarks run them as their
 # own children (the system services are never used); bench/nodeproxy
 # skips, saying why, a peer that is still missing.
@@ -37,15 +38,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 		export DEBIAN_FRONTEND=noninteractive
 		apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
 			{ apt-get update -q >/dev/null && apt-get install -y -q "${missing[@]}" >/dev/null; } ||
-			echo "bench: could not install ${missing[*]}; the waypoint benchmark fails without nginx, the node proxy's skips its missing peers" >&2
+			echo "bench: could not install ${missing[*]}; the waypoint and ingress benchmarks fail without nginx, the node proxy's skips its missing peers" >&2
 	else
-		echo "bench: ${missing[*]} not installed (apt-get install -y ${missing[*]}); the waypoint benchmark fails without nginx, the node proxy's skips its missing peers" >&2
+		echo "bench: ${missing[*]} not installed (apt-get install -y ${missing[*]}); the waypoint and ingress benchmarks fail without nginx, the node proxy's skips its missing peers" >&2
 	fi
 fi
 
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-if ! "$GO" build -o "$dir/" ./bench/nodeproxy ./bench/waypoint ./bench/latency; then
+if ! "$GO" build -o "$dir/" ./bench/nodeproxy ./bench/waypoint ./bench/latency ./bench/ingress; then
 	echo "bench: building the benchmark programs failed" >&2
 	exit 1
 fi
@@ -72,4 +73,6 @@ run nodeproxy "$dir/nodeproxy" -bin "$BIN" ${NODEPROXY_FLAGS:-}
 run waypoint "$dir/waypoint" -bin "$BIN" ${WAYPOINT_FLAGS:-}
 # shellcheck disable=SC2086
 run latency "$dir/latency" -bin "$BIN" ${LATENCY_FLAGS:-}
+# shellcheck disable=SC2086
+run ingress "$dir/ingress" -bin "$BIN" ${INGRESS_FLAGS:-}
 exit $status

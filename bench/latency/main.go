@@ -25,28 +25,24 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"fortio.org/fortio/fhttp"
-	"fortio.org/fortio/periodic"
 	"fortio.org/log"
 	"golang.org/x/net/proxy"
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
+	"github.com/causeway-mesh/causeway/bench/internal/fortioload"
 	"github.com/causeway-mesh/causeway/bench/internal/peers"
 	"github.com/causeway-mesh/causeway/bench/internal/schedtrace"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
@@ -175,11 +171,8 @@ func main() {
 	flag.Parse()
 	log.SetLogLevel(log.Warning)
 	if *serve != "" {
-		if _, addr := fhttp.ServeTCP(*serve, ""); addr == nil {
-			fmt.Fprintln(os.Stderr, "latency bench: fortio server could not listen on", *serve)
-			os.Exit(1)
-		}
-		select {}
+		fmt.Fprintln(os.Stderr, "latency bench:", fortioload.Serve(*serve))
+		os.Exit(1)
 	}
 	var err error
 	if o.rates, err = parseRates(rates); err == nil {
@@ -192,6 +185,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "latency bench:", err)
 		os.Exit(1)
 	}
+}
+
+// load is a measurement at rate for d.
+func (o options) load(rate float64, d time.Duration) fortioload.Load {
+	return fortioload.Load{Rate: rate, Conns: o.conns, Duration: d, Uniform: o.uniform}
 }
 
 func parseRates(s string) ([]float64, error) {
@@ -237,11 +235,11 @@ func run(o options) error {
 		return fmt.Errorf("start mesh: %w", err)
 	}
 	defer mesh.Stop()
-	srv, err := startServer(ctx, net.JoinHostPort(appIP, appPort))
+	srv, err := fortioload.StartServer(ctx, net.JoinHostPort(appIP, appPort), "-serve", net.JoinHostPort(appIP, appPort))
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
+	defer srv.Stop()
 
 	pod, err := mesh.Plan.Pod("lat/client")
 	if err != nil {
@@ -260,11 +258,11 @@ func run(o options) error {
 		}
 	}
 	nodes := []int{pids["nodeproxy-node-a"], pids["nodeproxy-node-b"]}
-	targets := map[string]target{
-		"direct": {url: "http://" + net.JoinHostPort(appIP, appPort) + "/", dial: local.DialContext},
-		"l4":     {url: "http://" + net.JoinHostPort(l4VIP, "80") + "/", dial: viaMesh, pids: nodes},
-		"l7": {url: "http://" + net.JoinHostPort(l7VIP, "80") + "/", dial: viaMesh,
-			pids: append(slices.Clone(nodes), pids["waypoint-lat-waypoint-0"])},
+	targets := map[string]fortioload.Target{
+		"direct": {URL: "http://" + net.JoinHostPort(appIP, appPort) + "/", Dial: local.DialContext},
+		"l4":     {URL: "http://" + net.JoinHostPort(l4VIP, "80") + "/", Dial: viaMesh, PIDs: nodes},
+		"l7": {URL: "http://" + net.JoinHostPort(l7VIP, "80") + "/", Dial: viaMesh,
+			PIDs: append(slices.Clone(nodes), pids["waypoint-lat-waypoint-0"])},
 	}
 	if slices.Contains(o.paths, "nginx_stream") {
 		peer, err := startNginx(work)
@@ -282,11 +280,11 @@ func run(o options) error {
 			if err != nil {
 				return err
 			}
-			targets["nginx_stream"] = target{url: "http://" + net.JoinHostPort(nginxAIP, appPort) + "/", dial: local.DialContext, pids: pids}
+			targets["nginx_stream"] = fortioload.Target{URL: "http://" + net.JoinHostPort(nginxAIP, appPort) + "/", Dial: local.DialContext, PIDs: pids}
 		}
 	}
 	for _, p := range o.paths {
-		if err := targets[p].check(ctx); err != nil {
+		if err := targets[p].Check(ctx); err != nil {
 			keep = true
 			return fmt.Errorf("%s path does not work: %w", p, err)
 		}
@@ -294,17 +292,17 @@ func run(o options) error {
 	admins := traceTargets(mesh.Plan)
 	top := slices.Max(o.rates)
 	for _, p := range o.paths {
-		if _, err := targets[p].load(o, top, o.warmup); err != nil {
+		if _, err := targets[p].Run(o.load(top, o.warmup)); err != nil {
 			keep = true
 			return fmt.Errorf("%s warm-up: %w", p, err)
 		}
 	}
 	// results[rate][path] holds each round's percentiles.
-	results := map[float64]map[string][]percentiles{}
+	results := map[float64]map[string][]fortioload.Result{}
 	for round := 1; round <= o.rounds; round++ {
 		for _, rate := range o.rates {
 			if results[rate] == nil {
-				results[rate] = map[string][]percentiles{}
+				results[rate] = map[string][]fortioload.Result{}
 			}
 			for _, p := range o.paths {
 				var (
@@ -314,7 +312,7 @@ func run(o options) error {
 				if o.traceDir != "" && round == 1 && rate == top && p != "direct" {
 					traces.Go(func() { traced = traceAll(ctx, o.traceDir, p, admins) })
 				}
-				res, err := targets[p].load(o, rate, o.duration)
+				res, err := targets[p].Run(o.load(rate, o.duration))
 				traces.Wait()
 				// Read after the measurement, whose client this process is.
 				for _, name := range slices.Sorted(maps.Keys(traced)) {
@@ -325,7 +323,7 @@ func run(o options) error {
 					return fmt.Errorf("%s at %g/s: %w", p, rate, err)
 				}
 				fmt.Fprintf(os.Stderr, "# round %d %s %g/s: %d requests, p50 %.3f p90 %.3f p99 %.3f p99.9 %.3f ms; mesh %.0f us CPU, %.1f context switches per request\n",
-					round, p, rate, res.n, res.ms(0.50), res.ms(0.90), res.ms(0.99), res.ms(0.999), res.cpuUS, res.switches)
+					round, p, rate, res.N, res.MS(0.50), res.MS(0.90), res.MS(0.99), res.MS(0.999), res.CPUUS, res.Switches)
 				results[rate][p] = append(results[rate][p], res)
 			}
 			select {
@@ -357,7 +355,7 @@ var quantiles = []struct {
 	name string
 }{{0.50, "p50"}, {0.90, "p90"}, {0.99, "p99"}, {0.999, "p99_9"}}
 
-func report(o options, results map[float64]map[string][]percentiles) {
+func report(o options, results map[float64]map[string][]fortioload.Result) {
 	added := map[float64]map[string][]float64{} // rate -> path_quantile -> median added
 	for _, rate := range o.rates {
 		added[rate] = map[string][]float64{}
@@ -367,14 +365,14 @@ func report(o options, results map[float64]map[string][]percentiles) {
 			for _, q := range quantiles {
 				var abs, diff []float64
 				for i, res := range runs {
-					abs = append(abs, res.ms(q.q))
+					abs = append(abs, res.MS(q.q))
 					if d, ok := results[rate]["direct"]; ok && p != "direct" {
-						diff = append(diff, res.ms(q.q)-d[i].ms(q.q))
+						diff = append(diff, res.MS(q.q)-d[i].MS(q.q))
 					}
 				}
-				benchmesh.Report(fmt.Sprintf("latency_%s_%srps_%s", p, r, q.name), median(abs), "ms")
+				benchmesh.Report(fmt.Sprintf("latency_%s_%srps_%s", p, r, q.name), fortioload.Median(abs), "ms")
 				if len(diff) > 0 {
-					m := median(diff)
+					m := fortioload.Median(diff)
 					added[rate][p+"_"+q.name] = append(added[rate][p+"_"+q.name], m)
 					benchmesh.Report(fmt.Sprintf("latency_%s_added_%srps_%s", p, r, q.name), m, "ms")
 				}
@@ -386,10 +384,10 @@ func report(o options, results map[float64]map[string][]percentiles) {
 			}
 			var cpu, sw []float64
 			for _, res := range results[rate][p] {
-				cpu, sw = append(cpu, res.cpuUS), append(sw, res.switches)
+				cpu, sw = append(cpu, res.CPUUS), append(sw, res.Switches)
 			}
-			benchmesh.Report(fmt.Sprintf("latency_%s_%srps_mesh_cpu_per_request", p, r), median(cpu), "us")
-			benchmesh.Report(fmt.Sprintf("latency_%s_%srps_mesh_context_switches_per_request", p, r), median(sw), "count")
+			benchmesh.Report(fmt.Sprintf("latency_%s_%srps_mesh_cpu_per_request", p, r), fortioload.Median(cpu), "us")
+			benchmesh.Report(fmt.Sprintf("latency_%s_%srps_mesh_context_switches_per_request", p, r), fortioload.Median(sw), "count")
 		}
 	}
 	// How the added latency grows from the lowest rate to the highest.
@@ -406,186 +404,6 @@ func report(o options, results map[float64]map[string][]percentiles) {
 			benchmesh.Report(fmt.Sprintf("latency_%s_added_%s_growth_ratio", p, q), b[0]/a[0], "x")
 		}
 	}
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	sort.Float64s(s)
-	if n := len(s); n%2 == 1 {
-		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-}
-
-// target is one path to the server.
-type target struct {
-	url  string
-	dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	pids []int // the proxies on the path (the mesh's, or nginx_stream's: its "mesh" figures)
-}
-
-// check makes one request on t.
-func (t target) check(ctx context.Context) error {
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: t.dial}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %s from %q: %.200q", resp.Status, resp.Header.Get("Server"), body)
-	}
-	return nil
-}
-
-// load runs fortio's load runner on t for d at rate and returns each
-// request's latency. Any failed request fails the measurement.
-func (t target) load(o options, rate float64, d time.Duration) (percentiles, error) {
-	rec := &recorder{}
-	ro := fhttp.HTTPRunnerOptions{
-		RunnerOptions: periodic.RunnerOptions{QPS: rate, NumThreads: o.conns, Duration: d, Out: io.Discard,
-			Uniform: o.uniform, AccessLogger: rec},
-		HTTPOptions: fhttp.HTTPOptions{URL: t.url, DisableFastClient: true, NumConnections: o.conns,
-			HTTPReqTimeOut: 10 * time.Second,
-			// fortio's standard client, dialing as pod A does (its own
-			// dialer cannot bind the pod's address or use SOCKS5).
-			Transport: func(base http.RoundTripper) http.RoundTripper {
-				if tr, ok := base.(*http.Transport); ok {
-					tr.Proxy, tr.DialContext = nil, t.dial
-				}
-				return base
-			}},
-	}
-	cpu0, sw0, err := usage(t.pids)
-	if err != nil {
-		return percentiles{}, err
-	}
-	res, err := fhttp.RunHTTPTest(&ro)
-	if err != nil {
-		return percentiles{}, err
-	}
-	cpu1, sw1, err := usage(t.pids)
-	if err != nil {
-		return percentiles{}, err
-	}
-	if ok := res.RetCodes[http.StatusOK]; ok != res.DurationHistogram.Count || ok == 0 {
-		return percentiles{}, fmt.Errorf("%d of %d requests answered 200 (codes %v)", ok, res.DurationHistogram.Count, res.RetCodes)
-	}
-	if got := res.ActualQPS; got < 0.95*rate {
-		// fortio's threads fell behind their schedule (a busy machine):
-		// the figures are kept, and say so.
-		fmt.Fprintf(os.Stderr, "# %s: reached %.0f requests/s of %g\n", t.url, got, rate)
-	}
-	p := rec.percentiles()
-	// Per request, counting fortio's warm-up request on each connection.
-	reqs := float64(p.n + o.conns)
-	p.cpuUS = float64(cpu1-cpu0) / float64(time.Microsecond) / reqs
-	p.switches = float64(sw1-sw0) / reqs
-	return p, nil
-}
-
-// usage is the CPU time and context switches of the processes pids.
-func usage(pids []int) (time.Duration, int64, error) {
-	var cpu time.Duration
-	var sw int64
-	for _, pid := range pids {
-		c, err := benchmesh.CPUTime(pid)
-		if err != nil {
-			return 0, 0, err
-		}
-		n, err := benchmesh.ContextSwitches(pid)
-		if err != nil {
-			return 0, 0, err
-		}
-		cpu, sw = cpu+c, sw+n
-	}
-	return cpu, sw, nil
-}
-
-// recorder is fortio's access logger: it keeps every request's latency.
-type recorder struct {
-	mu   sync.Mutex
-	secs []float64
-}
-
-func (r *recorder) Start(ctx context.Context, _ periodic.ThreadID, _ int64, _ time.Time) context.Context {
-	return ctx
-}
-
-func (r *recorder) Report(_ context.Context, _ periodic.ThreadID, _ int64, _ time.Time, latency float64, _ bool, _ string) {
-	r.mu.Lock()
-	r.secs = append(r.secs, latency)
-	r.mu.Unlock()
-}
-
-func (r *recorder) Info() string { return "latency recorder" }
-
-func (r *recorder) percentiles() percentiles {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := slices.Clone(r.secs)
-	sort.Float64s(s)
-	return percentiles{sorted: s, n: len(s)}
-}
-
-// percentiles are one measurement's latencies, sorted.
-type percentiles struct {
-	sorted []float64
-	n      int
-	// The mesh processes' CPU time and context switches per request.
-	cpuUS, switches float64
-}
-
-// ms is the q-quantile in milliseconds (nearest rank).
-func (p percentiles) ms(q float64) float64 {
-	if p.n == 0 {
-		return 0
-	}
-	i := int(q*float64(p.n)+0.5) - 1
-	return p.sorted[max(0, min(i, p.n-1))] * 1e3
-}
-
-// server is the fortio server, a child process (this program with -serve).
-type server struct {
-	cmd *exec.Cmd
-}
-
-func startServer(ctx context.Context, addr string) (*server, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(self, "-serve", addr)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // not left behind
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("fortio server: %w", err)
-	}
-	s := &server{cmd: cmd}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return s, nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			s.stop()
-			return nil, fmt.Errorf("fortio server on %s not up: %w", addr, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (s *server) stop() {
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
 }
 
 // traceTargets are the admin addresses of the processes traced, by name.

@@ -26,7 +26,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -42,7 +41,6 @@ import (
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 	"github.com/causeway-mesh/causeway/pkg/hbone"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
-	"github.com/causeway-mesh/causeway/pkg/readlimit"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
 
@@ -359,7 +357,7 @@ func run(o options) error {
 	}
 	defer be.close()
 
-	ngx, err := startNginx(nginxBin, ndir, net.JoinHostPort(nginxIP, nginxPort), net.JoinHostPort(backendApp, backendTLS), o.nginxWorkers)
+	ngx, err := nginxProxy(ndir, net.JoinHostPort(nginxIP, nginxPort), net.JoinHostPort(backendApp, backendTLS), o.nginxWorkers).Start(nginxBin)
 	if err != nil {
 		return fail(err)
 	}
@@ -429,7 +427,7 @@ func run(o options) error {
 				if start && t.name == "waypoint" && wantProfile {
 					wantProfile = false
 					profiling = make(chan error, 1)
-					go func() { profiling <- profileWaypoint(ctx, mesh.Plan.Waypoints[0].Admin, o.window, o.profile) }()
+					go func() { profiling <- benchmesh.Profile(ctx, mesh.Plan.Waypoints[0].Admin, o.window, o.profile) }()
 				}
 				if err := profileRig(t.name == "waypoint", start, &wantRigProfile, &rigProfile, o.rigProfile); err != nil {
 					return err
@@ -552,29 +550,6 @@ func run(o options) error {
 	benchmesh.Report("waypoint_policy_cpu_ratio", us(pc.decide)/wpCPU, "x")
 	benchmesh.Report("waypoint_policy_logged_cpu_ratio", us(pc.decideLogged)/wpCPU, "x")
 	return nil
-}
-
-// profileWaypoint writes a CPU profile of the waypoint over d (whole
-// seconds), from its admin port's pprof handler, to path.
-func profileWaypoint(ctx context.Context, admin string, d time.Duration, path string) error {
-	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, max(1, int(d/time.Second)))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("waypoint profile: %w", err)
-	}
-	defer resp.Body.Close()
-	data, err := readlimit.All(resp.Body, 64<<20)
-	if err != nil {
-		return fmt.Errorf("waypoint profile: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("waypoint profile: %s: %s", resp.Status, data)
-	}
-	return os.WriteFile(path, data, 0o644)
 }
 
 // profileRig starts this program's CPU profile at the start of the first

@@ -101,7 +101,7 @@ func TestNginxConfigValid(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	conf, err := writeNginxConf(dir, "127.0.91.10:8443", "127.0.191.3:8443", 2)
+	conf, err := nginxProxy(dir, "127.0.91.10:8443", "127.0.191.3:8443", 2).WriteConf()
 	if err != nil {
 		t.Fatal(err)
 	}

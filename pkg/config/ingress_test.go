@@ -1,7 +1,6 @@
 package config
 
 import (
-	"encoding/base64"
 	"fmt"
 	"strings"
 	"testing"
@@ -13,10 +12,7 @@ import (
 
 // secretYAML is s as a YAML document (data base64, as the API serves it).
 func secretYAML(t *testing.T, ca *backendtlstest.CA, ns, name string, dns ...string) string {
-	s := tlsSecret(t, ca, ns, name, dns...)
-	enc := base64.StdEncoding.EncodeToString
-	return fmt.Sprintf("apiVersion: v1\nkind: Secret\nmetadata: {namespace: %s, name: %s}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: %s\n  tls.key: %s\n",
-		ns, name, enc(s.Data["tls.crt"]), enc(s.Data["tls.key"]))
+	return backendtlstest.SecretYAML(ns, name, ca.SecretData(t, dns...))
 }
 
 const ingressYAML = `

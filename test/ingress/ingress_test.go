@@ -234,19 +234,11 @@ func readRewritten(path string) string {
 
 // secretYAML is a kubernetes.io/tls Secret for dns and its key's PEM.
 func secretYAML(ca *backendtlstest.CA, ns, name, dns string) (string, string, error) {
-	leaf, err := ca.Leaf([]string{dns}, nil, time.Time{})
+	data, err := ca.TLSData(dns)
 	if err != nil {
 		return "", "", err
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
-	if err != nil {
-		return "", "", err
-	}
-	crt := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]})
-	key := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
-	enc := base64.StdEncoding.EncodeToString
-	return fmt.Sprintf("apiVersion: v1\nkind: Secret\nmetadata: {namespace: %s, name: %s}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: %s\n  tls.key: %s\n",
-		ns, name, enc(crt), enc(key)), string(key), nil
+	return backendtlstest.SecretYAML(ns, name, data), string(data["tls.key"]), nil
 }
 
 // echoReply is the echo backend's answer.

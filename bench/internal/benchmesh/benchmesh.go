@@ -21,6 +21,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
+	"github.com/causeway-mesh/causeway/pkg/readlimit"
 )
 
 // Report prints one figure as docs/design.md §9 wants it.
@@ -282,4 +283,27 @@ func Scrape(url string, names ...string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// Profile writes a CPU profile of a mesh process over d (whole seconds),
+// from the pprof handler of its admin address, to path.
+func Profile(ctx context.Context, admin string, d time.Duration, path string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, max(1, int(d/time.Second)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile of %s: %w", admin, err)
+	}
+	defer resp.Body.Close()
+	data, err := readlimit.All(resp.Body, 64<<20)
+	if err != nil {
+		return fmt.Errorf("profile of %s: %w", admin, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile of %s: %s: %s", admin, resp.Status, data)
+	}
+	return os.WriteFile(path, data, 0o644)
 }

@@ -10,7 +10,9 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net/url"
 	"strings"
@@ -89,16 +91,34 @@ func TLSSecretData(t testing.TB, dns ...string) (*CA, map[string][]byte) {
 // next hour, as a kubernetes.io/tls Secret's data (tls.crt, tls.key: PEM).
 func (ca *CA) SecretData(t testing.TB, dns ...string) map[string][]byte {
 	t.Helper()
-	leaf, err := ca.Leaf(dns, nil, time.Time{})
+	data, err := ca.TLSData(dns...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return data
+}
+
+// TLSData is SecretData for programs without a testing.TB (benchmarks).
+func (ca *CA) TLSData(dns ...string) (map[string][]byte, error) {
+	leaf, err := ca.Leaf(dns, nil, time.Time{})
+	if err != nil {
+		return nil, err
+	}
 	key, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	return map[string][]byte{
 		"tls.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]}),
 		"tls.key": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
-	}
+	}, nil
+}
+
+// SecretYAML is a kubernetes.io/tls Secret with data (TLSData) as a YAML
+// document, base64 as the API serves it: what a local mesh's configuration
+// directory holds.
+func SecretYAML(ns, name string, data map[string][]byte) string {
+	enc := base64.StdEncoding.EncodeToString
+	return fmt.Sprintf("apiVersion: v1\nkind: Secret\nmetadata: {namespace: %s, name: %s}\ntype: kubernetes.io/tls\ndata:\n  tls.crt: %s\n  tls.key: %s\n",
+		ns, name, enc(data["tls.crt"]), enc(data["tls.key"]))
 }
