@@ -91,7 +91,7 @@ func TestDrainHTTP1(t *testing.T) {
 	h.engine.Drain()
 	// The idle connection is closed at once, the other only once its
 	// answer is written whole, with Connection: close.
-	expectClosed(t, idle, idleR)
+	testnet.ExpectClosed(t, idle, idleR)
 	h.answer()
 	resp, err := http.ReadResponse(busyR, nil)
 	if err != nil {
@@ -101,18 +101,8 @@ func TestDrainHTTP1(t *testing.T) {
 	if err != nil || !bytes.Equal(body, slowBody) || !resp.Close {
 		t.Fatalf("in-flight answer: %d of %d bytes (%v), Connection: close %v", len(body), len(slowBody), err, resp.Close)
 	}
-	expectClosed(t, busy, busyR)
+	testnet.ExpectClosed(t, busy, busyR)
 	h.servedAll(t)
-}
-
-// expectClosed: the peer closed the connection gently (EOF, no reset)
-// within a few seconds.
-func expectClosed(t *testing.T, c net.Conn, r io.Reader) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err := r.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
-		t.Fatalf("want the connection closed (EOF), got %d bytes, %v", n, err)
-	}
 }
 
 func TestDrainH2C(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -36,17 +35,6 @@ func drainFront(t *testing.T, h http.Handler) (addr string, drain func(), accept
 	return ln.Addr().String(), d.Drain, acc
 }
 
-// expectEOF: the server closed the connection, gently (FIN, not a reset),
-// within a few seconds.
-func expectEOF(t *testing.T, c net.Conn, br *bufio.Reader) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, err := br.ReadByte()
-	if !errors.Is(err, io.EOF) {
-		t.Fatalf("want the connection closed (EOF), got byte %q, %v", b, err)
-	}
-}
-
 func TestH1DrainClosesIdleConnection(t *testing.T) {
 	addr, drain, _ := drainFront(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "hello")
@@ -62,7 +50,7 @@ func TestH1DrainClosesIdleConnection(t *testing.T) {
 		t.Fatalf("before the drain: body %q, close %v", b, resp.Close)
 	}
 	drain()
-	expectEOF(t, c, br)
+	testnet.ExpectClosed(t, c, br)
 }
 
 func TestH1DrainInFlightResponseSaysClose(t *testing.T) {
@@ -103,7 +91,7 @@ func TestH1DrainInFlightResponseSaysClose(t *testing.T) {
 			if resp.Close == early {
 				t.Errorf("Connection: close %v, want %v", resp.Close, !early)
 			}
-			expectEOF(t, c, br)
+			testnet.ExpectClosed(t, c, br)
 		})
 	}
 }
@@ -125,5 +113,5 @@ func TestH1DrainServesARequestThatArrivesAfter(t *testing.T) {
 	if string(b) != "served /late" || !resp.Close { // (ReadResponse takes "Connection: close" into Close)
 		t.Fatalf("body %q, Connection: close %v", b, resp.Close)
 	}
-	expectEOF(t, c, br)
+	testnet.ExpectClosed(t, c, br)
 }
