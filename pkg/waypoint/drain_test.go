@@ -3,13 +3,20 @@ package waypoint
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
+	"github.com/causeway-mesh/causeway/pkg/xds"
+	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
 // TestShutdownDrainsHTTPInTunnels: at Shutdown an idle keep-alive
@@ -53,6 +60,97 @@ func TestShutdownDrainsHTTPInTunnels(t *testing.T) {
 	testnet.ExpectClosed(t, busy, busyR)
 	// Shutdown returns when the connections are gone: no error, which
 	// would be its deadline's.
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown still draining 10 s after its connections closed")
+	}
+}
+
+// TestShutdownDrainsIngressListeners: the ingress role's HTTP and HTTPS
+// ports drain as tunnels do: idle keep-alive connections closed at once,
+// a request in flight answered whole with Connection: close, and Shutdown
+// returns once they are gone.
+func TestShutdownDrainsIngressListeners(t *testing.T) {
+	const httpPort, httpsPort = 25080, 25443
+	f := start(t, func(o *Options) { o.Ingress, o.IngressAddress, o.Policy = true, netip.MustParseAddr("127.0.75.1"), nil })
+	st := f.w.view.Load().state
+	ca, secret := backendtlstest.TLSSecretData(t, "shop.example.com")
+	route := &meshv1.HTTPRoute{Namespace: "shop", Name: "in", Rules: []*meshv1.HTTPRouteRule{{
+		Backends: []*meshv1.HTTPBackendRef{{Backend: &meshv1.BackendRef{Namespace: "shop", Name: "plain", Port: 80}, Weight: 1}}}}}
+	web := st.Services["shop/web"]
+	plain := &meshv1.Service{Name: "plain", Namespace: "shop", Hostname: "plain.shop.svc.cluster.local", Vips: []string{"127.0.74.9"},
+		Ports: web.GetPorts(), Endpoints: web.GetEndpoints()}
+	f.w.Update(&xds.State{Set: meshv1.Set{
+		Workloads: st.Workloads,
+		Services:  map[string]*meshv1.Service{"shop/plain": plain},
+		IngressGateways: map[string]*meshv1.IngressGateway{"shop/wp": {Namespace: "shop", Name: "wp", Listeners: []*meshv1.IngressListener{
+			{Name: "http", Port: httpPort, HttpRoutes: []*meshv1.HTTPRoute{route}},
+			{Name: "https", Port: httpsPort, Protocol: meshv1.IngressListener_HTTPS, HttpRoutes: []*meshv1.HTTPRoute{route},
+				Certificates: []*meshv1.TLSKeyPair{{Secret: "shop/cert", CertificateChain: secret["tls.crt"], PrivateKey: secret["tls.key"]}}},
+		}}},
+	}})
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	dial := func(https bool) net.Conn {
+		if !https {
+			return testnet.Dial(t, fmt.Sprintf("127.0.75.1:%d", httpPort))
+		}
+		c := testnet.Dial(t, fmt.Sprintf("127.0.75.1:%d", httpsPort))
+		tc := tls.Client(c, &tls.Config{ServerName: "shop.example.com", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+		if err := tc.Handshake(); err != nil {
+			t.Fatal(err)
+		}
+		return tc
+	}
+	type conn struct {
+		c net.Conn
+		r *bufio.Reader
+	}
+	var idle, busy []conn
+	for _, https := range []bool{false, true} {
+		c := dial(https)
+		r := bufio.NewReader(c)
+		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n")
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("https %v before the shutdown: %s, close %v", https, resp.Status, resp.Close)
+		}
+		idle = append(idle, conn{c, r})
+		c = dial(https)
+		fmt.Fprint(c, "GET /held HTTP/1.1\r\nHost: shop.example.com\r\n\r\n")
+		if got := <-f.stalls; got != "arrived /held" {
+			t.Fatalf("backend: %s", got)
+		}
+		busy = append(busy, conn{c, bufio.NewReader(c)})
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- f.w.Shutdown(ctx) }()
+	for _, c := range idle {
+		testnet.ExpectClosed(t, c.c, c.r)
+	}
+	close(f.release)
+	for _, c := range busy {
+		resp, err := http.ReadResponse(c.r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || string(body) != heldBody || !resp.Close {
+			t.Fatalf("in-flight answer: %d of %d bytes (%v), Connection: close %v", len(body), len(heldBody), err, resp.Close)
+		}
+		testnet.ExpectClosed(t, c.c, c.r)
+	}
 	select {
 	case err := <-stopped:
 		if err != nil {
