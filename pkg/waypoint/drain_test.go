@@ -25,41 +25,62 @@ import (
 // before its deadline.
 func TestShutdownDrainsHTTPInTunnels(t *testing.T) {
 	f := start(t)
-	idle := f.webTunnel(t)
-	idleR := bufio.NewReader(idle)
-	fmt.Fprint(idle, "GET / HTTP/1.1\r\nHost: web.shop\r\n\r\n")
-	resp, err := http.ReadResponse(idleR, nil)
-	if err != nil {
-		t.Fatal(err)
+	f.expectDrain(t, "web.shop", func() net.Conn { return f.webTunnel(t) })
+}
+
+// expectDrain opens two connections with each dial: on the first a
+// request was answered and it idles, on the second one is in flight
+// (/held). Then
+// Shutdown must close the idle ones at once, answer the others whole with
+// Connection: close and close them, and return without its deadline's
+// error once they are gone.
+func (f *fixture) expectDrain(t *testing.T, host string, dial ...func() net.Conn) {
+	t.Helper()
+	type conn struct {
+		c net.Conn
+		r *bufio.Reader
 	}
-	io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK || resp.Close {
-		t.Fatalf("before the shutdown: %s, close %v", resp.Status, resp.Close)
-	}
-	busy := f.webTunnel(t)
-	busyR := bufio.NewReader(busy)
-	fmt.Fprint(busy, "GET /held HTTP/1.1\r\nHost: web.shop\r\n\r\n")
-	if got := <-f.stalls; got != "arrived /held" {
-		t.Fatalf("backend: %s", got)
+	var idle, busy []conn
+	for _, d := range dial {
+		c := d()
+		r := bufio.NewReader(c)
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("before the shutdown: %s, close %v", resp.Status, resp.Close)
+		}
+		idle = append(idle, conn{c, r})
+		c = d()
+		fmt.Fprintf(c, "GET /held HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		if got := <-f.stalls; got != "arrived /held" {
+			t.Fatalf("backend: %s", got)
+		}
+		busy = append(busy, conn{c, bufio.NewReader(c)})
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	stopped := make(chan error, 1)
 	go func() { stopped <- f.w.Shutdown(ctx) }()
-	testnet.ExpectClosed(t, idle, idleR)
+	for _, c := range idle {
+		testnet.ExpectClosed(t, c.c, c.r)
+	}
 	close(f.release)
-	resp, err = http.ReadResponse(busyR, nil)
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range busy {
+		resp, err := http.ReadResponse(c.r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || string(body) != heldBody || !resp.Close {
+			t.Fatalf("in-flight answer: %d of %d bytes (%v), Connection: close %v", len(body), len(heldBody), err, resp.Close)
+		}
+		testnet.ExpectClosed(t, c.c, c.r)
 	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || string(body) != heldBody || !resp.Close {
-		t.Fatalf("in-flight answer: %d of %d bytes (%v), Connection: close %v", len(body), len(heldBody), err, resp.Close)
-	}
-	testnet.ExpectClosed(t, busy, busyR)
-	// Shutdown returns when the connections are gone: no error, which
-	// would be its deadline's.
 	select {
 	case err := <-stopped:
 		if err != nil {
@@ -95,68 +116,14 @@ func TestShutdownDrainsIngressListeners(t *testing.T) {
 	}})
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.PEM)
-	dial := func(https bool) net.Conn {
-		if !https {
-			return testnet.Dial(t, fmt.Sprintf("127.0.75.1:%d", httpPort))
-		}
-		c := testnet.Dial(t, fmt.Sprintf("127.0.75.1:%d", httpsPort))
-		tc := tls.Client(c, &tls.Config{ServerName: "shop.example.com", RootCAs: roots, NextProtos: []string{"http/1.1"}})
-		if err := tc.Handshake(); err != nil {
-			t.Fatal(err)
-		}
-		return tc
-	}
-	type conn struct {
-		c net.Conn
-		r *bufio.Reader
-	}
-	var idle, busy []conn
-	for _, https := range []bool{false, true} {
-		c := dial(https)
-		r := bufio.NewReader(c)
-		fmt.Fprint(c, "GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n")
-		resp, err := http.ReadResponse(r, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		if resp.StatusCode != http.StatusOK || resp.Close {
-			t.Fatalf("https %v before the shutdown: %s, close %v", https, resp.Status, resp.Close)
-		}
-		idle = append(idle, conn{c, r})
-		c = dial(https)
-		fmt.Fprint(c, "GET /held HTTP/1.1\r\nHost: shop.example.com\r\n\r\n")
-		if got := <-f.stalls; got != "arrived /held" {
-			t.Fatalf("backend: %s", got)
-		}
-		busy = append(busy, conn{c, bufio.NewReader(c)})
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	stopped := make(chan error, 1)
-	go func() { stopped <- f.w.Shutdown(ctx) }()
-	for _, c := range idle {
-		testnet.ExpectClosed(t, c.c, c.r)
-	}
-	close(f.release)
-	for _, c := range busy {
-		resp, err := http.ReadResponse(c.r, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || string(body) != heldBody || !resp.Close {
-			t.Fatalf("in-flight answer: %d of %d bytes (%v), Connection: close %v", len(body), len(heldBody), err, resp.Close)
-		}
-		testnet.ExpectClosed(t, c.c, c.r)
-	}
-	select {
-	case err := <-stopped:
-		if err != nil {
-			t.Fatalf("Shutdown: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Shutdown still draining 10 s after its connections closed")
-	}
+	f.expectDrain(t, "shop.example.com",
+		func() net.Conn { return testnet.Dial(t, fmt.Sprintf("127.0.75.1:%d", httpPort)) },
+		func() net.Conn {
+			c := testnet.Dial(t, fmt.Sprintf("127.0.75.1:%d", httpsPort))
+			tc := tls.Client(c, &tls.Config{ServerName: "shop.example.com", RootCAs: roots, NextProtos: []string{"http/1.1"}})
+			if err := tc.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			return tc
+		})
 }
