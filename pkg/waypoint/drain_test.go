@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +18,9 @@ import (
 	"github.com/causeway-mesh/causeway/pkg/internal/testnet"
 	"github.com/causeway-mesh/causeway/pkg/xds"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // TestShutdownDrainsHTTPInTunnels: at Shutdown an idle keep-alive
@@ -126,4 +130,29 @@ func TestShutdownDrainsIngressListeners(t *testing.T) {
 			}
 			return tc
 		})
+}
+
+// TestShutdownCutsAtItsDeadline: what has not closed when Shutdown's
+// context ends is cut, and the log says how many.
+func TestShutdownCutsAtItsDeadline(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	f := start(t, func(o *Options) { o.Logger = zap.New(core) })
+	busy := f.webTunnel(t)
+	fmt.Fprint(busy, "GET /held HTTP/1.1\r\nHost: web.shop\r\n\r\n")
+	if got := <-f.stalls; got != "arrived /held" {
+		t.Fatalf("backend: %s", got)
+	}
+	defer close(f.release)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := f.w.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown with an answer held: %v", err)
+	}
+	cut := logs.FilterMessage("drain deadline: cutting the tunnels left").All()
+	if len(cut) != 1 || cut[0].ContextMap()["tunnels"] != int64(1) {
+		t.Fatalf("deadline log: %+v", cut)
+	}
+	if n, err := busy.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the held tunnel was not cut: read %d bytes", n)
+	}
 }
