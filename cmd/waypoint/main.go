@@ -290,8 +290,8 @@ type hboneServer interface {
 }
 
 // serveUntil serves HBONE on ln (none: the ingress role) until ctx ends,
-// goes on accepting for delay, then says GOAWAY and drains for at most
-// drain. The delay covers the time the pod's removal from the waypoint's
+// goes on accepting for delay, then drains (Waypoint.Shutdown) for at
+// most drain: it returns as soon as every connection has closed. The delay covers the time the pod's removal from the waypoint's
 // addresses takes to reach every node proxy: one that has not heard of it
 // yet still dials this pod, and once the process is gone its address leads
 // nowhere (the dial hangs until it times out) instead of being refused.
@@ -311,12 +311,16 @@ func serveUntil(ctx context.Context, srv hboneServer, ln net.Listener, delay, dr
 		return fmt.Errorf("HBONE server: %w", err)
 	case <-time.After(delay):
 	}
-	log.Info("draining tunnels (GOAWAY)")
+	log.Info("draining: GOAWAY on HBONE and HTTP/2, idle HTTP/1.1 connections closed, busy ones after their response")
+	start := time.Now()
 	sctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
 	err := srv.Shutdown(sctx)
 	if ln != nil {
 		<-errc
+	}
+	if err == nil {
+		log.Info("drained: every connection closed", zap.Duration("took", time.Since(start)))
 	}
 	return err
 }

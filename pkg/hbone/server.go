@@ -566,6 +566,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cancel()
 		return nil
 	case <-ctx.Done():
+		st := s.Stats()
+		s.log.Warn("drain deadline: cutting the tunnels left", zap.Int("tunnels", st.Tunnels), zap.Int("connections", st.Connections))
 		s.closeConns()
 		<-done
 		return ctx.Err()

@@ -2,6 +2,8 @@ package l7
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"net/http/httputil"
 	"net/netip"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/net/http2"
 
+	"github.com/causeway-mesh/causeway/pkg/l7/h1"
 	"github.com/causeway-mesh/causeway/pkg/locality"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 )
@@ -118,7 +121,13 @@ type Engine struct {
 	pools   *pools
 	proxy   *httputil.ReverseProxy // upgrades; the rest goes through forward
 	h2      *http2.Server
-	snap    atomic.Pointer[snapshot]
+	// h2base is every HTTP/2 connection's http.Server: configured with h2
+	// (http2.ConfigureServer), its Shutdown says GOAWAY on them all.
+	h2base *http.Server
+	snap   atomic.Pointer[snapshot]
+
+	// drainer drains the HTTP/1.1 connections (Drain).
+	drainer h1.Drainer
 
 	// Mirrors and connection watchers belong to the engine: ctx ends them,
 	// wg waits for them.
@@ -180,6 +189,37 @@ func (e *Engine) Config() *Config {
 		return s.cfg
 	}
 	return nil
+}
+
+// Drain starts ending the client connections ServeConn serves, gently, as
+// a server that stops does (net/http's Server.Shutdown, Envoy's drain):
+// HTTP/1.1 connections idle between requests are closed at once; one with
+// a request in flight answers it with Connection: close and closes once
+// the response is written whole; HTTP/2 connections are told GOAWAY with
+// the last stream they will serve, finish those streams and close.
+// Connections that ServeConn starts serving afterwards are served as
+// much (a request, the streams the client opened first); one that has not
+// sent its first request yet is left the header timeout to send it
+// (closed, it could lose a request already on its way, which a client
+// does not retry on a fresh connection). Drain returns at
+// once: each ServeConn returns as its connection closes, and whoever
+// waits for them cuts the rest when it stops waiting (by their contexts).
+func (e *Engine) Drain() {
+	e.drainer.Drain()
+	e.drainH2()
+}
+
+// drainH2 says GOAWAY on the HTTP/2 connections being served. (The
+// Server serves no connection of its own: its Shutdown only runs the
+// hook http2.ConfigureServer registered.)
+func (e *Engine) drainH2() { _ = e.h2base.Shutdown(context.Background()) }
+
+// h2ConnState: an HTTP/2 connection whose serving began as the drain did
+// may have been missed by its GOAWAY; on its first stream it is told.
+func (e *Engine) h2ConnState(_ net.Conn, s http.ConnState) {
+	if s == http.StateActive && e.drainer.Draining() {
+		e.drainH2()
+	}
 }
 
 // Close stops mirrored requests and closes idle upstream connections. It

@@ -72,7 +72,7 @@ func (e *Engine) ServeConn(ctx context.Context, conn net.Conn, info ConnInfo) er
 		defer lingeringClose(conn, ac)
 		hc, pd = ac, ac
 	}
-	h1.Serve(ctx, hc, pd, h, h1.Limits{
+	h1.Serve(ctx, &e.drainer, hc, pd, h, h1.Limits{
 		ReadHeaderTimeout: e.opts.ReadHeaderTimeout,
 		IdleTimeout:       e.opts.IdleTimeout,
 		MaxHeaderBytes:    e.opts.MaxHeaderBytes,
@@ -96,11 +96,7 @@ func lingeringClose(conn net.Conn, r io.Reader) {
 }
 
 func (e *Engine) serveH2(ctx context.Context, conn net.Conn, h http.Handler) {
-	e.h2.ServeConn(conn, &http2.ServeConnOpts{
-		Context:    ctx,
-		Handler:    h,
-		BaseConfig: &http.Server{MaxHeaderBytes: e.opts.MaxHeaderBytes, ErrorLog: log.New(zapWriter{e.log}, "", 0)},
-	})
+	e.h2.ServeConn(conn, &http2.ServeConnOpts{Context: ctx, Handler: h, BaseConfig: e.h2base})
 }
 
 // sniffPreface reads until the bytes read stop being a prefix of the HTTP/2
@@ -154,6 +150,10 @@ func NewEngine(opts Options) (*Engine, error) {
 		WriteByteTimeout:             30 * time.Second,
 		MaxUploadBufferPerStream:     4 << 20,
 		MaxUploadBufferPerConnection: 16 << 20,
+	}
+	e.h2base = &http.Server{MaxHeaderBytes: opts.MaxHeaderBytes, ErrorLog: log.New(zapWriter{e.log}, "", 0), ConnState: e.h2ConnState}
+	if err := http2.ConfigureServer(e.h2base, e.h2); err != nil {
+		return nil, err
 	}
 	e.proxy = &httputil.ReverseProxy{
 		Rewrite:        e.rewrite,

@@ -37,6 +37,7 @@ type ingressPorts struct {
 	ports  map[uint32]*ingressPort
 	closed bool
 	conns  sync.WaitGroup
+	live   atomic.Int64 // the connections conns waits for
 }
 
 // ingressPort is one listening port and the listeners it serves: all HTTP,
@@ -173,9 +174,11 @@ func (p *ingressPorts) accept(ip *ingressPort) {
 			return
 		}
 		p.conns.Add(1)
+		p.live.Add(1)
 		p.mu.Unlock()
 		go func() {
 			defer p.conns.Done()
+			defer p.live.Add(-1)
 			p.serve(ip, c)
 		}()
 	}
@@ -226,8 +229,8 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 // shutdown closes the ports and waits for their connections until ctx
-// ends; the waypoint's stop then ends the rest.
-func (p *ingressPorts) shutdown(ctx context.Context) {
+// ends (the engine drains them); the waypoint's stop then ends the rest.
+func (p *ingressPorts) shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
 	for port, ip := range p.ports {
@@ -242,6 +245,9 @@ func (p *ingressPorts) shutdown(ctx context.Context) {
 	}()
 	select {
 	case <-done:
+		return nil
 	case <-ctx.Done():
+		p.w.log.Warn("drain deadline: cutting the ingress connections left", zap.Int64("connections", p.live.Load()))
+		return ctx.Err()
 	}
 }

@@ -45,7 +45,7 @@ func telemetryFixture(t *testing.T) (*fixture, *prometheus.Registry) {
 		o.Registry = reg
 		o.Policy = policyEngine(t, "package envoy.authz\n\ndefault allow := false\n\nallow if input.attributes.source.principal == \""+frontend+"\"\n")
 	})
-	httpBackend := serveHTTP(t, "127.0.177.1:0", nil)
+	httpBackend := serveHTTP(t, "127.0.177.1:0", nil, nil)
 	ln := testnet.Listen(t, "127.0.177.1:0")
 	srv := grpc.NewServer()
 	healthpb.RegisterHealthServer(srv, health.NewServer())

@@ -295,12 +295,19 @@ func sameRef(a, b *meshv1.Ref) bool {
 // Serve takes HBONE connections on ln until Shutdown.
 func (w *Waypoint) Serve(ln net.Listener) error { return w.server.Serve(ln) }
 
-// Shutdown drains tunnels until ctx ends, then closes everything.
+// Shutdown drains until ctx ends, then closes everything: HBONE
+// connections are told GOAWAY and the HTTP connections inside their
+// tunnels, or on the ingress ports, end as l7's Engine.Drain ends them
+// (idle ones at once, busy ones after their response). It returns as
+// soon as every connection has closed; at ctx's end it cuts the rest
+// (logged with their number) and returns ctx's error.
 func (w *Waypoint) Shutdown(ctx context.Context) error {
+	w.engine.Drain()
+	var err error
 	if w.ingress != nil {
-		w.ingress.shutdown(ctx)
+		err = w.ingress.shutdown(ctx)
 	}
-	err := w.server.Shutdown(ctx)
+	err = errors.Join(err, w.server.Shutdown(ctx))
 	w.stop()
 	<-w.stopped
 	w.engine.Close()

@@ -53,6 +53,8 @@ type fixture struct {
 	// stalls receives "arrived PATH" for each backend request under
 	// /stall, then "cancelled PATH" once its caller went away.
 	stalls chan string
+	// release lets the backend answer /held.
+	release chan struct{}
 }
 
 // start runs a waypoint shop/wp on 127.0.73.2 in front of plain backends
@@ -60,8 +62,8 @@ type fixture struct {
 func start(t *testing.T, options ...func(*Options)) *fixture {
 	t.Helper()
 	ca := trusttest.NewCA(t, "cluster.local")
-	stalls := make(chan string, 4)
-	httpBackend := serveHTTP(t, "127.0.173.1:0", stalls)
+	stalls, release := make(chan string, 4), make(chan struct{})
+	httpBackend := serveHTTP(t, "127.0.173.1:0", stalls, release)
 	tcpBackend := serveTCP(t, "127.0.173.1:0")
 
 	engine := policyEngine(t, testPolicy)
@@ -122,7 +124,7 @@ func start(t *testing.T, options ...func(*Options)) *fixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pool.Close() })
-	f := &fixture{w: w, ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool, stalls: stalls}
+	f := &fixture{w: w, ca: ca, addr: netip.MustParseAddrPort(ln.Addr().String()), pool: pool, stalls: stalls, release: release}
 	waitReady(t, w)
 	return f
 }
@@ -153,7 +155,10 @@ func waitReady(t *testing.T, w *Waypoint) {
 	}
 }
 
-func serveHTTP(t *testing.T, addr string, stalls chan<- string) netip.AddrPort {
+// heldBody is what /held answers, once release is closed.
+var heldBody = strings.Repeat("0123456789abcdef", 16<<10) // 256 KiB
+
+func serveHTTP(t *testing.T, addr string, stalls chan<- string, release <-chan struct{}) netip.AddrPort {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +171,12 @@ func serveHTTP(t *testing.T, addr string, stalls chan<- string) netip.AddrPort {
 				stalls <- "cancelled " + r.URL.Path
 			case <-time.After(20 * time.Second):
 			}
+			return
+		}
+		if r.URL.Path == "/held" {
+			stalls <- "arrived /held"
+			<-release
+			io.WriteString(w, heldBody)
 			return
 		}
 		if r.URL.Path == "/slow" {
@@ -409,7 +420,7 @@ func TestBadRequestAnsweredOverHBONE(t *testing.T) {
 // of the tunnel's authenticated identity, nothing the caller sends.
 func TestConsumerRouteByCallerNamespace(t *testing.T) {
 	f := start(t, func(o *Options) { o.Policy = policyEngine(t, "package envoy.authz\n\nallow := true\n") })
-	backend := serveHTTP(t, "127.0.173.1:0", nil)
+	backend := serveHTTP(t, "127.0.173.1:0", nil, nil)
 	wp := &meshv1.Ref{Namespace: "shop", Name: "wp"}
 	route := &meshv1.HTTPRoute{Namespace: "web", Name: "mesh-echo-add-header",
 		Parents: []*meshv1.ParentRef{{Namespace: "shop", Name: "web"}},

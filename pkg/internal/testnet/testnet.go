@@ -108,3 +108,14 @@ func Exchange(t testing.TB, addr, raw string) string {
 	}
 	return string(out)
 }
+
+// ExpectClosed fails the test unless the peer closes c gently (EOF, no
+// reset) within a few seconds, with nothing more sent; r reads c (a
+// bufio.Reader may hold what c delivered).
+func ExpectClosed(t testing.TB, c net.Conn, r io.Reader) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := r.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("want the connection closed (EOF), got %d bytes, %v", n, err)
+	}
+}

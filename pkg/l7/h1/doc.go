@@ -8,6 +8,9 @@
 //     framing, keep-alive, 100-continue, trailers, hijack and timeouts are
 //     its own. ResponseWriter can also pass an upstream response's field
 //     lines on as they came (WriteRaw, with RawFields).
+//   - A Drainer ends the connections Serve serves as a stopping server
+//     should (RFC 9112 §9.6): idle ones closed at once, busy ones after a
+//     response that says Connection: close.
 //   - Each request's context comes from a scope per connection (reqctx.go)
 //     rather than context.WithCancel, and ends when the client goes away:
 //     a PeerDoner (an HBONE stream, or an AheadConn around any other

@@ -41,8 +41,11 @@ type Limits struct {
 
 // h1Conn is the server state of one tunnel.
 type h1Conn struct {
-	conn    net.Conn
-	ctx     context.Context // the tunnel's
+	conn net.Conn
+	ctx  context.Context // the tunnel's
+	// state is connIdle while the connection waits between requests, and
+	// has connDraining once the server drains (drain).
+	state   atomic.Uint32
 	handler http.Handler
 	limits  Limits
 	log     *zap.Logger
@@ -62,11 +65,27 @@ type h1Conn struct {
 	afterPost bool
 }
 
+// The bits of h1Conn.state.
+const (
+	connIdle     = 1 << iota // between requests: nothing of the next one read
+	connDraining             // the server drains: no keep-alive
+)
+
 // Serve serves requests on conn until the client closes it, it idles out,
 // a request cannot be read or a response ends the connection. peer is what
 // conn reads from, which reports when reading would no longer block
 // (hbone streams do; see AheadConn for other connections).
-func Serve(ctx context.Context, conn net.Conn, peer PeerDoner, h http.Handler, limits Limits, log *zap.Logger) {
+//
+// When d (nil: none) drains, the server is stopping, and the connection
+// ends gently (RFC 9112 §9.6), as net/http's Server.Shutdown ends its own: closed at
+// once while idle between requests; else the response in progress, or
+// the next one when its header went out already, says Connection: close
+// and the connection closes once it is written whole. A request that
+// arrives after the drain began is still served, and closes the
+// connection. (A client may send a request at the moment its idle
+// connection is closed; HTTP/1.1 cannot tell it apart from one sent on a
+// closed connection, and clients retry it when it is idempotent.)
+func Serve(ctx context.Context, d *Drainer, conn net.Conn, peer PeerDoner, h http.Handler, limits Limits, log *zap.Logger) {
 	c := &h1Conn{conn: conn, ctx: ctx, handler: h, limits: limits, log: log}
 	c.scope.parent = ctx
 	c.gone.scope = &c.scope
@@ -79,18 +98,89 @@ func Serve(ctx context.Context, conn net.Conn, peer PeerDoner, h http.Handler, l
 	defer stop()
 	stopScope := context.AfterFunc(ctx, c.scope.endCurrent)
 	defer stopScope()
+	if d != nil {
+		d.add(c)
+		defer d.remove(c)
+	}
 	c.timer = time.AfterFunc(limits.ReadHeaderTimeout, func() { conn.Close() })
 	defer c.timer.Stop()
 	for c.serveOne() {
 		// The connection idles until the next request's first bytes (four,
-		// as net/http waits for: less, then the end, is no request).
+		// as net/http waits for: less, then the end, is no request), unless
+		// the server drains: then it ends after the response, and drain
+		// closes it should the drain begin while it idles.
+		if c.state.Or(connIdle)&connDraining != 0 {
+			return
+		}
 		c.timer.Reset(limits.IdleTimeout)
 		if _, err := c.br.Peek(4); err != nil {
 			return
 		}
+		if c.state.And(^uint32(connIdle))&connDraining != 0 {
+			return // closed by drain, with whatever arrived
+		}
 		c.timer.Reset(limits.ReadHeaderTimeout)
 	}
 }
+
+// drain starts the connection's drain: true when it idles, and is to be
+// closed now; else it ends with the response being served.
+func (c *h1Conn) drain() bool { return c.state.Or(connDraining)&connIdle != 0 }
+
+// Drainer drains the connections Serve serves with it.
+type Drainer struct {
+	mu       sync.Mutex
+	draining bool
+	conns    map[*h1Conn]struct{}
+}
+
+// Drain drains the connections being served, and those served after:
+// when it returns, every response whose header was not written yet says
+// Connection: close.
+func (d *Drainer) Drain() {
+	d.mu.Lock()
+	d.draining = true
+	var idle []*h1Conn
+	for c := range d.conns {
+		if c.drain() {
+			idle = append(idle, c)
+		}
+	}
+	d.mu.Unlock()
+	for _, c := range idle {
+		c.conn.Close()
+	}
+}
+
+// Draining: Drain was called.
+func (d *Drainer) Draining() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.draining
+}
+
+// add follows c, draining from the start when the drain has begun.
+func (d *Drainer) add(c *h1Conn) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.draining {
+		c.drain() // busy: its first request is being read
+		return
+	}
+	if d.conns == nil {
+		d.conns = make(map[*h1Conn]struct{})
+	}
+	d.conns[c] = struct{}{}
+}
+
+func (d *Drainer) remove(c *h1Conn) {
+	d.mu.Lock()
+	delete(d.conns, c)
+	d.mu.Unlock()
+}
+
+// draining: the response being written must close the connection.
+func (c *h1Conn) draining() bool { return c.state.Load()&connDraining != 0 }
 
 // serveOne reads and serves one request; false: the connection is done.
 func (c *h1Conn) serveOne() bool {
@@ -539,7 +629,7 @@ func (w *ResponseWriter) WriteHeader(code int) {
 	case !w.req.ProtoAtLeast(1, 1) || w.wantsClose:
 		w.closeAfter = true
 	}
-	if hasToken(h.Get("Connection"), "close") {
+	if hasToken(h.Get("Connection"), "close") || w.c.draining() {
 		w.closeAfter = true
 	}
 	if b := w.body; b != nil && b.expect && !b.sawEOF.Load() {
@@ -634,7 +724,7 @@ func (w *ResponseWriter) WriteRaw(code int, cl int64, raw *RawFields) bool {
 	case !w.req.ProtoAtLeast(1, 1) || w.wantsClose:
 		w.closeAfter = true
 	}
-	if b := w.body; b != nil && b.expect && !b.sawEOF.Load() {
+	if b := w.body; b != nil && b.expect && !b.sawEOF.Load() || w.c.draining() {
 		w.closeAfter = true
 	}
 	if w.closeAfter {

@@ -34,7 +34,7 @@ func h1Front(t testing.TB, h http.Handler, limits Limits, log *zap.Logger) strin
 	t.Cleanup(cancel)
 	testnet.Serve(t, ln, func(c net.Conn) {
 		ac := NewAheadConn(c)
-		Serve(ctx, ac, ac, h, limits, log)
+		Serve(ctx, nil, ac, ac, h, limits, log)
 	})
 	return ln.Addr().String()
 }
@@ -589,7 +589,7 @@ func TestH1NoAnswerMadeUpForACancelledRequest(t *testing.T) {
 	testnet.Serve(t, ln, func(c net.Conn) {
 		ac := NewAheadConn(c)
 		defer ac.Close()
-		Serve(context.Background(), ac, failingPeer{ac, done}, h, testLimits, zap.NewNop())
+		Serve(context.Background(), nil, ac, failingPeer{ac, done}, h, testLimits, zap.NewNop())
 	})
 	c := testnet.Dial(t, ln.Addr().String())
 	io.WriteString(c, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
