@@ -103,7 +103,9 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 		if c == nil || c.gateway == nil || *c.gateway != id {
 			continue
 		}
-		obj := "Ingress " + ing.Namespace + "/" + ing.Name
+		key := ing.Namespace + "/" + ing.Name
+		obj := "Ingress " + key
+		t.reportIngress(key, "")
 		routes, certs := t.ingressRoutes(ii.origin, obj, ing)
 		if t.refused(obj) {
 			continue
@@ -131,6 +133,7 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			t.problem(ii.origin, obj, "not served by Gateway %s: %s", id, why)
 			continue
 		}
+		t.reportIngress(key, id.String())
 		// After the listener's own: those serve clients without SNI and
 		// the names they cover (the first certificate valid for the SNI).
 		for _, n := range sortedKeys(attached) {
@@ -138,6 +141,13 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 				l.Certificates = append(l.Certificates, certs...)
 			}
 		}
+	}
+}
+
+// reportIngress records which Gateway serves Ingress key ("": none).
+func (t *translator) reportIngress(key, gateway string) {
+	if t.reports != nil {
+		t.reports.Ingresses[key] = gateway
 	}
 }
 
