@@ -106,7 +106,7 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 		key := ing.Namespace + "/" + ing.Name
 		obj := "Ingress " + key
 		t.reportIngress(key, "")
-		routes, certs := t.ingressRoutes(ii.origin, obj, ing)
+		routes, certs := t.ingressRoutes(ii.origin, obj, ing), t.ingressCertificates(ii.origin, obj, ing)
 		if t.refused(obj) {
 			continue
 		}
@@ -164,9 +164,8 @@ func sortedKeys[K ~string, V any](m map[K]V) []K {
 // (in the order the rules name them, then one for any host): the host's
 // paths, then those of rules without a host (they apply to every host),
 // then defaultBackend for any path (PathPrefix "/", the least precedence).
-// Its spec.tls entries become key pairs. Every problem refuses the Ingress
-// (problem on obj).
-func (t *translator) ingressRoutes(origin, obj string, ing *networkingv1.Ingress) ([]*meshv1.HTTPRoute, []*meshv1.TLSKeyPair) {
+// Every problem refuses the Ingress (problem on obj).
+func (t *translator) ingressRoutes(origin, obj string, ing *networkingv1.Ingress) []*meshv1.HTTPRoute {
 	var hosts []string
 	byHost := map[string][]*meshv1.HTTPRouteRule{}
 	for i, r := range ing.Spec.Rules {
@@ -210,7 +209,24 @@ func (t *translator) ingressRoutes(origin, obj string, ing *networkingv1.Ingress
 		add([]string{h}, append(append([]*meshv1.HTTPRouteRule(nil), byHost[h]...), anyHost...))
 	}
 	add(nil, anyHost)
-	return routes, t.ingressCertificates(origin, obj, ing)
+	return routes
+}
+
+// CheckIngress runs the translation's checks of an Ingress that need no
+// other object (hosts, paths and their types, the form of its backends,
+// the hosts of its tls entries), for the admission webhook: what it
+// returns, the translation would refuse wherever the Ingress is served.
+// Its Services and Secrets are not looked up (they may come later).
+func CheckIngress(ing *networkingv1.Ingress) []string {
+	t := newTranslator(Options{})
+	const obj = "Ingress"
+	t.ingressRoutes("", obj, ing)
+	for i, e := range ing.Spec.TLS {
+		for _, h := range e.Hosts {
+			t.ingressHost("", obj, fmt.Sprintf("tls %d", i), strings.ToLower(h))
+		}
+	}
+	return t.reasons[obj]
 }
 
 // ingressHost checks a rule's or tls entry's host: a DNS name, or one

@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
+
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -248,4 +251,34 @@ func TestKubeIngressRefused(t *testing.T) {
 	sameNS = strings.ReplaceAll(sameNS, "    allowedRoutes: {namespaces: {from: All}}\n", "")
 	_, err = translateYAML(t, sameNS, defaultClassYAML, own, "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {namespace: shop, name: bad}\nspec:\n"+rule("a.example.com", ok))
 	wantProblem(t, err, "file3.yaml", "not served by Gateway causeway-system/causeway-ingress: the allowedRoutes")
+}
+
+// CheckIngress, the webhook's check, refuses what the translation refuses
+// without looking anything up; a backend Service or Secret that does not
+// exist (yet) is no refusal.
+func TestCheckIngress(t *testing.T) {
+	var ing networkingv1.Ingress
+	if err := yaml.UnmarshalStrict([]byte(`
+metadata: {namespace: shop, name: store}
+spec:
+  tls: [{hosts: ["a_b.example.com"], secretName: absent}]
+  defaultBackend: {resource: {apiGroup: x.io, kind: Bucket, name: b}}
+  rules:
+  - host: "*.example.com"
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: absent, port: {name: http}}}}
+      - {path: x, pathType: Exact, backend: {service: {name: absent, port: {number: 80}}}}
+`), &ing); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(CheckIngress(&ing), "\n")
+	for _, want := range []string{"tls 0: host \"a_b.example.com\"", "defaultBackend: resource backends are not supported", "rule 0 path 1: path \"x\" must begin with /"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("problems %q lack %q", got, want)
+		}
+	}
+	if n := len(CheckIngress(&ing)); n != 3 {
+		t.Errorf("%d problems, want 3: %q", n, got)
+	}
 }
