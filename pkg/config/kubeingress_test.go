@@ -130,15 +130,7 @@ func TestKubeIngressTranslation(t *testing.T) {
 	}
 
 	// The Kubernetes source's incremental translation agrees.
-	var objs []Object
-	for i, d := range []string{kubeIngressGatewayYAML, defaultClassYAML, shopIngressYAML, own, shopTLS} {
-		o, err := Decode(originName(i), []byte(d))
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs = append(objs, o...)
-	}
-	sameTranslation(t, "kube ingress", NewIncremental(Options{}), objs)
+	sameTranslation(t, "kube ingress", NewIncremental(Options{}), decodeDocs(t, kubeIngressGatewayYAML, defaultClassYAML, shopIngressYAML, own, shopTLS))
 }
 
 // Which Ingresses a class serves: the default class only serves Ingresses

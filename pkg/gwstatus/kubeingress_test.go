@@ -43,15 +43,7 @@ spec:
 	f.create(ingress("bucket", "causeway-st-ki", "{resource: {apiGroup: x.example.com, kind: Bucket, name: b}}"))
 	f.create(ingress("foreign", "other-st-ki", "{service: {name: web, port: {number: 80}}}"))
 
-	gw := f.gateway(ns, "public")
-	owner, sel := f.gatewayDeployment(gw, 1)
-	svc, err := f.cs.CoreV1().Services(ns).Create(f.ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: gw.Name, Labels: sel, OwnerReferences: []metav1.OwnerReference{owner}},
-		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: sel, Ports: []corev1.ServicePort{{Name: "http-80", Port: 80}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := f.ingressDeployment(f.gateway(ns, "public"), 1)
 	lb := func(name string) []string {
 		ing, err := f.cs.NetworkingV1().Ingresses(app).Get(f.ctx, name, metav1.GetOptions{})
 		if err != nil {
