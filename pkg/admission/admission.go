@@ -42,10 +42,13 @@ import (
 	"go.uber.org/zap"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	networkingv1beta1 "k8s.io/api/networking/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
 
@@ -62,9 +65,11 @@ const maxReviewBytes = 8 << 20
 
 // Options configure a Webhook.
 type Options struct {
-	// Gateways and Namespaces are informer listers of the cluster's objects.
-	Gateways   gwlisters.GatewayLister
-	Namespaces corelisters.NamespaceLister
+	// Gateways, Namespaces and IngressClasses are informer listers of the
+	// cluster's objects.
+	Gateways       gwlisters.GatewayLister
+	Namespaces     corelisters.NamespaceLister
+	IngressClasses networkinglisters.IngressClassLister
 	// PolicySet says whether the control plane can enforce a connection
 	// policy set: its active revision, or why not. Nil: sets are not checked.
 	PolicySet  func(name string) (revision, problem string)
@@ -80,8 +85,8 @@ type Webhook struct {
 
 // New builds a Webhook.
 func New(o Options) (*Webhook, error) {
-	if o.Gateways == nil || o.Namespaces == nil || o.Logger == nil {
-		return nil, errors.New("admission: Gateways, Namespaces and Logger are required")
+	if o.Gateways == nil || o.Namespaces == nil || o.IngressClasses == nil || o.Logger == nil {
+		return nil, errors.New("admission: Gateways, Namespaces, IngressClasses and Logger are required")
 	}
 	w := &Webhook{opts: o, reviews: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "causeway_admission_reviews_total",
@@ -204,6 +209,15 @@ func (w *Webhook) check(req *admissionv1.AdmissionRequest) ([]string, error) {
 			return nil, err
 		}
 		return config.CheckBackendTLSPolicy(&p), nil
+	case networkingv1.GroupName + "/Ingress":
+		var ing networkingv1.Ingress
+		if err := json.Unmarshal(req.Object.Raw, &ing); err != nil {
+			return nil, err
+		}
+		if !w.ourIngress(&ing) {
+			return nil, nil
+		}
+		return config.CheckIngress(&ing), nil
 	}
 	return nil, nil // not ours to judge
 }
@@ -227,6 +241,28 @@ func checkRoute(route any, parents []gwv1.ParentReference) []string {
 		}
 	}
 	return nil
+}
+
+// ourIngress: the IngressClass ing names (spec.ingressClassName, else the
+// legacy annotation) is of our controller. An Ingress naming none is left
+// to the translation (and its events): the default class is decided by
+// the set of classes, and the API server fills the name in on creation.
+func (w *Webhook) ourIngress(ing *networkingv1.Ingress) bool {
+	name := ing.Annotations[networkingv1beta1.AnnotationIngressClass]
+	if ing.Spec.IngressClassName != nil {
+		name = *ing.Spec.IngressClassName
+	}
+	if name == "" {
+		return false
+	}
+	c, err := w.opts.IngressClasses.Get(name)
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			w.opts.Logger.Warn("admission: reading an IngressClass", zap.String("ingressclass", name), zap.Error(err))
+		}
+		return false
+	}
+	return c.Spec.Controller == config.IngressClassController
 }
 
 func (w *Webhook) namespaceLabels(ns string) map[string]string {

@@ -16,11 +16,13 @@ import (
 	"go.uber.org/zap/zaptest"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -56,7 +58,7 @@ func startWebhook(t *testing.T) *cluster {
 	kf := informers.NewSharedInformerFactory(c.cs, 0)
 	gf := gwinformers.NewSharedInformerFactory(c.gw, 0)
 	w, err := New(Options{Gateways: gf.Gateway().V1().Gateways().Lister(), Namespaces: kf.Core().V1().Namespaces().Lister(),
-		PolicySet: policySets(t), Logger: zaptest.NewLogger(t)})
+		IngressClasses: kf.Networking().V1().IngressClasses().Lister(), PolicySet: policySets(t), Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +240,41 @@ spec:
 	refused(t, "a GRPCRoute with a bad regular expression", err, "rule 0 service: regular expression")
 }
 
+// An Ingress of an IngressClass of ours that the mesh would refuse never
+// lands; another controller's is not judged.
+func TestWebhookIngresses(t *testing.T) {
+	c := startWebhook(t)
+	c.namespace("ingresses", nil)
+	for name, controller := range map[string]string{"causeway-wh": config.IngressClassController, "other-wh": "example.com/ingress"} {
+		if _, err := c.cs.NetworkingV1().IngressClasses().Create(c.ctx, &networkingv1.IngressClass{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: networkingv1.IngressClassSpec{Controller: controller}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	apply := func(name, class, backend string) error {
+		var ing networkingv1.Ingress
+		if err := yaml.UnmarshalStrict([]byte("metadata: {name: "+name+"}\nspec:\n  ingressClassName: "+class+"\n  defaultBackend: "+backend+"\n"), &ing); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.cs.NetworkingV1().Ingresses("ingresses").Create(c.ctx, &ing, metav1.CreateOptions{})
+		return err
+	}
+	bucket := "{resource: {apiGroup: x.example.com, kind: Bucket, name: b}}"
+	// The informer sees the new class soon after: wait for the refusal.
+	var err error
+	if werr := kubetest.WaitFor(c.ctx, 20*time.Second, func() (bool, error) {
+		if err = apply("bucket", "causeway-wh", bucket); err == nil { // admitted before the informer had the class
+			return false, c.cs.NetworkingV1().Ingresses("ingresses").Delete(c.ctx, "bucket", metav1.DeleteOptions{})
+		}
+		return true, nil
+	}); werr != nil {
+		t.Fatalf("an Ingress of ours with a resource backend was admitted")
+	}
+	refused(t, "a resource backend", err, "defaultBackend: resource backends are not supported")
+	admitted(t, "a Service backend", apply("web", "causeway-wh", "{service: {name: web, port: {name: http}}}"))
+	admitted(t, "another controller's Ingress", apply("foreign", "other-wh", bucket))
+}
+
 func TestWebhookWaypointBindings(t *testing.T) {
 	c := startWebhook(t)
 	useLabels := func(name string) map[string]string {
@@ -279,7 +316,7 @@ func TestWebhookWaypointIdentity(t *testing.T) {
 
 // Requests that are not AdmissionReviews get an HTTP error, never a panic.
 func TestServeHTTPRefusesBadRequests(t *testing.T) {
-	w, err := New(Options{Gateways: emptyGateways(t), Namespaces: emptyNamespaces(t), Logger: zaptest.NewLogger(t)})
+	w, err := New(Options{Gateways: emptyGateways(t), Namespaces: emptyNamespaces(t), IngressClasses: emptyIngressClasses(t), Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,4 +361,8 @@ func emptyGateways(*testing.T) gwlisters.GatewayLister {
 
 func emptyNamespaces(*testing.T) corelisters.NamespaceLister {
 	return corelisters.NewNamespaceLister(emptyIndexer())
+}
+
+func emptyIngressClasses(*testing.T) networkinglisters.IngressClassLister {
+	return networkinglisters.NewIngressClassLister(emptyIndexer())
 }

@@ -2,6 +2,7 @@ package admission
 
 import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -51,9 +52,10 @@ func Configuration(name, controlPlaneNamespace string, cc admissionregistrationv
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:                    RoutesWebhook,
-			ClientConfig:            cc,
-			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(gwv1.GroupName, "v1", "httproutes", "grpcroutes")},
+			Name:         RoutesWebhook,
+			ClientConfig: cc,
+			Rules: []admissionregistrationv1.RuleWithOperations{rule(gwv1.GroupName, "v1", "httproutes", "grpcroutes"),
+				rule(networkingv1.GroupName, "v1", "ingresses")},
 			FailurePolicy:           &fail,
 			MatchPolicy:             &equivalent,
 			SideEffects:             &none,

@@ -110,7 +110,7 @@ func TestWebhookConnectionPolicies(t *testing.T) {
 // apiserver; a cluster with another schema (or none) sends it, and the
 // webhook refuses it with the translation's words.
 func TestReviewConnectionPolicyPastTheSchema(t *testing.T) {
-	w, err := New(Options{Gateways: emptyGateways(t), Namespaces: emptyNamespaces(t), PolicySet: policySets(t), Logger: zaptest.NewLogger(t)})
+	w, err := New(Options{Gateways: emptyGateways(t), Namespaces: emptyNamespaces(t), IngressClasses: emptyIngressClasses(t), PolicySet: policySets(t), Logger: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -25,7 +26,8 @@ import (
 // *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *gwv1.BackendTLSPolicy,
 // *corev1.ConfigMap (read for BackendTLSPolicies' CA certificates),
 // *corev1.Secret (read for ingress listeners' certificates),
-// *corev1.Node (read for its topology labels) or *ConnectionPolicy
+// *corev1.Node (read for its topology labels), *networkingv1.Ingress,
+// *networkingv1.IngressClass or *ConnectionPolicy
 // (v1beta1 Gateway API objects are converted to v1). The Kubernetes source
 // builds the same list from its informers and translates it incrementally
 // (Incremental), to the same result, so both sources share every rule.
@@ -40,7 +42,7 @@ const MaxDocumentBytes = 4 << 20
 var deserializer = func() runtime.Decoder {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		corev1.AddToScheme, discoveryv1.AddToScheme, gwv1.Install, gwv1beta1.Install, addCausewayKinds,
+		corev1.AddToScheme, discoveryv1.AddToScheme, networkingv1.AddToScheme, gwv1.Install, gwv1beta1.Install, addCausewayKinds,
 	} {
 		if err := add(scheme); err != nil {
 			panic(fmt.Sprintf("config: build scheme: %v", err)) // programming error, caught by any test
@@ -111,7 +113,8 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *corev1.Namespace, *corev1.Node, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount,
 		*discoveryv1.EndpointSlice,
 		*gwv1.Gateway, *gwv1.GatewayClass, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant,
-		*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *corev1.Secret, *ConnectionPolicy:
+		*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *corev1.Secret, *ConnectionPolicy,
+		*networkingv1.Ingress, *networkingv1.IngressClass:
 		return obj, nil
 	case *gwv1beta1.Gateway:
 		return (*gwv1.Gateway)(o), nil
@@ -122,7 +125,7 @@ func decodeDocument(doc []byte) (runtime.Object, error) {
 	case *gwv1beta1.ReferenceGrant:
 		return (*gwv1.ReferenceGrant)(o), nil
 	}
-	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Node, Pod, Service, ServiceAccount, ConfigMap, Secret, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy and ConnectionPolicy",
+	return nil, fmt.Errorf("unknown kind %s (apiVersion %s): this mesh reads Namespace, Node, Pod, Service, ServiceAccount, ConfigMap, Secret, EndpointSlice, Gateway, GatewayClass, HTTPRoute, GRPCRoute, ReferenceGrant, BackendTLSPolicy, ConnectionPolicy, Ingress and IngressClass",
 		gvk.Kind, gvk.GroupVersion())
 }
 

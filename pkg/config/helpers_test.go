@@ -39,6 +39,20 @@ func translateYAML(t *testing.T, docs ...string) (*Snapshot, error) {
 	return s, err
 }
 
+// decodeDocs decodes docs (one origin per element), failing on any error.
+func decodeDocs(t *testing.T, docs ...string) []Object {
+	t.Helper()
+	var objs []Object
+	for i, d := range docs {
+		o, err := Decode(originName(i), []byte(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, o...)
+	}
+	return objs
+}
+
 func originName(i int) string { return "file" + string(rune('0'+i)) + ".yaml" }
 
 func mustTranslate(t *testing.T, docs ...string) *Snapshot {

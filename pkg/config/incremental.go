@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -91,8 +92,8 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 			ns := m.GetNamespace()
 			m.SetNamespace(defaultNS(&ns))
 			byNS[ns] = append(byNS[ns], o)
-		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *corev1.Secret:
-			routeObjs = append(routeObjs, o) // Secrets: ingress Gateways' certificates
+		case *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *corev1.Secret, *networkingv1.Ingress, *networkingv1.IngressClass:
+			routeObjs = append(routeObjs, o) // Secrets: ingress Gateways' certificates; Ingresses are their routes
 		default:
 			return in.whole(objs) // Translate says what is wrong with it
 		}
@@ -151,7 +152,7 @@ func (in *Incremental) translate(objs []Object) (*Snapshot, error) {
 		out.waypointIdentities[v.Identity] = k
 	}
 	for _, p := range routes.snap.Rejected {
-		if k := p.Kind(); k == "HTTPRoute" || k == "GRPCRoute" {
+		if k := p.Kind(); routeKind(k) {
 			out.Rejected = append(out.Rejected, p)
 		}
 	}
@@ -243,14 +244,17 @@ func mergeNamespace(out, s *Snapshot, ns string) {
 			if p.Name() == ns {
 				out.Rejected = append(out.Rejected, p)
 			}
-		case "HTTPRoute", "GRPCRoute":
-			// the routes' translation decides
 		default:
-			if p.Namespace() == ns {
+			if !routeKind(p.Kind()) && p.Namespace() == ns { // the routes' translation decides those
 				out.Rejected = append(out.Rejected, p)
 			}
 		}
 	}
+}
+
+// routeKind: objects of the kind are translated with the routes.
+func routeKind(kind string) bool {
+	return kind == "HTTPRoute" || kind == "GRPCRoute" || kind == "Ingress" || kind == "IngressClass"
 }
 
 // sameObjects: the same objects (by identity) from the same origins, in

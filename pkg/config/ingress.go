@@ -98,6 +98,7 @@ func (t *translator) translateIngress() {
 					byName[l].GrpcRoutes = append(byName[l].GrpcRoutes, gr)
 				})
 		}
+		t.translateIngresses(id, g.gw, reports, byName)
 		t.out.IngressGateways[id.String()] = out
 	}
 }

@@ -142,14 +142,7 @@ func TestIngressGatewayTranslation(t *testing.T) {
 		t.Error(err)
 	}
 	// The Kubernetes source's incremental translation agrees.
-	var objs []Object
-	for i, d := range []string{ingressYAML, shop, wild, certGrantYAML} {
-		o, err := Decode(originName(i), []byte(d))
-		if err != nil {
-			t.Fatal(err)
-		}
-		objs = append(objs, o...)
-	}
+	objs := decodeDocs(t, ingressYAML, shop, wild, certGrantYAML)
 	if got := sameTranslation(t, "ingress", NewIncremental(Options{}), objs); len(got.IngressGateways) != 1 {
 		t.Errorf("incremental: %d ingress gateways", len(got.IngressGateways))
 	}

@@ -21,6 +21,10 @@ type Reports struct {
 	// Services by "ns/name": the waypoint each Service with a
 	// use-waypoint label (its own or its namespace's) is bound to.
 	Services map[string]WaypointBinding
+	// Ingresses by "ns/name": for every Kubernetes Ingress of an
+	// IngressClass of ours whose Gateway exists, the "ns/name" of the
+	// ingress Gateway serving it, or "" when it is refused (Problems).
+	Ingresses map[string]string
 	// BackendTLSPolicies by "ns/name": one entry per targetRef.
 	BackendTLSPolicies map[string][]PolicyAncestor
 	// Err is what Translate returns for the same objects: set only when
@@ -69,7 +73,7 @@ type WaypointBinding struct {
 func Analyze(objs []Object, opts Options) *Reports {
 	t := newTranslator(opts)
 	t.reports = &Reports{Routes: map[string]*RouteReport{}, Problems: map[string][]string{}, Services: map[string]WaypointBinding{},
-		BackendTLSPolicies: map[string][]PolicyAncestor{}}
+		BackendTLSPolicies: map[string][]PolicyAncestor{}, Ingresses: map[string]string{}}
 	t.run(objs)
 	t.reports.Err = t.fatal.err()
 	t.reportServiceBindings()

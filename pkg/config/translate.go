@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -43,20 +44,21 @@ func Translate(objs []Object, opts Options) (*Snapshot, error) {
 
 func newTranslator(opts Options) *translator {
 	return &translator{
-		opts:       opts.withDefaults(),
-		namespaces: map[string]*namespaceInfo{},
-		pods:       map[nsName]*podInfo{},
-		podsByNS:   map[string][]nsName{},
-		services:   map[nsName]*serviceInfo{},
-		slices:     map[nsName][]*sliceInfo{},
-		nodes:      map[string]*meshv1.Locality{},
-		gateways:   map[nsName]*gatewayInfo{},
-		grants:     map[string][]*gwv1.ReferenceGrant{},
-		configMaps: map[nsName]*corev1.ConfigMap{},
-		secrets:    map[nsName]*corev1.Secret{},
-		seen:       map[string]string{},
-		reasons:    map[string][]string{},
-		out:        newSnapshot(),
+		opts:           opts.withDefaults(),
+		namespaces:     map[string]*namespaceInfo{},
+		pods:           map[nsName]*podInfo{},
+		podsByNS:       map[string][]nsName{},
+		services:       map[nsName]*serviceInfo{},
+		slices:         map[nsName][]*sliceInfo{},
+		nodes:          map[string]*meshv1.Locality{},
+		gateways:       map[nsName]*gatewayInfo{},
+		grants:         map[string][]*gwv1.ReferenceGrant{},
+		configMaps:     map[nsName]*corev1.ConfigMap{},
+		secrets:        map[nsName]*corev1.Secret{},
+		ingressClasses: map[string]*ingressClassInfo{},
+		seen:           map[string]string{},
+		reasons:        map[string][]string{},
+		out:            newSnapshot(),
 	}
 }
 
@@ -78,6 +80,7 @@ func (t *translator) run(objs []Object) {
 	t.translateBackendTLSPolicies()
 	t.translateWorkloads()
 	t.translateRoutes()
+	t.resolveIngressClasses()
 	t.translateIngress()
 	t.translateConnectionPolicies()
 	t.checkOutput()
@@ -142,30 +145,35 @@ type connPolicyInfo struct {
 }
 
 type translator struct {
-	opts         Options
-	fatal        problems            // the objects are not a configuration: no snapshot
-	ps           problems            // per-object refusals: Snapshot.Rejected
-	reasons      map[string][]string // refused object ("Kind ns/name") -> why
-	namespaces   map[string]*namespaceInfo
-	pods         map[nsName]*podInfo
-	podOrder     []nsName
-	podsByNS     map[string][]nsName // podOrder by namespace: services and waypoints select in theirs
-	services     map[nsName]*serviceInfo
-	svcOrder     []nsName
-	slices       map[nsName][]*sliceInfo // by the Service they belong to
-	nodes        map[string]*meshv1.Locality
-	gateways     map[nsName]*gatewayInfo
-	gwOrder      []nsName
-	httpRoutes   []routeInfo[*gwv1.HTTPRoute]
-	grpcRoutes   []routeInfo[*gwv1.GRPCRoute]
-	grants       map[string][]*gwv1.ReferenceGrant // by namespace
-	connPolicies []connPolicyInfo
-	tlsPolicies  []*tlsPolicyInfo
-	configMaps   map[nsName]*corev1.ConfigMap // read for BackendTLSPolicies' CA certificates
-	secrets      map[nsName]*corev1.Secret    // read for ingress listeners' certificates
-	seen         map[string]string            // "Kind ns/name" -> origin
-	out          *Snapshot
-	reports      *Reports // nil unless Analyze asked for them
+	opts       Options
+	fatal      problems            // the objects are not a configuration: no snapshot
+	ps         problems            // per-object refusals: Snapshot.Rejected
+	reasons    map[string][]string // refused object ("Kind ns/name") -> why
+	namespaces map[string]*namespaceInfo
+	pods       map[nsName]*podInfo
+	podOrder   []nsName
+	podsByNS   map[string][]nsName // podOrder by namespace: services and waypoints select in theirs
+	services   map[nsName]*serviceInfo
+	svcOrder   []nsName
+	slices     map[nsName][]*sliceInfo // by the Service they belong to
+	nodes      map[string]*meshv1.Locality
+	gateways   map[nsName]*gatewayInfo
+	gwOrder    []nsName
+	httpRoutes []routeInfo[*gwv1.HTTPRoute]
+	grpcRoutes []routeInfo[*gwv1.GRPCRoute]
+	ingresses  []routeInfo[*networkingv1.Ingress]
+	// ingressClasses: those of ours, by name; defaultIngressClasses: every
+	// IngressClass (ours or not) marked the cluster's default.
+	ingressClasses        map[string]*ingressClassInfo
+	defaultIngressClasses []string
+	grants                map[string][]*gwv1.ReferenceGrant // by namespace
+	connPolicies          []connPolicyInfo
+	tlsPolicies           []*tlsPolicyInfo
+	configMaps            map[nsName]*corev1.ConfigMap // read for BackendTLSPolicies' CA certificates
+	secrets               map[nsName]*corev1.Secret    // read for ingress listeners' certificates
+	seen                  map[string]string            // "Kind ns/name" -> origin
+	out                   *Snapshot
+	reports               *Reports // nil unless Analyze asked for them
 }
 
 // problem refuses object; the pass that raises it makes the object fail
@@ -204,8 +212,8 @@ func (t *translator) collect(objs []Object) {
 	for _, o := range objs {
 		var namespaced bool
 		switch o.Obj.(type) {
-		case *corev1.Namespace, *gwv1.GatewayClass, *corev1.Node:
-		case *corev1.Pod, *corev1.Service, *corev1.ServiceAccount, *discoveryv1.EndpointSlice,
+		case *corev1.Namespace, *gwv1.GatewayClass, *corev1.Node, *networkingv1.IngressClass:
+		case *networkingv1.Ingress, *corev1.Pod, *corev1.Service, *corev1.ServiceAccount, *discoveryv1.EndpointSlice,
 			*gwv1.Gateway, *gwv1.HTTPRoute, *gwv1.GRPCRoute, *gwv1.ReferenceGrant, *ConnectionPolicy,
 			*gwv1.BackendTLSPolicy, *corev1.ConfigMap, *corev1.Secret:
 			namespaced = true
@@ -282,6 +290,15 @@ func (t *translator) collect(objs []Object) {
 			t.configMaps[id] = v
 		case *corev1.Secret:
 			t.secrets[id] = v
+		case *networkingv1.Ingress:
+			t.ingresses = append(t.ingresses, routeInfo[*networkingv1.Ingress]{o.Origin, v})
+		case *networkingv1.IngressClass:
+			if v.Annotations[networkingv1.AnnotationIsDefaultIngressClass] == "true" {
+				t.defaultIngressClasses = append(t.defaultIngressClasses, name)
+			}
+			if v.Spec.Controller == IngressClassController {
+				t.ingressClasses[name] = &ingressClassInfo{origin: o.Origin, class: v}
+			}
 		}
 	}
 	// A slice of a Service that does not exist is refused (unused).

@@ -4,7 +4,8 @@
 // listener's conditions and attached routes: see syncIngress), their
 // GatewayClasses (Accepted), the parent entries of HTTPRoutes and
 // GRPCRoutes attached to Services or ingress Gateways (Accepted,
-// ResolvedRefs), a causeway.dev/WaypointBound condition on Services that
+// ResolvedRefs), the load-balancer addresses of Kubernetes Ingresses
+// served by an ingress Gateway (Warning events for refused ones), a causeway.dev/WaypointBound condition on Services that
 // name a waypoint, the ancestors of BackendTLSPolicies (the Services they
 // target), and Accepted and ResolvedRefs on ConnectionPolicies (false, with
 // a Warning event, while the translation refuses one or its policy set
@@ -46,6 +47,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -105,8 +107,12 @@ type Writer struct {
 	grants      gwlisters.ReferenceGrantLister
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
-	secrets     corelisters.SecretLister       // kubernetes.io/tls only
-	policies    *kubesource.ConnectionPolicies // nil: no Dynamic client
+	secrets     corelisters.SecretLister // kubernetes.io/tls only
+	ingresses   networkinglisters.IngressLister
+	ingClasses  networkinglisters.IngressClassLister
+	// ingressProblems: the refusal last reported (an event) per Ingress.
+	ingressProblems map[string]string
+	policies        *kubesource.ConnectionPolicies // nil: no Dynamic client
 }
 
 // New checks the options.
@@ -117,7 +123,7 @@ func New(o Options) (*Writer, error) {
 	if o.Debounce <= 0 {
 		o.Debounce = 100 * time.Millisecond
 	}
-	return &Writer{opts: o, log: o.Logger, kick: make(chan struct{}, 1)}, nil
+	return &Writer{opts: o, log: o.Logger, kick: make(chan struct{}, 1), ingressProblems: map[string]string{}}, nil
 }
 
 // Run watches the objects and writes status until ctx ends.
@@ -149,6 +155,7 @@ func (w *Writer) Run(ctx context.Context) error {
 	w.grants = gf.Gateway().V1().ReferenceGrants().Lister()
 	w.tlsPolicies = gf.Gateway().V1().BackendTLSPolicies().Lister()
 	w.configMaps = cf.Core().V1().ConfigMaps().Lister()
+	w.ingresses, w.ingClasses = kf.Networking().V1().Ingresses().Lister(), kf.Networking().V1().IngressClasses().Lister()
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { w.trigger() },
 		UpdateFunc: func(any, any) { w.trigger() },
@@ -161,6 +168,7 @@ func (w *Writer) Run(ctx context.Context) error {
 		gf.Gateway().V1().HTTPRoutes().Informer(), gf.Gateway().V1().GRPCRoutes().Informer(),
 		gf.Gateway().V1().ReferenceGrants().Informer(), gf.Gateway().V1().BackendTLSPolicies().Informer(),
 		cf.Core().V1().ConfigMaps().Informer(), sf.Core().V1().Secrets().Informer(),
+		kf.Networking().V1().Ingresses().Informer(), kf.Networking().V1().IngressClasses().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			return err
@@ -305,6 +313,10 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for _, p := range w.connectionPolicies() {
 		errs = append(errs, w.syncConnectionPolicy(ctx, p, rep))
 	}
+	ings, _ := w.ingresses.List(labels.Everything())
+	for _, ing := range ings {
+		errs = append(errs, w.syncKubeIngress(ctx, ing, rep))
+	}
 	return errors.Join(errs...)
 }
 
@@ -332,6 +344,13 @@ func (w *Writer) objects() ([]config.Object, error) {
 	cms, _ := w.configMaps.List(labels.Everything())
 	objs = appendObjects(objs, "ConfigMap", cms)
 	objs = appendObjects(objs, "ConnectionPolicy", w.connectionPolicies())
+	// Kubernetes Ingresses, their classes and the Secrets their tls names.
+	ics, _ := w.ingClasses.List(labels.Everything())
+	objs = appendObjects(objs, "IngressClass", ics)
+	ings, _ := w.ingresses.List(labels.Everything())
+	objs = appendObjects(objs, "Ingress", ings)
+	secs, _ := w.secrets.List(labels.Everything())
+	objs = appendObjects(objs, "Secret", secs)
 	sort.SliceStable(objs, func(i, j int) bool { return objs[i].Origin < objs[j].Origin })
 	return objs, nil
 }

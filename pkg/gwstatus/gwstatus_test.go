@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -132,6 +133,14 @@ func (f *fixture) create(doc string) {
 		var o corev1.ConfigMap
 		f.decode(doc, &o)
 		_, err = f.cs.CoreV1().ConfigMaps(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
+	case "IngressClass":
+		var o networkingv1.IngressClass
+		f.decode(doc, &o)
+		_, err = f.cs.NetworkingV1().IngressClasses().Create(f.ctx, &o, metav1.CreateOptions{})
+	case "Ingress":
+		var o networkingv1.Ingress
+		f.decode(doc, &o)
+		_, err = f.cs.NetworkingV1().Ingresses(o.Namespace).Create(f.ctx, &o, metav1.CreateOptions{})
 	default:
 		f.t.Fatalf("kind %q", tm.Kind)
 	}

@@ -23,6 +23,21 @@ func (f *fixture) secret(ns, name string, typ corev1.SecretType, data map[string
 	}
 }
 
+// ingressDeployment makes the deployer's Deployment (replicas, none
+// ready) and LoadBalancer Service for ingress Gateway gw.
+func (f *fixture) ingressDeployment(gw *gwv1.Gateway, replicas int32) *corev1.Service {
+	f.t.Helper()
+	owner, sel := f.gatewayDeployment(gw, replicas)
+	svc, err := f.cs.CoreV1().Services(gw.Namespace).Create(f.ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: gw.Name, Labels: sel, OwnerReferences: []metav1.OwnerReference{owner}},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: sel, Ports: []corev1.ServicePort{{Name: "http-80", Port: 80}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return svc
+}
+
 func listenerStatus(gw *gwv1.Gateway, name string) *gwv1.ListenerStatus {
 	for i := range gw.Status.Listeners {
 		if gw.Status.Listeners[i].Name == gwv1.SectionName(name) {
@@ -146,15 +161,7 @@ spec:
 
 	// The deployer's Service and Deployment: the cluster IP until a load
 	// balancer sets its address; Programmed once a pod is ready.
-	gw := f.gateway(ns, "edge")
-	owner, sel := f.gatewayDeployment(gw, 2)
-	svc, err := f.cs.CoreV1().Services(ns).Create(f.ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: gw.Name, Labels: sel, OwnerReferences: []metav1.OwnerReference{owner}},
-		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: sel, Ports: []corev1.ServicePort{{Name: "http-80", Port: 80}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	svc := f.ingressDeployment(f.gateway(ns, "edge"), 2)
 	f.waitFor("the cluster IP as the address", func() (bool, error) {
 		a := f.gateway(ns, "edge").Status.Addresses
 		return len(a) == 1 && a[0].Value == svc.Spec.ClusterIP && *a[0].Type == gwv1.IPAddressType, nil

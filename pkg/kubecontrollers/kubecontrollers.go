@@ -148,7 +148,7 @@ func New(o Options) (*Controllers, error) {
 		kf := informers.NewSharedInformerFactory(cs, 0)
 		gf := gwinformers.NewSharedInformerFactory(gw, 0)
 		if kc.webhook, err = admission.New(admission.Options{Gateways: gf.Gateway().V1().Gateways().Lister(),
-			Namespaces: kf.Core().V1().Namespaces().Lister(), PolicySet: o.PolicySet, Logger: log.Named("admission"), Registerer: o.Registerer}); err != nil {
+			Namespaces: kf.Core().V1().Namespaces().Lister(), IngressClasses: kf.Networking().V1().IngressClasses().Lister(), PolicySet: o.PolicySet, Logger: log.Named("admission"), Registerer: o.Registerer}); err != nil {
 			return nil, err
 		}
 		kc.informers = append(kc.informers, kf, gf)

@@ -595,7 +595,8 @@ func (c *Config) resolveBackend(ref *meshv1.BackendRef, routeNS string) backendD
 	si, ok := c.services[b.svc]
 	switch {
 	case !ok:
-		b.invalid = fmt.Sprintf("backend service %s not found", b.svc)
+		b.missing = true
+		c.problem("backend service %s not found; requests for it get 503", b.svc)
 	case b.port == 0:
 		b.invalid = fmt.Sprintf("backend service %s: port is required", b.svc)
 	default:

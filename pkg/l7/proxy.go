@@ -133,7 +133,11 @@ func (e *Engine) handle(x *exchange, w *responseRecorder) {
 		return
 	}
 	if x.first == nil {
-		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+" has no endpoints", nil)
+		why := " has no endpoints"
+		if b.missing {
+			why = ": service not found"
+		}
+		x.reply(w, http.StatusServiceUnavailable, "no healthy upstream: backend "+x.rec.backend+why, nil)
 		return
 	}
 	x.rec.endpoint, x.rec.ep = x.first.addr, x.first

@@ -94,6 +94,9 @@ type backendDest struct {
 	port    uint32
 	name    string // "{namespace}/{name}:{port}", for logs
 	invalid string
+	// missing: the Service is not known (an Ingress may name one before it
+	// exists); its requests get 503, as for a Service without endpoints.
+	missing bool
 	proto   upstreamProto
 }
 

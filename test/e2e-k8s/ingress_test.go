@@ -68,7 +68,7 @@ metadata: {name: edge, namespace: %[1]s}
 spec:
   gatewayClassName: causeway
   listeners:
-  - {name: http, port: 80, protocol: HTTP}
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
   - name: https
     port: 443
     protocol: HTTPS
@@ -196,6 +196,90 @@ spec:
 			return waypointLogged(ctx, private, identity, 403)
 		})
 	}
+	t.Run("Kubernetes Ingress", func(t *testing.T) { testKubeIngress(t, ns, addr, identity) })
+}
+
+// testKubeIngress: an IngressClass of ours naming the Gateway edge, whose
+// HTTP listener admits every namespace, and an Ingress of shop: its host's
+// /public paths reach reviews through the shop waypoint (the gateway's
+// identity the caller), a path to a Service that does not exist gets 503,
+// and the Ingress's status is the Gateway's address.
+func testKubeIngress(t *testing.T, ns, addr, identity string) {
+	ctx := context.Background()
+	name := "e2e-" + randomHex()
+	const host = "ingress.e2e.example"
+	t.Cleanup(func() {
+		_, _ = runKubectl(context.Background(), "-n", "shop", "delete", "ingress", name, "--ignore-not-found")
+		_, _ = runKubectl(context.Background(), "delete", "ingressclass", name, "--ignore-not-found")
+	})
+	file := filepath.Join(t.TempDir(), "kube-ingress.yaml")
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: %[1]s}
+spec:
+  controller: causeway.dev/ingress-controller
+  parameters: {apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: %[2]s, name: edge}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: %[1]s, namespace: shop}
+spec:
+  ingressClassName: %[1]s
+  rules:
+  - host: %[3]s
+    http:
+      paths:
+      - {path: /public, pathType: Prefix, backend: {service: {name: reviews, port: {number: 80}}}}
+      - {path: /public/gone, pathType: Exact, backend: {service: {name: gone-%[1]s, port: {number: 80}}}}
+`, name, ns, host)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc(t, time.Minute, "apply", "-f", file)
+	fetch := func(path string) (int, string, error) {
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		if err != nil {
+			return 0, "", err
+		}
+		req.Host = host
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return resp.StatusCode, string(body), err
+	}
+	public := "/public/e2e-" + randomHex()
+	eventually(t, time.Minute, "GET "+public+" through the Ingress and the waypoint", func() error {
+		status, body, err := fetch(public)
+		if err != nil {
+			return err
+		}
+		var a echoAnswer
+		if status != http.StatusOK || json.Unmarshal([]byte(body), &a) != nil {
+			return fmt.Errorf("status %d: %s", status, body)
+		}
+		if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
+			return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
+		return waypointLogged(ctx, public, identity, 200)
+	})
+	if status, body, err := fetch("/public/gone"); err != nil || status != http.StatusServiceUnavailable {
+		t.Errorf("a Service that does not exist: %d %q %v, want 503", status, body, err)
+	}
+	eventually(t, time.Minute, "the Ingress's status: the Gateway's address", func() error {
+		out, err := runKubectl(ctx, "-n", "shop", "get", "ingress", name, "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != addr {
+			return fmt.Errorf("status addresses %q, want %s", out, addr)
+		}
+		return nil
+	})
 }
 
 // get fetches url from the host, reading at most 64 KiB of the answer.

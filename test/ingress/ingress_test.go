@@ -113,6 +113,12 @@ spec:
     port: 23445
     protocol: HTTPS
     tls: {certificateRefs: [{name: cross-cert, namespace: certs}]}
+  - {name: kube, port: 23082, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
+  - name: kubetls
+    port: 23446
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: own-cert}]}
+    allowedRoutes: {namespaces: {from: All}}
 ---
 apiVersion: v1
 kind: Pod
@@ -163,6 +169,36 @@ kind: Namespace
 metadata: {name: certs}
 `
 
+// kubeYAML: Kubernetes Ingress objects served by the Gateway above (its
+// listeners kube and kubetls admit every namespace's routes).
+const kubeYAML = `
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata:
+  name: causeway
+  annotations: {ingressclass.kubernetes.io/is-default-class: "true"}
+spec:
+  controller: causeway.dev/ingress-controller
+  parameters: {apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: ingress}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {namespace: shop, name: store}
+spec:
+  defaultBackend: {service: {name: reviews-v2, port: {number: 80}}}
+  tls: [{hosts: [store.example.net], secretName: store-cert}]
+  rules:
+  - host: store.example.net
+    http:
+      paths:
+      - {path: /public/exact, pathType: Exact, backend: {service: {name: reviews-v1, port: {name: http}}}}
+      - {path: /public/pre, pathType: Prefix, backend: {service: {name: reviews-v1, port: {number: 80}}}}
+      - {path: /public/gone, pathType: Prefix, backend: {service: {name: gone, port: {number: 80}}}}
+  - host: "*.wild.example.net"
+    http:
+      paths: [{path: /public, pathType: ImplementationSpecific, backend: {service: {name: reviews-v1, port: {number: 80}}}}]
+`
+
 // certGrant lets Gateways of edge use the Secrets of certs.
 const certGrant = `
 apiVersion: gateway.networking.k8s.io/v1beta1
@@ -199,7 +235,8 @@ func start(work string) (*localmesh.Mesh, error) {
 	roots = x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.PEM)
 	var secrets []string
-	for _, s := range []struct{ ns, name, dns string }{{"edge", "shop-cert", "shop.example.com"}, {"edge", "wild-cert", "*.example.com"}, {"certs", "cross-cert", "cross.example.org"}} {
+	for _, s := range []struct{ ns, name, dns string }{{"edge", "shop-cert", "shop.example.com"}, {"edge", "wild-cert", "*.example.com"}, {"certs", "cross-cert", "cross.example.org"},
+		{"edge", "own-cert", "gateway.example.net"}, {"shop", "store-cert", "store.example.net"}} {
 		doc, key, err := secretYAML(ca, s.ns, s.name, s.dns)
 		if err != nil {
 			return nil, err
@@ -209,6 +246,7 @@ func start(work string) (*localmesh.Mesh, error) {
 	files := map[string]string{
 		filepath.Join(cfg, "mesh.yaml"):             readRewritten(filepath.Join(root, "examples/local/mesh.yaml")),
 		filepath.Join(cfg, "edge.yaml"):             edgeYAML,
+		filepath.Join(cfg, "kube.yaml"):             kubeYAML,
 		filepath.Join(cfg, "secrets.yaml"):          strings.Join(secrets, "---\n"),
 		filepath.Join(policyDir, "authz.rego"):      readRewritten(filepath.Join(root, "examples/local/policies/authz.rego")),
 		filepath.Join(policyDir, "authz_test.rego"): readRewritten(filepath.Join(root, "examples/local/policies/authz_test.rego")),
@@ -421,6 +459,48 @@ func TestListenersWithoutCertificates(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("without the grant the listener's port stays open")
 		}
+	}
+}
+
+// A Kubernetes Ingress is served by the Gateway its IngressClass names:
+// paths by the Ingress spec's semantics (Exact; Prefix element-wise;
+// ImplementationSpecific as Prefix), host wildcards, the defaultBackend
+// for what no path matches, through the backends' waypoint, whose policy
+// decides; a Service that does not exist gets 503 and a log line naming
+// it; TLS by host with the Ingress's Secret, the Gateway's own
+// certificate for other names.
+func TestKubernetesIngress(t *testing.T) {
+	for _, c := range []struct {
+		host, path string
+		status     int
+		pod        string
+	}{
+		{"store.example.net", "/public/exact", 200, "reviews-v1"},
+		{"store.example.net", "/public/exact/x", 200, "reviews-v2"}, // Exact only: the defaultBackend
+		{"store.example.net", "/public/pre", 200, "reviews-v1"},
+		{"store.example.net", "/public/pre/x", 200, "reviews-v1"},
+		{"store.example.net", "/public/prefix", 200, "reviews-v2"}, // not /pre's: element-wise
+		{"a.wild.example.net", "/public/x", 200, "reviews-v1"},
+		{"a.b.wild.example.net", "/public", 200, "reviews-v1"},
+		{"wild.example.net", "/public/x", 200, "reviews-v2"}, // the wildcard needs a label
+		{"other.test", "/public/pre", 200, "reviews-v2"},     // another host: the defaultBackend
+		{"store.example.net", "/reviews", 403, ""},           // the waypoint's policy denies the gateway
+		{"store.example.net", "/public/gone", 503, ""},
+	} {
+		r := mustGet(t, 23082, false, "", c.host, c.path)
+		if r.status != c.status || r.echo.Pod != c.pod {
+			t.Errorf("GET %s%s = %d %q, want %d from %q", c.host, c.path, r.status, r.body, c.status, c.pod)
+		}
+	}
+	waitLog(t, waypoint, `"identity":"`+identity+`"`, `"path":"/reviews"`, `"decision":"deny"`)
+	waitLog(t, "ingress-edge-ingress-0", `"path":"/public/gone"`, `"status":503`, `service not found`)
+
+	r := mustGet(t, 23446, true, "store.example.net", "store.example.net", "/public/pre/x")
+	if r.status != 200 || r.echo.Pod != "reviews-v1" || r.served != "store.example.net" {
+		t.Errorf("HTTPS store: %d %q, certificate %q", r.status, r.body, r.served)
+	}
+	if r = mustGet(t, 23446, true, "gateway.example.net", "other.test", "/public/x"); r.status != 200 || r.echo.Pod != "reviews-v2" || r.served != "gateway.example.net" {
+		t.Errorf("HTTPS other host: %d %q, certificate %q", r.status, r.body, r.served)
 	}
 }
 

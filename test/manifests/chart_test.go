@@ -312,3 +312,40 @@ func TestReleaseRender(t *testing.T) {
 		t.Errorf("release.sh with the waypoint's digest missing: %v\n%s", err, msg)
 	}
 }
+
+// The IngressClass causeway (docs/ingress.md): rendered by default, not the
+// cluster's default class unless ingressClass.default says so; not
+// rendered with ingressClass.create false.
+func TestChartIngressClass(t *testing.T) {
+	for _, c := range []struct {
+		args            []string
+		want, isDefault bool
+	}{
+		{nil, true, false},
+		{[]string{"--set", "ingressClass.default=true"}, true, true},
+		{[]string{"--set", "ingressClass.create=false"}, false, false},
+	} {
+		objs, stderr := helmTemplate(t, c.args...)
+		if objs == nil {
+			t.Fatal(stderr)
+		}
+		var class *unstructured.Unstructured
+		for _, u := range objs {
+			if u.GetKind() == "IngressClass" {
+				class = u
+			}
+		}
+		if (class != nil) != c.want {
+			t.Errorf("%v: IngressClass rendered %v, want %v", c.args, class != nil, c.want)
+			continue
+		}
+		if class == nil {
+			continue
+		}
+		ctrl, _, _ := unstructured.NestedString(class.Object, "spec", "controller")
+		if class.GetName() != "causeway" || ctrl != "causeway.dev/ingress-controller" ||
+			(class.GetAnnotations()["ingressclass.kubernetes.io/is-default-class"] == "true") != c.isDefault {
+			t.Errorf("%v: IngressClass %s (controller %s, annotations %v), default %v", c.args, class.GetName(), ctrl, class.GetAnnotations(), c.isDefault)
+		}
+	}
+}

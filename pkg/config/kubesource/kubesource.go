@@ -5,7 +5,8 @@
 // TLSSecretInformers), Nodes (their topology labels only: see
 // nodeLocalities), the Gateway
 // API Gateways, HTTPRoutes, GRPCRoutes, ReferenceGrants and
-// BackendTLSPolicies, and Causeway's ConnectionPolicies (a dynamic
+// BackendTLSPolicies, Kubernetes Ingresses and IngressClasses, and
+// Causeway's ConnectionPolicies (a dynamic
 // informer, while the cluster serves the kind: see ConnectionPolicies).
 // It hands what the informers hold to the
 // same translation as the directory source (config.Translate), so both
@@ -51,6 +52,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -107,6 +109,8 @@ type Source struct {
 	tlsPolicies gwlisters.BackendTLSPolicyLister
 	configMaps  corelisters.ConfigMapLister
 	secrets     corelisters.SecretLister
+	ingresses   networkinglisters.IngressLister
+	ingClasses  networkinglisters.IngressClassLister
 	nodes       nodeLocalities
 	policies    *ConnectionPolicies
 
@@ -170,6 +174,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 	}
 	core := s.factory.Core().V1()
 	disc := s.factory.Discovery().V1()
+	netv1 := s.factory.Networking().V1()
 	gwi := s.gwFactory.Gateway().V1()
 	podInformer := core.Pods().Informer()
 	if err := podInformer.AddIndexers(cache.Indexers{podIndexName: indexPodByNodeAndAccount}); err != nil {
@@ -181,6 +186,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 		core.Namespaces().Informer(), podInformer, core.Services().Informer(), disc.EndpointSlices().Informer(),
 		gwi.Gateways().Informer(), gwi.HTTPRoutes().Informer(), gwi.GRPCRoutes().Informer(), gwi.ReferenceGrants().Informer(),
 		gwi.BackendTLSPolicies().Informer(), core.ConfigMaps().Informer(), s.secFactory.Core().V1().Secrets().Informer(),
+		netv1.Ingresses().Informer(), netv1.IngressClasses().Informer(),
 	} {
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { s.notify() },
@@ -201,6 +207,7 @@ func New(kube kubernetes.Interface, gw gwclient.Interface, dyn dynamic.Interface
 	s.gateways, s.httpRoutes, s.grpcRoutes, s.grants = gwi.Gateways().Lister(), gwi.HTTPRoutes().Lister(), gwi.GRPCRoutes().Lister(), gwi.ReferenceGrants().Lister()
 	s.tlsPolicies, s.configMaps = gwi.BackendTLSPolicies().Lister(), core.ConfigMaps().Lister()
 	s.secrets = s.secFactory.Core().V1().Secrets().Lister()
+	s.ingresses, s.ingClasses = netv1.Ingresses().Lister(), netv1.IngressClasses().Lister()
 	var err error
 	if s.policies, err = NewConnectionPolicies(dyn, kube.Discovery(), opts.Logger, opts.KindRecheck, s.notify); err != nil {
 		return nil, err
@@ -405,6 +412,8 @@ func (s *Source) objects() ([]config.Object, error) {
 	list(listed(s.tlsPolicies.List(all)))
 	list(listed(s.configMaps.List(all)))
 	list(listed(s.secrets.List(all)))
+	list(listed(s.ingClasses.List(all)))
+	list(listed(s.ingresses.List(all)))
 	list(listed(s.policies.List(), nil))
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -83,5 +84,50 @@ func TestTLSSecretsReachTheTranslation(t *testing.T) {
 	r.next(t, "no listener once its Secret is gone", func(s *config.Snapshot) bool {
 		_, ok := s.IngressGateways[ns+"/edge"]
 		return ok && len(listeners(s)) == 0
+	})
+}
+
+// A Kubernetes Ingress of an IngressClass of ours reaches the snapshot as
+// routes of the Gateway the class names, and leaves it with the Ingress.
+func TestKubeIngressReachesTheTranslation(t *testing.T) {
+	env := kubetest.Shared(t)
+	cs := env.Clientset(t)
+	ctx := context.Background()
+	const ns = "src-kube-ingress"
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: ns}, Spec: gwv1.GatewaySpec{GatewayClassName: config.IngressClass,
+		Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}}}
+	env.Create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, gw)
+	group, scope, gwNS := gwv1.GroupName, networkingv1.IngressClassParametersReferenceScopeNamespace, ns
+	if _, err := cs.NetworkingV1().IngressClasses().Create(ctx, &networkingv1.IngressClass{ObjectMeta: metav1.ObjectMeta{Name: ns},
+		Spec: networkingv1.IngressClassSpec{Controller: config.IngressClassController, Parameters: &networkingv1.IngressClassParametersReference{
+			APIGroup: &group, Kind: "Gateway", Name: "edge", Scope: &scope, Namespace: &gwNS}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	class := ns
+	if _, err := cs.NetworkingV1().Ingresses(ns).Create(ctx, &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: networkingv1.IngressSpec{IngressClassName: &class, DefaultBackend: &networkingv1.IngressBackend{
+			Service: &networkingv1.IngressServiceBackend{Name: "web", Port: networkingv1.ServiceBackendPort{Number: 80}}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	routes := func(s *config.Snapshot) []string {
+		var out []string
+		for _, l := range s.IngressGateways[ns+"/edge"].GetListeners() {
+			for _, r := range l.GetHttpRoutes() {
+				out = append(out, l.GetName()+":"+r.GetNamespace()+"/"+r.GetName())
+			}
+		}
+		return out
+	}
+	r := startSource(t, env, 50*time.Millisecond)
+	r.next(t, "the Ingress as a route of the Gateway's listener", func(s *config.Snapshot) bool {
+		rs := routes(s)
+		return len(rs) == 1 && rs[0] == "http:"+ns+"/web"
+	})
+	if err := cs.NetworkingV1().Ingresses(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.next(t, "no route once the Ingress is gone", func(s *config.Snapshot) bool {
+		_, ok := s.IngressGateways[ns+"/edge"]
+		return ok && len(routes(s)) == 0
 	})
 }
