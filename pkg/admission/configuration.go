@@ -12,12 +12,13 @@ import (
 // Webhook names in the ValidatingWebhookConfiguration.
 const (
 	RoutesWebhook    = "routes.validation.causeway.dev"
+	IngressesWebhook = "ingresses.validation.causeway.dev"
 	PoliciesWebhook  = "policies.validation.causeway.dev"
 	WorkloadsWebhook = "workloads.validation.causeway.dev"
 )
 
 // Webhooks are the names of the webhooks this package serves.
-var Webhooks = []string{RoutesWebhook, PoliciesWebhook, WorkloadsWebhook}
+var Webhooks = []string{RoutesWebhook, IngressesWebhook, PoliciesWebhook, WorkloadsWebhook}
 
 // Configuration is the ValidatingWebhookConfiguration that sends the
 // apiserver's reviews to the webhook at cc (a Service in the cluster, or a
@@ -26,6 +27,11 @@ var Webhooks = []string{RoutesWebhook, PoliciesWebhook, WorkloadsWebhook}
 //   - Routes (HTTPRoute, GRPCRoute): failurePolicy Fail. A route the mesh
 //     would reject must not slip in while the control plane is away; route
 //     edits can wait for it.
+//   - Ingresses: failurePolicy Ignore. The rule cannot tell an Ingress of
+//     our IngressClass from another controller's, so Fail would stop every
+//     Ingress in the cluster while the control plane is away; the webhook
+//     judges only ours, and the translation refuses the same things (with a
+//     Warning event on the Ingress), so Ignore loses only the early message.
 //   - Policies (ConnectionPolicy, BackendTLSPolicy): failurePolicy Fail, for
 //     the same reasons.
 //   - Workloads (Namespace, Service, Pod): failurePolicy Ignore, and never
@@ -52,11 +58,19 @@ func Configuration(name, controlPlaneNamespace string, cc admissionregistrationv
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name:         RoutesWebhook,
-			ClientConfig: cc,
-			Rules: []admissionregistrationv1.RuleWithOperations{rule(gwv1.GroupName, "v1", "httproutes", "grpcroutes"),
-				rule(networkingv1.GroupName, "v1", "ingresses")},
+			Name:                    RoutesWebhook,
+			ClientConfig:            cc,
+			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(gwv1.GroupName, "v1", "httproutes", "grpcroutes")},
 			FailurePolicy:           &fail,
+			MatchPolicy:             &equivalent,
+			SideEffects:             &none,
+			TimeoutSeconds:          &timeout,
+			AdmissionReviewVersions: []string{"v1"},
+		}, {
+			Name:                    IngressesWebhook,
+			ClientConfig:            cc,
+			Rules:                   []admissionregistrationv1.RuleWithOperations{rule(networkingv1.GroupName, "v1", "ingresses")},
+			FailurePolicy:           &ignore,
 			MatchPolicy:             &equivalent,
 			SideEffects:             &none,
 			TimeoutSeconds:          &timeout,

@@ -118,8 +118,8 @@ func TestKubeControllers(t *testing.T) {
 				return false, nil
 			}
 		}
-		return len(v.Webhooks) == len(admission.Webhooks) && v.Webhooks[2].Name == admission.WorkloadsWebhook &&
-			*v.Webhooks[2].FailurePolicy == admissionregistrationv1.Ignore, nil
+		return len(v.Webhooks) == len(admission.Webhooks) && v.Webhooks[3].Name == admission.WorkloadsWebhook &&
+			*v.Webhooks[3].FailurePolicy == admissionregistrationv1.Ignore && *v.Webhooks[1].FailurePolicy == admissionregistrationv1.Ignore, nil
 	})
 	wait("the waypoint deployed, its service account made", func() (bool, error) {
 		d, err := cs.AppsV1().Deployments("shop").Get(ctx, "waypoint", metav1.GetOptions{})
