@@ -54,6 +54,27 @@ var meshFeatures = []features.FeatureName{
 	features.SupportHTTPRoute308RedirectStatusCode,
 }
 
+// gatewayFeatures are the features Causeway's ingress Gateways (class
+// causeway) claim for the GATEWAY profiles, besides the profiles' core
+// Gateway, HTTPRoute, GRPCRoute and ReferenceGrant.
+var gatewayFeatures = []features.FeatureName{
+	features.SupportGatewayPort8080,
+	features.SupportGatewayHTTPListenerIsolation,
+	features.SupportHTTPRouteMethodMatching,
+	features.SupportHTTPRouteQueryParamMatching,
+	features.SupportHTTPRouteResponseHeaderModification,
+	features.SupportHTTPRouteBackendRequestHeaderModification,
+	features.SupportHTTPRouteSchemeRedirect,
+	features.SupportHTTPRoutePortRedirect,
+	features.SupportHTTPRoutePathRedirect,
+	features.SupportHTTPRoutePathRewrite,
+	features.SupportHTTPRouteParentRefPort,
+	features.SupportHTTPRouteNamedRouteRule,
+	features.SupportHTTPRoute303RedirectStatusCode,
+	features.SupportHTTPRoute307RedirectStatusCode,
+	features.SupportHTTPRoute308RedirectStatusCode,
+}
+
 // meshLabels enroll the suite's mesh namespaces: their pods in the mesh,
 // their Services bound to the namespace's waypoint (named "waypoint"). The
 // suite puts them on the Namespaces it applies.
@@ -82,17 +103,40 @@ func TestMesh(t *testing.T) {
 		}
 	}
 
+	run(t, []suite.ConformanceProfileName{suite.MeshHTTPConformanceProfileName, suite.MeshGRPCConformanceProfileName},
+		meshFeatures, meshLabels, os.Getenv("CAUSEWAY_CONFORMANCE_REPORT"))
+}
+
+// TestGateway runs the GATEWAY profiles against ingress Gateways of class
+// causeway. The suite's namespaces stay out of the mesh: its backends are
+// plain pods, which the gateway reaches over plain TCP.
+func TestGateway(t *testing.T) {
+	c := cluster(t)
+	install(t, c)
+	if err := c.Do(context.Background(), []string{"wait", "--for=condition=Accepted", "--timeout=120s", "gatewayclass/causeway"}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName, suite.GatewayGRPCConformanceProfileName},
+		gatewayFeatures, nil, os.Getenv("CAUSEWAY_CONFORMANCE_GATEWAY_REPORT"))
+}
+
+// run runs the suite's profiles, claiming the features, with the labels on
+// the Namespaces it applies, and writes its report to the file report
+// (none when empty).
+func run(t *testing.T, profiles []suite.ConformanceProfileName, claimed []features.FeatureName, labels map[string]string, report string) {
+	t.Helper()
 	opts := conformance.DefaultOptions(t)
-	opts.ConformanceProfiles = []suite.ConformanceProfileName{suite.MeshHTTPConformanceProfileName, suite.MeshGRPCConformanceProfileName}
-	opts.SupportedFeatures = meshFeatures
-	opts.NamespaceLabels = meshLabels
+	opts.GatewayClassName = "causeway"
+	opts.ConformanceProfiles = profiles
+	opts.SupportedFeatures = claimed
+	opts.NamespaceLabels = labels
 	opts.CleanupBaseResources = true
 	opts.Mode = "default"
 	opts.Implementation = implementation
 	opts.Implementation.Version = os.Getenv("CAUSEWAY_CONFORMANCE_VERSION")
-	opts.ReportOutputPath = os.Getenv("CAUSEWAY_CONFORMANCE_REPORT")
-	if opts.ReportOutputPath != "" {
-		if err := os.MkdirAll(filepath.Dir(opts.ReportOutputPath), 0o755); err != nil {
+	opts.ReportOutputPath = report
+	if report != "" {
+		if err := os.MkdirAll(filepath.Dir(report), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
