@@ -9,6 +9,7 @@ package conformance
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/gateway-api/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 	"sigs.k8s.io/gateway-api/conformance/utils/suite"
@@ -113,6 +115,7 @@ func TestMesh(t *testing.T) {
 func TestGateway(t *testing.T) {
 	c := cluster(t)
 	install(t, c)
+	oneReplica(t, c)
 	if err := c.Do(context.Background(), []string{"wait", "--for=condition=Accepted", "--timeout=120s", "gatewayclass/causeway"}); err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +183,38 @@ func install(t *testing.T, c *testcluster.Cluster) {
 	if err := c.InstallMesh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// oneReplica has the control plane deploy every gateway with one replica
+// (--waypoint-replicas=1) instead of the manifests' two: the suite keeps a
+// dozen Gateways at once, and two pods of each, at the 100m CPU a gateway
+// pod requests, do not fit the test cluster's two cores.
+func oneReplica(t *testing.T, c *testcluster.Cluster) {
+	t.Helper()
+	ctx := context.Background()
+	out, err := c.Run(ctx, time.Minute, "", "-n", testcluster.SystemNS, "get", "deployment", testcluster.ControlPlane, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("the control plane's Deployment: %v", err)
+	}
+	for ci, ctr := range d.Spec.Template.Spec.Containers {
+		for ai, arg := range ctr.Args {
+			if strings.HasPrefix(arg, "--waypoint-replicas=") {
+				patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/%d/args/%d","value":"--waypoint-replicas=1"}]`, ci, ai)
+				if err := c.Do(ctx,
+					[]string{"-n", testcluster.SystemNS, "patch", "deployment", testcluster.ControlPlane, "--type=json", "-p", patch},
+					[]string{"-n", testcluster.SystemNS, "rollout", "status", "deployment/" + testcluster.ControlPlane, "--timeout=180s"},
+				); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		}
+	}
+	t.Fatal("the control plane's Deployment has no --waypoint-replicas argument")
 }
 
 // meshNamespace makes ns ahead of the suite, enrolled, with its waypoint
