@@ -38,6 +38,9 @@ type ConnInfo struct {
 	// selects another is misdirected (421).
 	Ingress  bool
 	Listener string
+	// TLS: the ingress terminated TLS on the connection, so its requests'
+	// scheme is https (a redirect without a scheme keeps it).
+	TLS bool
 }
 
 // tunnel is a served tunnel's ConnInfo with the strings every request's
