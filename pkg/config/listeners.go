@@ -84,6 +84,11 @@ func Listeners(gw *gwv1.Gateway, secrets SecretLookup, grants map[string][]*gwv1
 		if r.Accepted && l.Protocol == gwv1.HTTPSProtocolType {
 			certificates(gw, l, secrets, grants, &r)
 		}
+		if r.AcceptedReason == gwv1.ListenerReasonUnsupportedProtocol {
+			// No route kind is served over a protocol the gateway does not
+			// speak (empty, not null: the field is required).
+			r.SupportedKinds = []gwv1.RouteGroupKind{}
+		}
 		out[i] = r
 	}
 	markConflicts(gw.Spec.Listeners, out)
