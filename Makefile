@@ -141,7 +141,9 @@ e2e-k8s:
 
 # The official Gateway API conformance suite (go.mod's version, unmodified)
 # against manifests/ on the test cluster, as e2e-k8s brings it up; writes
-# the ConformanceReport to REPORT (default bin/conformance/report.yaml).
+# the ConformanceReports to REPORT (the MESH profiles; default
+# bin/conformance/report.yaml) and GATEWAY_REPORT (the GATEWAY profiles;
+# default bin/conformance/gateway-report.yaml).
 # conformance/reports/ holds the published ones (its README says how).
 conformance:
 	hack/cluster/conformance.sh

@@ -3,7 +3,7 @@
 # version, and skips whatever is already there:
 #   $CAUSEWAY_CACHE/k8s-v1.37.2/bin/{kube-apiserver,kube-controller-manager,
 #     kube-scheduler,kubelet,kube-proxy,kubectl,etcd}
-#   $CAUSEWAY_CACHE/coredns-v1.15.0/bin/coredns
+#   $CAUSEWAY_CACHE/coredns-v1.15.0-<plugins' hash>/bin/coredns
 #   $CAUSEWAY_CACHE/distribution-v3.1.2/bin/registry
 # (versions in lib.sh; CAUSEWAY_CACHE defaults to ~/.cache/causeway).
 # Kubernetes comes from the Go module proxy (all six binaries in one go build,
@@ -97,11 +97,9 @@ build_etcd() {
   log "etcd: $("$K8S_BIN/etcd" --version | head -1), installed into $K8S_BIN"
 }
 
-# CoreDNS is built with only the plugins coredns.yaml's Corefile uses (the way
-# CoreDNS documents for custom builds): the stock main links every plugin and
-# its cloud SDKs, which triples a cold build.
-COREDNS_PLUGINS=(reload ready health metrics errors log cache kubernetes)
-COREDNS_DIRECTIVES=(reload ready health prometheus errors log cache kubernetes) # plugin.cfg order
+# CoreDNS is built with only the plugins its Corefiles use (COREDNS_PLUGINS
+# in lib.sh; the way CoreDNS documents for custom builds): the stock main
+# links every plugin and its cloud SDKs, which triples a cold build.
 
 build_coredns() {
   if have "$COREDNS_BIN" coredns; then log "coredns $COREDNS_VERSION: cached in $COREDNS_BIN"; return; fi

@@ -10,7 +10,13 @@ REGISTRY_VERSION=v3.1.2
 
 CACHE=${CAUSEWAY_CACHE:-$HOME/.cache/causeway}
 K8S_BIN=$CACHE/k8s-$K8S_VERSION/bin
-COREDNS_BIN=$CACHE/coredns-$COREDNS_VERSION/bin
+# The plugins CoreDNS is built with (build.sh): those of coredns.yaml's
+# Corefile, and forward and whoami for the Corefile of the conformance
+# suite's coredns (conformance.sh pushes the same binary as its image). The
+# cache is keyed by the list too, so a change to it builds anew.
+COREDNS_PLUGINS=(reload ready health metrics errors log cache kubernetes forward whoami)
+COREDNS_DIRECTIVES=(reload ready health prometheus errors log cache kubernetes forward whoami) # plugin.cfg order
+COREDNS_BIN=$CACHE/coredns-$COREDNS_VERSION-$(printf '%s ' "${COREDNS_PLUGINS[@]}" | sha256sum | cut -c1-8)/bin
 REGISTRY_BIN=$CACHE/distribution-$REGISTRY_VERSION/bin
 
 # State of the running cluster: certificates, configs, logs, pid files, etcd

@@ -23,8 +23,8 @@ type Attachment struct {
 // listeners resolved to reports) for a route of kind in routeNS, whose
 // namespace has nsLabels, with the route's hostnames. It returns the
 // listeners the route attaches to, or none and the Gateway API reason for
-// the parent's Accepted condition: NoMatchingParent (no serving listener
-// of that sectionName or port), NotAllowedByListeners (their
+// the parent's Accepted condition: NoMatchingParent (no attachable
+// listener of that sectionName or port, ListenerReport.Attachable), NotAllowedByListeners (their
 // allowedRoutes refuse the route's kind or namespace), or
 // NoMatchingListenerHostname (no hostname in common).
 func Attach(gw *gwv1.Gateway, reports []ListenerReport, ref gwv1.ParentReference, kind, routeNS string,
@@ -33,7 +33,7 @@ func Attach(gw *gwv1.Gateway, reports []ListenerReport, ref gwv1.ParentReference
 	candidates, allowed := 0, 0
 	for i, l := range gw.Spec.Listeners {
 		r := reports[i]
-		if ref.SectionName != nil && *ref.SectionName != l.Name || ref.Port != nil && *ref.Port != l.Port || !r.Serves() {
+		if ref.SectionName != nil && *ref.SectionName != l.Name || ref.Port != nil && *ref.Port != l.Port || !r.Attachable() {
 			continue
 		}
 		candidates++
@@ -49,7 +49,7 @@ func Attach(gw *gwv1.Gateway, reports []ListenerReport, ref gwv1.ParentReference
 	case len(out) > 0:
 		return out, gwv1.RouteReasonAccepted, ""
 	case candidates == 0:
-		return nil, gwv1.RouteReasonNoMatchingParent, fmt.Sprintf("Gateway %s/%s has no serving listener%s", gw.Namespace, gw.Name, refSelector(ref))
+		return nil, gwv1.RouteReasonNoMatchingParent, fmt.Sprintf("Gateway %s/%s has no attachable listener%s", gw.Namespace, gw.Name, refSelector(ref))
 	case allowed == 0:
 		return nil, gwv1.RouteReasonNotAllowedByListeners, fmt.Sprintf("the allowedRoutes of Gateway %s/%s's listeners%s do not admit %s from namespace %s",
 			gw.Namespace, gw.Name, refSelector(ref), kind, routeNS)

@@ -40,8 +40,9 @@ func TestIntersectHostnames(t *testing.T) {
 	}
 }
 
-// TestAttach: a parentRef attaches to the serving listeners its
-// sectionName and port select, whose allowedRoutes admit the route's kind
+// TestAttach: a parentRef attaches to the accepted listeners its
+// sectionName and port select (serving or not: an HTTPS listener whose
+// certificates do not resolve takes routes too), whose allowedRoutes admit the route's kind
 // and namespace and whose hostname it shares; otherwise the reason names
 // the first of those that failed for every listener.
 func TestAttach(t *testing.T) {
@@ -53,7 +54,9 @@ func TestAttach(t *testing.T) {
 		Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"ingress": "yes"}}}}
 	grpcOnly := http("grpc-only", 9090, "")
 	grpcOnly.AllowedRoutes = &gwv1.AllowedRoutes{Kinds: []gwv1.RouteGroupKind{{Kind: "GRPCRoute"}}}
-	gw := ingressGateway(public, teams, grpcOnly, http("own", 81, "own.example.com"), gwv1.Listener{Name: "tcp", Port: 82, Protocol: gwv1.TCPProtocolType})
+	// unresolved's Secret does not exist: routes attach to it all the same.
+	unresolved := https("unresolved", 443, "own.example.com", certRef("", "absent"))
+	gw := ingressGateway(public, teams, grpcOnly, http("own", 81, "own.example.com"), gwv1.Listener{Name: "tcp", Port: 82, Protocol: gwv1.TCPProtocolType}, unresolved)
 	reports := Listeners(gw, lookup(), nil)
 
 	section := func(s string) *gwv1.SectionName { v := gwv1.SectionName(s); return &v }
@@ -68,18 +71,19 @@ func TestAttach(t *testing.T) {
 		want      string // attachments, or the reason
 	}{
 		{"own namespace, every listener", gwv1.ParentReference{}, "HTTPRoute", "edge", nil, nil,
-			"[{public [*.example.com]} {own [own.example.com]}]"},
+			"[{public [*.example.com]} {own [own.example.com]} {unresolved [own.example.com]}]"},
 		{"labelled namespace", gwv1.ParentReference{}, "HTTPRoute", "shop", labeled, []gwv1.Hostname{"shop.example.com"},
 			"[{public [shop.example.com]} {teams [shop.example.com]}]"},
 		{"other namespace", gwv1.ParentReference{}, "HTTPRoute", "shop", nil, nil, "[{public [*.example.com]}]"},
 		{"grpc", gwv1.ParentReference{}, "GRPCRoute", "edge", nil, []gwv1.Hostname{"own.example.com"},
-			"[{public [own.example.com]} {grpc-only [own.example.com]} {own [own.example.com]}]"},
+			"[{public [own.example.com]} {grpc-only [own.example.com]} {own [own.example.com]} {unresolved [own.example.com]}]"},
 		{"by section", gwv1.ParentReference{SectionName: section("own")}, "HTTPRoute", "edge", nil, nil, "[{own [own.example.com]}]"},
 		{"by port", gwv1.ParentReference{Port: port(8080)}, "HTTPRoute", "shop", labeled, nil, "[{teams []}]"},
 		{"a selector does not admit the own namespace", gwv1.ParentReference{Port: port(8080)}, "HTTPRoute", "edge", nil, nil, string(gwv1.RouteReasonNotAllowedByListeners)},
 		{"unknown section", gwv1.ParentReference{SectionName: section("nope")}, "HTTPRoute", "edge", nil, nil, string(gwv1.RouteReasonNoMatchingParent)},
 		{"section and port disagree", gwv1.ParentReference{SectionName: section("own"), Port: port(80)}, "HTTPRoute", "edge", nil, nil, string(gwv1.RouteReasonNoMatchingParent)},
-		{"listener not serving", gwv1.ParentReference{SectionName: section("tcp")}, "HTTPRoute", "edge", nil, nil, string(gwv1.RouteReasonNoMatchingParent)},
+		{"certificates unresolved", gwv1.ParentReference{SectionName: section("unresolved")}, "HTTPRoute", "edge", nil, nil, "[{unresolved [own.example.com]}]"},
+		{"listener not accepted", gwv1.ParentReference{SectionName: section("tcp")}, "HTTPRoute", "edge", nil, nil, string(gwv1.RouteReasonNoMatchingParent)},
 		{"kind refused", gwv1.ParentReference{SectionName: section("grpc-only")}, "HTTPRoute", "edge", nil, nil, string(gwv1.RouteReasonNotAllowedByListeners)},
 		{"namespace refused", gwv1.ParentReference{SectionName: section("own")}, "HTTPRoute", "shop", labeled, nil, string(gwv1.RouteReasonNotAllowedByListeners)},
 		{"selector refused", gwv1.ParentReference{SectionName: section("teams")}, "HTTPRoute", "shop", map[string]string{"ingress": "no"}, nil, string(gwv1.RouteReasonNotAllowedByListeners)},

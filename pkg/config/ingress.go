@@ -84,6 +84,9 @@ func (t *translator) translateIngress() {
 			m, s := &r.route.ObjectMeta, &r.route.Spec
 			attachIngress(t, g.gw, reports, httpRules, meshHTTPRules, r.origin, "HTTPRoute", m, s.ParentRefs, s.Hostnames, s.Rules, t.httpRule,
 				func(l gwv1.SectionName, hosts []string, rules []*meshv1.HTTPRouteRule) {
+					if byName[l] == nil {
+						return // attached, but the listener does not serve
+					}
 					hr := &meshv1.HTTPRoute{Hostnames: hosts, Rules: rules}
 					hr.Name, hr.Namespace, hr.CreationTime = meta(m)
 					byName[l].HttpRoutes = append(byName[l].HttpRoutes, hr)
@@ -93,6 +96,9 @@ func (t *translator) translateIngress() {
 			m, s := &r.route.ObjectMeta, &r.route.Spec
 			attachIngress(t, g.gw, reports, grpcRules, meshGRPCRules, r.origin, "GRPCRoute", m, s.ParentRefs, s.Hostnames, s.Rules, t.grpcRule,
 				func(l gwv1.SectionName, hosts []string, rules []*meshv1.GRPCRouteRule) {
+					if byName[l] == nil {
+						return // attached, but the listener does not serve
+					}
 					gr := &meshv1.GRPCRoute{Hostnames: hosts, Rules: rules}
 					gr.Name, gr.Namespace, gr.CreationTime = meta(m)
 					byName[l].GrpcRoutes = append(byName[l].GrpcRoutes, gr)

@@ -129,7 +129,7 @@ func TestIngressGatewayTranslation(t *testing.T) {
 	}
 
 	// Without the grant in certs, the wildcard listener does not serve
-	// (and takes its route with it); the others do.
+	// (its route attaches to it, and is served nowhere); the others do.
 	s, _ = translateYAML(t, ingressYAML, shop, wild)
 	var names []string
 	for _, l := range s.IngressGateways["edge/ingress"].GetListeners() {

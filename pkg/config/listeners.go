@@ -43,7 +43,16 @@ type ListenerReport struct {
 
 // Serves says whether the listener takes connections.
 func (l ListenerReport) Serves() bool {
-	return l.Accepted && !l.Conflicted && (!l.HTTPS || len(l.Certificates) > 0)
+	return l.Attachable() && (!l.HTTPS || len(l.Certificates) > 0)
+}
+
+// Attachable says whether routes attach to the listener (and count in its
+// attachedRoutes): it is accepted and not conflicted. Attachment depends
+// only on the listener's allowedRoutes and the route's parentRefs, so an
+// HTTPS listener whose certificates do not resolve takes routes too,
+// though it serves none of them until they do.
+func (l ListenerReport) Attachable() bool {
+	return l.Accepted && !l.Conflicted
 }
 
 // SecretLookup finds a Secret by namespace and name (nil: not found).
@@ -74,6 +83,11 @@ func Listeners(gw *gwv1.Gateway, secrets SecretLookup, grants map[string][]*gwv1
 		r.ResolvedRefs = r.RefsReason == gwv1.ListenerReasonResolvedRefs
 		if r.Accepted && l.Protocol == gwv1.HTTPSProtocolType {
 			certificates(gw, l, secrets, grants, &r)
+		}
+		if r.AcceptedReason == gwv1.ListenerReasonUnsupportedProtocol {
+			// No route kind is served over a protocol the gateway does not
+			// speak (empty, not null: the field is required).
+			r.SupportedKinds = []gwv1.RouteGroupKind{}
 		}
 		out[i] = r
 	}

@@ -150,7 +150,7 @@ func TestListenersCertificates(t *testing.T) {
 }
 
 // TestListenersAcceptance: protocols other than HTTP and HTTPS (and
-// HTTPS other than Terminate), the gateway's own ports, route kinds it
+// HTTPS other than Terminate: no supported kinds), the gateway's own ports, route kinds it
 // does not serve, and listeners sharing a port against the spec.
 func TestListenersAcceptance(t *testing.T) {
 	ca, err := backendtlstest.NewCA("listeners test")
@@ -211,6 +211,11 @@ func TestListenersAcceptance(t *testing.T) {
 		case "tcp", "passthrough", "readiness":
 			if r.Message == "" {
 				t.Errorf("%s: no message saying why it is not accepted", r.Name)
+			}
+			// An unsupported protocol serves no route kind; the gateway's
+			// own port is HTTP all the same.
+			if unsupported := r.Name != "readiness"; unsupported != (r.SupportedKinds != nil && len(r.SupportedKinds) == 0) {
+				t.Errorf("%s: supported kinds %v", r.Name, r.SupportedKinds)
 			}
 		}
 	}

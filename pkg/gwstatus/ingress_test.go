@@ -58,7 +58,8 @@ func ingressParentOf(r *gwv1.HTTPRoute) *gwv1.RouteParentStatus {
 
 // An ingress Gateway's status: each listener's own conditions (a missing,
 // malformed, unpermitted or non-TLS certificate Secret is that listener's
-// ResolvedRefs=False, and the others serve), the routes attached to each,
+// ResolvedRefs=False, and the others serve), the routes attached to each
+// (a listener that cannot serve for its certificates takes routes too),
 // the route's entry for the Gateway (Attach's reasons), the Service's
 // address (its load balancer's once set), Programmed once a pod is ready.
 func TestIngressGatewayStatus(t *testing.T) {
@@ -130,7 +131,7 @@ spec:
 		return is(cond(h.Conditions, "ResolvedRefs"), metav1.ConditionTrue, "ResolvedRefs") && h.AttachedRoutes == 2 &&
 			is(cond(s.Conditions, "ResolvedRefs"), metav1.ConditionTrue, "ResolvedRefs") && s.AttachedRoutes == 1 &&
 			is(cond(s.Conditions, "Conflicted"), metav1.ConditionFalse, "NoConflicts") && len(s.SupportedKinds) == 2 &&
-			is(mr, metav1.ConditionFalse, "InvalidCertificateRef") && strings.Contains(mr.Message, "malformed") && m.AttachedRoutes == 0 &&
+			is(mr, metav1.ConditionFalse, "InvalidCertificateRef") && strings.Contains(mr.Message, "malformed") && m.AttachedRoutes == 1 &&
 			is(cond(m.Conditions, "Programmed"), metav1.ConditionFalse, "Invalid") &&
 			is(ur, metav1.ConditionFalse, "RefNotPermitted") &&
 			is(or, metav1.ConditionFalse, "InvalidCertificateRef") && strings.Contains(or.Message, "Secret not found") &&
@@ -153,7 +154,7 @@ spec:
 			}
 		}
 		a := cond(p.Conditions, "Accepted")
-		return is(a, metav1.ConditionTrue, "Accepted") && a.Message == "attached to Gateway st-in/edge, listeners http, https" &&
+		return is(a, metav1.ConditionTrue, "Accepted") && a.Message == "attached to Gateway st-in/edge, listeners http, https, malformed, ungranted, opaque" &&
 			is(cond(p.Conditions, "ResolvedRefs"), metav1.ConditionTrue, "ResolvedRefs") &&
 			is(otherHTTP, metav1.ConditionTrue, "Accepted") && is(otherHTTPS, metav1.ConditionFalse, "NotAllowedByListeners") &&
 			is(otherRefs, metav1.ConditionFalse, "RefNotPermitted"), nil

@@ -215,12 +215,13 @@ func checkHostname(h string) error {
 	return nil
 }
 
-// location builds the Location of a redirect. Requests inside the tunnel are
-// cleartext, so the request's own scheme is http. Without a configured port
+// location builds the Location of a redirect. Without a configured scheme
+// it is the request's own: http inside a tunnel (cleartext), https on an
+// ingress listener that terminated TLS (tls). Without a configured port
 // the port is the scheme's well-known port when a scheme is configured,
 // otherwise the listener's (the service port); 80 for http and 443 for https
 // are left out, as the spec says they should be.
-func (s *redirectSpec) location(r *http.Request, path, rulePrefix string, listenerPort uint32) string {
+func (s *redirectSpec) location(r *http.Request, path, rulePrefix string, listenerPort uint32, tls bool) string {
 	scheme := s.scheme
 	var port uint32
 	switch {
@@ -233,7 +234,11 @@ func (s *redirectSpec) location(r *http.Request, path, rulePrefix string, listen
 	default:
 		port = listenerPort
 	}
-	if scheme == "" {
+	switch {
+	case scheme != "":
+	case tls:
+		scheme = "https"
+	default:
 		scheme = "http"
 	}
 	host := s.hostname

@@ -168,8 +168,8 @@ func TestRequestRedirect(t *testing.T) {
 	}
 }
 
-// Without a configured scheme or port, the redirect keeps the listener's
-// (the service's) port.
+// Without a configured scheme or port, the redirect keeps the request's
+// scheme and the listener's (the service's) port.
 func TestRedirectListenerPort(t *testing.T) {
 	ru := &rule{hasPrefix: true, prefix: "/a"}
 	s, err := compileRedirect(&meshv1.RequestRedirect{Hostname: "example.org"}, ru.hasPrefix)
@@ -177,16 +177,30 @@ func TestRedirectListenerPort(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, _ := http.NewRequest("GET", "http://web:8000/a/b?q", nil)
-	if got := s.location(r, "/a/b", ru.prefix, 8000); got != "http://example.org:8000/a/b?q" {
+	if got := s.location(r, "/a/b", ru.prefix, 8000, false); got != "http://example.org:8000/a/b?q" {
 		t.Fatalf("location = %q", got)
 	}
 	r.Host = "[fd00::1]:8000"
 	s.hostname = ""
-	if got := s.location(r, "/a/b", ru.prefix, 8000); got != "http://[fd00::1]:8000/a/b?q" {
+	if got := s.location(r, "/a/b", ru.prefix, 8000, false); got != "http://[fd00::1]:8000/a/b?q" {
 		t.Fatalf("location = %q", got)
 	}
 	s.scheme = "https"
-	if got := s.location(r, "/a/b", ru.prefix, 8000); got != "https://[fd00::1]/a/b?q" {
+	if got := s.location(r, "/a/b", ru.prefix, 8000, false); got != "https://[fd00::1]/a/b?q" {
+		t.Fatalf("location = %q", got)
+	}
+	// On an ingress listener that terminated TLS the request's scheme is
+	// https: kept without a configured scheme, its port 443 left out.
+	s.scheme = ""
+	if got := s.location(r, "/a/b", ru.prefix, 443, true); got != "https://[fd00::1]/a/b?q" {
+		t.Fatalf("location = %q", got)
+	}
+	s.port = 8443
+	if got := s.location(r, "/a/b", ru.prefix, 443, true); got != "https://[fd00::1]:8443/a/b?q" {
+		t.Fatalf("location = %q", got)
+	}
+	s.scheme = "http"
+	if got := s.location(r, "/a/b", ru.prefix, 443, true); got != "http://[fd00::1]:8443/a/b?q" {
 		t.Fatalf("location = %q", got)
 	}
 }

@@ -293,7 +293,7 @@ func (x *exchange) applyFilters(w *responseRecorder, fs []filter) bool {
 				x.path = p
 			}
 		case filterRedirect:
-			loc := f.redirect.location(x.out, x.path, x.rule.prefix, x.info.Port)
+			loc := f.redirect.location(x.out, x.path, x.rule.prefix, x.info.Port, x.info.TLS)
 			x.rec.reason = "redirect"
 			h := w.Header()
 			h.Set("Location", loc)

@@ -38,6 +38,9 @@ type ConnInfo struct {
 	// selects another is misdirected (421).
 	Ingress  bool
 	Listener string
+	// TLS: the ingress terminated TLS on the connection, so its requests'
+	// scheme is https (a redirect without a scheme keeps it).
+	TLS bool
 	// Baggage is the tunnel's CONNECT baggage (hbone.Request.Baggage): the
 	// caller's node proxy's word on its names, believed only as
 	// telemetry.Caller says. A request's own baggage header is never read

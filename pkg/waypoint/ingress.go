@@ -210,7 +210,7 @@ func (p *ingressPorts) serve(ip *ingressPort, c net.Conn) {
 			c.Close()
 			return
 		}
-		info.Listener = chosen
+		info.Listener, info.TLS = chosen, true
 		if tc.ConnectionState().NegotiatedProtocol == "h2" {
 			info.Protocol = l7.ProtocolHTTP2
 		}

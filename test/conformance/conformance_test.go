@@ -9,6 +9,7 @@ package conformance
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/gateway-api/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 	"sigs.k8s.io/gateway-api/conformance/utils/suite"
@@ -54,6 +56,27 @@ var meshFeatures = []features.FeatureName{
 	features.SupportHTTPRoute308RedirectStatusCode,
 }
 
+// gatewayFeatures are the features Causeway's ingress Gateways (class
+// causeway) claim for the GATEWAY profiles, besides the profiles' core
+// Gateway, HTTPRoute, GRPCRoute and ReferenceGrant.
+var gatewayFeatures = []features.FeatureName{
+	features.SupportGatewayPort8080,
+	features.SupportGatewayHTTPListenerIsolation,
+	features.SupportHTTPRouteMethodMatching,
+	features.SupportHTTPRouteQueryParamMatching,
+	features.SupportHTTPRouteResponseHeaderModification,
+	features.SupportHTTPRouteBackendRequestHeaderModification,
+	features.SupportHTTPRouteSchemeRedirect,
+	features.SupportHTTPRoutePortRedirect,
+	features.SupportHTTPRoutePathRedirect,
+	features.SupportHTTPRoutePathRewrite,
+	features.SupportHTTPRouteParentRefPort,
+	features.SupportHTTPRouteNamedRouteRule,
+	features.SupportHTTPRoute303RedirectStatusCode,
+	features.SupportHTTPRoute307RedirectStatusCode,
+	features.SupportHTTPRoute308RedirectStatusCode,
+}
+
 // meshLabels enroll the suite's mesh namespaces: their pods in the mesh,
 // their Services bound to the namespace's waypoint (named "waypoint"). The
 // suite puts them on the Namespaces it applies.
@@ -82,17 +105,41 @@ func TestMesh(t *testing.T) {
 		}
 	}
 
+	run(t, []suite.ConformanceProfileName{suite.MeshHTTPConformanceProfileName, suite.MeshGRPCConformanceProfileName},
+		meshFeatures, meshLabels, os.Getenv("CAUSEWAY_CONFORMANCE_REPORT"))
+}
+
+// TestGateway runs the GATEWAY profiles against ingress Gateways of class
+// causeway. The suite's namespaces stay out of the mesh: its backends are
+// plain pods, which the gateway reaches over plain TCP.
+func TestGateway(t *testing.T) {
+	c := cluster(t)
+	install(t, c)
+	oneReplica(t, c)
+	if err := c.Do(context.Background(), []string{"wait", "--for=condition=Accepted", "--timeout=120s", "gatewayclass/causeway"}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName, suite.GatewayGRPCConformanceProfileName},
+		gatewayFeatures, nil, os.Getenv("CAUSEWAY_CONFORMANCE_GATEWAY_REPORT"))
+}
+
+// run runs the suite's profiles, claiming the features, with the labels on
+// the Namespaces it applies, and writes its report to the file report
+// (none when empty).
+func run(t *testing.T, profiles []suite.ConformanceProfileName, claimed []features.FeatureName, labels map[string]string, report string) {
+	t.Helper()
 	opts := conformance.DefaultOptions(t)
-	opts.ConformanceProfiles = []suite.ConformanceProfileName{suite.MeshHTTPConformanceProfileName, suite.MeshGRPCConformanceProfileName}
-	opts.SupportedFeatures = meshFeatures
-	opts.NamespaceLabels = meshLabels
+	opts.GatewayClassName = "causeway"
+	opts.ConformanceProfiles = profiles
+	opts.SupportedFeatures = claimed
+	opts.NamespaceLabels = labels
 	opts.CleanupBaseResources = true
 	opts.Mode = "default"
 	opts.Implementation = implementation
 	opts.Implementation.Version = os.Getenv("CAUSEWAY_CONFORMANCE_VERSION")
-	opts.ReportOutputPath = os.Getenv("CAUSEWAY_CONFORMANCE_REPORT")
-	if opts.ReportOutputPath != "" {
-		if err := os.MkdirAll(filepath.Dir(opts.ReportOutputPath), 0o755); err != nil {
+	opts.ReportOutputPath = report
+	if report != "" {
+		if err := os.MkdirAll(filepath.Dir(report), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,6 +183,38 @@ func install(t *testing.T, c *testcluster.Cluster) {
 	if err := c.InstallMesh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// oneReplica has the control plane deploy every gateway with one replica
+// (--waypoint-replicas=1) instead of the manifests' two: the suite keeps a
+// dozen Gateways at once, and two pods of each, at the 100m CPU a gateway
+// pod requests, do not fit the test cluster's two cores.
+func oneReplica(t *testing.T, c *testcluster.Cluster) {
+	t.Helper()
+	ctx := context.Background()
+	out, err := c.Run(ctx, time.Minute, "", "-n", testcluster.SystemNS, "get", "deployment", testcluster.ControlPlane, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d appsv1.Deployment
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("the control plane's Deployment: %v", err)
+	}
+	for ci, ctr := range d.Spec.Template.Spec.Containers {
+		for ai, arg := range ctr.Args {
+			if strings.HasPrefix(arg, "--waypoint-replicas=") {
+				patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/%d/args/%d","value":"--waypoint-replicas=1"}]`, ci, ai)
+				if err := c.Do(ctx,
+					[]string{"-n", testcluster.SystemNS, "patch", "deployment", testcluster.ControlPlane, "--type=json", "-p", patch},
+					[]string{"-n", testcluster.SystemNS, "rollout", "status", "deployment/" + testcluster.ControlPlane, "--timeout=180s"},
+				); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+		}
+	}
+	t.Fatal("the control plane's Deployment has no --waypoint-replicas argument")
 }
 
 // meshNamespace makes ns ahead of the suite, enrolled, with its waypoint

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
+	"sigs.k8s.io/gateway-api/conformance/utils/suite"
 	"sigs.k8s.io/gateway-api/pkg/features"
 	"sigs.k8s.io/yaml"
 )
@@ -18,8 +19,9 @@ import (
 // gateway-api repository requires (<channel>-<version>-<mode>-report.yaml,
 // in the folder of the minor version of the Gateway API CRDs manifests/
 // installs), listed in its README, names this implementation, succeeded in
-// every profile it ran, and claims exactly the mesh features TestMesh
-// claims, so a claim cannot change without a new report.
+// every profile it ran, and claims in each profile exactly the extended
+// features TestMesh or TestGateway claims, so a claim cannot change
+// without a new report.
 func TestPublishedReports(t *testing.T) {
 	api := bundleVersion(t)
 	minor := api[:strings.LastIndex(api, ".")]
@@ -32,13 +34,6 @@ func TestPublishedReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var claimed []string
-	for _, f := range features.SetsToNamesSet(features.MeshExtendedFeatures).UnsortedList() {
-		if slices.Contains(meshFeatures, f) {
-			claimed = append(claimed, string(f))
-		}
-	}
-	slices.Sort(claimed)
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		if err != nil {
@@ -66,12 +61,43 @@ func TestPublishedReports(t *testing.T) {
 			if p.Core.Result != confv1.Success || p.Extended != nil && p.Extended.Result != confv1.Success {
 				t.Errorf("%s: profile %s: %s", name, p.Name, p.Summary)
 			}
-			if p.Name == "MESH-HTTP" && (p.Extended == nil || !slices.Equal(p.Extended.SupportedFeatures, claimed)) {
-				t.Errorf("%s: MESH-HTTP claims %v, TestMesh %v", name, p.Extended, claimed)
+			want, ok := claims[suite.ConformanceProfileName(p.Name)]
+			if !ok {
+				t.Errorf("%s: profile %s is not one test/conformance runs", name, p.Name)
+				continue
+			}
+			// (The suite leaves out a profile's extended part when none
+			// of its tests is extended, as in MESH-GRPC.)
+			if p.Extended != nil && !slices.Equal(p.Extended.SupportedFeatures, want) {
+				t.Errorf("%s: %s claims %v, test/conformance %v", name, p.Name, p.Extended.SupportedFeatures, want)
 			}
 		}
 	}
 }
+
+// claims are the extended features each profile test/conformance runs
+// claims, as its report lists them: those of the test's claimed features
+// the profile has.
+var claims = func() map[suite.ConformanceProfileName][]string {
+	out := map[suite.ConformanceProfileName][]string{}
+	for _, pc := range []struct {
+		profile suite.ConformanceProfile
+		claimed []features.FeatureName
+	}{
+		{suite.MeshHTTPConformanceProfile, meshFeatures}, {suite.MeshGRPCConformanceProfile, meshFeatures},
+		{suite.GatewayHTTPConformanceProfile, gatewayFeatures}, {suite.GatewayGRPCConformanceProfile, gatewayFeatures},
+	} {
+		var names []string
+		for _, f := range pc.claimed {
+			if pc.profile.ExtendedFeatures.Has(f) {
+				names = append(names, string(f))
+			}
+		}
+		slices.Sort(names)
+		out[pc.profile.Name] = names
+	}
+	return out
+}()
 
 // bundleVersion is the version of the Gateway API CRDs manifests/ installs
 // (the suite reports the installed CRDs' version).
