@@ -121,6 +121,10 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			as, _, msg := Attach(gw, reports, ref, "HTTPRoute", ing.Namespace, t.namespaces[ing.Namespace].labels(), hs)
 			for _, a := range as {
 				l := byName[a.Listener]
+				if l == nil {
+					why = fmt.Sprintf("listener %s does not serve (its certificates do not resolve)", a.Listener)
+					continue
+				}
 				hr := &meshv1.HTTPRoute{Name: r.Name, Namespace: r.Namespace, CreationTime: r.CreationTime, Hostnames: a.Hostnames, Rules: r.Rules}
 				l.HttpRoutes = append(l.HttpRoutes, hr)
 				attached[a.Listener] = true
