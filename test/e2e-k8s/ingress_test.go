@@ -113,7 +113,10 @@ spec:
 			switch l.Name {
 			case "broken":
 				if refs.Status != metav1.ConditionFalse || refs.Reason != "InvalidCertificateRef" || !strings.Contains(refs.Message, "missing-cert") ||
-					prog.Status != metav1.ConditionFalse || l.AttachedRoutes != 0 {
+					prog.Status != metav1.ConditionFalse || l.AttachedRoutes != 1 {
+					// The route attaches (and counts) though the listener
+					// serves nothing until its certificate resolves, as the
+					// Gateway API defines attachment (GatewayWithAttachedRoutes).
 					return fmt.Errorf("broken listener: ResolvedRefs %s/%s %q, Programmed %s, %d routes", refs.Status, refs.Reason, refs.Message, prog.Status, l.AttachedRoutes)
 				}
 			default:
