@@ -241,3 +241,53 @@ spec:
 		t.Errorf("a route of another controller's Gateway got parents %+v", ps)
 	}
 }
+
+// What an ingress Gateway asks beyond its listeners: an IPAddress without
+// a value (any address) is met, with the Service's; a fixed address, or
+// infrastructure parameters (an ingress Gateway takes none), reject the
+// Gateway as a whole.
+func TestIngressGatewayRejections(t *testing.T) {
+	const ns = "st-rej"
+	f := newFixture(t)
+	f.startWriter()
+	f.create(`
+kind: GatewayClass
+metadata: {name: causeway}
+spec: {controllerName: causeway.dev/gateway-controller}
+`)
+	f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", ns))
+	for name, spec := range map[string]string{
+		"any-address": "addresses: [{type: IPAddress}]",
+		"fixed":       "addresses: [{type: IPAddress, value: 192.0.2.7}]",
+		"hostname":    "addresses: [{type: Hostname, value: edge.example.com}]",
+		"parameters":  "infrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}}",
+		"labels-only": "infrastructure: {labels: {team: shop}}",
+	} {
+		f.create(fmt.Sprintf(`
+kind: Gateway
+metadata: {name: %s, namespace: %s}
+spec:
+  gatewayClassName: causeway
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+  %s
+`, name, ns, spec))
+	}
+	want := map[string][2]string{
+		"any-address": {"True", "Accepted"},
+		"fixed":       {"False", "UnsupportedAddress"},
+		"hostname":    {"False", "UnsupportedAddress"},
+		"parameters":  {"False", "InvalidParameters"},
+		"labels-only": {"True", "Accepted"},
+	}
+	f.waitFor("each Gateway's Accepted", func() (bool, error) {
+		for name, w := range want {
+			if !is(cond(f.gateway(ns, name).Status.Conditions, "Accepted"), metav1.ConditionStatus(w[0]), w[1]) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if m := cond(f.gateway(ns, "parameters").Status.Conditions, "Accepted").Message; !strings.Contains(m, "invalid.io/InvalidParameters invalid") {
+		t.Errorf("InvalidParameters message %q: want the reference named", m)
+	}
+}

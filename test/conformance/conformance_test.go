@@ -75,6 +75,18 @@ var gatewayFeatures = []features.FeatureName{
 	features.SupportHTTPRoute303RedirectStatusCode,
 	features.SupportHTTPRoute307RedirectStatusCode,
 	features.SupportHTTPRoute308RedirectStatusCode,
+	features.SupportGatewayInfrastructure,
+	features.SupportGatewayAddressEmpty,
+	features.SupportHTTPRouteBackendProtocolH2C,
+	features.SupportHTTPRouteBackendProtocolWebSocket,
+	features.SupportHTTPRouteBackendTimeout,
+	features.SupportHTTPRouteRequestTimeout,
+	features.SupportHTTPRouteCORS,
+	features.SupportHTTPRouteDestinationPortMatching,
+	features.SupportHTTPRouteHostRewrite,
+	features.SupportHTTPRouteRequestMirror,
+	features.SupportHTTPRouteRequestMultipleMirrors,
+	features.SupportHTTPRouteRequestPercentageMirror,
 }
 
 // meshLabels enroll the suite's mesh namespaces: their pods in the mesh,
