@@ -77,6 +77,7 @@ var gatewayFeatures = []features.FeatureName{
 	features.SupportHTTPRoute308RedirectStatusCode,
 	features.SupportGatewayInfrastructure,
 	features.SupportGatewayAddressEmpty,
+	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
 	features.SupportHTTPRouteBackendProtocolH2C,
 	features.SupportHTTPRouteBackendProtocolWebSocket,
 	features.SupportHTTPRouteBackendTimeout,
