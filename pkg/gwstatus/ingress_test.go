@@ -38,6 +38,22 @@ func (f *fixture) ingressDeployment(gw *gwv1.Gateway, replicas int32) *corev1.Se
 	return svc
 }
 
+// ingressFixture starts the status writer with the ingress GatewayClass
+// ours and the namespaces made.
+func ingressFixture(t *testing.T, namespaces ...string) *fixture {
+	f := newFixture(t)
+	f.startWriter()
+	f.create(`
+kind: GatewayClass
+metadata: {name: causeway}
+spec: {controllerName: causeway.dev/gateway-controller}
+`)
+	for _, n := range namespaces {
+		f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", n))
+	}
+	return f
+}
+
 func listenerStatus(gw *gwv1.Gateway, name string) *gwv1.ListenerStatus {
 	for i := range gw.Status.Listeners {
 		if gw.Status.Listeners[i].Name == gwv1.SectionName(name) {
@@ -64,16 +80,7 @@ func ingressParentOf(r *gwv1.HTTPRoute) *gwv1.RouteParentStatus {
 // address (its load balancer's once set), Programmed once a pod is ready.
 func TestIngressGatewayStatus(t *testing.T) {
 	const ns, certs, other = "st-in", "st-in-certs", "st-in-other"
-	f := newFixture(t)
-	f.startWriter()
-	f.create(`
-kind: GatewayClass
-metadata: {name: causeway}
-spec: {controllerName: causeway.dev/gateway-controller}
-`)
-	for _, n := range []string{ns, certs, other} {
-		f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", n))
-	}
+	f := ingressFixture(t, ns, certs, other)
 	_, good := backendtlstest.TLSSecretData(t, "shop.example.com")
 	f.secret(certs, "shop-cert", corev1.SecretTypeTLS, good)
 	f.secret(certs, "ungranted", corev1.SecretTypeTLS, good)
@@ -248,14 +255,7 @@ spec:
 // Gateway as a whole.
 func TestIngressGatewayRejections(t *testing.T) {
 	const ns = "st-rej"
-	f := newFixture(t)
-	f.startWriter()
-	f.create(`
-kind: GatewayClass
-metadata: {name: causeway}
-spec: {controllerName: causeway.dev/gateway-controller}
-`)
-	f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", ns))
+	f := ingressFixture(t, ns)
 	for name, spec := range map[string]string{
 		"any-address": "addresses: [{type: IPAddress}]",
 		"fixed":       "addresses: [{type: IPAddress, value: 192.0.2.7}]",
