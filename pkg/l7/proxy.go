@@ -183,8 +183,8 @@ func (x *exchange) chooseBackend() {
 // In the mesh, as the caller spoke: it addressed the backend itself. At an
 // ingress gateway the client spoke to the gateway (HTTP/2 is what TLS
 // clients negotiate there), which says nothing of the backend: HTTP/1.1,
-// as Istio's gateways speak to such a port, but HTTP/2 for gRPC, which
-// has no other.
+// which every HTTP backend speaks, but HTTP/2 for gRPC, which has no
+// other.
 func (x *exchange) autoProto() upstreamProto {
 	switch {
 	case x.orig.ProtoMajor != 2:
