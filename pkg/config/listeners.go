@@ -230,3 +230,24 @@ func grantAllows(grants []*gwv1.ReferenceGrant, fromKind, fromNS, toGroup, toKin
 	}
 	return false
 }
+
+// GatewayRejection says why an ingress Gateway is not accepted as a whole
+// for what its spec asks beyond its listeners (empty: nothing): an address
+// to hold (the gateway's address is its Service's, assigned by the
+// cluster, so only an IPAddress entry without a value, "any address", is
+// met), or infrastructure parameters (an ingress Gateway takes none). The
+// deployer runs no pods for a rejected Gateway.
+func GatewayRejection(gw *gwv1.Gateway) (gwv1.GatewayConditionReason, string) {
+	for _, a := range gw.Spec.Addresses {
+		if a.Value != "" || a.Type != nil && *a.Type != gwv1.IPAddressType {
+			return gwv1.GatewayReasonUnsupportedAddress,
+				"spec.addresses may only ask for an IPAddress without a value: the address is its Service's, assigned by the cluster (set the Service's type with annotation causeway.dev/service-type)"
+		}
+	}
+	if inf := gw.Spec.Infrastructure; inf != nil && inf.ParametersRef != nil {
+		p := inf.ParametersRef
+		return gwv1.GatewayReasonInvalidParameters,
+			fmt.Sprintf("infrastructure.parametersRef %s/%s %s: an ingress gateway takes no parameters (its Service type is annotation causeway.dev/service-type; labels and annotations are infrastructure.labels and .annotations)", p.Group, p.Kind, p.Name)
+	}
+	return "", ""
+}

@@ -257,3 +257,30 @@ func TestListenerFor(t *testing.T) {
 		}
 	}
 }
+
+// An ingress Gateway is rejected as a whole for an address it cannot hold
+// (any value, any type but IPAddress) or infrastructure parameters; an
+// IPAddress without a value, and infrastructure labels, are met.
+func TestGatewayRejection(t *testing.T) {
+	ip, host := gwv1.IPAddressType, gwv1.HostnameAddressType
+	params := &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Group: "example.com", Kind: "Params", Name: "p"}}
+	for _, tc := range []struct {
+		name  string
+		addrs []gwv1.GatewaySpecAddress
+		inf   *gwv1.GatewayInfrastructure
+		want  gwv1.GatewayConditionReason
+	}{
+		{"nothing asked", nil, nil, ""},
+		{"an IPAddress", []gwv1.GatewaySpecAddress{{Type: &ip}}, nil, ""},
+		{"an address of no type", []gwv1.GatewaySpecAddress{{}}, nil, ""},
+		{"labels", nil, &gwv1.GatewayInfrastructure{Labels: map[gwv1.LabelKey]gwv1.LabelValue{"a": "b"}}, ""},
+		{"a static IP", []gwv1.GatewaySpecAddress{{Type: &ip}, {Type: &ip, Value: "192.0.2.1"}}, nil, gwv1.GatewayReasonUnsupportedAddress},
+		{"a hostname", []gwv1.GatewaySpecAddress{{Type: &host}}, nil, gwv1.GatewayReasonUnsupportedAddress},
+		{"parameters", nil, params, gwv1.GatewayReasonInvalidParameters},
+	} {
+		gw := &gwv1.Gateway{Spec: gwv1.GatewaySpec{Addresses: tc.addrs, Infrastructure: tc.inf}}
+		if got, msg := GatewayRejection(gw); got != tc.want || (got == "") != (msg == "") {
+			t.Errorf("%s: %q %q, want %q", tc.name, got, msg, tc.want)
+		}
+	}
+}

@@ -373,7 +373,8 @@ func (d *Deployer) processNext(ctx context.Context) bool {
 // template. A Gateway that is gone, or going with its namespace, needs
 // nothing: garbage collection (or the namespace's deletion) removes what it
 // owned. A Gateway that is no (longer a) waypoint or ingress Gateway of
-// ours loses the children it owns.
+// ours, or an ingress Gateway rejected as a whole, loses the children it
+// owns.
 func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) error {
 	gw, err := d.gateways.Gateways(key.Namespace).Get(key.Name)
 	if apierrors.IsNotFound(err) {
@@ -386,7 +387,7 @@ func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) erro
 		return nil
 	}
 	var children []Child
-	if ct := d.templates[string(gw.Spec.GatewayClassName)]; ct != nil && d.ours(gw) {
+	if ct := d.templates[string(gw.Spec.GatewayClassName)]; ct != nil && d.ours(gw) && !rejectedIngress(gw) {
 		d.mu.Lock()
 		tmpl := ct.tmpl
 		d.mu.Unlock()
@@ -426,6 +427,17 @@ func (d *Deployer) ours(gw *gwv1.Gateway) bool {
 	}
 	c, err := d.classes.Get(config.IngressClass)
 	return err == nil && string(c.Spec.ControllerName) == config.IngressController
+}
+
+// rejectedIngress says whether gw is an ingress Gateway its status rejects
+// as a whole (config.GatewayRejection): it runs no pods, and loses those it
+// had.
+func rejectedIngress(gw *gwv1.Gateway) bool {
+	if string(gw.Spec.GatewayClassName) != config.IngressClass {
+		return false
+	}
+	reason, _ := config.GatewayRejection(gw)
+	return reason != ""
 }
 
 // namespaceTerminating says whether ns is being deleted. One the lister

@@ -449,6 +449,23 @@ func TestIngressGatewayDeployed(t *testing.T) {
 		return err == nil && s.Spec.Type == corev1.ServiceTypeClusterIP && maps.Equal(ports(s), map[string]int32{"https-443": 443, "http-8080": 8080}), err
 	})
 
+	// Infrastructure parameters (an ingress Gateway takes none): rejected,
+	// it runs nothing; without them again, everything comes back.
+	cur, err = f.gw.GatewayV1().Gateways(f.ns).Get(f.ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.Infrastructure = &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Group: "invalid.io", Kind: "InvalidParameters", Name: "invalid"}}
+	if cur, err = f.gw.GatewayV1().Gateways(f.ns).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("a rejected Gateway's children deleted", func() (bool, error) { return len(f.children("edge")) == 0, nil })
+	cur.Spec.Infrastructure = nil
+	if _, err := f.gw.GatewayV1().Gateways(f.ns).Update(f.ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("all five children back", func() (bool, error) { return len(f.children("edge")) == len(kinds), nil })
+
 	// The class deleted: the Gateway is no longer ours, and loses its children.
 	if err := classes.Delete(f.ctx, config.IngressClass, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -327,6 +327,13 @@ func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
 		if inf := gw.Spec.Infrastructure; inf != nil {
 			meta.Labels = withDefaults(meta.Labels, inf.Labels)
 			meta.Annotations = withDefaults(meta.Annotations, inf.Annotations)
+			// The pods are made in response to the Gateway too (what
+			// spec.infrastructure asks, and what selects them for
+			// monitoring and network policies).
+			if pm := podTemplateMeta(c); pm != nil {
+				pm.Labels = withDefaults(pm.Labels, inf.Labels)
+				pm.Annotations = withDefaults(pm.Annotations, inf.Annotations)
+			}
 		}
 		meta.WithLabels(map[string]string{config.LabelGatewayName: gw.Name})
 		meta.OwnerReferences = nil // ours alone: a template cannot hand the objects to another owner
@@ -421,6 +428,25 @@ func decodeChild(doc string) (Child, error) {
 		c.Namespace = *m.Namespace
 	}
 	return c, nil
+}
+
+// podTemplateMeta returns the metadata of a rendered Deployment's pod
+// template (made when the template has none), or nil for other kinds.
+func podTemplateMeta(c Child) *metav1ac.ObjectMetaApplyConfiguration {
+	d, ok := c.Apply.(*appsv1ac.DeploymentApplyConfiguration)
+	if !ok {
+		return nil
+	}
+	if d.Spec == nil {
+		d.Spec = appsv1ac.DeploymentSpec()
+	}
+	if d.Spec.Template == nil {
+		d.Spec.Template = corev1ac.PodTemplateSpec()
+	}
+	if d.Spec.Template.ObjectMetaApplyConfiguration == nil {
+		d.Spec.Template.ObjectMetaApplyConfiguration = &metav1ac.ObjectMetaApplyConfiguration{}
+	}
+	return d.Spec.Template.ObjectMetaApplyConfiguration
 }
 
 // childMeta returns the metadata of a rendered child's apply configuration.

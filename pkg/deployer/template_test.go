@@ -277,6 +277,15 @@ func TestIngressServiceTypeAndInfrastructure(t *testing.T) {
 		if m.Labels["team"] != "shop" || m.Annotations["lb.example.com/internal"] != "true" {
 			t.Errorf("%s: labels %v, annotations %v: want the Gateway's infrastructure ones", c.Kind, m.Labels, m.Annotations)
 		}
+		if d, ok := c.Apply.(*appsv1ac.DeploymentApplyConfiguration); ok {
+			pm := d.Spec.Template.ObjectMetaApplyConfiguration
+			if pm.Labels["team"] != "shop" || pm.Annotations["lb.example.com/internal"] != "true" {
+				t.Errorf("pod template: labels %v, annotations %v: want the Gateway's infrastructure ones", pm.Labels, pm.Annotations)
+			}
+			if pm.Annotations["prometheus.io/port"] != "15020" || pm.Labels[config.LabelGatewayName] != gw.Name {
+				t.Errorf("pod template: labels %v, annotations %v: the template's own were lost", pm.Labels, pm.Annotations)
+			}
+		}
 		svc, ok := c.Apply.(*corev1ac.ServiceApplyConfiguration)
 		if !ok {
 			continue

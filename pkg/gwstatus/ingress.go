@@ -132,10 +132,10 @@ func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
 	}
 	accType := string(gwv1.GatewayConditionAccepted)
 	var acc metav1.Condition
+	rejected, rejectedWhy := config.GatewayRejection(gw)
 	switch {
-	case len(gw.Spec.Addresses) > 0:
-		acc = condition(accType, false, string(gwv1.GatewayReasonUnsupportedAddress),
-			"spec.addresses is not supported: the address is its Service's (set its type with annotation causeway.dev/service-type)", gen)
+	case rejected != "":
+		acc = condition(accType, false, string(rejected), rejectedWhy, gen)
 	case serving == 0:
 		acc = condition(accType, false, string(gwv1.GatewayReasonListenersNotValid), "no listener can serve: "+strings.Join(invalid, ", "), gen)
 	case len(invalid) > 0:

@@ -38,6 +38,22 @@ func (f *fixture) ingressDeployment(gw *gwv1.Gateway, replicas int32) *corev1.Se
 	return svc
 }
 
+// ingressFixture starts the status writer with the ingress GatewayClass
+// ours and the namespaces made.
+func ingressFixture(t *testing.T, namespaces ...string) *fixture {
+	f := newFixture(t)
+	f.startWriter()
+	f.create(`
+kind: GatewayClass
+metadata: {name: causeway}
+spec: {controllerName: causeway.dev/gateway-controller}
+`)
+	for _, n := range namespaces {
+		f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", n))
+	}
+	return f
+}
+
 func listenerStatus(gw *gwv1.Gateway, name string) *gwv1.ListenerStatus {
 	for i := range gw.Status.Listeners {
 		if gw.Status.Listeners[i].Name == gwv1.SectionName(name) {
@@ -64,16 +80,7 @@ func ingressParentOf(r *gwv1.HTTPRoute) *gwv1.RouteParentStatus {
 // address (its load balancer's once set), Programmed once a pod is ready.
 func TestIngressGatewayStatus(t *testing.T) {
 	const ns, certs, other = "st-in", "st-in-certs", "st-in-other"
-	f := newFixture(t)
-	f.startWriter()
-	f.create(`
-kind: GatewayClass
-metadata: {name: causeway}
-spec: {controllerName: causeway.dev/gateway-controller}
-`)
-	for _, n := range []string{ns, certs, other} {
-		f.create(fmt.Sprintf("kind: Namespace\nmetadata: {name: %s}\n", n))
-	}
+	f := ingressFixture(t, ns, certs, other)
 	_, good := backendtlstest.TLSSecretData(t, "shop.example.com")
 	f.secret(certs, "shop-cert", corev1.SecretTypeTLS, good)
 	f.secret(certs, "ungranted", corev1.SecretTypeTLS, good)
@@ -239,5 +246,48 @@ spec:
 	}
 	if ps := f.route("st-in-foreign", "r").Status.Parents; len(ps) > 0 {
 		t.Errorf("a route of another controller's Gateway got parents %+v", ps)
+	}
+}
+
+// What an ingress Gateway asks beyond its listeners: an IPAddress without
+// a value (any address) is met, with the Service's; a fixed address, or
+// infrastructure parameters (an ingress Gateway takes none), reject the
+// Gateway as a whole.
+func TestIngressGatewayRejections(t *testing.T) {
+	const ns = "st-rej"
+	f := ingressFixture(t, ns)
+	for name, spec := range map[string]string{
+		"any-address": "addresses: [{type: IPAddress}]",
+		"fixed":       "addresses: [{type: IPAddress, value: 192.0.2.7}]",
+		"hostname":    "addresses: [{type: Hostname, value: edge.example.com}]",
+		"parameters":  "infrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}}",
+		"labels-only": "infrastructure: {labels: {team: shop}}",
+	} {
+		f.create(fmt.Sprintf(`
+kind: Gateway
+metadata: {name: %s, namespace: %s}
+spec:
+  gatewayClassName: causeway
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+  %s
+`, name, ns, spec))
+	}
+	want := map[string][2]string{
+		"any-address": {"True", "Accepted"},
+		"fixed":       {"False", "UnsupportedAddress"},
+		"hostname":    {"False", "UnsupportedAddress"},
+		"parameters":  {"False", "InvalidParameters"},
+		"labels-only": {"True", "Accepted"},
+	}
+	f.waitFor("each Gateway's Accepted", func() (bool, error) {
+		for name, w := range want {
+			if !is(cond(f.gateway(ns, name).Status.Conditions, "Accepted"), metav1.ConditionStatus(w[0]), w[1]) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if m := cond(f.gateway(ns, "parameters").Status.Conditions, "Accepted").Message; !strings.Contains(m, "invalid.io/InvalidParameters invalid") {
+		t.Errorf("InvalidParameters message %q: want the reference named", m)
 	}
 }

@@ -435,7 +435,10 @@ func (s *corsSpec) allows(origin string) bool {
 }
 
 // preflight answers a CORS preflight request: 204, with the CORS headers
-// only when the origin is allowed.
+// only when the origin is allowed. Access-Control-Expose-Headers goes on
+// it too, as Envoy sends it and the Gateway API's CORS filter wants on
+// every allowed response: browsers read it from the actual response only,
+// and it costs nothing here.
 func (s *corsSpec) preflight(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	origin := r.Header.Get("Origin")
@@ -465,6 +468,7 @@ func (s *corsSpec) preflight(w http.ResponseWriter, r *http.Request) {
 				h.Set("Access-Control-Allow-Headers", strings.Join(s.headers, ", "))
 			}
 		}
+		s.setExpose(h)
 		if s.maxAge > 0 {
 			h.Set("Access-Control-Max-Age", strconv.Itoa(int(s.maxAge)))
 		}
@@ -483,13 +487,20 @@ func (s *corsSpec) responseHeaders(r *http.Request) http.Header {
 	if s.credentials {
 		h.Set("Access-Control-Allow-Credentials", "true")
 	}
+	s.setExpose(h)
+	return h
+}
+
+// setExpose sets Access-Control-Expose-Headers: "*" means every header
+// only without credentials (with them the browser reads it as a name), so
+// it is sent only then.
+func (s *corsSpec) setExpose(h http.Header) {
 	switch {
 	case s.anyExpose && !s.credentials:
 		h.Set("Access-Control-Expose-Headers", "*")
 	case len(s.expose) > 0:
 		h.Set("Access-Control-Expose-Headers", strings.Join(s.expose, ", "))
 	}
-	return h
 }
 
 func isPreflight(r *http.Request) bool {

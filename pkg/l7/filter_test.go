@@ -306,12 +306,13 @@ func TestCORS(t *testing.T) {
 		res := preflight(origin)
 		if res.status != 204 || res.header.Get("Access-Control-Allow-Origin") != origin ||
 			res.header.Get("Access-Control-Allow-Methods") != "GET, PUT" || res.header.Get("Access-Control-Allow-Headers") != "X-Token" ||
-			res.header.Get("Access-Control-Allow-Credentials") != "true" || res.header.Get("Access-Control-Max-Age") != "5" {
+			res.header.Get("Access-Control-Allow-Credentials") != "true" || res.header.Get("Access-Control-Max-Age") != "5" ||
+			res.header.Get("Access-Control-Expose-Headers") != "X-Backend" {
 			t.Errorf("preflight from %s: %d %v", origin, res.status, res.header)
 		}
 	}
 	for _, origin := range []string{"https://evil.example", "http://app.example.com", "https://trusted.example", "http://local.example"} {
-		if res := preflight(origin); res.status != 204 || res.header.Get("Access-Control-Allow-Origin") != "" {
+		if res := preflight(origin); res.status != 204 || res.header.Get("Access-Control-Allow-Origin") != "" || res.header.Get("Access-Control-Expose-Headers") != "" {
 			t.Errorf("preflight from disallowed %s: %d %v", origin, res.status, res.header)
 		}
 	}

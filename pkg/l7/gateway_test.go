@@ -1,8 +1,17 @@
 package l7
 
 import (
+	"context"
+	"net/http"
+	"net/netip"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
 
@@ -71,5 +80,43 @@ func TestCompileGateway(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("port %d host %s: listener %q, want %q", tc.port, tc.host, got, tc.want)
 		}
+	}
+}
+
+// At an ingress gateway a backend port without an appProtocol is spoken to
+// in HTTP/1.1 whatever the client spoke to the gateway (a TLS client
+// negotiates HTTP/2 there, which the backend may not speak), gRPC in
+// HTTP/2, its only protocol.
+func TestIngressBackendProtocol(t *testing.T) {
+	h := newHarness(t)
+	h.backend("web", "", false) // HTTP/1.1 only
+	h.addService("health", "", grpcBackend(t, healthpb.HealthCheckResponse_SERVING))
+	var svcs []*meshv1.Service
+	for _, s := range h.services {
+		svcs = append(svcs, s)
+	}
+	h.engine.Update(CompileGateway([]*meshv1.IngressListener{
+		{Name: "http", Port: 80, HttpRoutes: []*meshv1.HTTPRoute{{Namespace: testNS, Name: "web", Rules: []*meshv1.HTTPRouteRule{to("web")}}}},
+		{Name: "grpc", Port: 81, GrpcRoutes: []*meshv1.GRPCRoute{{Namespace: testNS, Name: "health", Rules: []*meshv1.GRPCRouteRule{grpcTo("health")}}}},
+	}, svcs, h.works, nil))
+	front := func(port uint32) string {
+		return h.front(ConnInfo{Peer: trust.Unauthenticated(), Source: callerAddr, Destination: netip.AddrPortFrom(netip.MustParseAddr("127.0.20.1"), uint16(port)),
+			Port: port, Protocol: ProtocolHTTP, Ingress: true})
+	}
+	addr := front(80)
+	for name, c := range map[string]*http.Client{"HTTP/1.1": h1Client(addr), "HTTP/2": h2cClient(addr)} {
+		if res := get(t, c, "/", nil); res.status != 200 || res.echo.Proto != "HTTP/1.1" {
+			t.Errorf("%s client: %d, backend got %q: want 200 in HTTP/1.1", name, res.status, res.echo.Proto)
+		}
+	}
+	conn, err := grpc.NewClient("passthrough:///"+front(81), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "svc"}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("gRPC Check: %v %v", resp, err)
 	}
 }

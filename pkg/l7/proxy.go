@@ -174,12 +174,25 @@ func (x *exchange) chooseBackend() {
 	}
 	x.proto = x.backend.proto
 	if x.proto == upstreamAuto {
-		x.proto = upstreamH1
-		if x.orig.ProtoMajor == 2 {
-			x.proto = upstreamH2
-		}
+		x.proto = x.autoProto()
 	}
 	x.first = pickEndpoint(x.endpoints, nil)
+}
+
+// autoProto is the protocol spoken to a backend port that declares none.
+// In the mesh, as the caller spoke: it addressed the backend itself. At an
+// ingress gateway the client spoke to the gateway (HTTP/2 is what TLS
+// clients negotiate there), which says nothing of the backend: HTTP/1.1,
+// which every HTTP backend speaks, but HTTP/2 for gRPC, which has no
+// other.
+func (x *exchange) autoProto() upstreamProto {
+	switch {
+	case x.orig.ProtoMajor != 2:
+		return upstreamH1
+	case x.info.Ingress && !x.view.grpc:
+		return upstreamH1
+	}
+	return upstreamH2
 }
 
 // answerPreflight answers a CORS preflight from the rule's CORS filter
