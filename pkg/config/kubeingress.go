@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/tls"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -105,13 +106,14 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 		}
 		key := ing.Namespace + "/" + ing.Name
 		obj := "Ingress " + key
-		t.reportIngress(key, "")
+		t.reportIngress(key, IngressReport{})
 		routes, certs := t.ingressRoutes(ii.origin, obj, ing), t.ingressCertificates(ii.origin, obj, ing)
 		if t.refused(obj) {
 			continue
 		}
 		ref := gwv1.ParentReference{Name: gwv1.ObjectName(gw.Name)}
-		attached := map[gwv1.SectionName]bool{}
+		attached := map[gwv1.SectionName]bool{} // and serving
+		var listeners []gwv1.SectionName
 		var why string
 		for _, r := range routes {
 			hs := make([]gwv1.Hostname, len(r.Hostnames))
@@ -120,6 +122,9 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			}
 			as, _, msg := Attach(gw, reports, ref, "HTTPRoute", ing.Namespace, t.namespaces[ing.Namespace].labels(), hs)
 			for _, a := range as {
+				if !slices.Contains(listeners, a.Listener) {
+					listeners = append(listeners, a.Listener)
+				}
 				l := byName[a.Listener]
 				if l == nil {
 					why = fmt.Sprintf("listener %s does not serve (its certificates do not resolve)", a.Listener)
@@ -137,7 +142,7 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			t.problem(ii.origin, obj, "not served by Gateway %s: %s", id, why)
 			continue
 		}
-		t.reportIngress(key, id.String())
+		t.reportIngress(key, IngressReport{Gateway: id.String(), Listeners: listeners})
 		// After the listener's own: those serve clients without SNI and
 		// the names they cover (the first certificate valid for the SNI).
 		for _, n := range sortedKeys(attached) {
@@ -148,10 +153,10 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 	}
 }
 
-// reportIngress records which Gateway serves Ingress key ("": none).
-func (t *translator) reportIngress(key, gateway string) {
+// reportIngress records where Ingress key is served.
+func (t *translator) reportIngress(key string, r IngressReport) {
 	if t.reports != nil {
-		t.reports.Ingresses[key] = gateway
+		t.reports.Ingresses[key] = r
 	}
 }
 

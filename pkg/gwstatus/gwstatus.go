@@ -273,8 +273,8 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for _, c := range classes {
 		errs = append(errs, w.syncClass(ctx, c))
 	}
-	// Routes attach to ingress Gateways before either's status is
-	// written: a listener's status counts its routes.
+	// Routes (and Kubernetes Ingresses) attach to ingress Gateways before
+	// either's status is written: a listener's status counts its routes.
 	ingress := w.ingressGateways()
 	hrs, _ := w.httpRoutes.List(labels.Everything())
 	hrParents := make([][]ingressParent, len(hrs))
@@ -286,6 +286,7 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for i, r := range grs {
 		grParents[i] = w.attachRoute(ingress, "GRPCRoute", r.Namespace, r.Spec.ParentRefs, r.Spec.Hostnames)
 	}
+	attachKubeIngresses(ingress, rep)
 	gws, _ := w.gateways.List(labels.Everything())
 	for _, gw := range gws {
 		if ig := ingress[gw.Namespace+"/"+gw.Name]; ig != nil {

@@ -76,11 +76,7 @@ func (w *Writer) attachRoute(ingress map[string]*ingressGateway, kind, ns string
 		}
 		atts, reason, msg := config.Attach(ig.gw, ig.listeners, ref, kind, ns, nsLabels, hostnames)
 		for _, a := range atts {
-			for j, l := range ig.gw.Spec.Listeners {
-				if l.Name == a.Listener {
-					ig.attached[j]++
-				}
-			}
+			ig.attach(a.Listener)
 		}
 		if len(atts) > 0 {
 			names := make([]string, len(atts))
@@ -92,6 +88,29 @@ func (w *Writer) attachRoute(ingress map[string]*ingressGateway, kind, ns string
 		out = append(out, ingressParent{index: i, reason: reason, message: msg})
 	}
 	return out
+}
+
+// attachKubeIngresses counts each Kubernetes Ingress that the translation
+// serves on an ingress Gateway of ours on the listeners it attaches to (a
+// refused one nowhere): an Ingress is served as an HTTPRoute of its
+// namespace, and counts as one.
+func attachKubeIngresses(ingress map[string]*ingressGateway, rep *config.Reports) {
+	for _, ir := range rep.Ingresses {
+		if ig := ingress[ir.Gateway]; ig != nil {
+			for _, l := range ir.Listeners {
+				ig.attach(l)
+			}
+		}
+	}
+}
+
+// attach counts a route attached to listener name.
+func (ig *ingressGateway) attach(name gwv1.SectionName) {
+	for j, l := range ig.gw.Spec.Listeners {
+		if l.Name == name {
+			ig.attached[j]++
+		}
+	}
 }
 
 // ingressRouteConditions are a route's conditions for one ingress Gateway
