@@ -143,8 +143,9 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			continue
 		}
 		t.reportIngress(key, IngressReport{Gateway: id.String(), Listeners: listeners})
-		// After the listener's own: those serve clients without SNI and
-		// the names they cover (the first certificate valid for the SNI).
+		// After the listener's own, which serve clients without SNI and
+		// come first for the names they cover; these serve only their
+		// hosts (meshv1.IngressListener.certificates).
 		for _, n := range sortedKeys(attached) {
 			if l := byName[n]; l.Protocol == meshv1.IngressListener_HTTPS {
 				l.Certificates = append(l.Certificates, certs...)
@@ -328,7 +329,8 @@ func (t *translator) ingressBackend(origin, obj, where string, ing *networkingv1
 // ingressCertificates resolves spec.tls: each entry's Secret, of type
 // kubernetes.io/tls in the Ingress's own namespace (an Ingress needs no
 // ReferenceGrant), must hold a key pair whose certificate is valid for
-// every host the entry names.
+// every host the entry names. The key pair carries those hosts, the only
+// names the gateway serves it for ("*": any, for an entry naming none).
 func (t *translator) ingressCertificates(origin, obj string, ing *networkingv1.Ingress) []*meshv1.TLSKeyPair {
 	var out []*meshv1.TLSKeyPair
 	for i, e := range ing.Spec.TLS {
@@ -354,7 +356,7 @@ func (t *translator) ingressCertificates(origin, obj string, ing *networkingv1.I
 			t.problem(origin, obj, "%s: Secret %s: malformed %s/%s: %v", where, name, corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 			continue
 		}
-		ok := true
+		ok, hosts := true, []string{}
 		for _, h := range e.Hosts {
 			h = strings.ToLower(h)
 			if !t.ingressHost(origin, obj, where, h) {
@@ -362,10 +364,15 @@ func (t *translator) ingressCertificates(origin, obj string, ing *networkingv1.I
 			} else if err := kp.Leaf.VerifyHostname(h); err != nil {
 				t.problem(origin, obj, "%s: the certificate of Secret %s is not valid for host %s", where, name, h)
 				ok = false
+			} else if !slices.Contains(hosts, h) {
+				hosts = append(hosts, h)
 			}
 		}
+		if len(e.Hosts) == 0 {
+			hosts = []string{"*"} // the Ingress API's default: the controller's wildcard
+		}
 		if ok {
-			out = append(out, &meshv1.TLSKeyPair{Secret: name, CertificateChain: chain, PrivateKey: key})
+			out = append(out, &meshv1.TLSKeyPair{Secret: name, CertificateChain: chain, PrivateKey: key, Hosts: hosts})
 		}
 	}
 	return out
