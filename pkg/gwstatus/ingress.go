@@ -117,18 +117,12 @@ func (ig *ingressGateway) attach(name gwv1.SectionName) {
 // parent: Accepted with Attach's reason (or the route's own refusal), and
 // ResolvedRefs for its backends.
 func ingressRouteConditions(rr *config.RouteReport, p ingressParent, gen int64) []metav1.Condition {
-	accType := string(gwv1.RouteConditionAccepted)
-	accepted := condition(accType, p.reason == gwv1.RouteReasonAccepted, string(p.reason), p.message, gen)
 	if rr == nil {
 		rr = &config.RouteReport{}
 	}
-	switch {
-	case p.reason != gwv1.RouteReasonAccepted:
-	case len(rr.Problems) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), "refused, not programmed: "+strings.Join(rr.Problems, "; "), gen)
-	case len(rr.Unsupported) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
-			"the gateway cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
+	accepted, refused := routeRefused(rr, "gateway", gen)
+	if p.reason != gwv1.RouteReasonAccepted || !refused {
+		accepted = condition(string(gwv1.RouteConditionAccepted), p.reason == gwv1.RouteReasonAccepted, string(p.reason), p.message, gen)
 	}
 	return []metav1.Condition{accepted, resolvedRefs(rr, gen)}
 }
