@@ -73,7 +73,7 @@ func TestMeshYAML(t *testing.T) {
 	addrs = append(addrs, plan.ControlPlane.GRPC, plan.ControlPlane.Status)
 	for _, a := range addrs {
 		_, port, _ := strings.Cut(a, ":")
-		if n, err := strconv.Atoi(port); err != nil || n < 27000 || n > 27999 || port == appPort || port == httpsPort {
+		if n, err := strconv.Atoi(port); err != nil || n < 27000 || n > 27999 || port == appPort || port == strconv.Itoa(httpsPort) {
 			t.Errorf("mesh address %s outside 27000-27999 or on a listener's port", a)
 		}
 	}

@@ -46,6 +46,7 @@ import (
 
 	"github.com/causeway-mesh/causeway/bench/internal/benchmesh"
 	"github.com/causeway-mesh/causeway/bench/internal/fortioload"
+	"github.com/causeway-mesh/causeway/internal/ingresstest"
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 )
 
@@ -60,8 +61,8 @@ const (
 	backendVIP = "127.0.27.201" // Service bench/backend: no waypoint
 	viaWPVIP   = "127.0.27.202" // Service bench/via-waypoint: through the waypoint
 	appPort    = "27080"
-	httpsPort  = "27443" // the gateway's listeners and nginx's
-	basePort   = 27100   // the mesh's own ports from here
+	httpsPort  = 27443 // the gateway's listeners and nginx's
+	basePort   = 27100 // the mesh's own ports from here
 
 	hostDirect   = "ingress.bench"  // listener direct: routes to bench/backend
 	hostWaypoint = "waypoint.bench" // listener waypoint: routes to bench/via-waypoint
@@ -80,51 +81,16 @@ apiVersion: v1
 kind: Namespace
 metadata: {name: bench, labels: {causeway.dev/dataplane-mode: mesh}}
 ---
-` + benchmesh.WaypointYAML("bench", "service", benchmesh.WaypointPod{Node: "node-a", IP: waypointIP}) + `apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {namespace: edge, name: ingress}
-spec:
-  gatewayClassName: causeway
-  listeners:
-  - name: direct
-    port: ` + httpsPort + `
-    protocol: HTTPS
-    hostname: ` + hostDirect + `
-    tls: {certificateRefs: [{name: direct-cert}]}
-  - name: waypoint
-    port: ` + httpsPort + `
-    protocol: HTTPS
-    hostname: ` + hostWaypoint + `
-    tls: {certificateRefs: [{name: waypoint-cert}]}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: ingress-0, namespace: edge, labels: {gateway.networking.k8s.io/gateway-name: ingress}}
-spec: {nodeName: node-a, serviceAccountName: ingress, containers: [{name: gateway, image: causeway/waypoint}]}
-status: {podIP: ` + gatewayIP + `}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {namespace: edge, name: direct}
-spec:
-  parentRefs: [{name: ingress, sectionName: direct}]
-  rules: [{backendRefs: [{name: backend, namespace: bench, port: 80}]}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {namespace: edge, name: waypoint}
-spec:
-  parentRefs: [{name: ingress, sectionName: waypoint}]
-  rules: [{backendRefs: [{name: via-waypoint, namespace: bench, port: 80}]}]
----
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {namespace: bench, name: from-edge}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: edge}]
-  to: [{group: "", kind: Service}]
----
-apiVersion: v1
+` + benchmesh.WaypointYAML("bench", "service", benchmesh.WaypointPod{Node: "node-a", IP: waypointIP}) +
+	ingresstest.GatewayYAML("edge", "ingress",
+		ingresstest.Listener{Name: "direct", Port: httpsPort, Protocol: "HTTPS", Hostname: hostDirect, Certificates: []string{"direct-cert"}},
+		ingresstest.Listener{Name: "waypoint", Port: httpsPort, Protocol: "HTTPS", Hostname: hostWaypoint, Certificates: []string{"waypoint-cert"}}) +
+	ingresstest.PodYAML("edge", "ingress", "node-a", gatewayIP) +
+	ingresstest.HTTPRouteYAML("edge", "direct", []ingresstest.Parent{{Name: "ingress", Section: "direct"}}, nil,
+		ingresstest.Backend{Namespace: "bench", Name: "backend", Port: 80}) +
+	ingresstest.HTTPRouteYAML("edge", "waypoint", []ingresstest.Parent{{Name: "ingress", Section: "waypoint"}}, nil,
+		ingresstest.Backend{Namespace: "bench", Name: "via-waypoint", Port: 80}) +
+	ingresstest.GrantYAML("bench", "from-edge", "edge", "Service", "HTTPRoute") + `apiVersion: v1
 kind: Pod
 metadata:
   name: backend
@@ -341,9 +307,9 @@ func run(o options) error {
 	https := func(addr, host string, pids ...int) fortioload.Target {
 		return fortioload.Target{URL: "https://" + addr + "/", Host: host, Dial: to(addr), TLS: clientTLS(host), PIDs: pids}
 	}
-	gwAddr := net.JoinHostPort(gatewayIP, httpsPort)
+	gwAddr := net.JoinHostPort(gatewayIP, strconv.Itoa(httpsPort))
 	gateway := path{Target: https(gwAddr, hostDirect, gw, nb), gateway: gw}
-	nginx := path{Target: https(net.JoinHostPort(nginxIP, httpsPort), hostDirect, nginxPIDs...)}
+	nginx := path{Target: https(net.JoinHostPort(nginxIP, strconv.Itoa(httpsPort)), hostDirect, nginxPIDs...)}
 	paths := map[string]path{
 		"direct":           {Target: fortioload.Target{URL: "http://" + net.JoinHostPort(appIP, appPort) + "/", Dial: to(net.JoinHostPort(appIP, appPort))}},
 		"gateway":          gateway,
@@ -408,7 +374,7 @@ func run(o options) error {
 // listener's certificate (dir's tls.crt and tls.key), HTTP/1.1 to the
 // backend in plain HTTP over pooled keep-alive connections.
 func nginxProxy(dir string, workers int) benchmesh.NginxProxy {
-	return benchmesh.NginxProxy{Dir: dir, Listen: net.JoinHostPort(nginxIP, httpsPort), Upstream: net.JoinHostPort(appIP, appPort),
+	return benchmesh.NginxProxy{Dir: dir, Listen: net.JoinHostPort(nginxIP, strconv.Itoa(httpsPort)), Upstream: net.JoinHostPort(appIP, appPort),
 		Workers: workers, Cert: "tls.crt", Key: "tls.key"}
 }
 

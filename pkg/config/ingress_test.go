@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/causeway-mesh/causeway/internal/ingresstest"
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
@@ -15,54 +16,19 @@ func secretYAML(t *testing.T, ca *backendtlstest.CA, ns, name string, dns ...str
 	return backendtlstest.SecretYAML(ns, name, ca.SecretData(t, dns...))
 }
 
-const ingressYAML = `
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {namespace: edge, name: ingress}
-spec:
-  gatewayClassName: causeway
-  listeners:
-  - {name: http, port: 80, protocol: HTTP}
-  - name: shop
-    port: 443
-    protocol: HTTPS
-    hostname: shop.example.com
-    tls: {certificateRefs: [{name: shop}]}
-  - name: wild
-    port: 443
-    protocol: HTTPS
-    hostname: "*.example.com"
-    tls: {certificateRefs: [{name: wild, namespace: certs}]}
-    allowedRoutes: {namespaces: {from: All}}
-  - name: broken
-    port: 8443
-    protocol: HTTPS
-    tls: {certificateRefs: [{name: absent}]}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {namespace: edge, name: front}
-spec:
-  parentRefs: [{name: ingress, sectionName: shop}, {name: ingress, sectionName: http}]
-  rules:
-  - backendRefs: [{name: web, namespace: shop, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {namespace: shop, name: api}
-spec:
-  parentRefs: [{name: ingress, namespace: edge}]
-  hostnames: [api.example.com]
-  rules:
-  - backendRefs: [{name: web, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {namespace: shop, name: from-edge}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: edge}]
-  to: [{group: "", kind: Service}]
----
+// ingressYAML: Gateway edge/ingress with an HTTP listener, two HTTPS
+// listeners on one port (the wildcard's Secret in certs) and one whose
+// Secret is missing, and two HTTPRoutes, one from shop.
+var ingressYAML = ingresstest.GatewayYAML("edge", "ingress",
+	ingresstest.Listener{Name: "http", Port: 80, Protocol: "HTTP"},
+	ingresstest.Listener{Name: "shop", Port: 443, Protocol: "HTTPS", Hostname: "shop.example.com", Certificates: []string{"shop"}},
+	ingresstest.Listener{Name: "wild", Port: 443, Protocol: "HTTPS", Hostname: "*.example.com", Certificates: []string{"certs/wild"}, AllNamespaces: true},
+	ingresstest.Listener{Name: "broken", Port: 8443, Protocol: "HTTPS", Certificates: []string{"absent"}}) +
+	ingresstest.HTTPRouteYAML("edge", "front", []ingresstest.Parent{{Name: "ingress", Section: "shop"}, {Name: "ingress", Section: "http"}}, nil,
+		ingresstest.Backend{Namespace: "shop", Name: "web", Port: 80}) +
+	ingresstest.HTTPRouteYAML("shop", "api", []ingresstest.Parent{{Namespace: "edge", Name: "ingress"}}, []string{"api.example.com"},
+		ingresstest.Backend{Name: "web", Port: 80}) +
+	ingresstest.GrantYAML("shop", "from-edge", "edge", "Service", "HTTPRoute") + `
 apiVersion: v1
 kind: Service
 metadata: {namespace: shop, name: web}
@@ -71,14 +37,7 @@ spec:
   ports: [{port: 80, appProtocol: http}]
 `
 
-const certGrantYAML = `
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {namespace: certs, name: to-edge}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: edge}]
-  to: [{group: "", kind: Secret}]
-`
+var certGrantYAML = ingresstest.GrantYAML("certs", "to-edge", "edge", "Secret", "Gateway")
 
 // An ingress Gateway becomes an IngressGateway: the listeners that serve
 // (one whose Secret is missing is left out, the others serve), each with

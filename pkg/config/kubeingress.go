@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/tls"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -105,13 +106,14 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 		}
 		key := ing.Namespace + "/" + ing.Name
 		obj := "Ingress " + key
-		t.reportIngress(key, "")
+		t.reportIngress(key, IngressReport{})
 		routes, certs := t.ingressRoutes(ii.origin, obj, ing), t.ingressCertificates(ii.origin, obj, ing)
 		if t.refused(obj) {
 			continue
 		}
 		ref := gwv1.ParentReference{Name: gwv1.ObjectName(gw.Name)}
-		attached := map[gwv1.SectionName]bool{}
+		attached := map[gwv1.SectionName]bool{} // and serving
+		var listeners []gwv1.SectionName
 		var why string
 		for _, r := range routes {
 			hs := make([]gwv1.Hostname, len(r.Hostnames))
@@ -120,6 +122,9 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			}
 			as, _, msg := Attach(gw, reports, ref, "HTTPRoute", ing.Namespace, t.namespaces[ing.Namespace].labels(), hs)
 			for _, a := range as {
+				if !slices.Contains(listeners, a.Listener) {
+					listeners = append(listeners, a.Listener)
+				}
 				l := byName[a.Listener]
 				if l == nil {
 					why = fmt.Sprintf("listener %s does not serve (its certificates do not resolve)", a.Listener)
@@ -137,9 +142,10 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 			t.problem(ii.origin, obj, "not served by Gateway %s: %s", id, why)
 			continue
 		}
-		t.reportIngress(key, id.String())
-		// After the listener's own: those serve clients without SNI and
-		// the names they cover (the first certificate valid for the SNI).
+		t.reportIngress(key, IngressReport{Gateway: id.String(), Listeners: listeners})
+		// After the listener's own, which serve clients without SNI and
+		// come first for the names they cover; these serve only their
+		// hosts (meshv1.IngressListener.certificates).
 		for _, n := range sortedKeys(attached) {
 			if l := byName[n]; l.Protocol == meshv1.IngressListener_HTTPS {
 				l.Certificates = append(l.Certificates, certs...)
@@ -148,10 +154,10 @@ func (t *translator) translateIngresses(id nsName, gw *gwv1.Gateway, reports []L
 	}
 }
 
-// reportIngress records which Gateway serves Ingress key ("": none).
-func (t *translator) reportIngress(key, gateway string) {
+// reportIngress records where Ingress key is served.
+func (t *translator) reportIngress(key string, r IngressReport) {
 	if t.reports != nil {
-		t.reports.Ingresses[key] = gateway
+		t.reports.Ingresses[key] = r
 	}
 }
 
@@ -323,7 +329,8 @@ func (t *translator) ingressBackend(origin, obj, where string, ing *networkingv1
 // ingressCertificates resolves spec.tls: each entry's Secret, of type
 // kubernetes.io/tls in the Ingress's own namespace (an Ingress needs no
 // ReferenceGrant), must hold a key pair whose certificate is valid for
-// every host the entry names.
+// every host the entry names. The key pair carries those hosts, the only
+// names the gateway serves it for ("*": any, for an entry naming none).
 func (t *translator) ingressCertificates(origin, obj string, ing *networkingv1.Ingress) []*meshv1.TLSKeyPair {
 	var out []*meshv1.TLSKeyPair
 	for i, e := range ing.Spec.TLS {
@@ -349,7 +356,7 @@ func (t *translator) ingressCertificates(origin, obj string, ing *networkingv1.I
 			t.problem(origin, obj, "%s: Secret %s: malformed %s/%s: %v", where, name, corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
 			continue
 		}
-		ok := true
+		ok, hosts := true, []string{}
 		for _, h := range e.Hosts {
 			h = strings.ToLower(h)
 			if !t.ingressHost(origin, obj, where, h) {
@@ -357,10 +364,15 @@ func (t *translator) ingressCertificates(origin, obj string, ing *networkingv1.I
 			} else if err := kp.Leaf.VerifyHostname(h); err != nil {
 				t.problem(origin, obj, "%s: the certificate of Secret %s is not valid for host %s", where, name, h)
 				ok = false
+			} else if !slices.Contains(hosts, h) {
+				hosts = append(hosts, h)
 			}
 		}
+		if len(e.Hosts) == 0 {
+			hosts = []string{"*"} // the Ingress API's default: the controller's wildcard
+		}
 		if ok {
-			out = append(out, &meshv1.TLSKeyPair{Secret: name, CertificateChain: chain, PrivateKey: key})
+			out = append(out, &meshv1.TLSKeyPair{Secret: name, CertificateChain: chain, PrivateKey: key, Hosts: hosts})
 		}
 	}
 	return out

@@ -54,7 +54,7 @@ kind: Ingress
 metadata: {namespace: shop, name: store}
 spec:
   defaultBackend: {service: {name: gone, port: {number: 80}}}
-  tls: [{hosts: [shop.example.com], secretName: shop-tls}]
+  tls: [{hosts: [Shop.example.com, shop.example.com], secretName: shop-tls}, {secretName: shop-tls}]
   rules:
   - host: Shop.example.com
     http:
@@ -94,7 +94,8 @@ func ingressRouteSummary(l *meshv1.IngressListener) []string {
 // ImplementationSpecific prefix), the host-less rule's paths and the
 // defaultBackend last; a route for any other host with the latter two. A
 // port name resolves through the Service; a Service that does not exist
-// (gone) is no refusal. Its tls Secret serves after the Gateway's own.
+// (gone) is no refusal. Its tls Secret serves after the Gateway's own, for
+// its entry's hosts only (lowercased, once each).
 func TestKubeIngressTranslation(t *testing.T) {
 	ca, err := backendtlstest.NewCA("kube ingress test")
 	if err != nil {
@@ -120,10 +121,10 @@ func TestKubeIngressTranslation(t *testing.T) {
 	}
 	var secrets []string
 	for _, kp := range g.GetListeners()[1].GetCertificates() {
-		secrets = append(secrets, kp.GetSecret())
+		secrets = append(secrets, fmt.Sprint(kp.GetSecret(), kp.GetHosts()))
 	}
-	if fmt.Sprint(secrets) != "[causeway-system/own shop/shop-tls]" {
-		t.Errorf("HTTPS key pairs %v, want the Gateway's own then the Ingress's", secrets)
+	if got, want := fmt.Sprint(secrets), "[causeway-system/own[] shop/shop-tls[shop.example.com] shop/shop-tls[*]]"; got != want {
+		t.Errorf("HTTPS key pairs %v, want %v: the Gateway's own (any name) then the Ingress's for its tls hosts (any, for an entry naming none)", got, want)
 	}
 	if err := meshv1.Validate(g); err != nil {
 		t.Error(err)

@@ -21,10 +21,9 @@ type Reports struct {
 	// Services by "ns/name": the waypoint each Service with a
 	// use-waypoint label (its own or its namespace's) is bound to.
 	Services map[string]WaypointBinding
-	// Ingresses by "ns/name": for every Kubernetes Ingress of an
-	// IngressClass of ours whose Gateway exists, the "ns/name" of the
-	// ingress Gateway serving it, or "" when it is refused (Problems).
-	Ingresses map[string]string
+	// Ingresses by "ns/name": every Kubernetes Ingress of an IngressClass
+	// of ours whose Gateway exists.
+	Ingresses map[string]IngressReport
 	// BackendTLSPolicies by "ns/name": one entry per targetRef.
 	BackendTLSPolicies map[string][]PolicyAncestor
 	// Err is what Translate returns for the same objects: set only when
@@ -62,6 +61,17 @@ type RefIssue struct {
 	Message string
 }
 
+// IngressReport is where a Kubernetes Ingress is served.
+type IngressReport struct {
+	// Gateway is the "ns/name" of the ingress Gateway serving it, or ""
+	// when it is refused (Problems).
+	Gateway string
+	// Listeners are the Gateway's listeners it attaches to, as an
+	// HTTPRoute of its namespace would (those whose certificates do not
+	// resolve too: they count it in attachedRoutes), by name.
+	Listeners []gwv1.SectionName
+}
+
 // WaypointBinding is what a Service's use-waypoint label resolves to.
 type WaypointBinding struct {
 	Waypoint string // "ns/name" of the waypoint named
@@ -73,7 +83,7 @@ type WaypointBinding struct {
 func Analyze(objs []Object, opts Options) *Reports {
 	t := newTranslator(opts)
 	t.reports = &Reports{Routes: map[string]*RouteReport{}, Problems: map[string][]string{}, Services: map[string]WaypointBinding{},
-		BackendTLSPolicies: map[string][]PolicyAncestor{}, Ingresses: map[string]string{}}
+		BackendTLSPolicies: map[string][]PolicyAncestor{}, Ingresses: map[string]IngressReport{}}
 	t.run(objs)
 	t.reports.Err = t.fatal.err()
 	t.reportServiceBindings()

@@ -273,8 +273,8 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for _, c := range classes {
 		errs = append(errs, w.syncClass(ctx, c))
 	}
-	// Routes attach to ingress Gateways before either's status is
-	// written: a listener's status counts its routes.
+	// Routes (and Kubernetes Ingresses) attach to ingress Gateways before
+	// either's status is written: a listener's status counts its routes.
 	ingress := w.ingressGateways()
 	hrs, _ := w.httpRoutes.List(labels.Everything())
 	hrParents := make([][]ingressParent, len(hrs))
@@ -286,6 +286,7 @@ func (w *Writer) Sync(ctx context.Context) error {
 	for i, r := range grs {
 		grParents[i] = w.attachRoute(ingress, "GRPCRoute", r.Namespace, r.Spec.ParentRefs, r.Spec.Hostnames)
 	}
+	attachKubeIngresses(ingress, rep)
 	gws, _ := w.gateways.List(labels.Everything())
 	for _, gw := range gws {
 		if ig := ingress[gw.Namespace+"/"+gw.Name]; ig != nil {
@@ -591,16 +592,11 @@ func parentKey(r gwv1.ParentReference) string {
 // this condition of the parent).
 func routeConditions(rr *config.RouteReport, pr config.ParentReport, services map[string]config.WaypointBinding, gen int64) []metav1.Condition {
 	accType := string(gwv1.RouteConditionAccepted)
-	var accepted metav1.Condition
+	accepted, refused := routeRefused(rr, "mesh", gen)
 	switch {
 	case pr.Problem != "":
 		accepted = condition(accType, false, string(gwv1.RouteReasonNoMatchingParent), pr.Problem, gen)
-	case len(rr.Problems) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), "refused, not programmed: "+strings.Join(rr.Problems, "; "), gen)
-	case len(rr.Unsupported) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
-			"the mesh cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
-	default:
+	case !refused:
 		accepted = condition(accType, true, string(gwv1.RouteReasonAccepted), "attached to Service "+pr.Service, gen)
 	}
 	out := []metav1.Condition{accepted, resolvedRefs(rr, gen)}
@@ -619,6 +615,22 @@ func routeConditions(rr *config.RouteReport, pr config.ParentReport, services ma
 		out = append(out, condition(ConditionWaypointBound, true, "Bound", "applied by waypoint "+b.Waypoint+" for Service "+pr.Service, gen))
 	}
 	return out
+}
+
+// routeRefused is a route's Accepted=False for a problem of its own, the
+// same for every parent: the translation refuses it, or who (the mesh, the
+// gateway) cannot carry out some of its filters. refused is false when
+// neither holds.
+func routeRefused(rr *config.RouteReport, who string, gen int64) (accepted metav1.Condition, refused bool) {
+	accType, reason := string(gwv1.RouteConditionAccepted), string(gwv1.RouteReasonUnsupportedValue)
+	switch {
+	case len(rr.Problems) > 0:
+		return condition(accType, false, reason, "refused, not programmed: "+strings.Join(rr.Problems, "; "), gen), true
+	case len(rr.Unsupported) > 0:
+		return condition(accType, false, reason,
+			"the "+who+" cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen), true
+	}
+	return metav1.Condition{}, false
 }
 
 // resolvedRefs says whether every backend of a route resolves.

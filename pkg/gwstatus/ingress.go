@@ -76,11 +76,7 @@ func (w *Writer) attachRoute(ingress map[string]*ingressGateway, kind, ns string
 		}
 		atts, reason, msg := config.Attach(ig.gw, ig.listeners, ref, kind, ns, nsLabels, hostnames)
 		for _, a := range atts {
-			for j, l := range ig.gw.Spec.Listeners {
-				if l.Name == a.Listener {
-					ig.attached[j]++
-				}
-			}
+			ig.attach(a.Listener)
 		}
 		if len(atts) > 0 {
 			names := make([]string, len(atts))
@@ -94,22 +90,39 @@ func (w *Writer) attachRoute(ingress map[string]*ingressGateway, kind, ns string
 	return out
 }
 
+// attachKubeIngresses counts each Kubernetes Ingress that the translation
+// serves on an ingress Gateway of ours on the listeners it attaches to (a
+// refused one nowhere): an Ingress is served as an HTTPRoute of its
+// namespace, and counts as one.
+func attachKubeIngresses(ingress map[string]*ingressGateway, rep *config.Reports) {
+	for _, ir := range rep.Ingresses {
+		if ig := ingress[ir.Gateway]; ig != nil {
+			for _, l := range ir.Listeners {
+				ig.attach(l)
+			}
+		}
+	}
+}
+
+// attach counts a route attached to listener name.
+func (ig *ingressGateway) attach(name gwv1.SectionName) {
+	for j, l := range ig.gw.Spec.Listeners {
+		if l.Name == name {
+			ig.attached[j]++
+		}
+	}
+}
+
 // ingressRouteConditions are a route's conditions for one ingress Gateway
 // parent: Accepted with Attach's reason (or the route's own refusal), and
 // ResolvedRefs for its backends.
 func ingressRouteConditions(rr *config.RouteReport, p ingressParent, gen int64) []metav1.Condition {
-	accType := string(gwv1.RouteConditionAccepted)
-	accepted := condition(accType, p.reason == gwv1.RouteReasonAccepted, string(p.reason), p.message, gen)
 	if rr == nil {
 		rr = &config.RouteReport{}
 	}
-	switch {
-	case p.reason != gwv1.RouteReasonAccepted:
-	case len(rr.Problems) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue), "refused, not programmed: "+strings.Join(rr.Problems, "; "), gen)
-	case len(rr.Unsupported) > 0:
-		accepted = condition(accType, false, string(gwv1.RouteReasonUnsupportedValue),
-			"the gateway cannot carry out these filters (their requests are answered with 500): "+strings.Join(rr.Unsupported, "; "), gen)
+	accepted, refused := routeRefused(rr, "gateway", gen)
+	if p.reason != gwv1.RouteReasonAccepted || !refused {
+		accepted = condition(string(gwv1.RouteConditionAccepted), p.reason == gwv1.RouteReasonAccepted, string(p.reason), p.message, gen)
 	}
 	return []metav1.Condition{accepted, resolvedRefs(rr, gen)}
 }

@@ -204,6 +204,24 @@ spec:
 		l := listenerStatus(f.gateway(ns, "edge"), "malformed")
 		return is(cond(l.Conditions, "ResolvedRefs"), metav1.ConditionTrue, "ResolvedRefs") && l.AttachedRoutes == 1, nil
 	})
+
+	// A route attached but refused by the translation, and one with a
+	// filter the gateway cannot carry out: not accepted, saying why.
+	route := func(name, rule string) string {
+		return fmt.Sprintf("kind: HTTPRoute\nmetadata: {name: %s, namespace: %s}\nspec:\n  parentRefs: [{name: edge, sectionName: http}]\n  rules: [%s]\n", name, ns, rule)
+	}
+	f.create(route("bad-regex", `{matches: [{path: {type: RegularExpression, value: "(["}}], backendRefs: [{name: reviews, port: 9080}]}`))
+	f.create(route("magic", `{filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Magic, name: m}}], backendRefs: [{name: reviews, port: 9080}]}`))
+	f.waitFor("the refused route and the unsupported filter not accepted", func() (bool, error) {
+		b, m := ingressParentOf(f.route(ns, "bad-regex")), ingressParentOf(f.route(ns, "magic"))
+		if b == nil || m == nil {
+			return false, nil
+		}
+		ba, ma := cond(b.Conditions, "Accepted"), cond(m.Conditions, "Accepted")
+		return is(ba, metav1.ConditionFalse, "UnsupportedValue") && strings.HasPrefix(ba.Message, "refused, not programmed: ") &&
+			is(ma, metav1.ConditionFalse, "UnsupportedValue") && strings.HasPrefix(ma.Message, "the gateway cannot carry out these filters") &&
+			strings.Contains(ma.Message, "ExtensionRef"), nil
+	})
 }
 
 // A Gateway of class causeway whose GatewayClass belongs to another

@@ -20,7 +20,7 @@ import (
 // its reasons. Another controller's Ingresses are left alone.
 func (w *Writer) syncKubeIngress(ctx context.Context, ing *networkingv1.Ingress, rep *config.Reports) error {
 	key := ing.Namespace + "/" + ing.Name
-	gwKey, ours := rep.Ingresses[key]
+	ir, ours := rep.Ingresses[key]
 	if !ours {
 		delete(w.ingressProblems, key)
 		return nil
@@ -31,7 +31,7 @@ func (w *Writer) syncKubeIngress(ctx context.Context, ing *networkingv1.Ingress,
 	}
 	w.ingressProblems[key] = problem
 	var want []networkingv1.IngressLoadBalancerIngress
-	if ns, name, ok := strings.Cut(gwKey, "/"); ok {
+	if ns, name, ok := strings.Cut(ir.Gateway, "/"); ok {
 		if gw, err := w.gateways.Gateways(ns).Get(name); err == nil {
 			for _, a := range w.ingressAddresses(gw) {
 				if a.Type != nil && *a.Type == gwv1.HostnameAddressType {

@@ -12,7 +12,8 @@ import (
 // ingress Gateway serving it (the Gateway's Service's cluster IP, then its
 // load balancer's), written as the control plane's ServiceAccount; a
 // refused one gets a Warning event naming why and no address; another
-// controller's Ingress is left alone.
+// controller's Ingress is left alone. The served one counts in the
+// attachedRoutes of the listener it attaches to.
 func TestKubeIngressStatus(t *testing.T) {
 	const ns, app = "st-ki", "st-ki-app"
 	f := newFixture(t)
@@ -26,7 +27,9 @@ kind: Gateway
 metadata: {name: public, namespace: st-ki}
 spec:
   gatewayClassName: causeway
-  listeners: [{name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}]
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
+  - {name: same, port: 8080, protocol: HTTP}
 `)
 	f.create(`
 kind: IngressClass
@@ -82,4 +85,12 @@ spec:
 	if a, b := lb("bucket"), lb("foreign"); len(a) > 0 || len(b) > 0 {
 		t.Errorf("the refused Ingress has addresses %v, another controller's %v", a, b)
 	}
+	// The served Ingress attaches to the listener admitting its namespace,
+	// as an HTTPRoute of st-ki-app would, and counts there; the refused
+	// one, another controller's, and the listener of st-ki only, do not.
+	f.waitFor("the served Ingress alone in the listener's attachedRoutes", func() (bool, error) {
+		gw := f.gateway(ns, "public")
+		h, s := listenerStatus(gw, "http"), listenerStatus(gw, "same")
+		return h != nil && s != nil && h.AttachedRoutes == 1 && s.AttachedRoutes == 0, nil
+	})
 }

@@ -54,7 +54,14 @@ type ingressPort struct {
 // tlsListener is an HTTPS listener's hostname and key pairs.
 type tlsListener struct {
 	name, hostname string
-	certs          []tls.Certificate
+	certs          []tlsCert
+}
+
+// tlsCert is a parsed key pair and the server names it may serve
+// (meshv1.TLSKeyPair.hosts; none: any its certificate is valid for).
+type tlsCert struct {
+	tls.Certificate
+	hosts []string
 }
 
 func newIngressPorts(ctx context.Context, w *Waypoint) *ingressPorts {
@@ -126,7 +133,7 @@ func tlsListeners(ls []*meshv1.IngressListener, log *zap.Logger) []tlsListener {
 				log.Error("ingress listener certificate does not load; left out", zap.String("listener", l.GetName()), zap.String("secret", kp.GetSecret()), zap.Error(err))
 				continue
 			}
-			tl.certs = append(tl.certs, c)
+			tl.certs = append(tl.certs, tlsCert{Certificate: c, hosts: kp.GetHosts()})
 		}
 		if len(tl.certs) > 0 {
 			out = append(out, tl)
@@ -137,7 +144,12 @@ func tlsListeners(ls []*meshv1.IngressListener, log *zap.Logger) []tlsListener {
 
 // certificate is the HTTPS listener of ls that serves server name sni
 // (meshv1.HostRank: a client without SNI gets the listener without a
-// hostname) and its first certificate valid for sni, else its first.
+// hostname) and its key pair for sni (meshv1.IngressListener.certificates
+// gives the precedence): the first of its own (without hosts) valid for
+// sni; else, of those whose hosts cover sni and valid for it, the one
+// covering it most narrowly (the first of equals); else its first own. A
+// key pair with hosts never serves a name outside them: a Kubernetes
+// Ingress's certificate serves only the hosts its tls entry names.
 func certificate(ls []tlsListener, sni string) (string, *tls.Certificate, error) {
 	best, bestRank := -1, -1
 	for i, l := range ls {
@@ -149,12 +161,44 @@ func certificate(ls []tlsListener, sni string) (string, *tls.Certificate, error)
 		return "", nil, fmt.Errorf("no listener serves server name %q", sni)
 	}
 	l := ls[best]
+	var own, named *tls.Certificate
+	namedRank := -1
 	for i := range l.certs {
-		if c := &l.certs[i]; sni != "" && c.Leaf != nil && c.Leaf.VerifyHostname(sni) == nil {
-			return l.name, c, nil
+		c := &l.certs[i]
+		if own == nil && len(c.hosts) == 0 {
+			own = &c.Certificate
+		}
+		if sni == "" || c.Leaf == nil || c.Leaf.VerifyHostname(sni) != nil {
+			continue
+		}
+		if len(c.hosts) == 0 {
+			return l.name, &c.Certificate, nil
+		}
+		if r := hostsRank(c.hosts, sni); r > namedRank {
+			named, namedRank = &c.Certificate, r
 		}
 	}
-	return l.name, &l.certs[0], nil
+	switch {
+	case named != nil:
+		return l.name, named, nil
+	case own != nil:
+		return l.name, own, nil
+	}
+	return l.name, nil, fmt.Errorf("listener %s has no certificate for server name %q", l.name, sni)
+}
+
+// hostsRank says how narrowly a key pair's hosts cover server name sni:
+// -1 not at all, 0 for "*" (any name), else the best meshv1.HostRank.
+func hostsRank(hosts []string, sni string) int {
+	rank := -1
+	for _, h := range hosts {
+		r := 0
+		if h != "*" {
+			r = meshv1.HostRank(h, sni)
+		}
+		rank = max(rank, r)
+	}
+	return rank
 }
 
 func (p *ingressPorts) accept(ip *ingressPort) {

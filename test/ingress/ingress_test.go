@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/causeway-mesh/causeway/internal/ingresstest"
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/localmesh"
 )
@@ -82,73 +83,23 @@ func run(m *testing.M) int {
 	return 0
 }
 
-const edgeYAML = `
-apiVersion: v1
+var edgeYAML = `apiVersion: v1
 kind: Namespace
 metadata: {name: edge}
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {namespace: edge, name: ingress}
-spec:
-  gatewayClassName: causeway
-  listeners:
-  - {name: http, port: 23080, protocol: HTTP}
-  - {name: grpc, port: 23081, protocol: HTTP, hostname: grpc.example.com}
-  - name: shop
-    port: 23443
-    protocol: HTTPS
-    hostname: shop.example.com
-    tls: {certificateRefs: [{name: shop-cert}]}
-  - name: api
-    port: 23443
-    protocol: HTTPS
-    hostname: "*.example.com"
-    tls: {certificateRefs: [{name: wild-cert}]}
-  - name: broken
-    port: 23444
-    protocol: HTTPS
-    tls: {certificateRefs: [{name: absent}]}
-  - name: crossns
-    port: 23445
-    protocol: HTTPS
-    tls: {certificateRefs: [{name: cross-cert, namespace: certs}]}
-  - {name: kube, port: 23082, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
-  - name: kubetls
-    port: 23446
-    protocol: HTTPS
-    tls: {certificateRefs: [{name: own-cert}]}
-    allowedRoutes: {namespaces: {from: All}}
----
-apiVersion: v1
-kind: Pod
-metadata:
-  name: ingress-0
-  namespace: edge
-  labels: {gateway.networking.k8s.io/gateway-name: ingress}
-spec:
-  nodeName: node-a
-  serviceAccountName: ingress
-  containers: [{name: gateway, image: causeway/waypoint}]
-status: {podIP: 127.0.233.1}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {namespace: edge, name: shop}
-spec:
-  parentRefs: [{name: ingress, sectionName: shop}, {name: ingress, sectionName: http}, {name: ingress, sectionName: crossns}, {name: ingress, sectionName: broken}]
-  rules:
-  - backendRefs: [{name: reviews-v1, namespace: shop, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {namespace: edge, name: api}
-spec:
-  parentRefs: [{name: ingress, sectionName: api}]
-  rules:
-  - backendRefs: [{name: reviews-v2, namespace: shop, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
+` + ingresstest.GatewayYAML("edge", "ingress",
+	ingresstest.Listener{Name: "http", Port: 23080, Protocol: "HTTP"},
+	ingresstest.Listener{Name: "grpc", Port: 23081, Protocol: "HTTP", Hostname: "grpc.example.com"},
+	ingresstest.Listener{Name: "shop", Port: 23443, Protocol: "HTTPS", Hostname: "shop.example.com", Certificates: []string{"shop-cert"}},
+	ingresstest.Listener{Name: "api", Port: 23443, Protocol: "HTTPS", Hostname: "*.example.com", Certificates: []string{"wild-cert"}},
+	ingresstest.Listener{Name: "broken", Port: 23444, Protocol: "HTTPS", Certificates: []string{"absent"}},
+	ingresstest.Listener{Name: "crossns", Port: 23445, Protocol: "HTTPS", Certificates: []string{"certs/cross-cert"}},
+	ingresstest.Listener{Name: "kube", Port: 23082, Protocol: "HTTP", AllNamespaces: true},
+	ingresstest.Listener{Name: "kubetls", Port: 23446, Protocol: "HTTPS", Certificates: []string{"own-cert"}, AllNamespaces: true}) +
+	ingresstest.PodYAML("edge", "ingress", "node-a", gatewayIP) +
+	ingresstest.HTTPRouteYAML("edge", "shop", []ingresstest.Parent{{Name: "ingress", Section: "shop"}, {Name: "ingress", Section: "http"},
+		{Name: "ingress", Section: "crossns"}, {Name: "ingress", Section: "broken"}}, nil, ingresstest.Backend{Namespace: "shop", Name: "reviews-v1", Port: 80}) +
+	ingresstest.HTTPRouteYAML("edge", "api", []ingresstest.Parent{{Name: "ingress", Section: "api"}}, nil, ingresstest.Backend{Namespace: "shop", Name: "reviews-v2", Port: 80}) + `apiVersion: gateway.networking.k8s.io/v1
 kind: GRPCRoute
 metadata: {namespace: edge, name: ratings}
 spec:
@@ -157,14 +108,7 @@ spec:
   - matches: [{method: {service: shop.Ratings}}]
     backendRefs: [{name: ratings, namespace: shop, port: 9090}]
 ---
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {namespace: shop, name: from-edge}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: edge}, {group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: edge}]
-  to: [{group: "", kind: Service}]
----
-apiVersion: v1
+` + ingresstest.GrantYAML("shop", "from-edge", "edge", "Service", "HTTPRoute", "GRPCRoute") + `apiVersion: v1
 kind: Namespace
 metadata: {name: certs}
 `
@@ -200,14 +144,7 @@ spec:
 `
 
 // certGrant lets Gateways of edge use the Secrets of certs.
-const certGrant = `
-apiVersion: gateway.networking.k8s.io/v1beta1
-kind: ReferenceGrant
-metadata: {namespace: certs, name: to-edge}
-spec:
-  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: edge}]
-  to: [{group: "", kind: Secret}]
-`
+var certGrant = ingresstest.GrantYAML("certs", "to-edge", "edge", "Secret", "Gateway")
 
 func start(work string) (*localmesh.Mesh, error) {
 	wd, err := os.Getwd()

@@ -1320,8 +1320,14 @@ type IngressListener struct {
 	Protocol IngressListener_Protocol `protobuf:"varint,3,opt,name=protocol,proto3,enum=causeway.mesh.v1.IngressListener_Protocol" json:"protocol,omitempty"`
 	// Lower case; "*.example.com" covers one or more labels; empty: any host.
 	Hostname string `protobuf:"bytes,4,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	// HTTPS: the key pairs, in spec order (the first whose certificate names
-	// the client's SNI serves it, else the first).
+	// HTTPS: the key pairs: the listener's own (without hosts) in spec
+	// order, then those of the Kubernetes Ingresses attached to it (with
+	// hosts). For the client's SNI: the first of its own whose certificate
+	// is valid for it; else, of those whose hosts cover it and whose
+	// certificate is valid for it, the one whose host covers it most
+	// narrowly (exact, then the longest wildcard, then "*"), the first of
+	// equals; else its own first. A key pair with hosts is never served
+	// for another name, nor to a client without SNI.
 	Certificates []*TLSKeyPair `protobuf:"bytes,5,rep,name=certificates,proto3" json:"certificates,omitempty"`
 	// The routes attached to this listener (parentRefs naming the Gateway,
 	// admitted by allowedRoutes), their hostnames intersected with the
@@ -1419,8 +1425,14 @@ type TLSKeyPair struct {
 	Secret           string `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
 	CertificateChain []byte `protobuf:"bytes,2,opt,name=certificate_chain,json=certificateChain,proto3" json:"certificate_chain,omitempty"`
 	PrivateKey       []byte `protobuf:"bytes,3,opt,name=private_key,json=privateKey,proto3" json:"private_key,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The server names this key pair serves, lower case: exact names,
+	// "*.<name>" (one label or more), or "*" (any name). Empty: any name
+	// its certificate is valid for (a listener's own key pair). A Kubernetes
+	// Ingress's key pair carries its tls entry's hosts ("*" for an entry
+	// without any, as the Ingress API defaults them).
+	Hosts         []string `protobuf:"bytes,4,rep,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TLSKeyPair) Reset() {
@@ -1470,6 +1482,13 @@ func (x *TLSKeyPair) GetCertificateChain() []byte {
 func (x *TLSKeyPair) GetPrivateKey() []byte {
 	if x != nil {
 		return x.PrivateKey
+	}
+	return nil
+}
+
+func (x *TLSKeyPair) GetHosts() []string {
+	if x != nil {
+		return x.Hosts
 	}
 	return nil
 }
@@ -3302,13 +3321,14 @@ const file_mesh_proto_rawDesc = "" +
 	"grpcRoutes\"\x1f\n" +
 	"\bProtocol\x12\b\n" +
 	"\x04HTTP\x10\x00\x12\t\n" +
-	"\x05HTTPS\x10\x01\"r\n" +
+	"\x05HTTPS\x10\x01\"\x88\x01\n" +
 	"\n" +
 	"TLSKeyPair\x12\x16\n" +
 	"\x06secret\x18\x01 \x01(\tR\x06secret\x12+\n" +
 	"\x11certificate_chain\x18\x02 \x01(\fR\x10certificateChain\x12\x1f\n" +
 	"\vprivate_key\x18\x03 \x01(\fR\n" +
-	"privateKey\"Q\n" +
+	"privateKey\x12\x14\n" +
+	"\x05hosts\x18\x04 \x03(\tR\x05hosts\"Q\n" +
 	"\tParentRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +

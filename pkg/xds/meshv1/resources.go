@@ -414,6 +414,11 @@ func validateIngressGateway(g *IngressGateway) error {
 				if len(kp.GetCertificateChain()) == 0 || len(kp.GetPrivateKey()) == 0 {
 					return fmt.Errorf("%s: key pair of %s: certificate chain and private key are required", where, kp.GetSecret())
 				}
+				for _, h := range kp.GetHosts() {
+					if h != "*" && !isDNSName(strings.TrimPrefix(h, "*.")) {
+						return fmt.Errorf("%s: key pair of %s: host %q is not a DNS name, *.<DNS name> or *", where, kp.GetSecret(), h)
+					}
+				}
 			}
 		default:
 			return fmt.Errorf("%s: unknown protocol %d", where, l.GetProtocol())

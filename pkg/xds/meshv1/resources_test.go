@@ -40,6 +40,9 @@ func TestValidate(t *testing.T) {
 		{"backend TLS empty SAN", tlsService(&BackendTLS{Policy: &Ref{Namespace: "ns", Name: "p"}, Hostname: "a.example", SystemRoots: true,
 			SubjectAltNames: []*SubjectAltName{{Type: SubjectAltName_URI}}}), "empty subject alt name"},
 		{"connection policy without files", &ConnectionPolicy{Name: "p", Namespace: "ns", Policy: "s", Revision: "r"}, "revision and files"},
+		{"key pair host", &IngressGateway{Name: "gw", Namespace: "ns", Identity: good.Identity, Listeners: []*IngressListener{{Name: "https", Port: 443,
+			Protocol: IngressListener_HTTPS, Certificates: []*TLSKeyPair{{Secret: "ns/c", CertificateChain: []byte("c"), PrivateKey: []byte("k"), Hosts: []string{"a.*.example"}}}}}},
+			"host \"a.*.example\""},
 	}
 	for _, c := range cases {
 		err := Validate(c.msg)
