@@ -29,6 +29,14 @@ func Report(name string, value float64, unit string) {
 	fmt.Printf("bench: %s %.3f %s\n", name, value, unit)
 }
 
+// Sleep waits d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
 // Setup describes a benchmark mesh.
 type Setup struct {
 	BinDir   string            // controlplane, nodeproxy, waypoint, echo
