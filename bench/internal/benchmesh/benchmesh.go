@@ -196,6 +196,10 @@ func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
 // binary's code and read-only data, as far as they were touched.
 func FileRSS(pid int) (int64, error) { return statusBytes(pid, "RssFile") }
 
+// AnonRSS is the part of a process's RSS that maps no file (RssAnon):
+// heap, stacks and the Go runtime's own structures.
+func AnonRSS(pid int) (int64, error) { return statusBytes(pid, "RssAnon") }
+
 // OpenFiles is how many file descriptors a process holds.
 func OpenFiles(pid int) (int, error) {
 	fds, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "fd"))

@@ -37,10 +37,10 @@ func ReadMemory(pid int, metricsURL string) (Memory, error) {
 	var m Memory
 	var err error
 	for _, f := range []struct {
-		field string
-		to    *int64
-	}{{"VmRSS", &m.RSS}, {"RssFile", &m.RSSFile}, {"RssAnon", &m.RSSAnon}} {
-		if *f.to, err = statusBytes(pid, f.field); err != nil {
+		read func(int) (int64, error)
+		to   *int64
+	}{{RSS, &m.RSS}, {FileRSS, &m.RSSFile}, {AnonRSS, &m.RSSAnon}} {
+		if *f.to, err = f.read(pid); err != nil {
 			return m, err
 		}
 	}
