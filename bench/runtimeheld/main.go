@@ -1,7 +1,7 @@
 // Command runtimeheld shows, in a bare Go process, the memory the Go
 // runtime keeps after a peak and never returns: the classes that stay
 // above their start in a node proxy after the load (bench/README.md,
-// "What stays after the load"). It prints "bench: <name> <value> <unit>"
+// "What stays after the load, class by class"). It prints "bench: <name> <value> <unit>"
 // lines:
 //
 //   - sockets: -sockets TCP sockets on loopback open at once, then closed,
