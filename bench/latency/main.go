@@ -149,6 +149,7 @@ type options struct {
 	paths     []string
 	uniform   bool
 	traceDir  string
+	afterLoad time.Duration
 	keep      bool
 }
 
@@ -166,6 +167,7 @@ func main() {
 	flag.StringVar(&paths, "paths", "direct,l4,l7,nginx_stream", "paths to measure (direct is the baseline of the added figures; nginx_stream is skipped when nginx is not installed)")
 	flag.BoolVar(&o.uniform, "uniform", false, "stagger the connections' requests evenly (fortio -uniform); default: as fortio load -qps -c")
 	flag.StringVar(&o.traceDir, "trace-dir", "", "write execution traces (go tool trace) of the node proxies and the waypoint, 3 s of the first round's l4 and l7 runs at the highest rate, into this directory")
+	flag.DurationVar(&o.afterLoad, "after-load", 0, "read the node proxies' memory before the load and this long after it (0: not)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	serve := flag.String("serve", "", "run as the fortio server on this address (the benchmark starts itself so)")
 	flag.Parse()
@@ -289,6 +291,11 @@ func run(o options) error {
 			return fmt.Errorf("%s path does not work: %w", p, err)
 		}
 	}
+	if o.afterLoad > 0 {
+		if err := nodeProxyMemory(ctx, mesh, "start"); err != nil {
+			return err
+		}
+	}
 	admins := traceTargets(mesh.Plan)
 	top := slices.Max(o.rates)
 	for _, p := range o.paths {
@@ -335,8 +342,48 @@ func run(o options) error {
 		}
 	}
 	report(o, results)
+	if o.afterLoad <= 0 {
+		return nil
+	}
+	for _, node := range []string{"node-a", "node-b"} {
+		peak, err := benchmesh.PeakRSS(pids["nodeproxy-"+node])
+		if err != nil {
+			return err
+		}
+		benchmesh.Report("latency_"+memoryPrefix(node)+"_rss_peak_mib", float64(peak)/(1<<20), "MiB")
+	}
+	benchmesh.Sleep(ctx, o.afterLoad)
+	return nodeProxyMemory(ctx, mesh, "after_load")
+}
+
+// nodeProxyMemory reports what both node proxies hold (benchmesh.Memory),
+// their figures named for when, once they have had 2 s to settle.
+func nodeProxyMemory(ctx context.Context, mesh *localmesh.Mesh, when string) error {
+	benchmesh.Sleep(ctx, 2*time.Second)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, node := range []string{"node-a", "node-b"} {
+		np, ok := mesh.Plan.Node(node)
+		if !ok {
+			return fmt.Errorf("no node %s in the plan", node)
+		}
+		pid, err := benchmesh.PID(mesh, "nodeproxy-"+node)
+		if err != nil {
+			return err
+		}
+		m, err := benchmesh.ReadMemory(pid, "http://"+np.Status+"/metrics")
+		if err != nil {
+			return err
+		}
+		m.Report("latency_"+memoryPrefix(node), when)
+	}
 	return nil
 }
+
+// memoryPrefix names a node proxy's memory figures: node-a's are
+// nodeproxy_a_*.
+func memoryPrefix(node string) string { return "nodeproxy_" + strings.TrimPrefix(node, "node-") }
 
 // startNginx starts the nginx stream pair in front of the server, one
 // worker process each (a node proxy is one process too).

@@ -432,7 +432,7 @@ func (b *bench) memory(ctx context.Context) error {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	sleepCtx(ctx, b.o.settle)
+	benchmesh.Sleep(ctx, b.o.settle)
 	beforeA, errA := benchmesh.RSS(pa)
 	beforeB, errB := benchmesh.RSS(pb)
 	rtA, errC := b.runtimeFigures("node-a")
@@ -484,7 +484,7 @@ func (b *bench) memory(ctx context.Context) error {
 		return firstErr
 	}
 	opened := time.Since(start)
-	sleepCtx(ctx, b.o.settle)
+	benchmesh.Sleep(ctx, b.o.settle)
 	afterA, errA := benchmesh.RSS(pa)
 	afterB, errB := benchmesh.RSS(pb)
 	rtA2, errC := b.runtimeFigures("node-a")
@@ -529,14 +529,9 @@ func (b *bench) memory(ctx context.Context) error {
 		benchmesh.Report("nodeproxy_"+side.name+"_heap_objects_per_conn", grow("go_memstats_heap_objects"), "objects")
 		// Freed heap pages the runtime has not returned yet count in RSS
 		// too, and so does what it holds besides heap and stacks.
-		free := func(m map[string]float64) float64 {
-			return m["go_memstats_heap_idle_bytes"] - m["go_memstats_heap_released_bytes"]
-		}
-		benchmesh.Report("nodeproxy_"+side.name+"_heap_free_kib_per_conn", (free(side.after)-free(side.before))/n/1024, "KiB")
-		held := func(m map[string]float64) float64 {
-			return m["go_memstats_sys_bytes"] - m["go_memstats_heap_released_bytes"]
-		}
-		benchmesh.Report("nodeproxy_"+side.name+"_runtime_held_kib_per_conn", (held(side.after)-held(side.before))/n/1024, "KiB")
+		before, after := benchmesh.Memory{Runtime: side.before}, benchmesh.Memory{Runtime: side.after}
+		benchmesh.Report("nodeproxy_"+side.name+"_heap_free_kib_per_conn", (after.HeapFree()-before.HeapFree())/n/1024, "KiB")
+		benchmesh.Report("nodeproxy_"+side.name+"_runtime_held_kib_per_conn", (after.RuntimeHeld()-before.RuntimeHeld())/n/1024, "KiB")
 	}
 	if restBefore == nil || restAfter == nil {
 		return nil
@@ -548,10 +543,7 @@ func (b *bench) memory(ctx context.Context) error {
 		benchmesh.Report("nodeproxy_"+side+"_kib_per_conn_at_rest", kib(before.rss, after.rss), "KiB")
 		grow := func(metric string) float64 { return (after.rt[metric] - before.rt[metric]) / n / 1024 }
 		benchmesh.Report("nodeproxy_"+side+"_heap_kib_per_conn_at_rest", grow("go_memstats_heap_inuse_bytes"), "KiB")
-		free := func(m map[string]float64) float64 {
-			return m["go_memstats_heap_idle_bytes"] - m["go_memstats_heap_released_bytes"]
-		}
-		benchmesh.Report("nodeproxy_"+side+"_heap_free_mib_at_rest", free(after.rt)/(1<<20), "MiB")
+		benchmesh.Report("nodeproxy_"+side+"_heap_free_mib_at_rest", benchmesh.Memory{Runtime: after.rt}.HeapFree()/(1<<20), "MiB")
 	}
 	benchmesh.Report("nodeproxy_pair_kib_per_conn_at_rest",
 		kib(restBefore[0].rss+restBefore[1].rss, restAfter[0].rss+restAfter[1].rss), "KiB")
@@ -574,7 +566,7 @@ func (b *bench) atRest(ctx context.Context) ([]restReading, error) {
 	if b.o.rest <= 0 {
 		return nil, nil
 	}
-	sleepCtx(ctx, b.o.rest)
+	benchmesh.Sleep(ctx, b.o.rest)
 	var out []restReading
 	for _, p := range b.proxies() {
 		rss, err := benchmesh.RSS(p.pid)
@@ -601,57 +593,29 @@ func (b *bench) proxies() []nodeProxy {
 	return []nodeProxy{{"a", "node-a", b.proxyA}, {"b", "node-b", b.proxyB}}
 }
 
-// startMemory reports both node proxies' RSS before any connection, once
-// their configuration has arrived and settled.
+// startMemory reports both node proxies' memory before any connection,
+// once their configuration has arrived and settled.
 func (b *bench) startMemory(ctx context.Context) error {
-	sleepCtx(ctx, b.o.settle)
+	benchmesh.Sleep(ctx, b.o.settle)
 	for _, p := range b.proxies() {
-		if err := b.reportRSS(p, "start"); err != nil {
-			return err
-		}
-		if err := b.reportRuntime(p, "start"); err != nil {
+		if err := b.reportMemory(p, "start"); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// reportRSS reports a node proxy's RSS, the part of it that maps its
-// binary, and its open file descriptors.
-func (b *bench) reportRSS(p nodeProxy, when string) error {
-	rss, err := benchmesh.RSS(p.pid)
+// reportMemory reports what a node proxy holds (benchmesh.Memory).
+func (b *bench) reportMemory(p nodeProxy, when string) error {
+	np, ok := b.mesh.Plan.Node(p.node)
+	if !ok {
+		return fmt.Errorf("no node %s in the plan", p.node)
+	}
+	m, err := benchmesh.ReadMemory(p.pid, "http://"+np.Status+"/metrics")
 	if err != nil {
 		return err
 	}
-	file, err := benchmesh.FileRSS(p.pid)
-	if err != nil {
-		return err
-	}
-	benchmesh.Report("nodeproxy_"+p.side+"_rss_"+when+"_mib", float64(rss)/(1<<20), "MiB")
-	benchmesh.Report("nodeproxy_"+p.side+"_rss_file_"+when+"_mib", float64(file)/(1<<20), "MiB")
-	fds, err := benchmesh.OpenFiles(p.pid)
-	if err != nil {
-		return err
-	}
-	benchmesh.Report("nodeproxy_"+p.side+"_fds_"+when, float64(fds), "fds")
-	return nil
-}
-
-// reportRuntime reports what the Go runtime of a node proxy holds: heap in
-// use and free, goroutine stacks, goroutines, and all it took from the
-// system.
-func (b *bench) reportRuntime(p nodeProxy, when string) error {
-	rt, err := b.runtimeFigures(p.node)
-	if err != nil {
-		return err
-	}
-	benchmesh.Report("nodeproxy_"+p.side+"_heap_"+when+"_mib", rt["go_memstats_heap_inuse_bytes"]/(1<<20), "MiB")
-	benchmesh.Report("nodeproxy_"+p.side+"_stack_"+when+"_mib", rt["go_memstats_stack_inuse_bytes"]/(1<<20), "MiB")
-	benchmesh.Report("nodeproxy_"+p.side+"_goroutines_"+when, rt["go_goroutines"], "goroutines")
-	// Free heap not yet returned to the system, and all the runtime holds
-	// from the system (heap, stacks, its own structures).
-	benchmesh.Report("nodeproxy_"+p.side+"_heap_free_"+when+"_mib", (rt["go_memstats_heap_idle_bytes"]-rt["go_memstats_heap_released_bytes"])/(1<<20), "MiB")
-	benchmesh.Report("nodeproxy_"+p.side+"_runtime_held_"+when+"_mib", (rt["go_memstats_sys_bytes"]-rt["go_memstats_heap_released_bytes"])/(1<<20), "MiB")
+	m.Report("nodeproxy_"+p.side, when)
 	return nil
 }
 
@@ -670,15 +634,12 @@ func (b *bench) memoryAfterLoad(ctx context.Context) error {
 		}
 		benchmesh.Report("nodeproxy_"+p.side+"_rss_peak_mib", float64(peak)/(1<<20), "MiB")
 	}
-	sleepCtx(ctx, b.o.afterLoad)
+	benchmesh.Sleep(ctx, b.o.afterLoad)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	for _, p := range b.proxies() {
-		if err := b.reportRSS(p, "after_load"); err != nil {
-			return err
-		}
-		if err := b.reportRuntime(p, "after_load"); err != nil {
+		if err := b.reportMemory(p, "after_load"); err != nil {
 			return err
 		}
 		if b.o.profileDir != "" {
@@ -732,9 +693,7 @@ func (b *bench) runtimeFigures(node string) (map[string]float64, error) {
 	if !ok {
 		return nil, fmt.Errorf("no node %s in the plan", node)
 	}
-	return benchmesh.Scrape("http://"+np.Status+"/metrics", "go_goroutines", "go_memstats_stack_inuse_bytes",
-		"go_memstats_heap_inuse_bytes", "go_memstats_heap_objects", "go_memstats_heap_idle_bytes",
-		"go_memstats_heap_released_bytes", "go_memstats_sys_bytes")
+	return benchmesh.Scrape("http://"+np.Status+"/metrics", benchmesh.RuntimeMetrics...)
 }
 
 // openHeld opens a connection to the hold port and checks it reaches pod B
@@ -958,11 +917,4 @@ func (b *bench) cps(ctx context.Context, p path) (float64, time.Duration, error)
 		return 0, 0, fmt.Errorf("%d of %d connections failed, first: %v", f, f+done.Load(), firstErr.Load())
 	}
 	return float64(done.Load()), elapsed, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	select {
-	case <-time.After(d):
-	case <-ctx.Done():
-	}
 }

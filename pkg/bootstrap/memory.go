@@ -31,12 +31,16 @@ const DefaultGCPercent = 400
 // again every idleRelease while anything was allocated (what ends after
 // the load, such as pooled connections closing once idle, frees more). The
 // first busy check restores gcPercent (busyGCPercent), within idleCheck
-// of the load's return.
+// of the load's return. A collection that runs while idle (what the load
+// left, such as pooled connections closing, reaching the idle target)
+// frees pages the scavenger would keep up to the heap goal: once it left
+// idleFree of them, they go back at the next check.
 const (
 	idleCheck     = time.Second
 	idleAfter     = 5
 	idleAlloc     = 512 << 10
 	idleRelease   = 30 * time.Second
+	idleFree      = 1 << 20
 	idleGCPercent = 100
 )
 
@@ -101,16 +105,35 @@ type idleMemory struct {
 	quiet     int    // checks in a row that found the process quiet
 	allocated uint64 // heap bytes allocated so far, at the last check
 	released  uint64 // and at the last release
+	cycles    uint64 // collections completed by the end of the last release
 	sinceFree time.Duration
-	sample    [2]metrics.Sample
+	sample    [len(heapMetrics)]metrics.Sample
+}
+
+// heapMetrics are what a check reads, in heapReading's order.
+var heapMetrics = [...]string{"/gc/heap/allocs:bytes", "/gc/heap/live:bytes", "/memory/classes/heap/free:bytes", "/gc/cycles/total:gc-cycles"}
+
+// heapReading is the heap at a check.
+type heapReading struct {
+	allocated uint64 // bytes allocated so far
+	live      uint64 // live bytes, as of the last collection
+	free      uint64 // freed pages not returned to the system
+	cycles    uint64 // collections completed so far
+}
+
+// read reads the heap now.
+func (m *idleMemory) read() heapReading {
+	for i, name := range heapMetrics {
+		m.sample[i].Name = name
+	}
+	metrics.Read(m.sample[:])
+	return heapReading{m.sample[0].Value.Uint64(), m.sample[1].Value.Uint64(), m.sample[2].Value.Uint64(), m.sample[3].Value.Uint64()}
 }
 
 // run checks every idleCheck until ctx ends. The process starts busy
 // (loading configuration and certificates), so its first quiet spell also
 // returns what start-up left behind.
 func (m *idleMemory) run(ctx context.Context) {
-	m.sample[0].Name = "/gc/heap/allocs:bytes"
-	m.sample[1].Name = "/gc/heap/live:bytes"
 	t := time.NewTicker(idleCheck)
 	defer t.Stop()
 	for {
@@ -118,21 +141,19 @@ func (m *idleMemory) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			metrics.Read(m.sample[:])
-			m.step(m.sample[0].Value.Uint64(), m.sample[1].Value.Uint64())
+			m.step(m.read())
 		}
 	}
 }
 
-// step moves to busy or idle given the heap bytes allocated so far and
-// the live heap (as of the last collection), one idleCheck after the last
-// step.
-func (m *idleMemory) step(allocated, live uint64) {
-	busy := allocated-m.allocated >= idleAlloc
-	m.allocated = allocated
+// step moves to busy or idle given the heap now, one idleCheck after the
+// last step.
+func (m *idleMemory) step(h heapReading) {
+	busy := h.allocated-m.allocated >= idleAlloc
+	m.allocated = h.allocated
 	m.sinceFree += idleCheck
 	if busy {
-		m.setPercent(busyGCPercent(m.busyPercent, live))
+		m.setPercent(busyGCPercent(m.busyPercent, h.live))
 		m.idle, m.quiet = false, 0
 		return
 	}
@@ -142,7 +163,9 @@ func (m *idleMemory) step(allocated, live uint64) {
 		m.idle = true
 		m.setPercent(idleGCPercent)
 		m.release()
-	case m.idle && m.sinceFree >= idleRelease && allocated != m.released:
+	case m.idle && m.sinceFree >= idleRelease && h.allocated != m.released:
+		m.release()
+	case m.idle && h.cycles != m.cycles && h.free >= idleFree:
 		m.release()
 	}
 }
@@ -161,6 +184,6 @@ func (m *idleMemory) setPercent(p int) {
 func (m *idleMemory) release() {
 	runtime.GC()
 	debug.FreeOSMemory()
-	m.released, m.sinceFree = m.allocated, 0
+	m.released, m.cycles, m.sinceFree = m.allocated, m.read().cycles, 0
 	m.log.Debug("idle: freed heap returned to the system")
 }

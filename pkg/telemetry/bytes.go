@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/causeway-mesh/causeway/pkg/shrinkmap"
 )
 
 // Bytes is istio_tcp_received_bytes_total (request bytes: caller to
@@ -27,8 +29,8 @@ type Bytes struct {
 // byteSet is one label set's bytes.
 type byteSet struct {
 	values         []string
-	received, sent int64 // of its closed connections
-	open           map[*OpenBytes]struct{}
+	received, sent int64                               // of its closed connections
+	open           shrinkmap.Map[*OpenBytes, struct{}] // a burst's room goes with it
 }
 
 // OpenBytes is an open connection of Bytes.
@@ -61,11 +63,11 @@ func (b *Bytes) Open(values []string) *OpenBytes {
 	defer b.mu.Unlock()
 	s := b.sets[key]
 	if s == nil {
-		s = &byteSet{values: values, open: map[*OpenBytes]struct{}{}}
+		s = &byteSet{values: values}
 		b.sets[key] = s
 	}
 	o := &OpenBytes{set: s}
-	s.open[o] = struct{}{}
+	s.open.Set(o, struct{}{})
 	return o
 }
 
@@ -79,7 +81,7 @@ func (b *Bytes) Follow(o *OpenBytes, read ByteReader) {
 // Close ends o, which carried request and response bytes in all.
 func (b *Bytes) Close(o *OpenBytes, request, response int64) {
 	b.mu.Lock()
-	delete(o.set.open, o)
+	o.set.open.Delete(o)
 	o.set.received += request
 	o.set.sent += response
 	b.mu.Unlock()
@@ -101,7 +103,7 @@ func (b *Bytes) Collect(ch chan<- prometheus.Metric) {
 	all := make([]totals, 0, len(b.sets))
 	for _, s := range b.sets {
 		t := totals{s.values, s.received, s.sent}
-		for o := range s.open {
+		for o := range s.open.Keys() {
 			if o.read != nil {
 				req, resp := o.read.Bytes()
 				t.received, t.sent = t.received+req, t.sent+resp

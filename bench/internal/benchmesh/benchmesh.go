@@ -29,6 +29,14 @@ func Report(name string, value float64, unit string) {
 	fmt.Printf("bench: %s %.3f %s\n", name, value, unit)
 }
 
+// Sleep waits d or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
 // Setup describes a benchmark mesh.
 type Setup struct {
 	BinDir   string            // controlplane, nodeproxy, waypoint, echo
@@ -187,6 +195,10 @@ func RSS(pid int) (int64, error) { return statusBytes(pid, "VmRSS") }
 // FileRSS is the part of a process's RSS that maps files (RssFile): its
 // binary's code and read-only data, as far as they were touched.
 func FileRSS(pid int) (int64, error) { return statusBytes(pid, "RssFile") }
+
+// AnonRSS is the part of a process's RSS that maps no file (RssAnon):
+// heap, stacks and the Go runtime's own structures.
+func AnonRSS(pid int) (int64, error) { return statusBytes(pid, "RssAnon") }
 
 // OpenFiles is how many file descriptors a process holds.
 func OpenFiles(pid int) (int, error) {
