@@ -141,16 +141,15 @@ func TestGateway(t *testing.T) {
 		})
 }
 
-// The static addresses of GatewayStaticAddresses, in the test cluster's
-// node range (hack/cluster/lib.sh NODE_RANGE, 10.250.0.0/24), which the
-// host blackholes but for the nodes' own addresses (.1 to .3) and the
-// guard chain keeps off the machine: the pool the control plane allows,
-// an address of it the suite's Gateway takes (its Service's externalIP,
-// served by kube-proxy on the nodes), and one off it.
+// The static addresses of GatewayStaticAddresses: one of the test
+// cluster's range for them (testcluster.StaticAddressRange), which the
+// suite's Gateway takes (its Service's externalIP, served by kube-proxy on
+// the nodes), and one off it, in the node range (hack/cluster/lib.sh
+// NODE_RANGE), which the host blackholes but for the nodes' own addresses
+// (.1 to .3).
 const (
-	staticAddressPool = "10.250.0.240/28"
-	usableAddress     = "10.250.0.241"
-	unusableAddress   = "10.250.0.200"
+	usableAddress   = "10.250.1.1"
+	unusableAddress = "10.250.0.200"
 )
 
 // run runs the suite's profiles, claiming the features, with the labels on
@@ -222,8 +221,8 @@ func install(t *testing.T, c *testcluster.Cluster) {
 // replica (--waypoint-replicas=1) instead of the manifests' two: the suite
 // keeps a dozen Gateways at once, and two pods of each, at the 100m CPU a
 // gateway pod requests, do not fit the test cluster's two cores. And it
-// lets ingress Gateways take static addresses from staticAddressPool
-// (--gateway-address-cidrs), for GatewayStaticAddresses.
+// lets ingress Gateways take static addresses from the test cluster's
+// range for them (--gateway-address-cidrs), for GatewayStaticAddresses.
 func gatewaySettings(t *testing.T, c *testcluster.Cluster) {
 	t.Helper()
 	ctx := context.Background()
@@ -240,7 +239,7 @@ func gatewaySettings(t *testing.T, c *testcluster.Cluster) {
 			if strings.HasPrefix(arg, "--waypoint-replicas=") {
 				args := fmt.Sprintf("/spec/template/spec/containers/%d/args", ci)
 				patch := fmt.Sprintf(`[{"op":"replace","path":"%s/%d","value":"--waypoint-replicas=1"},{"op":"add","path":"%s/-","value":"--gateway-address-cidrs=%s"}]`,
-					args, ai, args, staticAddressPool)
+					args, ai, args, testcluster.StaticAddressRange)
 				if err := c.Do(ctx,
 					[]string{"-n", testcluster.SystemNS, "patch", "deployment", testcluster.ControlPlane, "--type=json", "-p", patch},
 					[]string{"-n", testcluster.SystemNS, "rollout", "status", "deployment/" + testcluster.ControlPlane, "--timeout=180s"},
