@@ -95,12 +95,8 @@ spec:
 	kc(t, 4*time.Minute, "-n", ns, "wait", "--for=condition=Programmed", "--timeout=240s", "gateway/edge")
 	var addr string
 	eventually(t, time.Minute, "the Gateway's status: an address, the broken listener alone not resolved", func() error {
-		out, err := runKubectl(ctx, "-n", ns, "get", "gateway", "edge", "-o", "json")
+		gw, err := getGateway(ctx, ns, "edge")
 		if err != nil {
-			return err
-		}
-		var gw gwv1.Gateway
-		if err := json.Unmarshal([]byte(out), &gw); err != nil {
 			return err
 		}
 		if len(gw.Status.Addresses) == 0 {
@@ -171,17 +167,7 @@ spec:
 			if err != nil {
 				return err
 			}
-			if status != http.StatusOK {
-				return fmt.Errorf("status %d: %s", status, body)
-			}
-			var a echoAnswer
-			if err := json.Unmarshal([]byte(body), &a); err != nil {
-				return fmt.Errorf("not an echo answer: %v: %s", err, body)
-			}
-			if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
-				return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
-			}
-			return nil
+			return reviewsAnswered(status, body, identity)
 		})
 		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 			return waypointLogged(ctx, public, identity, 200)
@@ -229,12 +215,8 @@ func testStaticAddress(t *testing.T, ns, identity string) {
 	})
 	status := func(wantProgrammed, reason string) func() error {
 		return func() error {
-			out, err := runKubectl(ctx, "-n", ns, "get", "gateway", "edge", "-o", "json")
+			gw, err := getGateway(ctx, ns, "edge")
 			if err != nil {
-				return err
-			}
-			var gw gwv1.Gateway
-			if err := json.Unmarshal([]byte(out), &gw); err != nil {
 				return err
 			}
 			prog := meta.FindStatusCondition(gw.Status.Conditions, "Programmed")
@@ -266,14 +248,7 @@ func testStaticAddress(t *testing.T, ns, identity string) {
 		if err != nil {
 			return err
 		}
-		var a echoAnswer
-		if status != http.StatusOK || json.Unmarshal([]byte(body), &a) != nil {
-			return fmt.Errorf("status %d: %s", status, body)
-		}
-		if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
-			return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
-		}
-		return nil
+		return reviewsAnswered(status, body, identity)
 	})
 	setAddresses(t, `[{"type":"IPAddress","value":"`+static+`"},{"type":"IPAddress","value":"`+offRange+`"}]`)
 	eventually(t, time.Minute, "the Gateway not programmed for the address off the range", status("False", "AddressNotUsable"))
@@ -335,14 +310,7 @@ spec:
 		if err != nil {
 			return err
 		}
-		var a echoAnswer
-		if status != http.StatusOK || json.Unmarshal([]byte(body), &a) != nil {
-			return fmt.Errorf("status %d: %s", status, body)
-		}
-		if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
-			return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
-		}
-		return nil
+		return reviewsAnswered(status, body, identity)
 	})
 	eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 		return waypointLogged(ctx, public, identity, 200)
@@ -363,6 +331,35 @@ spec:
 }
 
 // get fetches url from the host, reading at most 64 KiB of the answer.
+// getGateway reads a Gateway with kubectl.
+func getGateway(ctx context.Context, ns, name string) (*gwv1.Gateway, error) {
+	out, err := runKubectl(ctx, "-n", ns, "get", "gateway", name, "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var gw gwv1.Gateway
+	if err := json.Unmarshal([]byte(out), &gw); err != nil {
+		return nil, err
+	}
+	return &gw, nil
+}
+
+// reviewsAnswered checks an answer through an ingress gateway: 200 from a
+// reviews pod, told the gateway's identity.
+func reviewsAnswered(status int, body, identity string) error {
+	if status != http.StatusOK {
+		return fmt.Errorf("status %d: %s", status, body)
+	}
+	var a echoAnswer
+	if err := json.Unmarshal([]byte(body), &a); err != nil {
+		return fmt.Errorf("not an echo answer: %v: %s", err, body)
+	}
+	if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
+		return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
+	}
+	return nil
+}
+
 func get(c *http.Client, url string) (int, string, error) {
 	resp, err := c.Get(url)
 	if err != nil {
