@@ -34,6 +34,7 @@ type kubeOptions struct {
 	waypointReplicas                          int
 	waypointTemplate                          string
 	ingressTemplate                           string
+	gatewayAddresses                          config.AddressPool
 	waypointXDSAddress                        string
 	waypointTokenAudience                     string
 	webhookListen                             string
@@ -43,7 +44,7 @@ type kubeOptions struct {
 }
 
 var kubeFlagNames = []string{"leader-lease", "leader-lease-duration", "leader-renew-deadline", "leader-retry-period",
-	"waypoint-image", "waypoint-image-pull-policy", "waypoint-replicas", "waypoint-template", "ingress-template", "waypoint-xds-address", "waypoint-token-audience",
+	"waypoint-image", "waypoint-image-pull-policy", "waypoint-replicas", "waypoint-template", "ingress-template", "gateway-address-cidrs", "waypoint-xds-address", "waypoint-token-audience",
 	"webhook-listen", "webhook-dns-names", "webhook-configuration"}
 
 func (k *kubeOptions) register(fs *flag.FlagSet) {
@@ -58,6 +59,10 @@ func (k *kubeOptions) register(fs *flag.FlagSet) {
 	fs.IntVar(&k.waypointReplicas, "waypoint-replicas", 2, "with --source kubernetes: replicas of each waypoint Deployment")
 	fs.StringVar(&k.waypointTemplate, "waypoint-template", "", "with --source kubernetes: file of the waypoint template (Go text/template of YAML documents; re-read on change); empty: the built-in one")
 	fs.StringVar(&k.ingressTemplate, "ingress-template", "", "with --source kubernetes: file of the template of ingress Gateways (class causeway; same form as --waypoint-template); empty: the built-in one")
+	fs.Func("gateway-address-cidrs", "with --source kubernetes: comma-separated CIDRs the static addresses of ingress Gateways (spec.addresses IPAddress values, held as their Services' externalIPs) may come from; empty: none, and a Gateway naming an address is not accepted", func(s string) (err error) {
+		k.gatewayAddresses, err = config.ParseAddressPool(s)
+		return err
+	})
 	fs.StringVar(&k.waypointXDSAddress, "waypoint-xds-address", "causeway-controlplane."+k.namespace+".svc:15012", "with --source kubernetes: the control plane's address as waypoints dial it")
 	fs.StringVar(&k.waypointTokenAudience, "waypoint-token-audience", "causeway-ca", "with --source kubernetes: audience of the projected token waypoints present")
 	fs.StringVar(&k.webhookListen, "webhook-listen", ":15017", "with --source kubernetes: address of the validating admission webhook (HTTPS, certificate from the mesh CA); empty: off")
@@ -143,7 +148,7 @@ func (k *kubeOptions) controllers(cfg *rest.Config, cp *controlPlane) (*kubecont
 		Election:    k.leaderOptions(nil, nil), Deployment: k.deployment,
 		Waypoint: deployer.Values{Image: k.waypointImage, ImagePullPolicy: k.waypointPullPolicy, Replicas: int32(k.waypointReplicas), XDSAddress: k.waypointXDSAddress,
 			TokenAudience: k.waypointTokenAudience},
-		WaypointTemplate: k.waypointTemplate, IngressTemplate: k.ingressTemplate, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,
+		WaypointTemplate: k.waypointTemplate, IngressTemplate: k.ingressTemplate, GatewayAddresses: k.gatewayAddresses, WebhookListen: k.webhookListen, WebhookDNSNames: k.webhookDNSNames,
 		WebhookConfiguration: k.webhookConfiguration, PolicySet: cp.policySets.state, Logger: cp.log.Logger, Registerer: cp.registry,
 	})
 }

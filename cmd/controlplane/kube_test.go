@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"io"
 	"strings"
 	"testing"
 )
@@ -45,5 +46,26 @@ func TestKubeFlags(t *testing.T) {
 	}
 	if _, err := parseKubeFlags(t, true, "--waypoint-template", "/nonexistent"); err == nil {
 		t.Error("a missing template was accepted")
+	}
+}
+
+// Static Gateway addresses: none by default; the CIDRs given, checked.
+func TestGatewayAddressFlag(t *testing.T) {
+	k, err := parseKubeFlags(t, true)
+	if err != nil || !k.gatewayAddresses.Empty() {
+		t.Errorf("default: %v %v, want no static address allowed", k.gatewayAddresses, err)
+	}
+	if k, err = parseKubeFlags(t, true, "--gateway-address-cidrs", "192.0.2.0/28,2001:db8::/120"); err != nil || k.gatewayAddresses.String() != "192.0.2.0/28, 2001:db8::/120" {
+		t.Errorf("two CIDRs: %v %v", k.gatewayAddresses, err)
+	}
+	if _, err := parseKubeFlags(t, false, "--gateway-address-cidrs", "192.0.2.0/28"); err == nil || !strings.Contains(err.Error(), "only with --source kubernetes") {
+		t.Errorf("without the Kubernetes source: %v", err)
+	}
+	var k2 kubeOptions
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	k2.register(fs)
+	if err := fs.Parse([]string{"--gateway-address-cidrs", "192.0.2.1/28"}); err == nil || !strings.Contains(err.Error(), "host bits set") {
+		t.Errorf("a CIDR with host bits: %v", err)
 	}
 }

@@ -117,7 +117,9 @@ done
 for r in "$CLUSTER_CIDR" "$NODE_RANGE"; do
   ip route show type blackhole "$r" | grep -q . && ip route delete blackhole "$r"
 done
-ip route show "$SERVICE_CIDR" | grep -q . && ip route delete "$SERVICE_CIDR"
+for r in "$SERVICE_CIDR" "$STATIC_ADDRESS_RANGE"; do
+  if ip route show "$r" | grep -q .; then ip route delete "$r"; fi
+done
 
 step "mounts and cgroups: kubelet and containerd"
 # Deepest first; the kubelet bind-mounts its root rshared.

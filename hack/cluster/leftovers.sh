@@ -37,7 +37,7 @@ for l in "$NODE_BRIDGE" "$POD_BRIDGE"; do
   ip link show "$l" >/dev/null 2>&1 && echo "$l"
 done | report links
 ip -o link show | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | grep -E '^cw-n[0-9]+$' | report "node veths"
-for r in "$CLUSTER_CIDR" "$NODE_RANGE" "$SERVICE_CIDR"; do
+for r in "$CLUSTER_CIDR" "$NODE_RANGE" "$SERVICE_CIDR" "$STATIC_ADDRESS_RANGE"; do
   ip -4 route show table all root "$r"
 done | report routes
 for ipt in iptables ip6tables; do

@@ -29,8 +29,10 @@ CONTAINERD_SOCK=$RUN_DIR/containerd.sock
 
 NODE_NAME=causeway-node
 # The node address lives on an empty bridge (this kernel has no dummy links);
-# the pod range on the CNI bridge; the service range is routed to the node
-# bridge. None of these is reachable off the machine (see the guard chain).
+# the pod range on the CNI bridge; the service range, and the range static
+# ingress Gateway addresses come from (as a network routes such addresses
+# to the nodes), are routed to the node bridge. None of these is reachable
+# off the machine (see the guard chain).
 NODE_BRIDGE=cw-node
 NODE_IP=10.250.0.1
 NODE_RANGE=10.250.0.0/24
@@ -38,6 +40,7 @@ POD_BRIDGE=cni0
 CLUSTER_CIDR=10.244.0.0/16
 POD_CIDR=10.244.0.0/24
 SERVICE_CIDR=10.96.0.0/24
+STATIC_ADDRESS_RANGE=10.250.1.0/28
 API_SERVICE_IP=10.96.0.1
 DNS_SERVICE_IP=10.96.0.10
 CLUSTER_DOMAIN=cluster.local

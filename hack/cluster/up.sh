@@ -66,6 +66,7 @@ setup_network() {
   ip addr replace "$NODE_IP/32" dev "$NODE_BRIDGE"
   ip link set "$NODE_BRIDGE" up
   ip route replace "$SERVICE_CIDR" dev "$NODE_BRIDGE" src "$NODE_IP"
+  ip route replace "$STATIC_ADDRESS_RANGE" dev "$NODE_BRIDGE" src "$NODE_IP"
   ip route replace blackhole "$CLUSTER_CIDR"
   ip route replace blackhole "$NODE_RANGE"
   install_guard
@@ -79,7 +80,7 @@ install_guard() {
   iptables -w -N "$GUARD_CHAIN" 2>/dev/null || iptables -w -F "$GUARD_CHAIN"
   local dev r
   for dev in $(default_devices); do
-    for r in "$CLUSTER_CIDR" "$SERVICE_CIDR" "$NODE_RANGE"; do
+    for r in "$CLUSTER_CIDR" "$SERVICE_CIDR" "$NODE_RANGE" "$STATIC_ADDRESS_RANGE"; do
       iptables -w -A "$GUARD_CHAIN" -o "$dev" -d "$r" -j DROP
       iptables -w -A "$GUARD_CHAIN" -o "$dev" -s "$r" -j DROP
     done

@@ -28,6 +28,13 @@ const (
 	WaypointClass = "causeway-waypoint"
 )
 
+// StaticAddressRange is the test cluster's range for static ingress
+// Gateway addresses (hack/cluster/lib.sh STATIC_ADDRESS_RANGE): the host
+// routes it to the node bridge, and no further, as a network routes such
+// addresses to the nodes, where kube-proxy serves a Service's externalIPs.
+// The tests allow it to the control plane (--gateway-address-cidrs).
+const StaticAddressRange = "10.250.1.0/28"
+
 // Cluster runs kubectl against the test cluster.
 type Cluster struct {
 	Kubectl, Kubeconfig string

@@ -3,6 +3,7 @@ package config
 import (
 	"crypto/tls"
 	"fmt"
+	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -233,15 +234,27 @@ func grantAllows(grants []*gwv1.ReferenceGrant, fromKind, fromNS, toGroup, toKin
 
 // GatewayRejection says why an ingress Gateway is not accepted as a whole
 // for what its spec asks beyond its listeners (empty: nothing): an address
-// to hold (the gateway's address is its Service's, assigned by the
-// cluster, so only an IPAddress entry without a value, "any address", is
-// met), or infrastructure parameters (an ingress Gateway takes none). The
-// deployer runs no pods for a rejected Gateway.
-func GatewayRejection(gw *gwv1.Gateway) (gwv1.GatewayConditionReason, string) {
+// it cannot hold, or infrastructure parameters (an ingress Gateway takes
+// none). Its addresses are its Service's: IPAddress entries only, either
+// without a value (the address the cluster assigns) or with one, which
+// the operator must allow static addresses for (pool; whether this one is
+// in the pool is Programmed's matter, ResolveAddresses). The deployer runs
+// no pods for a rejected Gateway.
+func GatewayRejection(gw *gwv1.Gateway, pool AddressPool) (gwv1.GatewayConditionReason, string) {
 	for _, a := range gw.Spec.Addresses {
-		if a.Value != "" || a.Type != nil && *a.Type != gwv1.IPAddressType {
+		if a.Type != nil && *a.Type != gwv1.IPAddressType {
 			return gwv1.GatewayReasonUnsupportedAddress,
-				"spec.addresses may only ask for an IPAddress without a value: the address is its Service's, assigned by the cluster (set the Service's type with annotation causeway.dev/service-type)"
+				fmt.Sprintf("spec.addresses: type %s: an ingress gateway holds only IPAddress addresses (its Service's)", *a.Type)
+		}
+		if a.Value == "" {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Value); err != nil || ip.Zone() != "" {
+			return gwv1.GatewayReasonUnsupportedAddress, fmt.Sprintf("spec.addresses: %q is not an IP address", a.Value)
+		}
+		if pool.Empty() {
+			return gwv1.GatewayReasonUnsupportedAddress,
+				fmt.Sprintf("spec.addresses: %s: the operator allows no static addresses (control plane flag --gateway-address-cidrs); ask for an IPAddress without a value to get the one the cluster assigns to the gateway's Service", a.Value)
 		}
 	}
 	if inf := gw.Spec.Infrastructure; inf != nil && inf.ParametersRef != nil {

@@ -259,27 +259,39 @@ func TestListenerFor(t *testing.T) {
 }
 
 // An ingress Gateway is rejected as a whole for an address it cannot hold
-// (any value, any type but IPAddress) or infrastructure parameters; an
-// IPAddress without a value, and infrastructure labels, are met.
+// (any type but IPAddress, a value that is no IP, any value while the
+// operator allows no static address) or infrastructure parameters; an
+// IPAddress without a value, one with a value once the operator allows
+// static addresses (in the pool or not: Programmed's matter), and
+// infrastructure labels, are met.
 func TestGatewayRejection(t *testing.T) {
-	ip, host := gwv1.IPAddressType, gwv1.HostnameAddressType
+	ip, host, fake := gwv1.IPAddressType, gwv1.HostnameAddressType, gwv1.AddressType("test/fake-invalid-type")
 	params := &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Group: "example.com", Kind: "Params", Name: "p"}}
+	pool, err := ParseAddressPool("192.0.2.0/28")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name  string
 		addrs []gwv1.GatewaySpecAddress
 		inf   *gwv1.GatewayInfrastructure
+		pool  AddressPool
 		want  gwv1.GatewayConditionReason
 	}{
-		{"nothing asked", nil, nil, ""},
-		{"an IPAddress", []gwv1.GatewaySpecAddress{{Type: &ip}}, nil, ""},
-		{"an address of no type", []gwv1.GatewaySpecAddress{{}}, nil, ""},
-		{"labels", nil, &gwv1.GatewayInfrastructure{Labels: map[gwv1.LabelKey]gwv1.LabelValue{"a": "b"}}, ""},
-		{"a static IP", []gwv1.GatewaySpecAddress{{Type: &ip}, {Type: &ip, Value: "192.0.2.1"}}, nil, gwv1.GatewayReasonUnsupportedAddress},
-		{"a hostname", []gwv1.GatewaySpecAddress{{Type: &host}}, nil, gwv1.GatewayReasonUnsupportedAddress},
-		{"parameters", nil, params, gwv1.GatewayReasonInvalidParameters},
+		{"nothing asked", nil, nil, AddressPool{}, ""},
+		{"an IPAddress", []gwv1.GatewaySpecAddress{{Type: &ip}}, nil, AddressPool{}, ""},
+		{"an address of no type", []gwv1.GatewaySpecAddress{{}}, nil, AddressPool{}, ""},
+		{"labels", nil, &gwv1.GatewayInfrastructure{Labels: map[gwv1.LabelKey]gwv1.LabelValue{"a": "b"}}, AddressPool{}, ""},
+		{"a static IP, none allowed", []gwv1.GatewaySpecAddress{{Type: &ip}, {Type: &ip, Value: "192.0.2.1"}}, nil, AddressPool{}, gwv1.GatewayReasonUnsupportedAddress},
+		{"a static IP of the pool", []gwv1.GatewaySpecAddress{{Type: &ip, Value: "192.0.2.1"}}, nil, pool, ""},
+		{"a static IP off the pool", []gwv1.GatewaySpecAddress{{Value: "198.51.100.1"}}, nil, pool, ""},
+		{"not an IP", []gwv1.GatewaySpecAddress{{Type: &ip, Value: "edge.example.com"}}, nil, pool, gwv1.GatewayReasonUnsupportedAddress},
+		{"a hostname", []gwv1.GatewaySpecAddress{{Type: &host}}, nil, pool, gwv1.GatewayReasonUnsupportedAddress},
+		{"another type next to a usable IP", []gwv1.GatewaySpecAddress{{Type: &fake, Value: "x"}, {Value: "192.0.2.1"}}, nil, pool, gwv1.GatewayReasonUnsupportedAddress},
+		{"parameters", nil, params, AddressPool{}, gwv1.GatewayReasonInvalidParameters},
 	} {
 		gw := &gwv1.Gateway{Spec: gwv1.GatewaySpec{Addresses: tc.addrs, Infrastructure: tc.inf}}
-		if got, msg := GatewayRejection(gw); got != tc.want || (got == "") != (msg == "") {
+		if got, msg := GatewayRejection(gw, tc.pool); got != tc.want || (got == "") != (msg == "") {
 			t.Errorf("%s: %q %q, want %q", tc.name, got, msg, tc.want)
 		}
 	}

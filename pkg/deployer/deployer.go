@@ -76,7 +76,10 @@ type Options struct {
 	// Values returns the template's values; it is called for every
 	// reconciliation, and checked for changes every TemplateCheck.
 	Values func() Values
-	Logger *zap.Logger
+	// Addresses are the static addresses ingress Gateways may hold
+	// (config.ResolveAddresses); empty: none.
+	Addresses config.AddressPool
+	Logger    *zap.Logger
 	// Workers reconcile different Gateways in parallel (default 2).
 	Workers int
 }
@@ -187,6 +190,7 @@ func (d *Deployer) Run(ctx context.Context) error {
 			// Status writes alone change nothing here; annotations (the
 			// policy source) do, without a new generation.
 			if o.Generation != c.Generation || o.UID != c.UID || !maps.Equal(o.Annotations, c.Annotations) {
+				d.enqueueGateway(old)
 				d.enqueueGateway(cur)
 			}
 		},
@@ -287,7 +291,21 @@ func childChanged(old, cur any) bool {
 		!reflect.DeepEqual(o.GetOwnerReferences(), c.GetOwnerReferences())
 }
 
+// enqueueGateway enqueues a Gateway, and when it claims static addresses
+// every other Gateway claiming one too: who holds an address depends on
+// the others' claims (config.ResolveAddresses).
 func (d *Deployer) enqueueGateway(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if gw, ok := obj.(*gwv1.Gateway); ok && len(config.StaticAddresses(gw)) > 0 {
+		all, _ := d.gateways.List(labels.Everything())
+		for _, o := range all {
+			if len(config.StaticAddresses(o)) > 0 {
+				d.queue.Add(types.NamespacedName{Namespace: o.Namespace, Name: o.Name})
+			}
+		}
+	}
 	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 	if err != nil {
 		return
@@ -387,11 +405,19 @@ func (d *Deployer) Reconcile(ctx context.Context, key types.NamespacedName) erro
 		return nil
 	}
 	var children []Child
-	if ct := d.templates[string(gw.Spec.GatewayClassName)]; ct != nil && d.ours(gw) && !rejectedIngress(gw) {
+	if ct := d.templates[string(gw.Spec.GatewayClassName)]; ct != nil && d.ours(gw) && !d.rejectedIngress(gw) {
 		d.mu.Lock()
 		tmpl := ct.tmpl
 		d.mu.Unlock()
-		children, err = tmpl.Render(gw, d.opts.Values())
+		var addresses []string
+		if string(gw.Spec.GatewayClassName) == config.IngressClass {
+			all, err := d.gateways.List(labels.Everything())
+			if err != nil {
+				return err
+			}
+			addresses = config.ResolveAddresses(gw, d.opts.Addresses, all).Usable
+		}
+		children, err = tmpl.Render(gw, d.opts.Values(), addresses)
 		if err != nil {
 			d.recorder.Event(gw, corev1.EventTypeWarning, ct.invalid, err.Error())
 			return err
@@ -432,11 +458,11 @@ func (d *Deployer) ours(gw *gwv1.Gateway) bool {
 // rejectedIngress says whether gw is an ingress Gateway its status rejects
 // as a whole (config.GatewayRejection): it runs no pods, and loses those it
 // had.
-func rejectedIngress(gw *gwv1.Gateway) bool {
+func (d *Deployer) rejectedIngress(gw *gwv1.Gateway) bool {
 	if string(gw.Spec.GatewayClassName) != config.IngressClass {
 		return false
 	}
-	reason, _ := config.GatewayRejection(gw)
+	reason, _ := config.GatewayRejection(gw, d.opts.Addresses)
 	return reason != ""
 }
 

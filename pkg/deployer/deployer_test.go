@@ -63,6 +63,12 @@ type fixture struct {
 }
 
 func startDeployer(t *testing.T, ns string) *fixture {
+	return startDeployerWithAddresses(t, ns, config.AddressPool{})
+}
+
+// startDeployerWithAddresses starts a deployer whose ingress Gateways may
+// hold the static addresses of pool.
+func startDeployerWithAddresses(t *testing.T, ns string, pool config.AddressPool) *fixture {
 	env := kubetest.Shared(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fixture{t: t, ctx: ctx, cs: env.Clientset(t), ns: ns, values: &mutableValues{v: testValues()},
@@ -86,7 +92,7 @@ func startDeployer(t *testing.T, ns string) *fixture {
 	f.logs = logs
 	log := zaptest.NewLogger(t, zaptest.WrapOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewTee(c, obs) })))
 	d, err := New(Options{Client: kubernetes.NewForConfigOrDie(cfg), Metadata: metadata.NewForConfigOrDie(cfg), Gateways: gwclient.NewForConfigOrDie(cfg), TemplateFile: f.tmpl, TemplateCheck: 100 * time.Millisecond,
-		Values: f.values.get, Logger: log})
+		Values: f.values.get, Addresses: pool, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,4 +477,54 @@ func TestIngressGatewayDeployed(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.waitFor("children deleted", func() (bool, error) { return len(f.children("edge")) == 0, nil })
+}
+
+// An ingress Gateway's Service holds, as externalIPs, the static addresses
+// of its spec that are in the operator's pool and that no Gateway claimed
+// before it; when the first claimant goes, the next one takes the address.
+func TestIngressStaticAddresses(t *testing.T) {
+	pool, err := config.ParseAddressPool("192.0.2.0/28")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := startDeployerWithAddresses(t, "deploy-static", pool)
+	classes := f.gw.GatewayV1().GatewayClasses()
+	if _, err := classes.Create(f.ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: config.IngressClass},
+		Spec: gwv1.GatewayClassSpec{ControllerName: config.IngressController}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = classes.Delete(context.Background(), config.IngressClass, metav1.DeleteOptions{}) })
+	create := func(name string, addrs ...string) {
+		t.Helper()
+		gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: gwv1.GatewaySpec{GatewayClassName: config.IngressClass, Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}}}
+		for _, a := range addrs {
+			gw.Spec.Addresses = append(gw.Spec.Addresses, gwv1.GatewaySpecAddress{Type: new(gwv1.IPAddressType), Value: a})
+		}
+		if _, err := f.gw.GatewayV1().Gateways(f.ns).Create(f.ctx, gw, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	externalIPs := func(name string, want ...string) func() (bool, error) {
+		return func() (bool, error) {
+			s, err := f.cs.CoreV1().Services(f.ns).Get(f.ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return err == nil && slices.Equal(s.Spec.ExternalIPs, want), err
+		}
+	}
+	create("first", "198.51.100.1", "192.0.2.1")
+	f.waitFor("first's Service holding 192.0.2.1 alone (198.51.100.1 is off the pool)", externalIPs("first", "192.0.2.1"))
+	// The creation timestamps have a one-second resolution.
+	time.Sleep(1100 * time.Millisecond)
+	create("second", "192.0.2.1")
+	f.waitFor("second's children", func() (bool, error) { return len(f.children("second")) == len(kinds), nil })
+	if ok, err := externalIPs("second")(); !ok {
+		t.Fatalf("second's Service holds an address first claimed before it (%v)", err)
+	}
+	if err := f.gw.GatewayV1().Gateways(f.ns).Delete(f.ctx, "first", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("second's Service holding 192.0.2.1 once first is gone", externalIPs("second", "192.0.2.1"))
 }

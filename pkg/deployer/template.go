@@ -49,7 +49,7 @@ type Values struct {
 
 // templateData is what a template sees: Values plus the Gateway's facts.
 // A waypoint's template reads HBONEPort, Policy and Tracing; an ingress
-// Gateway's reads Ports and ServiceType.
+// Gateway's reads Ports, ServiceType and Addresses.
 type templateData struct {
 	Values
 	Name, Namespace string
@@ -58,6 +58,9 @@ type templateData struct {
 	Tracing         tracing.Settings
 	Ports           []ListenerPort
 	ServiceType     string
+	// Addresses are the static addresses the ingress Gateway holds
+	// (config.ResolveAddresses), which its Service carries as externalIPs.
+	Addresses []string
 }
 
 // ListenerPort is a port an ingress Gateway's listeners serve on, as its
@@ -285,12 +288,14 @@ var childKinds = map[string]func() any{
 // spec.infrastructure labels and annotations (where the template sets no
 // value of its own), the gateway-name label and a controller owner
 // reference to the Gateway, so garbage collection removes it with the
-// Gateway.
-func (t *Template) Render(gw *gwv1.Gateway, v Values) ([]Child, error) {
+// Gateway. addresses are the static addresses an ingress Gateway holds
+// (config.ResolveAddresses).
+func (t *Template) Render(gw *gwv1.Gateway, v Values, addresses []string) ([]Child, error) {
 	data, err := gatewayData(gw)
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s/%s: %w", gw.Namespace, gw.Name, err)
 	}
+	data.Addresses = addresses
 	if v.ImagePullPolicy == "" {
 		v.ImagePullPolicy = "IfNotPresent"
 	}

@@ -43,7 +43,7 @@ func testValues() Values {
 // renderYAML is what the deployer would apply, as YAML documents.
 func renderYAML(t *testing.T, tmpl *Template, gw *gwv1.Gateway, v Values) string {
 	t.Helper()
-	children, err := tmpl.Render(gw, v)
+	children, err := tmpl.Render(gw, v, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestDefaultTemplateGolden(t *testing.T) {
 func TestTemplatePolicySource(t *testing.T) {
 	gw := testGateway()
 	gw.Annotations = map[string]string{AnnotationPolicyConfigMap: "shop-rego"}
-	children, err := DefaultTemplate().Render(gw, testValues())
+	children, err := DefaultTemplate().Render(gw, testValues(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestTemplatePolicySource(t *testing.T) {
 		{map[string]string{AnnotationPolicyGitURL: "https://git.example/p.git", AnnotationPolicyGitSecret: "a b"}, "not a Secret name"},
 	} {
 		gw.Annotations = c.annotations
-		if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := DefaultTemplate().Render(gw, testValues(), nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("annotations %v: got %v, want an error mentioning %q", c.annotations, err, c.want)
 		}
 	}
@@ -128,7 +128,7 @@ func TestTemplatePolicySource(t *testing.T) {
 func TestTemplateTracing(t *testing.T) {
 	gw := testGateway()
 	args := func() []string {
-		children, err := DefaultTemplate().Render(gw, testValues())
+		children, err := DefaultTemplate().Render(gw, testValues(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func TestTemplateTracing(t *testing.T) {
 		{map[string]string{AnnotationTracingSampling: "5"}, "needs " + AnnotationTracingEndpoint},
 	} {
 		gw.Annotations = c.annotations
-		if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := DefaultTemplate().Render(gw, testValues(), nil); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("annotations %v: got %v, want an error mentioning %q", c.annotations, err, c.want)
 		}
 	}
@@ -202,7 +202,7 @@ func TestTemplateRefusals(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			tmpl, err := ParseTemplate(c.name, c.text)
 			if err == nil {
-				_, err = tmpl.Render(testGateway(), testValues())
+				_, err = tmpl.Render(testGateway(), testValues(), nil)
 			}
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v, want an error mentioning %q", err, c.want)
@@ -211,7 +211,7 @@ func TestTemplateRefusals(t *testing.T) {
 	}
 	gw := testGateway()
 	gw.Spec.Listeners[0].Protocol = "HTTP"
-	if _, err := DefaultTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), "no listener with protocol HBONE") {
+	if _, err := DefaultTemplate().Render(gw, testValues(), nil); err == nil || !strings.Contains(err.Error(), "no listener with protocol HBONE") {
 		t.Fatalf("a Gateway without an HBONE listener: got %v", err)
 	}
 	big := filepath.Join(t.TempDir(), "big.yaml")
@@ -228,7 +228,7 @@ func TestQuoteKeepsStrings(t *testing.T) {
 	gw := testGateway()
 	v := testValues()
 	v.Image = "img: {x: 1}\n- y"
-	children, err := DefaultTemplate().Render(gw, v)
+	children, err := DefaultTemplate().Render(gw, v, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestIngressServiceTypeAndInfrastructure(t *testing.T) {
 		Labels:      map[gwv1.LabelKey]gwv1.LabelValue{"team": "shop", config.LabelUseWaypoint: "waypoint"},
 		Annotations: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"lb.example.com/internal": "true"},
 	}
-	children, err := IngressTemplate().Render(gw, testValues())
+	children, err := IngressTemplate().Render(gw, testValues(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,30 @@ func TestIngressServiceTypeAndInfrastructure(t *testing.T) {
 		}
 	}
 	gw.Annotations[AnnotationServiceType] = "ExternalName"
-	if _, err := IngressTemplate().Render(gw, testValues()); err == nil || !strings.Contains(err.Error(), "want LoadBalancer, NodePort or ClusterIP") {
+	if _, err := IngressTemplate().Render(gw, testValues(), nil); err == nil || !strings.Contains(err.Error(), "want LoadBalancer, NodePort or ClusterIP") {
 		t.Errorf("service type ExternalName: got %v", err)
+	}
+}
+
+// The static addresses an ingress Gateway holds are its Service's
+// externalIPs; without any, the Service has none.
+func TestIngressExternalIPs(t *testing.T) {
+	for _, addrs := range [][]string{nil, {"192.0.2.1", "2001:db8::5"}} {
+		children, err := IngressTemplate().Render(testIngress(), testValues(), addrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, c := range children {
+			if svc, ok := c.Apply.(*corev1ac.ServiceApplyConfiguration); ok {
+				found = true
+				if !slices.Equal(svc.Spec.ExternalIPs, addrs) {
+					t.Errorf("Service externalIPs %q, want %q", svc.Spec.ExternalIPs, addrs)
+				}
+			}
+		}
+		if !found {
+			t.Fatal("no Service rendered")
+		}
 	}
 }

@@ -77,6 +77,9 @@ type Options struct {
 	Gateways    gwclient.Interface
 	Translation config.Options
 	Logger      *zap.Logger
+	// Addresses are the static addresses ingress Gateways may hold
+	// (config.ResolveAddresses); empty: none.
+	Addresses config.AddressPool
 	// Dynamic reads ConnectionPolicies and writes their status; nil: they
 	// are left alone.
 	Dynamic dynamic.Interface

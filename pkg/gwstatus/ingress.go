@@ -3,6 +3,7 @@ package gwstatus
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +21,7 @@ type ingressGateway struct {
 	gw        *gwv1.Gateway
 	listeners []config.ListenerReport
 	attached  []int32 // by listener
+	addresses config.GatewayAddresses
 }
 
 // ingressGateways resolves the listeners of every Gateway of class
@@ -41,7 +43,8 @@ func (w *Writer) ingressGateways() map[string]*ingressGateway {
 			continue
 		}
 		ls := config.Listeners(gw, secrets, grants)
-		out[gw.Namespace+"/"+gw.Name] = &ingressGateway{gw: gw, listeners: ls, attached: make([]int32, len(ls))}
+		out[gw.Namespace+"/"+gw.Name] = &ingressGateway{gw: gw, listeners: ls, attached: make([]int32, len(ls)),
+			addresses: config.ResolveAddresses(gw, w.opts.Addresses, gws)}
 	}
 	return out
 }
@@ -129,7 +132,8 @@ func ingressRouteConditions(rr *config.RouteReport, p ingressParent, gen int64) 
 
 // syncIngress writes an ingress Gateway's status: Accepted (ListenersNotValid
 // when some listeners cannot serve, false when none can), Programmed once
-// a pod of its Deployment is ready, its addresses, and each listener's
+// a pod of its Deployment is ready and its Service holds every static
+// address it names (AddressNotUsable), its addresses, and each listener's
 // Accepted, Conflicted, ResolvedRefs and Programmed with the routes
 // attached to it.
 func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
@@ -145,7 +149,7 @@ func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
 	}
 	accType := string(gwv1.GatewayConditionAccepted)
 	var acc metav1.Condition
-	rejected, rejectedWhy := config.GatewayRejection(gw)
+	rejected, rejectedWhy := config.GatewayRejection(gw, w.opts.Addresses)
 	switch {
 	case rejected != "":
 		acc = condition(accType, false, string(rejected), rejectedWhy, gen)
@@ -161,15 +165,23 @@ func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
 	ready, total, why := w.gatewayPods(gw, "ingress gateway")
 	progType := string(gwv1.GatewayConditionProgrammed)
 	prog := condition(progType, true, string(gwv1.GatewayReasonProgrammed), fmt.Sprintf("%d of %d gateway pods ready", ready, total), gen)
+	addresses := w.ingressAddresses(gw)
+	unheld := notHeld(ig.addresses.Usable, addresses)
 	switch {
 	case !accepted:
 		prog = condition(progType, false, string(gwv1.GatewayReasonInvalid), "the Gateway is not accepted", gen)
+	case len(ig.addresses.Unusable) > 0:
+		prog = condition(progType, false, string(gwv1.GatewayReasonAddressNotUsable),
+			"spec.addresses: "+strings.Join(ig.addresses.Unusable, "; ")+" (remove the address, or ask the operator for one of the allowed ones)", gen)
 	case ready == 0:
 		prog = condition(progType, false, string(gwv1.GatewayReasonPending), why, gen)
+	case len(unheld) > 0:
+		prog = condition(progType, false, string(gwv1.GatewayReasonAddressNotUsable),
+			fmt.Sprintf("the gateway's Service does not hold %s in its externalIPs (yet: the deployer's events on the Gateway say why not)", strings.Join(unheld, ", ")), gen)
 	}
 	st := gw.Status.DeepCopy()
 	st.Conditions = setConditions(gw.Status.Conditions, acc, prog)
-	st.Addresses = w.ingressAddresses(gw)
+	st.Addresses = addresses
 	programmed := prog.Status == metav1.ConditionTrue
 	st.Listeners = nil
 	for i, l := range ig.listeners {
@@ -215,11 +227,13 @@ func (w *Writer) syncIngress(ctx context.Context, ig *ingressGateway) error {
 	return w.writeGatewayStatus(ctx, gw, st)
 }
 
-// ingressAddresses are where clients reach an ingress Gateway, as Istio
-// reports them: its Service's load-balancer ingress (IPs and host names)
-// once a load balancer has set it, else the Service's cluster IPs (a
-// LoadBalancer Service whose load balancer is pending, or a ClusterIP or
-// NodePort Service).
+// ingressAddresses are where clients reach an ingress Gateway: the static
+// addresses of its spec its Service holds (as externalIPs), and when it
+// names none or asks for an address without a value too, the one the
+// cluster assigned, as Istio reports it: the Service's load-balancer
+// ingress (IPs and host names) once a load balancer has set it, else its
+// cluster IPs (a LoadBalancer Service whose load balancer is pending, or a
+// ClusterIP or NodePort Service).
 func (w *Writer) ingressAddresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress {
 	s := w.gatewayService(gw)
 	if s == nil {
@@ -227,6 +241,15 @@ func (w *Writer) ingressAddresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress 
 	}
 	ipType, hostType := gwv1.IPAddressType, gwv1.HostnameAddressType
 	var out []gwv1.GatewayStatusAddress
+	for _, a := range config.StaticAddresses(gw) {
+		if slices.Contains(s.Spec.ExternalIPs, a.String()) {
+			out = append(out, gwv1.GatewayStatusAddress{Type: &ipType, Value: a.String()})
+		}
+	}
+	if !config.AssignedAddress(gw) {
+		return out
+	}
+	static := len(out)
 	for _, in := range s.Status.LoadBalancer.Ingress {
 		switch {
 		case in.IP != "":
@@ -235,10 +258,21 @@ func (w *Writer) ingressAddresses(gw *gwv1.Gateway) []gwv1.GatewayStatusAddress 
 			out = append(out, gwv1.GatewayStatusAddress{Type: &hostType, Value: in.Hostname})
 		}
 	}
-	if len(out) > 0 {
+	if len(out) > static {
 		return out
 	}
-	return clusterIPs(s)
+	return append(out, clusterIPs(s)...)
+}
+
+// notHeld are the addresses of want missing from have.
+func notHeld(want []string, have []gwv1.GatewayStatusAddress) []string {
+	var out []string
+	for _, a := range want {
+		if !slices.ContainsFunc(have, func(h gwv1.GatewayStatusAddress) bool { return h.Value == a }) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // gatewayService is the Service the deployer made for gw, or nil.

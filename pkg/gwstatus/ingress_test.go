@@ -11,6 +11,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
+	"github.com/causeway-mesh/causeway/pkg/config"
 	"github.com/causeway-mesh/causeway/pkg/internal/kubetest"
 )
 
@@ -41,8 +42,14 @@ func (f *fixture) ingressDeployment(gw *gwv1.Gateway, replicas int32) *corev1.Se
 // ingressFixture starts the status writer with the ingress GatewayClass
 // ours and the namespaces made.
 func ingressFixture(t *testing.T, namespaces ...string) *fixture {
+	return ingressFixtureWithAddresses(t, config.AddressPool{}, namespaces...)
+}
+
+// ingressFixtureWithAddresses is ingressFixture with the static addresses
+// of pool allowed.
+func ingressFixtureWithAddresses(t *testing.T, pool config.AddressPool, namespaces ...string) *fixture {
 	f := newFixture(t)
-	f.startWriter()
+	f.startWriter(func(o *Options) { o.Addresses = pool })
 	f.create(`
 kind: GatewayClass
 metadata: {name: causeway}
@@ -268,7 +275,8 @@ spec:
 }
 
 // What an ingress Gateway asks beyond its listeners: an IPAddress without
-// a value (any address) is met, with the Service's; a fixed address, or
+// a value (any address) is met, with the Service's; a fixed address (the
+// operator allows none here), a host name, or
 // infrastructure parameters (an ingress Gateway takes none), reject the
 // Gateway as a whole.
 func TestIngressGatewayRejections(t *testing.T) {
@@ -305,7 +313,92 @@ spec:
 		}
 		return true, nil
 	})
+	if m := cond(f.gateway(ns, "fixed").Status.Conditions, "Accepted").Message; !strings.Contains(m, "the operator allows no static addresses (control plane flag --gateway-address-cidrs)") {
+		t.Errorf("UnsupportedAddress message %q: want the operator's setting named", m)
+	}
 	if m := cond(f.gateway(ns, "parameters").Status.Conditions, "Accepted").Message; !strings.Contains(m, "invalid.io/InvalidParameters invalid") {
 		t.Errorf("InvalidParameters message %q: want the reference named", m)
 	}
+}
+
+// Static addresses, as the conformance suite's GatewayStaticAddresses
+// walks them: an address of a type an ingress gateway cannot hold rejects
+// the Gateway (UnsupportedAddress); one off the operator's pool leaves it
+// accepted but not programmed (AddressNotUsable), and so does one of the
+// pool its Service does not hold yet; held, it is the Gateway's one
+// address (not the Service's cluster IP, unless an address without a
+// value asks for that too).
+func TestIngressStaticAddressStatus(t *testing.T) {
+	const ns = "st-static"
+	pool, err := config.ParseAddressPool("192.0.2.0/28")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ingressFixtureWithAddresses(t, pool, ns)
+	f.create(fmt.Sprintf(`
+kind: Gateway
+metadata: {name: static, namespace: %s}
+spec:
+  gatewayClassName: causeway
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+  addresses:
+  - {type: test/fake-invalid-type, value: "fake address"}
+  - {type: IPAddress, value: 198.51.100.1}
+  - {type: IPAddress, value: 192.0.2.1}
+`, ns))
+	f.waitFor("Accepted=False UnsupportedAddress", func() (bool, error) {
+		return is(cond(f.gateway(ns, "static").Status.Conditions, "Accepted"), metav1.ConditionFalse, "UnsupportedAddress"), nil
+	})
+	setAddresses := func(addrs ...gwv1.GatewaySpecAddress) {
+		t.Helper()
+		gw := f.gateway(ns, "static")
+		gw.Spec.Addresses = addrs
+		if _, err := f.gw.GatewayV1().Gateways(ns).Update(f.ctx, gw, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip := func(v string) gwv1.GatewaySpecAddress {
+		return gwv1.GatewaySpecAddress{Type: ptr(gwv1.IPAddressType), Value: v}
+	}
+	setAddresses(ip("198.51.100.1"), ip("192.0.2.1"))
+	gw := f.gateway(ns, "static")
+	svc := f.ingressDeployment(gw, 1)
+	f.setReady(ns, "static", 1)
+	// programmed waits for the Gateway's current generation accepted, with
+	// Programmed as wanted.
+	programmed := func(what string, status metav1.ConditionStatus, reason, message string) {
+		t.Helper()
+		f.waitFor(what, func() (bool, error) {
+			g := f.gateway(ns, "static")
+			acc, prog := cond(g.Status.Conditions, "Accepted"), cond(g.Status.Conditions, "Programmed")
+			return is(acc, metav1.ConditionTrue, "Accepted") && is(prog, status, reason) &&
+				prog.ObservedGeneration == g.Generation && strings.Contains(prog.Message, message), nil
+		})
+	}
+	programmed("Programmed=False AddressNotUsable for the address off the pool", metav1.ConditionFalse, "AddressNotUsable",
+		"198.51.100.1 is not among the addresses the operator allows Gateways to claim (192.0.2.0/28)")
+	setAddresses(ip("192.0.2.1"))
+	programmed("Programmed=False AddressNotUsable while the Service does not hold the address", metav1.ConditionFalse, "AddressNotUsable",
+		"the gateway's Service does not hold 192.0.2.1")
+	if a := f.gateway(ns, "static").Status.Addresses; len(a) != 0 {
+		t.Errorf("status addresses %v before the Service holds the static address: want none (not its cluster IP %s)", a, svc.Spec.ClusterIP)
+	}
+	svc, err = f.cs.CoreV1().Services(ns).Get(f.ctx, "static", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.ExternalIPs = []string{"192.0.2.1"}
+	if svc, err = f.cs.CoreV1().Services(ns).Update(f.ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	programmed("Programmed=True once the Service holds the address", metav1.ConditionTrue, "Programmed", "")
+	if a := f.gateway(ns, "static").Status.Addresses; len(a) != 1 || a[0].Value != "192.0.2.1" || a[0].Type == nil || *a[0].Type != gwv1.IPAddressType {
+		t.Errorf("status addresses %v: want the IPAddress 192.0.2.1 alone", a)
+	}
+	// An address without a value next to it: the cluster's address too.
+	setAddresses(ip("192.0.2.1"), gwv1.GatewaySpecAddress{Type: ptr(gwv1.IPAddressType)})
+	f.waitFor("the static address and the cluster IP", func() (bool, error) {
+		a := f.gateway(ns, "static").Status.Addresses
+		return len(a) == 2 && a[0].Value == "192.0.2.1" && a[1].Value == svc.Spec.ClusterIP, nil
+	})
 }

@@ -68,6 +68,9 @@ type Options struct {
 	Waypoint         deployer.Values
 	WaypointTemplate string
 	IngressTemplate  string
+	// GatewayAddresses are the static addresses ingress Gateways may claim
+	// in spec.addresses (config.AddressPool); empty: none.
+	GatewayAddresses config.AddressPool
 	// WebhookListen is the webhook's address; empty: no webhook.
 	WebhookListen   string
 	WebhookDNSNames []string // host names (or IPs) in its certificate
@@ -133,7 +136,7 @@ func New(o Options) (*Controllers, error) {
 	values.TrustDomain = o.Identity.TrustDomain().Name()
 	values.RootCert = string(o.Authority.RootsPEM())
 	if kc.deployer, err = deployer.New(deployer.Options{Client: cs, Metadata: md, Gateways: gw, TemplateFile: o.WaypointTemplate,
-		IngressTemplateFile: o.IngressTemplate, Values: func() deployer.Values { return values }, Logger: log.Named("deployer")}); err != nil {
+		IngressTemplateFile: o.IngressTemplate, Values: func() deployer.Values { return values }, Addresses: o.GatewayAddresses, Logger: log.Named("deployer")}); err != nil {
 		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(o.Config)
@@ -141,7 +144,7 @@ func New(o Options) (*Controllers, error) {
 		return nil, err
 	}
 	if kc.status, err = gwstatus.New(gwstatus.Options{Client: cs, Gateways: gw, Dynamic: dyn, PolicySet: o.PolicySet,
-		Translation: o.Translation, Logger: log.Named("status")}); err != nil {
+		Translation: o.Translation, Addresses: o.GatewayAddresses, Logger: log.Named("status")}); err != nil {
 		return nil, err
 	}
 	if o.WebhookListen != "" {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/gateway-api/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 	"sigs.k8s.io/gateway-api/conformance/utils/suite"
@@ -77,6 +78,7 @@ var gatewayFeatures = []features.FeatureName{
 	features.SupportHTTPRoute308RedirectStatusCode,
 	features.SupportGatewayInfrastructure,
 	features.SupportGatewayAddressEmpty,
+	features.SupportGatewayStaticAddresses,
 	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
 	features.SupportHTTPRouteBackendProtocolH2C,
 	features.SupportHTTPRouteBackendProtocolWebSocket,
@@ -128,18 +130,32 @@ func TestMesh(t *testing.T) {
 func TestGateway(t *testing.T) {
 	c := cluster(t)
 	install(t, c)
-	oneReplica(t, c)
+	gatewaySettings(t, c)
 	if err := c.Do(context.Background(), []string{"wait", "--for=condition=Accepted", "--timeout=120s", "gatewayclass/causeway"}); err != nil {
 		t.Fatal(err)
 	}
 	run(t, []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName, suite.GatewayGRPCConformanceProfileName},
-		gatewayFeatures, nil, os.Getenv("CAUSEWAY_CONFORMANCE_GATEWAY_REPORT"))
+		gatewayFeatures, nil, os.Getenv("CAUSEWAY_CONFORMANCE_GATEWAY_REPORT"), func(o *suite.ConformanceOptions) {
+			o.UsableNetworkAddresses = []gwv1.GatewaySpecAddress{{Type: new(gwv1.IPAddressType), Value: usableAddress}}
+			o.UnusableNetworkAddresses = []gwv1.GatewaySpecAddress{{Type: new(gwv1.IPAddressType), Value: unusableAddress}}
+		})
 }
+
+// The static addresses of GatewayStaticAddresses: one of the test
+// cluster's range for them (testcluster.StaticAddressRange), which the
+// suite's Gateway takes (its Service's externalIP, served by kube-proxy on
+// the nodes), and one off it, in the node range (hack/cluster/lib.sh
+// NODE_RANGE), which the host blackholes but for the nodes' own addresses
+// (.1 to .3).
+const (
+	usableAddress   = "10.250.1.1"
+	unusableAddress = "10.250.0.200"
+)
 
 // run runs the suite's profiles, claiming the features, with the labels on
 // the Namespaces it applies, and writes its report to the file report
-// (none when empty).
-func run(t *testing.T, profiles []suite.ConformanceProfileName, claimed []features.FeatureName, labels map[string]string, report string) {
+// (none when empty), with the options set changes.
+func run(t *testing.T, profiles []suite.ConformanceProfileName, claimed []features.FeatureName, labels map[string]string, report string, set ...func(*suite.ConformanceOptions)) {
 	t.Helper()
 	opts := conformance.DefaultOptions(t)
 	opts.GatewayClassName = "causeway"
@@ -151,6 +167,9 @@ func run(t *testing.T, profiles []suite.ConformanceProfileName, claimed []featur
 	opts.Implementation = implementation
 	opts.Implementation.Version = os.Getenv("CAUSEWAY_CONFORMANCE_VERSION")
 	opts.ReportOutputPath = report
+	for _, f := range set {
+		f(&opts)
+	}
 	if report != "" {
 		if err := os.MkdirAll(filepath.Dir(report), 0o755); err != nil {
 			t.Fatal(err)
@@ -198,11 +217,13 @@ func install(t *testing.T, c *testcluster.Cluster) {
 	}
 }
 
-// oneReplica has the control plane deploy every gateway with one replica
-// (--waypoint-replicas=1) instead of the manifests' two: the suite keeps a
-// dozen Gateways at once, and two pods of each, at the 100m CPU a gateway
-// pod requests, do not fit the test cluster's two cores.
-func oneReplica(t *testing.T, c *testcluster.Cluster) {
+// gatewaySettings has the control plane deploy every gateway with one
+// replica (--waypoint-replicas=1) instead of the manifests' two: the suite
+// keeps a dozen Gateways at once, and two pods of each, at the 100m CPU a
+// gateway pod requests, do not fit the test cluster's two cores. And it
+// lets ingress Gateways take static addresses from the test cluster's
+// range for them (--gateway-address-cidrs), for GatewayStaticAddresses.
+func gatewaySettings(t *testing.T, c *testcluster.Cluster) {
 	t.Helper()
 	ctx := context.Background()
 	out, err := c.Run(ctx, time.Minute, "", "-n", testcluster.SystemNS, "get", "deployment", testcluster.ControlPlane, "-o", "json")
@@ -216,7 +237,9 @@ func oneReplica(t *testing.T, c *testcluster.Cluster) {
 	for ci, ctr := range d.Spec.Template.Spec.Containers {
 		for ai, arg := range ctr.Args {
 			if strings.HasPrefix(arg, "--waypoint-replicas=") {
-				patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/%d/args/%d","value":"--waypoint-replicas=1"}]`, ci, ai)
+				args := fmt.Sprintf("/spec/template/spec/containers/%d/args", ci)
+				patch := fmt.Sprintf(`[{"op":"replace","path":"%s/%d","value":"--waypoint-replicas=1"},{"op":"add","path":"%s/-","value":"--gateway-address-cidrs=%s"}]`,
+					args, ai, args, testcluster.StaticAddressRange)
 				if err := c.Do(ctx,
 					[]string{"-n", testcluster.SystemNS, "patch", "deployment", testcluster.ControlPlane, "--type=json", "-p", patch},
 					[]string{"-n", testcluster.SystemNS, "rollout", "status", "deployment/" + testcluster.ControlPlane, "--timeout=180s"},

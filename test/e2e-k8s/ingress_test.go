@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/causeway-mesh/causeway/internal/testcluster"
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 )
 
@@ -93,12 +95,8 @@ spec:
 	kc(t, 4*time.Minute, "-n", ns, "wait", "--for=condition=Programmed", "--timeout=240s", "gateway/edge")
 	var addr string
 	eventually(t, time.Minute, "the Gateway's status: an address, the broken listener alone not resolved", func() error {
-		out, err := runKubectl(ctx, "-n", ns, "get", "gateway", "edge", "-o", "json")
+		gw, err := getGateway(ctx, ns, "edge")
 		if err != nil {
-			return err
-		}
-		var gw gwv1.Gateway
-		if err := json.Unmarshal([]byte(out), &gw); err != nil {
 			return err
 		}
 		if len(gw.Status.Addresses) == 0 {
@@ -169,17 +167,7 @@ spec:
 			if err != nil {
 				return err
 			}
-			if status != http.StatusOK {
-				return fmt.Errorf("status %d: %s", status, body)
-			}
-			var a echoAnswer
-			if err := json.Unmarshal([]byte(body), &a); err != nil {
-				return fmt.Errorf("not an echo answer: %v: %s", err, body)
-			}
-			if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
-				return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
-			}
-			return nil
+			return reviewsAnswered(status, body, identity)
 		})
 		eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 			return waypointLogged(ctx, public, identity, 200)
@@ -200,6 +188,70 @@ spec:
 		})
 	}
 	t.Run("Kubernetes Ingress", func(t *testing.T) { testKubeIngress(t, ns, addr, identity) })
+	t.Run("static address", func(t *testing.T) { testStaticAddress(t, ns, identity) })
+}
+
+// testStaticAddress: the Gateway edge asks for a static address of the
+// range the install allows (chart value gatewayAddresses): its Service
+// holds it as an externalIP, the Gateway's status lists it alone, and from
+// the host (which routes the range to the node bridge, as a network would
+// to the nodes) requests to it reach reviews through the gateway, served
+// by kube-proxy with no load balancer. An address off the range leaves the
+// Gateway not programmed (AddressNotUsable) and keeps the one it holds.
+func testStaticAddress(t *testing.T, ns, identity string) {
+	ctx := context.Background()
+	prefix, err := netip.ParsePrefix(testcluster.StaticAddressRange)
+	if err != nil {
+		t.Fatal(err)
+	}
+	static := prefix.Addr().Next().String()
+	const offRange = "10.250.0.200" // the node range's: blackholed by the host
+	setAddresses := func(t *testing.T, addrs string) {
+		t.Helper()
+		kc(t, time.Minute, "-n", ns, "patch", "gateway", "edge", "--type=merge", "-p", `{"spec":{"addresses":`+addrs+`}}`)
+	}
+	t.Cleanup(func() {
+		_, _ = runKubectl(context.Background(), "-n", ns, "patch", "gateway", "edge", "--type=merge", "-p", `{"spec":{"addresses":null}}`)
+	})
+	status := func(wantProgrammed, reason string) func() error {
+		return func() error {
+			gw, err := getGateway(ctx, ns, "edge")
+			if err != nil {
+				return err
+			}
+			prog := meta.FindStatusCondition(gw.Status.Conditions, "Programmed")
+			if prog == nil || prog.ObservedGeneration != gw.Generation || string(prog.Status) != wantProgrammed || prog.Reason != reason {
+				return fmt.Errorf("Programmed %+v, want %s %s for generation %d", prog, wantProgrammed, reason, gw.Generation)
+			}
+			if a := gw.Status.Addresses; len(a) != 1 || a[0].Value != static || a[0].Type == nil || *a[0].Type != gwv1.IPAddressType {
+				return fmt.Errorf("status addresses %+v, want the IPAddress %s alone", a, static)
+			}
+			return nil
+		}
+	}
+	setAddresses(t, `[{"type":"IPAddress","value":"`+static+`"}]`)
+	eventually(t, time.Minute, "the Gateway programmed with its static address", status("True", "Programmed"))
+	svc, err := client.CoreV1().Services(ns).Get(ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Spec.ExternalIPs) != 1 || svc.Spec.ExternalIPs[0] != static {
+		t.Fatalf("Service externalIPs %v, want %s", svc.Spec.ExternalIPs, static)
+	}
+	if err := onClusterBridge(static); err != nil {
+		t.Fatal(err)
+	}
+	public := "/public/e2e-" + randomHex()
+	httpClient := &http.Client{Timeout: 5 * time.Second}
+	eventually(t, time.Minute, "GET "+public+" to the static address", func() error {
+		status, body, err := get(httpClient, "http://"+static+public)
+		if err != nil {
+			return err
+		}
+		return reviewsAnswered(status, body, identity)
+	})
+	setAddresses(t, `[{"type":"IPAddress","value":"`+static+`"},{"type":"IPAddress","value":"`+offRange+`"}]`)
+	eventually(t, time.Minute, "the Gateway not programmed for the address off the range", status("False", "AddressNotUsable"))
 }
 
 // testKubeIngress: an IngressClass of ours naming the Gateway edge, whose
@@ -258,14 +310,7 @@ spec:
 		if err != nil {
 			return err
 		}
-		var a echoAnswer
-		if status != http.StatusOK || json.Unmarshal([]byte(body), &a) != nil {
-			return fmt.Errorf("status %d: %s", status, body)
-		}
-		if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
-			return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
-		}
-		return nil
+		return reviewsAnswered(status, body, identity)
 	})
 	eventually(t, 30*time.Second, "the waypoint's access log line", func() error {
 		return waypointLogged(ctx, public, identity, 200)
@@ -286,6 +331,35 @@ spec:
 }
 
 // get fetches url from the host, reading at most 64 KiB of the answer.
+// getGateway reads a Gateway with kubectl.
+func getGateway(ctx context.Context, ns, name string) (*gwv1.Gateway, error) {
+	out, err := runKubectl(ctx, "-n", ns, "get", "gateway", name, "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var gw gwv1.Gateway
+	if err := json.Unmarshal([]byte(out), &gw); err != nil {
+		return nil, err
+	}
+	return &gw, nil
+}
+
+// reviewsAnswered checks an answer through an ingress gateway: 200 from a
+// reviews pod, told the gateway's identity.
+func reviewsAnswered(status int, body, identity string) error {
+	if status != http.StatusOK {
+		return fmt.Errorf("status %d: %s", status, body)
+	}
+	var a echoAnswer
+	if err := json.Unmarshal([]byte(body), &a); err != nil {
+		return fmt.Errorf("not an echo answer: %v: %s", err, body)
+	}
+	if p := a.Headers[principalH]; !strings.HasPrefix(a.Pod, "reviews-") || p == nil || p[0] != identity {
+		return fmt.Errorf("answer from %s with %s %v, want a reviews pod told the gateway's identity %s", a.Pod, principalH, p, identity)
+	}
+	return nil
+}
+
 func get(c *http.Client, url string) (int, string, error) {
 	resp, err := c.Get(url)
 	if err != nil {

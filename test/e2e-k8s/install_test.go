@@ -23,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/causeway-mesh/causeway/internal/testcluster"
 	"github.com/causeway-mesh/causeway/pkg/trust"
 	"github.com/causeway-mesh/causeway/pkg/trust/caclient"
 )
@@ -73,9 +74,12 @@ func TestInstall(t *testing.T) {
 	// The chart with the cluster registry's images by digest, and one more connection
 	// policy set for the admission test: "e2e-broken", the ConfigMap
 	// connection-policy-e2e-broken (testdata/connection-policy-broken, Rego
-	// that does not compile), so that it never has a good revision.
+	// that does not compile), so that it never has a good revision; static
+	// ingress Gateway addresses allowed from the test cluster's range for
+	// them.
 	install := []string{"install", "causeway", chart, "--namespace", systemNS, "--wait", "--timeout", "3m",
-		"--values", installValues, "--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"e2e-broken"}]`}
+		"--values", installValues, "--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"e2e-broken"}]`,
+		"--set-json", `gatewayAddresses=["` + testcluster.StaticAddressRange + `"]`}
 
 	uninstalled := false
 	uninstall := func(t *testing.T) {

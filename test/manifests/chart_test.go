@@ -63,6 +63,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"no replica", []string{"--set", "controlPlane.replicas=0"}, "at '/controlPlane/replicas': minimum: got 0, want 1"},
 		{"no waypoint replica", []string{"--set", "waypoint.replicas=0"}, "at '/waypoint/replicas': minimum: got 0, want 1"},
 		{"digest", []string{"--set", "images.nodeproxy.digest=sha256:abc"}, "at '/images/nodeproxy/digest'"},
+		{"gateway addresses not a list", []string{"--set", "gatewayAddresses=192.0.2.0/28"}, "at '/gatewayAddresses': got string, want array"},
+		{"gateway address not a CIDR", []string{"--set-json", `gatewayAddresses=["edge.example.com"]`}, "at '/gatewayAddresses/0'"},
 		{"log level", []string{"--set", "logLevel=verbose"}, "at '/logLevel': value must be one of 'debug', 'info', 'warn', 'error'"},
 		{"pull policy", []string{"--set", "image.pullPolicy=Sometimes"}, "at '/image/pullPolicy'"},
 		{"relative CNI directory", []string{"--set", "cni.binDir=opt/cni/bin"}, "at '/cni/binDir'"},
@@ -85,8 +87,9 @@ func TestChartRefusesBadValues(t *testing.T) {
 
 // The values reach the objects: images by digest or tag from another
 // registry, log levels, scheduling, the CNI directories, one control plane
-// replica (no PodDisruptionBudget then), more connection policy sets; and
-// the install's invariants hold for them.
+// replica (no PodDisruptionBudget then), more connection policy sets, the
+// CIDRs of static Gateway addresses; and the install's invariants hold for
+// them.
 func TestChartValues(t *testing.T) {
 	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	objs, stderr := helmTemplate(t,
@@ -97,6 +100,7 @@ func TestChartValues(t *testing.T) {
 		"--set", "cni.binDir=/home/kubernetes/bin", "--set", "cni.confDir=/var/lib/rancher/k3s/agent/etc/cni/net.d",
 		"--set", "controlPlane.replicas=1", "--set", "waypoint.replicas=3", "--set-json", `controlPlane.nodeSelector={"pool":"system"}`,
 		"--set-json", `controlPlane.connectionPolicySets=[{"name":"default"},{"name":"shared","source":"git:https://git.example/p.git"}]`,
+		"--set-json", `gatewayAddresses=["192.0.2.0/28","2001:db8::/120"]`,
 		"--set", "imagePullSecrets[0]=pull")
 	if objs == nil {
 		t.Fatal(stderr)
@@ -146,7 +150,7 @@ func TestChartValues(t *testing.T) {
 	}
 	cpArgs := args(cp.Spec.Template.Spec, "controlplane")
 	for _, a := range []string{"--waypoint-image=registry.example:5000/mesh/waypoint@" + digest, "--log-level=warn",
-		"--waypoint-image-pull-policy=Always", "--waypoint-replicas=3",
+		"--waypoint-image-pull-policy=Always", "--waypoint-replicas=3", "--gateway-address-cidrs=192.0.2.0/28,2001:db8::/120",
 		"--connection-policy=default=dir:/etc/causeway/connection-policies/default", "--connection-policy=shared=git:https://git.example/p.git"} {
 		if !slices.Contains(cpArgs, a) {
 			t.Errorf("control plane args %q, want %s", cpArgs, a)
