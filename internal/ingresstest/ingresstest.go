@@ -135,3 +135,21 @@ func quoted(ss []string) string {
 	}
 	return strings.Join(q, ", ")
 }
+
+// IngressClassYAML is IngressClass name of Causeway's ingress controller,
+// marked the cluster's default when isDefault, with spec.parameters
+// (a YAML flow mapping, "": none) naming the Gateway that serves its
+// Ingresses.
+func IngressClassYAML(name string, isDefault bool, parameters string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata:\n  name: %s\n", name)
+	if isDefault {
+		b.WriteString("  annotations: {ingressclass.kubernetes.io/is-default-class: \"true\"}\n")
+	}
+	b.WriteString("spec:\n  controller: causeway.dev/ingress-controller\n")
+	if parameters != "" {
+		fmt.Fprintf(&b, "  parameters: %s\n", parameters)
+	}
+	b.WriteString("---\n")
+	return b.String()
+}

@@ -8,6 +8,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/causeway-mesh/causeway/internal/ingresstest"
 	"github.com/causeway-mesh/causeway/pkg/backendtls/backendtlstest"
 	"github.com/causeway-mesh/causeway/pkg/xds/meshv1"
 )
@@ -37,15 +38,9 @@ spec:
   ports: [{name: web, port: 8080}]
 `
 
-const defaultClassYAML = `
-apiVersion: networking.k8s.io/v1
-kind: IngressClass
-metadata:
-  name: causeway
-  annotations: {ingressclass.kubernetes.io/is-default-class: "true"}
-spec:
-  controller: causeway.dev/ingress-controller
-`
+// defaultClassYAML is our IngressClass, the cluster's default, without
+// parameters: Gateway causeway-system/causeway-ingress serves it.
+var defaultClassYAML = ingresstest.IngressClassYAML("causeway", true, "")
 
 // shopIngressYAML has no ingressClassName: the default class serves it.
 const shopIngressYAML = `
@@ -176,15 +171,15 @@ spec: {controller: k8s.io/ingress-nginx}
 		{name: "explicit class", docs: []string{defaultClassYAML, nginx, ingress("}\nspec:\n  ingressClassName: causeway")}, gw: def, want: 1},
 		{name: "another class", docs: []string{defaultClassYAML, nginx, ingress("}\nspec:\n  ingressClassName: nginx")}, gw: def, want: 0},
 		{name: "legacy annotation", docs: []string{defaultClassYAML, ingress(", annotations: {kubernetes.io/ingress.class: nginx}}\nspec:")}, gw: def, want: 0},
-		{name: "class without a default mark", docs: []string{strings.Replace(defaultClassYAML, `"true"`, `"false"`, 1), ingress("}\nspec:")}, gw: def, want: 0},
+		{name: "class without a default mark", docs: []string{ingresstest.IngressClassYAML("causeway", false, ""), ingress("}\nspec:")}, gw: def, want: 0},
 		{name: "parameters", gw: "edge/public", want: 1, docs: []string{strings.Replace(strings.Split(kubeIngressGatewayYAML, "---")[0], "causeway-system, name: causeway-ingress", "edge, name: public", 1),
-			defaultClassYAML + "  parameters: {apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: public}\n", ingress("}\nspec:")}},
+			ingresstest.IngressClassYAML("causeway", true, "{apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: public}"), ingress("}\nspec:")}},
 		{name: "parameters of another kind", gw: def, want: 0, error: "spec.parameters must name a Gateway",
-			docs: []string{defaultClassYAML + "  parameters: {kind: ConfigMap, name: x}\n", ingress("}\nspec:")}},
+			docs: []string{ingresstest.IngressClassYAML("causeway", true, "{kind: ConfigMap, name: x}"), ingress("}\nspec:")}},
 		{name: "cluster-scoped parameters", gw: def, want: 0, error: "scope Namespace and a namespace are required",
-			docs: []string{defaultClassYAML + "  parameters: {apiGroup: gateway.networking.k8s.io, kind: Gateway, name: causeway-ingress}\n", ingress("}\nspec:")}},
+			docs: []string{ingresstest.IngressClassYAML("causeway", true, "{apiGroup: gateway.networking.k8s.io, kind: Gateway, name: causeway-ingress}"), ingress("}\nspec:")}},
 		{name: "a missing Gateway", gw: def, want: 0, error: "Gateway edge/none not found",
-			docs: []string{defaultClassYAML + "  parameters: {apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: none}\n", ingress("}\nspec:")}},
+			docs: []string{ingresstest.IngressClassYAML("causeway", true, "{apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: none}"), ingress("}\nspec:")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var s *Snapshot

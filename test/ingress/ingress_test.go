@@ -115,17 +115,8 @@ metadata: {name: certs}
 
 // kubeYAML: Kubernetes Ingress objects served by the Gateway above (its
 // listeners kube and kubetls admit every namespace's routes).
-const kubeYAML = `
-apiVersion: networking.k8s.io/v1
-kind: IngressClass
-metadata:
-  name: causeway
-  annotations: {ingressclass.kubernetes.io/is-default-class: "true"}
-spec:
-  controller: causeway.dev/ingress-controller
-  parameters: {apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: ingress}
----
-apiVersion: networking.k8s.io/v1
+var kubeYAML = ingresstest.IngressClassYAML("causeway", true,
+	"{apiGroup: gateway.networking.k8s.io, kind: Gateway, scope: Namespace, namespace: edge, name: ingress}") + `apiVersion: networking.k8s.io/v1
 kind: Ingress
 metadata: {namespace: shop, name: store}
 spec:
