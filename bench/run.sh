@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark under bench/ (what `make bench` does after `make
 # build`). Each prints "bench: <name> <value> <unit>" lines (docs/design.md §9);
-# see bench/README.md for what they mean. About 14 minutes on 2 cores.
+# see bench/README.md for what they mean. About 15 minutes on 2 cores.
 #   BIN      directory of the built binaries (default bin)
 #   GO       go command (default go)
 # Extra flags for one program: NODEPROXY_FLAGS, WAYPOINT_FLAGS, LATENCY_FLAGS,

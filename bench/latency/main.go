@@ -10,6 +10,8 @@
 //	nginx_stream  pod A -> nginx A -> mutual TLS -> nginx B -> server: two proxies a user
 //	              could run instead of the node proxies (bench/internal/peers), what any
 //	              two hops through user space with TLS cost on this host (l4's anchor)
+//	nginx_plain   pod A -> nginx A -> plain TCP -> nginx B -> server: the same pair without
+//	              TLS, two hops that only copy bytes (the floor under any proxy pair here)
 //
 // Paths and rates are interleaved within each round; every figure is the
 // median over the rounds, and an added figure is the median of each round's
@@ -17,7 +19,7 @@
 // latency is kept exactly (fortio's histogram buckets are ~20 % wide).
 //
 //	go run ./bench/latency [-rates 100,1000] [-conns 64] [-duration 10s] [-rounds 3]
-//	    [-paths direct,l4,l7,nginx_stream] [-trace-dir DIR] [-keep]
+//	    [-paths direct,l4,l7,nginx_stream,nginx_plain] [-trace-dir DIR] [-keep]
 package main
 
 import (
@@ -59,6 +61,8 @@ const (
 	l7VIP      = "127.0.125.202" // Service lat/l7: through the waypoint
 	nginxAIP   = "127.0.125.11"  // nginx_stream's client side
 	nginxBIP   = "127.0.125.12"  // nginx_stream's server side
+	plainAIP   = "127.0.125.13"  // nginx_plain's client side
+	plainBIP   = "127.0.125.14"  // nginx_plain's server side
 	appPort    = "8080"
 )
 
@@ -164,7 +168,7 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "length of each measurement")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load on each path before the rounds")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; paths and rates are interleaved within each, figures are medians over them")
-	flag.StringVar(&paths, "paths", "direct,l4,l7,nginx_stream", "paths to measure (direct is the baseline of the added figures; nginx_stream is skipped when nginx is not installed)")
+	flag.StringVar(&paths, "paths", "direct,l4,l7,nginx_stream,nginx_plain", "paths to measure: direct (the baseline of the added figures), l4, l7, nginx_stream, nginx_plain (the nginx paths are skipped when nginx is not installed)")
 	flag.BoolVar(&o.uniform, "uniform", false, "stagger the connections' requests evenly (fortio -uniform); default: as fortio load -qps -c")
 	flag.StringVar(&o.traceDir, "trace-dir", "", "write execution traces (go tool trace) of the node proxies and the waypoint, 3 s of the first round's l4 and l7 runs at the highest rate, into this directory")
 	flag.DurationVar(&o.afterLoad, "after-load", 0, "read the node proxies' memory before the load and this long after it (0: not)")
@@ -210,8 +214,8 @@ func parsePaths(s string) ([]string, error) {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
-		if !slices.Contains([]string{"direct", "l4", "l7", "nginx_stream"}, p) {
-			return nil, fmt.Errorf("-paths: unknown path %q (direct, l4, l7, nginx_stream)", p)
+		if !slices.Contains([]string{"direct", "l4", "l7", "nginx_stream", "nginx_plain"}, p) {
+			return nil, fmt.Errorf("-paths: unknown path %q (direct, l4, l7, nginx_stream, nginx_plain)", p)
 		}
 		out = append(out, p)
 	}
@@ -266,13 +270,16 @@ func run(o options) error {
 		"l7": {URL: "http://" + net.JoinHostPort(l7VIP, "80") + "/", Dial: viaMesh,
 			PIDs: append(slices.Clone(nodes), pids["waypoint-lat-waypoint-0"])},
 	}
-	if slices.Contains(o.paths, "nginx_stream") {
-		peer, err := startNginx(work)
+	for _, name := range []string{"nginx_stream", "nginx_plain"} {
+		if !slices.Contains(o.paths, name) {
+			continue
+		}
+		peer, err := startNginx(work, name)
 		var miss *peers.ErrMissing
 		switch {
 		case errors.As(err, &miss):
-			fmt.Fprintf(os.Stderr, "latency bench: nginx_stream skipped: %v\n", err)
-			o.paths = slices.DeleteFunc(o.paths, func(p string) bool { return p == "nginx_stream" })
+			fmt.Fprintf(os.Stderr, "latency bench: %s skipped: %v\n", name, err)
+			o.paths = slices.DeleteFunc(o.paths, func(p string) bool { return p == name })
 		case err != nil:
 			keep = true
 			return err
@@ -282,7 +289,7 @@ func run(o options) error {
 			if err != nil {
 				return err
 			}
-			targets["nginx_stream"] = fortioload.Target{URL: "http://" + net.JoinHostPort(nginxAIP, appPort) + "/", Dial: local.DialContext, PIDs: pids}
+			targets[name] = fortioload.Target{URL: "http://" + net.JoinHostPort(peer.Listen, appPort) + "/", Dial: local.DialContext, PIDs: pids}
 		}
 	}
 	for _, p := range o.paths {
@@ -385,14 +392,18 @@ func nodeProxyMemory(ctx context.Context, mesh *localmesh.Mesh, when string) err
 // nodeproxy_a_*.
 func memoryPrefix(node string) string { return "nodeproxy_" + strings.TrimPrefix(node, "node-") }
 
-// startNginx starts the nginx stream pair in front of the server, one
-// worker process each (a node proxy is one process too).
-func startNginx(work string) (*peers.Pair, error) {
-	pki := filepath.Join(work, "pki")
-	if _, err := peers.NewPKI(pki); err != nil {
-		return nil, err
+// startNginx starts the named nginx pair (nginx_stream, nginx_plain) in
+// front of the server, one worker process each (a node proxy is one process
+// too).
+func startNginx(work, name string) (*peers.Pair, error) {
+	client, server, pki := plainAIP, plainBIP, ""
+	if name == "nginx_stream" {
+		client, server, pki = nginxAIP, nginxBIP, filepath.Join(work, "pki")
+		if _, err := peers.NewPKI(pki); err != nil {
+			return nil, err
+		}
 	}
-	return peers.Start(peers.Config{Name: "nginx_stream", Work: work, PKI: pki, ClientIP: nginxAIP, ServerIP: nginxBIP,
+	return peers.Start(peers.Config{Name: name, Work: work, PKI: pki, ClientIP: client, ServerIP: server,
 		AppIP: appIP, Ports: []string{appPort}, Workers: 1, Files: 4096})
 }
 

@@ -133,7 +133,7 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs)")
 	flag.BoolVar(&o.skipMemory, "skip-memory", false, "skip the idle-connection memory measurement")
 	flag.DurationVar(&o.afterLoad, "after-load", time.Minute, "how long after the last measurement the proxies' RSS is read again (0: not read)")
-	flag.StringVar(&o.peers, "peers", "nginx_stream,stunnel", "peer TLS tunnel pairs to measure (comma-separated; empty: none)")
+	flag.StringVar(&o.peers, "peers", "nginx_stream,nginx_plain,stunnel", "peer pairs to measure: nginx_stream, stunnel (TLS tunnels), nginx_plain (plain TCP between nginx's sides, the floor) (comma-separated; empty: none)")
 	flag.StringVar(&o.profileDir, "profile-dir", "", "write the node proxies' heap and goroutine profiles with the idle connections open and after the load, and CPU profiles of the nodeproxy throughput and connection rounds, into this directory")
 	app := flag.Bool("app", false, "run as pod B's app (the benchmark starts itself so)")
 	appTLSDir := flag.String("app-tls", "", "with -app: also serve TLS with the certificates in this directory")

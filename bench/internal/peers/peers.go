@@ -9,6 +9,11 @@
 // connection is a TLS session of its own (resumed where the daemon caches
 // sessions), where the node proxy opens an HTTP/2 stream on a pooled
 // connection.
+//
+// nginx_plain is the same nginx pair with plain TCP between its sides: two
+// user-space hops that copy bytes and nothing else, the floor under any
+// proxy pair on the host (what the kernel's sockets and the scheduler's
+// wake-ups cost, without encryption or framing).
 package peers
 
 import (
@@ -51,7 +56,9 @@ stream {
   log_format basic '$remote_addr [$time_local] $protocol $status $bytes_sent $bytes_received $session_time';
   access_log {{.Dir}}/access.log basic buffer=64k flush=1s;
 {{range .Ports}}  server {
-{{if $.Client}}    listen {{$.Listen}}:{{.}};
+{{if not $.TLS}}    listen {{$.Listen}}:{{.}};
+    proxy_pass {{$.Upstream}}:{{.}};
+{{else if $.Client}}    listen {{$.Listen}}:{{.}};
     proxy_pass {{$.Upstream}}:{{.}};
     proxy_ssl on;
     proxy_ssl_protocols TLSv1.3;
@@ -101,6 +108,7 @@ type side struct {
 	Listen, Upstream string // IPs; the ports are Ports
 	Ports            []string
 	Client           bool // takes plain TCP, opens TLS
+	TLS              bool // false: plain TCP between the sides (nginx_plain)
 	// nginx only
 	Workers, Files int
 	Module         string
@@ -118,7 +126,7 @@ func writeConf(t *template.Template, s side, name string) (string, error) {
 
 // Config says where a pair runs.
 type Config struct {
-	Name     string // nginx_stream or stunnel
+	Name     string // nginx_stream, nginx_plain or stunnel
 	Work     string // the pair's directories go in Work/Name
 	PKI      string // written by NewPKI
 	ClientIP string // the client side listens here, on Ports
@@ -172,8 +180,9 @@ func Start(c Config) (*Pair, error) {
 		args        func(conf, dir string) []string
 		logs        []string
 	)
+	withTLS := c.Name != "nginx_plain"
 	switch c.Name {
-	case "nginx_stream":
+	case "nginx_stream", "nginx_plain":
 		var err error
 		if bin, err = benchmesh.LookTool("nginx", "/usr/sbin/nginx"); err != nil {
 			return nil, missing(err, "nginx libnginx-mod-stream")
@@ -193,7 +202,7 @@ func Start(c Config) (*Pair, error) {
 		t, logs = stunnelConf, []string{"stunnel.log"}
 		args = func(conf, _ string) []string { return []string{conf} }
 	default:
-		return nil, fmt.Errorf("unknown peer %q (nginx_stream, stunnel)", c.Name)
+		return nil, fmt.Errorf("unknown peer %q (nginx_stream, nginx_plain, stunnel)", c.Name)
 	}
 	start := func(s side) (*benchmesh.Daemon, error) {
 		if err := os.MkdirAll(s.Dir, 0o700); err != nil {
@@ -209,7 +218,7 @@ func Start(c Config) (*Pair, error) {
 		}
 		return benchmesh.StartDaemon(c.Name, s.Dir, addrs, logs, bin, args(conf, s.Dir)...)
 	}
-	common := side{PKI: c.PKI, Ports: c.Ports, Workers: c.Workers, Files: c.Files, Module: module, Root: os.Getuid() == 0}
+	common := side{PKI: c.PKI, TLS: withTLS, Ports: c.Ports, Workers: c.Workers, Files: c.Files, Module: module, Root: os.Getuid() == 0}
 	sb := common
 	sb.Dir, sb.Listen, sb.Upstream = filepath.Join(c.Work, c.Name, "b"), c.ServerIP, c.AppIP
 	b, err := start(sb)
