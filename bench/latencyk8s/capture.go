@@ -86,14 +86,14 @@ func (r *run) metrics(ctx context.Context, p corev1.Pod) (map[string]*dto.Metric
 
 // checkCapture says how a path's traffic did not take its way, from the
 // tallies before and after the run and the requests the run sent on it
-// ("" when it did): no mesh must leave no trace in the node proxies; L4
+// ("" when it did): no mesh and relay must leave no trace in the node proxies; L4
 // and L7 must show connections leaving the client's node proxy and
 // entering the server's; the waypoint must have answered at least every
 // request sent on L7.
 func checkCapture(p path, before, after tally, sent int64) string {
 	var why []string
 	switch p.mode {
-	case noMesh:
+	case noMesh, relay:
 		if d := after.any - before.any; d != 0 {
 			why = append(why, fmt.Sprintf("the node proxies opened %.0f connections from or to it", d))
 		}

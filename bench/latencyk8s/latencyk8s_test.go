@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,12 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// One node gives the three paths on it; two add the three across nodes,
+// One node gives the four paths on it; two add the four across nodes,
 // each compared with no mesh of the same placement, each in a namespace
 // of its own.
 func TestPaths(t *testing.T) {
 	one := paths([]string{"a"})
-	if len(one) != 3 {
+	if len(one) != 4 {
 		t.Fatalf("one node: %d paths", len(one))
 	}
 	two := paths([]string{"a", "b"})
@@ -40,14 +41,15 @@ func TestPaths(t *testing.T) {
 			t.Errorf("%s: client %s server %s", p.name(), p.client, p.server)
 		}
 	}
-	if got := strings.Join(names, " "); got != "nomesh l4 l7 nomesh_cross l4_cross l7_cross" {
+	if got := strings.Join(names, " "); got != "nomesh l4 l7 relay nomesh_cross l4_cross l7_cross relay_cross" {
 		t.Errorf("paths %s", got)
 	}
 }
 
 // The objects of a path decode strictly into the Kubernetes types (no
 // misspelt field), enroll the namespace as the mode says and pin the pods
-// to the path's nodes; L7 adds the waypoint and its policy.
+// to the path's nodes; L7 adds the waypoint and its policy, relay the two
+// relays, each carrying serverPort to the next hop's Service.
 func TestManifests(t *testing.T) {
 	for _, p := range paths([]string{"n1", "n2"}) {
 		kinds := map[string]int{}
@@ -72,15 +74,23 @@ func TestManifests(t *testing.T) {
 				var ns corev1.Namespace
 				strict(&ns)
 				mesh, wp := ns.Labels["causeway.dev/dataplane-mode"], ns.Labels["causeway.dev/use-waypoint"]
-				if ns.Name != p.namespace() || (mesh == "mesh") != (p.mode != noMesh) || (wp == waypoint) != (p.mode == l7) {
+				if ns.Name != p.namespace() || (mesh == "mesh") != (p.mode == l4 || p.mode == l7) || (wp == waypoint) != (p.mode == l7) {
 					t.Errorf("%s: namespace %s labels %v", p.name(), ns.Name, ns.Labels)
 				}
 			case "Pod":
 				var pod corev1.Pod
 				strict(&pod)
-				node := p.client
-				if pod.Name == "server" {
+				node, args := p.client, serverArgs
+				switch pod.Name {
+				case "server":
 					node = p.server
+				case relayFirst:
+					args = []string{"proxies", "-P", "8080 relay-b:8080"}
+				case relaySecond:
+					node, args = p.server, []string{"proxies", "-P", "8080 server:8080"}
+				}
+				if !slices.Equal(pod.Spec.Containers[0].Args, args) {
+					t.Errorf("%s: pod %s args %q", p.name(), pod.Name, pod.Spec.Containers[0].Args)
 				}
 				terms := pod.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
 				if pod.Namespace != p.namespace() || len(terms) != 1 || terms[0].MatchFields[0].Values[0] != node ||
@@ -90,7 +100,7 @@ func TestManifests(t *testing.T) {
 			case "Service":
 				var s corev1.Service
 				strict(&s)
-				if s.Spec.Selector["app"] != "server" || s.Spec.Ports[0].Port != serverPort || *s.Spec.Ports[0].AppProtocol != "http" {
+				if s.Spec.Selector["app"] != s.Name || s.Spec.Ports[0].Port != serverPort || *s.Spec.Ports[0].AppProtocol != "http" {
 					t.Errorf("%s: service %+v", p.name(), s)
 				}
 			case "ConfigMap":
@@ -108,8 +118,11 @@ func TestManifests(t *testing.T) {
 			}
 		}
 		want := map[string]int{"Namespace": 1, "Pod": 2, "Service": 1}
-		if p.mode == l7 {
+		switch p.mode {
+		case l7:
 			want["ConfigMap"], want["Gateway"] = 1, 1
+		case relay:
+			want["Pod"], want["Service"] = 4, 3
 		}
 		if fmt.Sprint(kinds) != fmt.Sprint(want) {
 			t.Errorf("%s: objects %v, want %v", p.name(), kinds, want)
@@ -165,6 +178,8 @@ func TestCheckCapture(t *testing.T) {
 	}{
 		{p(noMesh), tally{any: 5}, tally{any: 5}, 100, ""},
 		{p(noMesh), tally{}, tally{any: 2, outbound: 2}, 100, "opened 2 connections"},
+		{p(relay), tally{any: 5}, tally{any: 5}, 100, ""},
+		{p(relay), tally{}, tally{any: 1, inbound: 1}, 100, "opened 1 connections"},
 		{p(l4), tally{}, tally{outbound: 64, inbound: 64, any: 128}, 100, ""},
 		{p(l4), tally{outbound: 3, inbound: 3}, tally{outbound: 3, inbound: 64}, 100, "no connection left"},
 		{p(l7), tally{}, tally{outbound: 1, inbound: 1, waypointRequests: 120}, 100, ""},
@@ -183,7 +198,7 @@ func TestReport(t *testing.T) {
 	win := func(p50 time.Duration, requests int64, npCPU time.Duration) window {
 		return window{
 			res: result{qps: 1000, requests: requests, latency: []time.Duration{p50, 2 * p50, 3 * p50, 4 * p50}},
-			use: []usage{{cpu: npCPU, workingSet: 30 << 20}, {}, {cpu: time.Second}, {cpu: time.Second}},
+			use: []usage{{cpu: npCPU, workingSet: 30 << 20}, {}, {cpu: 2 * time.Second}, {cpu: time.Second}, {cpu: time.Second}},
 		}
 	}
 	ms := time.Millisecond
@@ -192,8 +207,9 @@ func TestReport(t *testing.T) {
 			{ps[0], 1000}: {win(1*ms, 30000, 0), win(3*ms, 30000, 0), win(2*ms, 30000, 0)},
 			{ps[1], 1000}: {win(5*ms, 30000, 3*time.Second), win(4*ms, 30000, 6*time.Second), win(9*ms, 30000, 9*time.Second)},
 			{ps[2], 1000}: {win(8*ms, 30000, 0), win(8*ms, 30000, 0), win(8*ms, 30000, 0)},
+			{ps[3], 1000}: {win(3*ms, 30000, 0), win(4*ms, 30000, 0), win(6*ms, 30000, 0)},
 		},
-		idle: []counters{{workingSet: 20 << 20, rss: 18 << 20}, {workingSet: 12 << 20}, {}, {}},
+		idle: []counters{{workingSet: 20 << 20, rss: 18 << 20}, {workingSet: 12 << 20}, {}, {}, {}},
 		seen: map[path]tally{ps[1]: {outbound: 64, inbound: 64}, ps[2]: {outbound: 2, inbound: 2, waypointRequests: 90010}}}
 	var b bytes.Buffer
 	rep.print(&b)
@@ -212,13 +228,16 @@ func TestReport(t *testing.T) {
 		"bench: l4_nodeproxy_outbound_opened 64 connections\n",
 		"bench: nomesh_nodeproxy_inbound_opened 0 connections\n",
 		"bench: l7_waypoint_requests 90010 requests\n",
+		"bench: relay_1000rps_added_p50 2.000 ms\n",
+		"bench: relay_1000rps_relay_cpu_per_1000rps 0.067 vCPU\n",
 		"| l4 | 1000 | 1000.0 | 0 | 5.000 | 10.000 | 15.000 | 20.000 | 3.000 | 6.000 | 9.000 | 12.000 |\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
 	}
-	for _, unwanted := range []string{"nomesh_1000rps_added", "l4_1000rps_waypoint", "nodeproxy_after", "l4_waypoint_requests"} {
+	for _, unwanted := range []string{"nomesh_1000rps_added", "l4_1000rps_waypoint", "l4_1000rps_relay", "relay_1000rps_waypoint",
+		"nodeproxy_after", "l4_waypoint_requests", "relay_waypoint_requests"} {
 		if strings.Contains(out, unwanted) {
 			t.Errorf("%s in\n%s", unwanted, out)
 		}

@@ -10,7 +10,9 @@
 // over no mesh, and the CPU (per 1000 requests/s) and peak memory working
 // set of each component (node proxy, waypoint, client, server) from their
 // pods' cgroup counters over each window. With two nodes or more it adds
-// the same three paths with the server on another node.
+// the same paths with the server on another node. A fourth path, relay,
+// is the floor: no mesh, two plain TCP relays between client and server,
+// what any pair of proxies adds at least.
 //
 //	latencyk8s -kubeconfig FILE -kubectl PATH [-t 30s] [-rates 100,1000] [-rounds 3] [-c 64]
 //		[-uniform] [-trace-dir DIR]
@@ -109,11 +111,13 @@ type run struct {
 	c     *testcluster.Cluster
 	g     cgroups
 	paths []path
-	// urls are the servers' Services (ClusterIP: no DNS in the way).
+	// urls are the Services the clients call: the server's, the first
+	// relay's on a relay path (ClusterIP: no DNS in the way).
 	urls             map[path]string
 	clients, servers map[path]corev1.Pod
 	nodeProxies      map[string]corev1.Pod // by node
 	waypoints        map[path][]corev1.Pod // L7 paths'
+	relays           map[path][]corev1.Pod // relay paths'
 }
 
 func runMain(ctx context.Context, args []string) error {
@@ -236,10 +240,14 @@ func (r *run) setUp(ctx context.Context) error {
 		return err
 	}
 	r.urls, r.clients, r.servers = map[path]string{}, map[path]corev1.Pod{}, map[path]corev1.Pod{}
-	r.waypoints, r.nodeProxies = map[path][]corev1.Pod{}, map[string]corev1.Pod{}
+	r.waypoints, r.relays, r.nodeProxies = map[path][]corev1.Pod{}, map[path][]corev1.Pod{}, map[string]corev1.Pod{}
 	for _, p := range r.paths {
 		ns := p.namespace()
-		if err := r.c.Do(ctx, []string{"-n", ns, "wait", "--for=condition=Ready", "--timeout=180s", "pod", "client", "server"}); err != nil {
+		pods := []string{"-n", ns, "wait", "--for=condition=Ready", "--timeout=180s", "pod", "client", "server"}
+		if p.mode == relay {
+			pods = append(pods, relayFirst, relaySecond)
+		}
+		if err := r.c.Do(ctx, pods); err != nil {
 			return err
 		}
 		if p.mode == l7 {
@@ -257,7 +265,11 @@ func (r *run) setUp(ctx context.Context) error {
 			r.waypoints[p] = wps
 			logf("%s: waypoint on %s", p.name(), podNodes(wps))
 		}
-		ip, err := r.c.Run(ctx, time.Minute, "", "-n", ns, "get", "service", "server", "-o", "jsonpath={.spec.clusterIP}")
+		called := "server"
+		if p.mode == relay {
+			called = relayFirst
+		}
+		ip, err := r.c.Run(ctx, time.Minute, "", "-n", ns, "get", "service", called, "-o", "jsonpath={.spec.clusterIP}")
 		if err != nil {
 			return err
 		}
@@ -268,6 +280,15 @@ func (r *run) setUp(ctx context.Context) error {
 				return err
 			}
 			into[p] = ps[0]
+		}
+		if p.mode == relay {
+			for _, name := range []string{relayFirst, relaySecond} {
+				ps, err := r.readyPods(ctx, ns, "app="+name)
+				if err != nil {
+					return err
+				}
+				r.relays[p] = append(r.relays[p], ps[0])
+			}
 		}
 	}
 	nps, err := r.readyPods(ctx, testcluster.SystemNS, testcluster.NodeProxySelector)
@@ -366,15 +387,17 @@ func (r *run) warmUp(ctx context.Context) error {
 const (
 	compNodeProxy = iota
 	compWaypoint
+	compRelay
 	compClient
 	compServer
 )
 
-var componentNames = []string{"nodeproxy", "waypoint", "client", "server"}
+var componentNames = []string{"nodeproxy", "waypoint", "relay", "client", "server"}
 
 // components are a path's cgroups: the node proxy container of the
 // client's and of the server's node (one when they are the same), its
-// waypoint's pods (none but for L7), the client and the server pods.
+// waypoint's pods (none but for L7), its relays' pods (none but for
+// relay), the client and the server pods.
 func (r *run) components(p path) ([]component, error) {
 	comps := make([]component, len(componentNames))
 	for i, n := range componentNames {
@@ -398,6 +421,11 @@ func (r *run) components(p path) ([]component, error) {
 	}
 	for _, wp := range r.waypoints[p] {
 		if err := add(compWaypoint, wp, ""); err != nil {
+			return nil, err
+		}
+	}
+	for _, rp := range r.relays[p] {
+		if err := add(compRelay, rp, ""); err != nil {
 			return nil, err
 		}
 	}
@@ -452,7 +480,7 @@ func (r *run) windows(ctx context.Context) (map[key][]window, []float64, error) 
 				}
 				l := load{qps: q, conns: r.o.conns, duration: r.o.duration, uniform: r.o.uniform}
 				var traces sync.WaitGroup
-				if r.o.traceDir != "" && round == 0 && q == slices.Max(r.o.rates) && p.mode != noMesh {
+				if r.o.traceDir != "" && round == 0 && q == slices.Max(r.o.rates) && p.mode.enrolled() {
 					ps, err := r.proxies(p)
 					if err != nil {
 						return nil, nil, err

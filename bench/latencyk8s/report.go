@@ -63,7 +63,7 @@ func (rep report) figures(k key) figures {
 			mem[j] = float64(w.use[c].workingSet)
 		}
 		f.cpu[c], f.workingSet[c] = median(cpu), median(mem)
-		f.has[c] = c != compWaypoint || k.p.mode == l7
+		f.has[c] = (c != compWaypoint || k.p.mode == l7) && (c != compRelay || k.p.mode == relay)
 	}
 	return f
 }
