@@ -5,8 +5,8 @@
 # (make cluster) or brings one up and removes it afterwards; pushes the
 # images built from this checkout (as make e2e-k8s does) and fortio's;
 # installs the mesh unless it is installed, measures, removes what it
-# installed. About 12 minutes with the defaults (3 rounds of 30 s windows
-# at 100 and 1000 requests/s on three paths, then a minute idle).
+# installed. About 15 minutes with the defaults (3 rounds of 30 s windows
+# at 100 and 1000 requests/s on four paths, then a minute idle).
 #
 #   bench/latency-k8s.sh [latencyk8s flags: -t 10s -rounds 3 -rates 100,1000 -c 64 -after 0 -uniform -keep]
 set -euo pipefail
