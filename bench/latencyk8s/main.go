@@ -9,10 +9,10 @@
 // medians of the rounds: the latency percentiles and what each path adds
 // over no mesh, and the CPU (per 1000 requests/s) and peak memory working
 // set of each component (node proxy, waypoint, client, server) from their
-// pods' cgroup counters over each window. With two nodes or more it adds
-// the same paths with the server on another node. A fourth path, relay,
-// is the floor: no mesh, two plain TCP relays between client and server,
-// what any pair of proxies adds at least.
+// pods' cgroup counters over each window. A fourth path, relay, is the
+// floor: no mesh, two plain TCP relays between client and server, what any
+// pair of proxies adds at least. With two nodes or more it adds the same
+// paths with the server on another node.
 //
 //	latencyk8s -kubeconfig FILE -kubectl PATH [-t 30s] [-rates 100,1000] [-rounds 3] [-c 64]
 //		[-uniform] [-trace-dir DIR]
