@@ -13,9 +13,9 @@ import (
 	"github.com/causeway-mesh/causeway/bench/internal/peers"
 )
 
-// Each peer pair carries an exchange from pod A's address to pod B's app,
-// and the server side of a TLS pair refuses a client without a
-// certificate.
+// Each peer pair carries an exchange from pod A's address to pod B's app;
+// the server side of a TLS pair refuses a client without a certificate,
+// nginx_plain's takes plain TCP.
 func TestPeersCarryTraffic(t *testing.T) {
 	work := t.TempDir()
 	pkiDir := filepath.Join(work, "pki")
@@ -55,7 +55,12 @@ func TestPeersCarryTraffic(t *testing.T) {
 			}
 			_, server := peerIPs(name)
 			if name == "nginx_plain" {
-				return // plain TCP between its sides: no certificate to ask for
+				// Plain TCP between its sides: its server side carries a
+				// plain exchange straight to the app.
+				if err := exchange(ctx, path{name: name, dial: directDialer(), target: server}); err != nil {
+					t.Fatalf("plain exchange with %s's server side: %v", name, err)
+				}
+				return
 			}
 			// Straight to the server side, with the CA but no certificate.
 			conf := peerClient.Clone()
